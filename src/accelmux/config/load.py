@@ -1,0 +1,209 @@
+"""Load and validate a config file; every problem is reported with its key path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from accelmux.config.backends import ExternalBackendConfig, InProcessBackendConfig
+from accelmux.config.schema import AccelmuxConfig
+from accelmux.errors import ConfigError
+
+MAX_CONFIG_BYTES = 1024 * 1024
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """A safe loader that refuses duplicate keys instead of silently keeping the last."""
+
+
+def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    mapping: dict[Any, Any] = {}
+    for key_node, value_node in node.value:
+        key = loader.construct_object(key_node)
+        if key in mapping:
+            mark = key_node.start_mark
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r} (line {mark.line + 1})", mark
+            )
+        mapping[key] = loader.construct_object(value_node)
+    return mapping
+
+
+_UniqueKeyLoader.add_constructor(
+    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
+    _construct_mapping,
+)
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def format_validation_error(exc: ValidationError) -> list[str]:
+    problems = []
+    for err in exc.errors():
+        path = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key"
+        problems.append(f"{path}: {msg} (got {_short(err.get('input'))})")
+    return problems
+
+
+def parse_yaml(text: str, source: str) -> object:
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(source, [f"not valid YAML{where}: {problem}"]) from None
+
+
+def load_config_data(data: object, source: str, base_dir: Path | None = None) -> AccelmuxConfig:
+    if not isinstance(data, dict):
+        raise ConfigError(source, [f"(top level): expected a mapping, got {_short(data)}"])
+    try:
+        cfg = AccelmuxConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(source, format_validation_error(exc)) from None
+    problems = semantic_problems(cfg, base_dir)
+    if problems:
+        raise ConfigError(source, problems)
+    return cfg
+
+
+def load_config_text(
+    text: str, source: str = "<config>", base_dir: Path | None = None
+) -> AccelmuxConfig:
+    return load_config_data(parse_yaml(text, source), source, base_dir)
+
+
+def read_text(path: Path) -> str:
+    source = str(path)
+    try:
+        if path.stat().st_size > MAX_CONFIG_BYTES:
+            raise ConfigError(source, [f"file is larger than {MAX_CONFIG_BYTES} bytes"])
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(source, ["file not found"]) from None
+    except IsADirectoryError:
+        raise ConfigError(source, ["is a directory, expected a YAML file"]) from None
+    except PermissionError:
+        raise ConfigError(source, ["permission denied"]) from None
+    except UnicodeDecodeError:
+        raise ConfigError(source, ["not UTF-8 text"]) from None
+
+
+def load_config(path: str | Path) -> AccelmuxConfig:
+    p = Path(path)
+    return load_config_text(read_text(p), str(p), p.parent)
+
+
+def _resolve(path: str, base_dir: Path | None) -> Path:
+    p = Path(path).expanduser()
+    if not p.is_absolute() and base_dir is not None:
+        p = base_dir / p
+    return p
+
+
+def semantic_problems(cfg: AccelmuxConfig, base_dir: Path | None = None) -> list[str]:
+    """Cross-field checks pydantic cannot express field by field."""
+    from accelmux.core.policies import policy_names
+
+    problems: list[str] = []
+    for name, dev in cfg.devices.items():
+        key = f"devices.{name}"
+        if dev.kind == "virtual" and dev.capacity is None:
+            problems.append(f"{key}.capacity: required for a virtual device (got None)")
+        limit = dev.budget or dev.capacity
+        if dev.budget is not None and dev.capacity is not None and dev.budget > dev.capacity:
+            problems.append(
+                f"{key}.budget: larger than capacity {dev.capacity.human_readable()} "
+                f"(got {dev.budget.human_readable()})"
+            )
+        if limit is not None and dev.headroom >= limit:
+            problems.append(
+                f"{key}.headroom: must be smaller than the budget "
+                f"(got {dev.headroom.human_readable()})"
+            )
+
+    seen_models: dict[str, str] = {}
+    pinned_floor: dict[str, int] = {}
+    for name, svc in cfg.services.items():
+        key = f"services.{name}"
+        if svc.device is not None and svc.device not in cfg.devices:
+            problems.append(f"{key}.device: unknown device (got {svc.device!r})")
+            continue
+        if svc.device is None and len(cfg.devices) > 1:
+            problems.append(f"{key}.device: required when several devices exist (got None)")
+            continue
+        mem = svc.memory
+        if mem.kv_floor > mem.kv_ceiling:
+            problems.append(
+                f"{key}.memory.kv_floor: larger than kv_ceiling "
+                f"(got {mem.kv_floor.human_readable()})"
+            )
+        if svc.kind.is_llm and mem.kv_per_token > 0 and mem.kv_ceiling == 0 and not mem.gguf:
+            problems.append(
+                f"{key}.memory.kv_ceiling: required for an LLM with kv_per_token (got 0)"
+            )
+        if mem.gguf and not _resolve(mem.gguf, base_dir).is_file():
+            problems.append(f"{key}.memory.gguf: file not found (got {mem.gguf!r})")
+        backend = svc.backend
+        if (
+            isinstance(backend, InProcessBackendConfig)
+            and backend.model_path
+            and not _resolve(backend.model_path, base_dir).exists()
+        ):
+            problems.append(f"{key}.backend.model_path: not found (got {backend.model_path!r})")
+        for model in [svc.model or name, *svc.aliases]:
+            if model in seen_models:
+                problems.append(
+                    f"{key}.model: name {model!r} already used by service {seen_models[model]!r}"
+                )
+            seen_models[model] = name
+        device = cfg.device_of(name)
+        dev = cfg.devices[device]
+        limit = dev.budget or dev.capacity
+        floor = mem.weights + mem.runtime + mem.kv_floor
+        if limit is not None:
+            usable = limit - dev.headroom
+            if floor + mem.workspace > usable:
+                problems.append(
+                    f"{key}.memory: needs {floor + mem.workspace} B to run but device {device!r} "
+                    f"offers {usable} B after headroom (got weights={mem.weights.human_readable()})"
+                )
+        if svc.residency.value == "pinned":
+            pinned_floor[device] = pinned_floor.get(device, 0) + floor
+
+    for device, floor in pinned_floor.items():
+        dev = cfg.devices[device]
+        limit = dev.budget or dev.capacity
+        if limit is not None and floor > limit - dev.headroom:
+            problems.append(
+                f"devices.{device}: pinned services need {floor} B, more than the budget "
+                f"minus headroom ({limit - dev.headroom} B): an impossible budget"
+            )
+
+    ports: dict[int, str] = {cfg.server.port: "server.port"}
+    for name, svc in cfg.services.items():
+        if isinstance(svc.backend, ExternalBackendConfig) and svc.backend.port is not None:
+            where = f"services.{name}.backend.port"
+            if svc.backend.port in ports:
+                problems.append(
+                    f"{where}: port already used by {ports[svc.backend.port]} "
+                    f"(got {svc.backend.port})"
+                )
+            ports[svc.backend.port] = where
+
+    if cfg.policy.name not in policy_names():
+        problems.append(
+            f"policy.name: unknown policy (got {cfg.policy.name!r}; known: "
+            f"{', '.join(sorted(policy_names()))})"
+        )
+    return problems

@@ -1,0 +1,155 @@
+"""The YAML configuration schema (pydantic v2).
+
+A config names devices, services and policy knobs (and, for the daemon, the server
+section and each service's backend). ``load_config`` validates a file and raises
+:class:`~accelmux.errors.ConfigError` listing every problem with its key path and the
+offending value. ``to_manager_spec`` turns a valid config into the core's plain specs.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ByteSize, ConfigDict, Field, field_validator
+
+from accelmux.config.backends import BackendConfig
+from accelmux.config.server import ServerConfig
+from accelmux.core.specs import DAY_S, Window
+from accelmux.core.types import Residency, ServiceClass, ServiceKind
+
+Bytes = Annotated[ByteSize, Field(ge=0)]
+PositiveBytes = Annotated[ByteSize, Field(gt=0)]
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+_WINDOW = re.compile(r"^\s*(\d{1,2}):(\d{2})\s*-\s*(\d{1,2}):(\d{2})\s*$")
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class DeviceConfig(StrictModel):
+    """One pool of accelerator memory."""
+
+    kind: Literal["nvidia", "host", "virtual"] = "virtual"
+    index: int = Field(0, ge=0, description="GPU index (nvidia only)")
+    capacity: PositiveBytes | None = Field(
+        None, description="Total memory. Required for virtual; detected for nvidia/host."
+    )
+    budget: PositiveBytes | None = Field(
+        None, description="What accelmux may use (default: capacity; host: see docs)."
+    )
+    headroom: Bytes = Field(ByteSize(512 * 1024**2), description="Kept free for peaks.")
+    load_bandwidth: PositiveBytes = Field(
+        ByteSize(2 * 10**9), description="Bytes per second when loading weights."
+    )
+
+
+class MemoryConfig(StrictModel):
+    """A service's memory profile. Sizes accept 4.9GiB, 512MiB, 300MB or bytes."""
+
+    weights: Bytes = ByteSize(0)
+    runtime: Bytes = ByteSize(0)
+    kv_per_token: Bytes = Field(ByteSize(0), description="LLM KV bytes per token.")
+    kv_floor: Bytes = Field(ByteSize(0), description="Smallest KV pool (elastic floor).")
+    kv_ceiling: Bytes = Field(ByteSize(0), description="Largest KV pool (elastic ceiling).")
+    workspace: Bytes = Field(ByteSize(0), description="Fixed activation bytes per request.")
+    per_unit: Bytes = Field(
+        ByteSize(0),
+        description="Bytes per request unit: megapixel (image, detect), second of audio "
+        "(asr), character (tts), text (embeddings).",
+    )
+    gguf: str | None = Field(
+        None, description="Estimate weights and kv_per_token from this GGUF file."
+    )
+
+
+class QueueConfig(StrictModel):
+    limit: int = Field(32, ge=0, description="Waiting requests beyond which new ones get 429.")
+    deadline_s: float = Field(30.0, gt=0, description="Longest wait before a 503.")
+
+
+class SloConfig(StrictModel):
+    """Latency objectives, used by the simulator's report and the metrics."""
+
+    latency_s: float | None = Field(None, gt=0)
+    ttft_s: float | None = Field(None, gt=0)
+    tbt_s: float | None = Field(None, gt=0)
+
+
+class ServiceConfig(StrictModel):
+    kind: ServiceKind
+    service_class: Literal["realtime", "interactive", "batch", "background"] = Field(
+        "interactive", alias="class"
+    )
+    residency: Residency = Residency.WARM
+    ttl_s: float = Field(300.0, ge=0, description="Warm: unload after this idle time.")
+    device: str | None = Field(None, description="Device name (default: the only device).")
+    model: str | None = Field(None, description="Model name clients send (default: service).")
+    aliases: list[str] = Field(default_factory=list)
+    concurrency: int = Field(1, ge=1, le=1024)
+    init_s: float = Field(1.0, ge=0, description="Start-up time beyond reading weights.")
+    memory: MemoryConfig = Field(default_factory=MemoryConfig)
+    queue: QueueConfig = Field(default_factory=QueueConfig)
+    slo: SloConfig = Field(default_factory=SloConfig)
+    windows: list[str] = Field(
+        default_factory=list, description='Maintenance windows, "HH:MM-HH:MM" local time.'
+    )
+    backend: BackendConfig | None = None
+
+    @field_validator("windows")
+    @classmethod
+    def _check_windows(cls, value: list[str]) -> list[str]:
+        for text in value:
+            parse_window(text)
+        return value
+
+    @property
+    def cls(self) -> ServiceClass:
+        return ServiceClass.parse(self.service_class)
+
+
+class PolicyConfig(StrictModel):
+    name: str = Field("accelmux", description="accelmux or a baseline (simulator).")
+    safety_factor: float = Field(1.2, ge=1.0, le=10.0)
+    calibration_window: int = Field(64, ge=1, le=10_000)
+    on_demand_ttl_s: float = Field(30.0, ge=0)
+    reuse_horizon_s: float = Field(600.0, gt=0)
+    spare_fraction: float = Field(0.25, ge=0, lt=1)
+    crash_backoff_s: float = Field(1.0, gt=0)
+    crash_backoff_max_s: float = Field(60.0, gt=0)
+    balloon_idle_s: float = Field(30.0, ge=0)
+    prewarm: bool = True
+
+
+class AccelmuxConfig(StrictModel):
+    devices: dict[Annotated[str, Field(pattern=NAME_PATTERN)], DeviceConfig] = Field(min_length=1)
+    services: dict[Annotated[str, Field(pattern=NAME_PATTERN)], ServiceConfig] = Field(
+        default_factory=dict
+    )
+    policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    server: ServerConfig = Field(default_factory=ServerConfig)
+
+    def device_of(self, service: str) -> str:
+        svc = self.services[service]
+        if svc.device is not None:
+            return svc.device
+        return next(iter(self.devices))
+
+
+def parse_window(text: str) -> Window:
+    """Parse "HH:MM-HH:MM" into a :class:`Window` (may wrap midnight)."""
+    m = _WINDOW.match(text)
+    if not m:
+        raise ValueError(f'window {text!r} is not "HH:MM-HH:MM"')
+    h1, m1, h2, m2 = (int(g) for g in m.groups())
+    if h1 > 23 or h2 > 24 or m1 > 59 or m2 > 59 or (h2 == 24 and m2 != 0):
+        raise ValueError(f"window {text!r} has an invalid time")
+    start, end = h1 * 3600 + m1 * 60, h2 * 3600 + m2 * 60
+    if start == end % DAY_S:
+        raise ValueError(f"window {text!r} is empty")
+    return Window(start_s=float(start), end_s=float(end))
+
+
+def model_json_schema() -> dict[str, Any]:
+    return AccelmuxConfig.model_json_schema(by_alias=True)

@@ -1,0 +1,17 @@
+"""The ``server:`` section: where the daemon listens and how it guards the door."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ByteSize, ConfigDict, Field
+
+
+class ServerConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    host: str = Field("127.0.0.1", description="Listen address (loopback by default).")
+    port: int = Field(8600, ge=1, le=65535)
+    api_keys: list[str] = Field(default_factory=list, description="Bearer keys for /v1.")
+    admin_key: str | None = Field(None, description="Bearer key for /admin and the dashboard.")
+    max_body: ByteSize = Field(ByteSize(25 * 1024**2), description="Largest request body.")
+    data_dir: str = Field("./accelmux-data", description="SQLite jobs and logs.")
+    sample_interval_s: float = Field(1.0, gt=0, description="Memory sampling period.")

@@ -1,0 +1,87 @@
+"""Turn a validated config into the core's plain specs."""
+
+from __future__ import annotations
+
+from accelmux.config.schema import AccelmuxConfig, parse_window
+from accelmux.core.specs import DeviceSpec, ManagerSpec, MemoryProfile, PolicyKnobs, ServiceSpec
+from accelmux.errors import ConfigError
+
+
+def to_manager_spec(
+    cfg: AccelmuxConfig,
+    *,
+    capacities: dict[str, int] | None = None,
+    budgets: dict[str, int] | None = None,
+    clock_origin_s_of_day: float = 0.0,
+    gguf_profiles: dict[str, MemoryProfile] | None = None,
+) -> ManagerSpec:
+    """Build a :class:`ManagerSpec`.
+
+    ``capacities``/``budgets`` fill what the config leaves to detection (nvidia, host).
+    ``gguf_profiles`` replaces the profile of services whose memory came from GGUF.
+    """
+    capacities = capacities or {}
+    budgets = budgets or {}
+    devices = []
+    for name, dev in cfg.devices.items():
+        capacity = int(dev.capacity) if dev.capacity is not None else capacities.get(name)
+        if capacity is None:
+            raise ConfigError(f"devices.{name}", ["capacity unknown: not configured nor detected"])
+        budget = int(dev.budget) if dev.budget is not None else budgets.get(name, capacity)
+        devices.append(
+            DeviceSpec(
+                name=name,
+                kind=dev.kind,
+                capacity_bytes=capacity,
+                budget_bytes=min(budget, capacity),
+                headroom_bytes=int(dev.headroom),
+                load_bandwidth_bps=float(dev.load_bandwidth),
+            )
+        )
+    services = []
+    for name, svc in cfg.services.items():
+        mem = svc.memory
+        profile = (gguf_profiles or {}).get(name) or MemoryProfile(
+            weights=int(mem.weights),
+            runtime=int(mem.runtime),
+            kv_bytes_per_token=int(mem.kv_per_token),
+            kv_floor=int(mem.kv_floor),
+            kv_ceiling=int(mem.kv_ceiling),
+            workspace=int(mem.workspace),
+            per_unit=float(mem.per_unit),
+        )
+        services.append(
+            ServiceSpec(
+                name=name,
+                kind=svc.kind,
+                cls=svc.cls,
+                residency=svc.residency,
+                device=cfg.device_of(name),
+                profile=profile,
+                concurrency=svc.concurrency,
+                ttl_s=svc.ttl_s,
+                init_s=svc.init_s,
+                queue_limit=svc.queue.limit,
+                deadline_s=svc.queue.deadline_s,
+                windows=tuple(parse_window(w) for w in svc.windows),
+                model=svc.model or name,
+            )
+        )
+    p = cfg.policy
+    knobs = PolicyKnobs(
+        safety_factor=p.safety_factor,
+        calibration_window=p.calibration_window,
+        on_demand_ttl_s=p.on_demand_ttl_s,
+        reuse_horizon_s=p.reuse_horizon_s,
+        spare_fraction=p.spare_fraction,
+        crash_backoff_s=p.crash_backoff_s,
+        crash_backoff_max_s=p.crash_backoff_max_s,
+        balloon_idle_s=p.balloon_idle_s,
+        prewarm=p.prewarm,
+    )
+    return ManagerSpec(
+        devices=tuple(devices),
+        services=tuple(services),
+        knobs=knobs,
+        clock_origin_s_of_day=clock_origin_s_of_day,
+    )

@@ -1,0 +1,113 @@
+"""Outputs of the Manager. Every action carries a machine-readable ``reason``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from accelmux.core.types import Reason
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(message)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Dispatch:
+    """Run the request now. ``lease_bytes`` is the memory granted to it."""
+
+    request_id: str
+    service: str
+    attempt: int
+    lease_bytes: int
+    reason: Reason
+    detail: str = ""
+
+    def __post_init__(self) -> None:
+        _require(self.lease_bytes >= 0, "lease_bytes must be >= 0")
+        _require(self.attempt >= 1, "attempt starts at 1")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Enqueue:
+    """The request waits. Emitted once per wait cause change, for explanation."""
+
+    request_id: str
+    service: str
+    reason: Reason
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Reject:
+    """The request ends unserved. ``retry_after_s`` tells the client when to retry."""
+
+    request_id: str
+    service: str
+    reason: Reason
+    retry_after_s: float
+    detail: str = ""
+
+    def __post_init__(self) -> None:
+        _require(self.retry_after_s >= 0, "retry_after_s must be >= 0")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Fail:
+    """An in-flight request ends with an error (its backend crashed, or it was cut off)."""
+
+    request_id: str
+    service: str
+    reason: Reason
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Load:
+    """Load the service's model. ``kv_pool_bytes`` sizes an LLM's KV cache pool."""
+
+    service: str
+    reason: Reason
+    weights_bytes: int
+    runtime_bytes: int
+    kv_pool_bytes: int = 0
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Unload:
+    service: str
+    reason: Reason
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Resize:
+    """Set an elastic pool (LLM KV cache) to ``kv_pool_bytes`` without reloading weights."""
+
+    service: str
+    kv_pool_bytes: int
+    reason: Reason
+    detail: str = ""
+
+    def __post_init__(self) -> None:
+        _require(self.kv_pool_bytes >= 0, "kv_pool_bytes must be >= 0")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Preempt:
+    """Stop a running request; it goes back to its queue and runs again later."""
+
+    request_id: str
+    service: str
+    attempt: int
+    reason: Reason
+    detail: str = ""
+
+
+Action = Dispatch | Enqueue | Reject | Fail | Load | Unload | Resize | Preempt
+
+
+def action_kind(action: Action) -> str:
+    """The lower-case name of an action, as used in logs and metrics."""
+    return type(action).__name__.lower()

@@ -1,0 +1,151 @@
+"""Inputs of the Manager. Frozen, slotted, keyword-only, validated when built."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from accelmux.core.types import Reason
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(message)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Demand:
+    """What one request asks of its service.
+
+    ``kv_tokens``: tokens of KV state the request may hold (prompt + max output) for LLMs.
+    ``units``: the kind-specific size that drives activation memory and service time:
+    megapixels for image and detection, seconds of audio for ASR, characters for TTS,
+    number of texts for embeddings.
+    ``prompt_tokens`` and ``output_tokens`` drive the service-time model of LLMs.
+    """
+
+    kv_tokens: int = 0
+    units: float = 0.0
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        _require(self.kv_tokens >= 0, "kv_tokens must be >= 0")
+        _require(self.units >= 0, "units must be >= 0")
+        _require(self.prompt_tokens >= 0 and self.output_tokens >= 0, "tokens must be >= 0")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RequestArrived:
+    request_id: str
+    service: str
+    demand: Demand = field(default_factory=Demand)
+    job_id: str | None = None
+
+    def __post_init__(self) -> None:
+        _require(bool(self.request_id), "request_id must not be empty")
+        _require(bool(self.service), "service must not be empty")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RequestFinished:
+    """A dispatched request ended. ``attempt`` matches the Dispatch it answers."""
+
+    request_id: str
+    attempt: int
+    ok: bool = True
+    peak_bytes: int | None = None
+    error: str | None = None
+
+    def __post_init__(self) -> None:
+        _require(self.attempt >= 1, "attempt starts at 1")
+        _require(self.peak_bytes is None or self.peak_bytes >= 0, "peak_bytes must be >= 0")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RequestCancelled:
+    """The client went away before the request ended."""
+
+    request_id: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LoadFinished:
+    """A Load completed. Measured sizes, when known, calibrate the profile."""
+
+    service: str
+    weights_bytes: int | None = None
+    runtime_bytes: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LoadFailed:
+    service: str
+    error: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Unloaded:
+    service: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BackendCrashed:
+    service: str
+    error: str
+    reason: Reason = Reason.BACKEND_CRASHED
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemorySampled:
+    """A measurement of one device.
+
+    ``used_bytes``: device-wide used memory. ``per_service``: measured bytes of each
+    managed service (process memory, or NVML per-process). Foreign usage is derived:
+    used - sum(per_service) - ``baseline_bytes`` (memory the device uses on its own,
+    for the host device the OS and accelmux itself).
+    """
+
+    device: str
+    used_bytes: int
+    per_service: dict[str, int] = field(default_factory=dict)
+    baseline_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        _require(self.used_bytes >= 0, "used_bytes must be >= 0")
+        _require(all(v >= 0 for v in self.per_service.values()), "per_service must be >= 0")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AdminCommand:
+    """An operator's order: load, unload, pin or unpin a service."""
+
+    service: str
+    op: str
+
+    def __post_init__(self) -> None:
+        _require(self.op in ("load", "unload", "pin", "unpin"), f"unknown admin op {self.op!r}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Tick:
+    """Time passed: deadlines, TTLs, windows and backoffs are checked."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ShutdownRequested:
+    """Stop admitting; waiting requests are rejected."""
+
+
+Event = (
+    RequestArrived
+    | RequestFinished
+    | RequestCancelled
+    | LoadFinished
+    | LoadFailed
+    | Unloaded
+    | BackendCrashed
+    | MemorySampled
+    | AdminCommand
+    | Tick
+    | ShutdownRequested
+)

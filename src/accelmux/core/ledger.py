@@ -1,0 +1,163 @@
+"""The memory ledger: bytes per device x service x category.
+
+Categories per service: weights, runtime, kv (the KV pool), active (leases of in-flight
+requests) and reserved (measured memory above what was accounted, e.g. allocator
+caches). Per device: headroom (kept free for transient peaks) and foreign (memory of
+processes accelmux does not control).
+
+Admission is against ``available = budget - headroom - foreign - committed``.
+``reserve`` returns a :class:`Lease` or ``None`` when it does not fit: not fitting is a
+decision, not an error. Releasing a lease twice, or committing more than the usable
+budget through ``enforce=True``, raises :class:`~accelmux.errors.InvariantError`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from accelmux.core.specs import DeviceSpec
+from accelmux.core.types import SERVICE_CATEGORIES, Category
+from accelmux.errors import InvariantError
+
+#: Categories that hold what the manager decided (estimates it admitted).
+DECIDED: tuple[Category, ...] = (Category.WEIGHTS, Category.RUNTIME, Category.KV, Category.ACTIVE)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Lease:
+    lease_id: int
+    device: str
+    service: str
+    category: Category
+    nbytes: int
+
+
+class _DeviceAccount:
+    __slots__ = ("decided", "foreign", "reserved_total", "services", "spec")
+
+    def __init__(self, spec: DeviceSpec) -> None:
+        self.spec = spec
+        self.foreign = 0
+        self.decided = 0
+        self.reserved_total = 0
+        self.services: dict[str, dict[Category, int]] = {}
+
+
+class Ledger:
+    """Per-device accounts. All amounts are bytes (ints)."""
+
+    def __init__(self, devices: tuple[DeviceSpec, ...] | list[DeviceSpec]) -> None:
+        self._devices: dict[str, _DeviceAccount] = {d.name: _DeviceAccount(d) for d in devices}
+        self._leases: dict[int, Lease] = {}
+        self._next_lease = 1
+
+    # ---- reading -------------------------------------------------------------
+    def device_names(self) -> list[str]:
+        return list(self._devices)
+
+    def spec(self, device: str) -> DeviceSpec:
+        return self._devices[device].spec
+
+    def amount(self, device: str, service: str, category: Category) -> int:
+        return self._devices[device].services.get(service, {}).get(category, 0)
+
+    def service_total(self, device: str, service: str) -> int:
+        return sum(self._devices[device].services.get(service, {}).values())
+
+    def service_breakdown(self, device: str, service: str) -> dict[Category, int]:
+        acc = self._devices[device].services.get(service, {})
+        return {c: acc.get(c, 0) for c in SERVICE_CATEGORIES}
+
+    def decided(self, device: str) -> int:
+        """Bytes the manager admitted on this device (weights+runtime+kv+active)."""
+        return self._devices[device].decided
+
+    def committed(self, device: str) -> int:
+        """Everything held by managed services: decided plus measured reserved."""
+        acc = self._devices[device]
+        return acc.decided + acc.reserved_total
+
+    def foreign(self, device: str) -> int:
+        return self._devices[device].foreign
+
+    def available(self, device: str) -> int:
+        """budget - headroom - foreign - committed (may be negative under pressure)."""
+        acc = self._devices[device]
+        return acc.spec.usable_bytes - acc.foreign - acc.decided - acc.reserved_total
+
+    def lease_count(self) -> int:
+        return len(self._leases)
+
+    def leases(self) -> list[Lease]:
+        return list(self._leases.values())
+
+    # ---- writing -------------------------------------------------------------
+    def _add(self, device: str, service: str, category: Category, delta: int) -> None:
+        acc = self._devices[device]
+        cats = acc.services.setdefault(service, {})
+        new = cats.get(category, 0) + delta
+        if new < 0:
+            raise InvariantError(
+                f"ledger {device}/{service}/{category.value} would go negative ({new})"
+            )
+        cats[category] = new
+        if category is Category.RESERVED:
+            acc.reserved_total += delta
+        else:
+            acc.decided += delta
+
+    def fits(self, device: str, nbytes: int) -> bool:
+        return nbytes <= self.available(device)
+
+    def reserve(
+        self,
+        device: str,
+        service: str,
+        category: Category,
+        nbytes: int,
+        *,
+        enforce: bool = True,
+    ) -> Lease | None:
+        """Grant ``nbytes`` if it fits (or unconditionally with ``enforce=False``)."""
+        if nbytes < 0:
+            raise InvariantError(f"negative reservation {nbytes}")
+        if category in (Category.RESERVED, Category.HEADROOM, Category.FOREIGN):
+            raise InvariantError(f"cannot lease category {category.value}")
+        if enforce and not self.fits(device, nbytes):
+            return None
+        lease = Lease(
+            lease_id=self._next_lease,
+            device=device,
+            service=service,
+            category=category,
+            nbytes=nbytes,
+        )
+        self._next_lease += 1
+        self._add(device, service, category, nbytes)
+        self._leases[lease.lease_id] = lease
+        return lease
+
+    def release(self, lease: Lease) -> None:
+        if self._leases.pop(lease.lease_id, None) is None:
+            raise InvariantError(f"lease {lease.lease_id} released twice or unknown")
+        self._add(lease.device, lease.service, lease.category, -lease.nbytes)
+
+    def set_foreign(self, device: str, nbytes: int) -> None:
+        self._devices[device].foreign = max(0, nbytes)
+
+    def set_reserved(self, device: str, service: str, nbytes: int) -> None:
+        current = self.amount(device, service, Category.RESERVED)
+        self._add(device, service, Category.RESERVED, max(0, nbytes) - current)
+
+    def drop_service(self, device: str, service: str) -> None:
+        """Forget every byte of a service that has no leases left (after unload/crash)."""
+        for lease in self._leases.values():
+            if lease.device == device and lease.service == service:
+                raise InvariantError(f"{service} still holds lease {lease.lease_id}")
+        acc = self._devices[device]
+        cats = acc.services.pop(service, {})
+        for cat, n in cats.items():
+            if cat is Category.RESERVED:
+                acc.reserved_total -= n
+            else:
+                acc.decided -= n

@@ -1,0 +1,342 @@
+"""The Manager: ``handle(event, now) -> list[Action]`` and ``snapshot()``.
+
+It owns the :class:`World`, applies each event's bookkeeping, lets the policy decide,
+checks the invariants and keeps a bounded decision log. It reads no clock: ``now``
+comes with every call, so the simulator and the live daemon drive it identically.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+from accelmux.core.actions import Action, Fail, action_kind
+from accelmux.core.events import (
+    AdminCommand,
+    BackendCrashed,
+    Event,
+    LoadFailed,
+    LoadFinished,
+    MemorySampled,
+    RequestArrived,
+    RequestCancelled,
+    RequestFinished,
+    ShutdownRequested,
+    Tick,
+    Unloaded,
+)
+from accelmux.core.policy import Policy
+from accelmux.core.snapshot import Snapshot, build_snapshot
+from accelmux.core.specs import ManagerSpec
+from accelmux.core.state import RequestState, ServiceState, World
+from accelmux.core.types import Category, Reason, ServiceStatus
+from accelmux.errors import InvariantError
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """One line of the decision log."""
+
+    time: float
+    action: Action
+
+    def as_dict(self) -> dict[str, object]:
+        a = self.action
+        out: dict[str, object] = {"t": round(self.time, 6), "action": action_kind(a)}
+        for key in (
+            "service",
+            "request_id",
+            "reason",
+            "detail",
+            "lease_bytes",
+            "retry_after_s",
+            "kv_pool_bytes",
+            "attempt",
+        ):
+            if hasattr(a, key):
+                value = getattr(a, key)
+                out[key] = value.value if isinstance(value, Reason) else value
+        return out
+
+
+class Manager:
+    def __init__(self, spec: ManagerSpec, policy: Policy) -> None:
+        self.spec = spec
+        self.policy = policy
+        self.world = World(spec)
+        self.log: deque[Decision] = deque(maxlen=spec.knobs.max_decision_log)
+        self.counts: dict[tuple[str, str], int] = {}
+        self._started = False
+        self._last_now = -math.inf
+
+    # ---- driving ---------------------------------------------------------------
+    def start(self, now: float) -> list[Action]:
+        """Let the policy preload; idempotent. ``handle`` calls it on first use."""
+        if self._started:
+            return []
+        self._started = True
+        self._advance(now)
+        self.policy.start(self.world, now)
+        self.policy.decide(self.world, now)
+        return self._finish(now)
+
+    def handle(self, event: Event, now: float) -> list[Action]:
+        pre = self.start(now) if not self._started else []
+        self._advance(now)
+        self._apply(event)
+        self._expire_deadlines()
+        self.policy.decide(self.world, now)
+        return pre + self._finish(now)
+
+    def next_wakeup(self, now: float) -> float | None:
+        """Earliest time the Manager wants a Tick (deadlines, TTLs, windows, backoffs)."""
+        candidates: list[float] = [r.deadline_at for r in self.world.waiting.values()]
+        wake = self.policy.next_wakeup(self.world, now)
+        if wake is not None:
+            candidates.append(wake)
+        future = [t for t in candidates if t > now]
+        return min(future) if future else None
+
+    def _advance(self, now: float) -> None:
+        if now < self._last_now:
+            raise InvariantError(f"time went backwards: {now} < {self._last_now}")
+        self._last_now = now
+        self.world.now = now
+
+    def _finish(self, now: float) -> list[Action]:
+        actions = self.world.drain()
+        for a in actions:
+            self.log.append(Decision(now, a))
+            key = (action_kind(a), a.reason.value)
+            self.counts[key] = self.counts.get(key, 0) + 1
+        if self.policy.enforces_budget:
+            self._check_budget()
+        return actions
+
+    def _check_budget(self) -> None:
+        ledger = self.world.ledger
+        for name, dev in self.world.devices.items():
+            if ledger.decided(name) > dev.usable_bytes:
+                raise InvariantError(
+                    f"device {name}: decided {ledger.decided(name)} > usable {dev.usable_bytes}"
+                )
+
+    # ---- bookkeeping per event ---------------------------------------------------
+    def _apply(self, event: Event) -> None:
+        w = self.world
+        match event:
+            case RequestArrived():
+                self._arrive(event)
+            case RequestFinished():
+                req = w.inflight.get(event.request_id)
+                if req is None or req.attempt != event.attempt:
+                    return  # stale: preempted, failed or cancelled already
+                svc = w.services[req.service]
+                if event.peak_bytes is not None:
+                    svc.calibration.observe_request(req.estimate, event.peak_bytes)
+                if req.dispatched_at is not None:
+                    took = max(0.0, w.now - req.dispatched_at)
+                    svc.mean_service_s = 0.8 * svc.mean_service_s + 0.2 * took
+                svc.served += 1
+                svc.last_used = w.now
+                w.finish(req)
+                if not event.ok:
+                    w.record(
+                        Fail(
+                            request_id=req.request_id,
+                            service=req.service,
+                            reason=Reason.BACKEND_CRASHED,
+                            detail=event.error or "failed",
+                        )
+                    )
+            case RequestCancelled():
+                self._cancel(event.request_id)
+            case LoadFinished():
+                self._load_finished(event)
+            case LoadFailed():
+                svc = w.services[event.service]
+                if svc.status is not ServiceStatus.LOADING:
+                    return
+                w.release_service(svc)
+                svc.status = ServiceStatus.CRASHED
+                self._backoff(svc)
+                for req in [r for r in w.waiting.values() if r.service == svc.name]:
+                    w.reject(
+                        req,
+                        reason=Reason.LOAD_FAILED,
+                        retry_after_s=max(1.0, svc.backoff_until - w.now),
+                        detail=event.error,
+                    )
+            case Unloaded():
+                svc = w.services[event.service]
+                if svc.status is ServiceStatus.UNLOADING or (
+                    svc.status is ServiceStatus.LOADED and not svc.inflight
+                ):
+                    w.release_service(svc)
+                    svc.status = ServiceStatus.UNLOADED
+                    svc.loaded_at = None
+            case BackendCrashed():
+                svc = w.services[event.service]
+                for req in list(svc.inflight.values()):
+                    w.fail(req, reason=event.reason, detail=event.error)
+                if svc.holds_memory:
+                    w.release_service(svc)
+                svc.status = ServiceStatus.CRASHED
+                svc.crashes += 1
+                svc.loaded_at = None
+                self._backoff(svc)
+            case MemorySampled():
+                self._reconcile(event)
+            case AdminCommand():
+                self._admin(event)
+            case ShutdownRequested():
+                w.shutting_down = True
+                for req in list(w.waiting.values()):
+                    w.reject(
+                        req,
+                        reason=Reason.SHUTTING_DOWN,
+                        retry_after_s=30.0,
+                        detail="accelmux is shutting down",
+                    )
+            case Tick():
+                pass
+
+    def _arrive(self, event: RequestArrived) -> None:
+        w = self.world
+        if event.request_id in w.waiting or event.request_id in w.inflight:
+            raise InvariantError(f"duplicate request id {event.request_id}")
+        svc = w.services.get(event.service)
+        if svc is None:
+            raise InvariantError(f"request for unknown service {event.service!r}")
+        estimate = w.estimate(svc.name, event.demand)
+        req = RequestState(
+            request_id=event.request_id,
+            service=svc.name,
+            cls=svc.spec.cls,
+            demand=event.demand,
+            estimate=estimate,
+            arrived_at=w.now,
+            deadline_at=w.now + svc.spec.deadline_s,
+            seq=w.next_seq(),
+            job_id=event.job_id,
+        )
+        w.waiting[req.request_id] = req
+        svc.waiting_count += 1
+        horizon = w.knobs.reuse_horizon_s
+        svc.rate = svc.rate * math.exp(-max(0.0, w.now - svc.rate_at) / horizon) + 1.0 / horizon
+        svc.rate_at = w.now
+        if w.shutting_down:
+            w.reject(
+                req,
+                reason=Reason.SHUTTING_DOWN,
+                retry_after_s=30.0,
+                detail="accelmux is shutting down",
+            )
+
+    def _cancel(self, request_id: str) -> None:
+        w = self.world
+        if request_id in w.waiting:
+            w.reject(
+                w.waiting[request_id],
+                reason=Reason.CANCELLED,
+                retry_after_s=0.0,
+                detail="client went away",
+            )
+        elif request_id in w.inflight:
+            w.fail(w.inflight[request_id], reason=Reason.CANCELLED, detail="client went away")
+
+    def _load_finished(self, event: LoadFinished) -> None:
+        w = self.world
+        svc = w.services[event.service]
+        if svc.status is not ServiceStatus.LOADING:
+            return
+        svc.status = ServiceStatus.LOADED
+        svc.loaded_at = w.now
+        svc.consecutive_failures = 0
+        if svc.load_reason is Reason.DEMAND or svc.load_reason is Reason.RELOAD_AFTER_CRASH:
+            svc.cold_starts += 1
+        svc.last_used = max(svc.last_used, w.now)
+        if event.weights_bytes is not None or event.runtime_bytes is not None:
+            p = svc.spec.profile
+            measured = (event.weights_bytes if event.weights_bytes is not None else p.weights) + (
+                event.runtime_bytes if event.runtime_bytes is not None else p.runtime
+            )
+            svc.calibration.observe_load(p.weights + p.runtime, measured)
+
+    def _backoff(self, svc_state: ServiceState) -> None:
+        w = self.world
+        svc_state.consecutive_failures += 1
+        delay = min(
+            w.knobs.crash_backoff_max_s,
+            w.knobs.crash_backoff_s * (2 ** (svc_state.consecutive_failures - 1)),
+        )
+        svc_state.backoff_until = w.now + delay
+
+    def _reconcile(self, event: MemorySampled) -> None:
+        """Measured memory replaces guesses: foreign usage and per-service reserved."""
+        w = self.world
+        if event.device not in w.devices:
+            return
+        ledger = w.ledger
+        managed = 0
+        for name, measured in event.per_service.items():
+            svc = w.services.get(name)
+            if svc is None or svc.spec.device != event.device:
+                continue
+            managed += measured
+            svc.measured_bytes = measured
+            if not svc.holds_memory:
+                continue
+            accounted = sum(
+                ledger.amount(event.device, name, c)
+                for c in (Category.WEIGHTS, Category.RUNTIME, Category.KV, Category.ACTIVE)
+            )
+            ledger.set_reserved(event.device, name, measured - accounted)
+            p = svc.spec.profile
+            ceiling = p.weights + p.runtime + p.kv_ceiling + p.workspace
+            svc.over_limit = measured > max(accounted, ceiling) * 1.5
+        ledger.set_foreign(event.device, event.used_bytes - managed - event.baseline_bytes)
+
+    def _admin(self, event: AdminCommand) -> None:
+        w = self.world
+        svc = w.services.get(event.service)
+        if svc is None:
+            raise InvariantError(f"admin command for unknown service {event.service!r}")
+        if event.op == "pin":
+            svc.pinned = True
+        elif event.op == "unpin":
+            svc.pinned = False
+        elif event.op == "load":
+            svc.admin_wants_loaded = True
+            w.admin_unload.discard(svc.name)
+        elif event.op == "unload":
+            svc.admin_wants_loaded = False
+            svc.pinned = False
+            w.admin_unload.add(svc.name)
+
+    def _expire_deadlines(self) -> None:
+        w = self.world
+        for req in [r for r in w.waiting.values() if r.deadline_at <= w.now]:
+            svc = w.services[req.service]
+            w.reject(
+                req,
+                reason=Reason.DEADLINE_EXCEEDED,
+                retry_after_s=max(1.0, math.ceil(svc.mean_service_s)),
+                detail=f"waited {w.now - req.arrived_at:.1f}s "
+                f"(last cause: {req.wait_reason.value if req.wait_reason else 'none'})",
+            )
+
+    # ---- reading ----------------------------------------------------------------
+    def snapshot(self) -> Snapshot:
+        return build_snapshot(self)
+
+    def explain(self, request_id: str) -> list[str] | None:
+        w = self.world
+        req: RequestState | None = w.waiting.get(request_id) or w.inflight.get(request_id)
+        if req is None:
+            for r in reversed(w.finished_requests):
+                if r.request_id == request_id:
+                    req = r
+                    break
+        return None if req is None else list(req.explain)

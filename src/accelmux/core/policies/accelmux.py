@@ -1,0 +1,452 @@
+"""The accelmux policy.
+
+Admission is against ``budget - headroom - foreign - committed`` with calibrated
+estimates. When a request does not fit, memory is taken back in order of cost:
+
+1. shrink elastic KV pools of other services down to their floor (or what is in use);
+2. preempt running batch/background requests of a lower class (they are re-queued);
+3. evict idle, unpinned services of an equal or lower class, lowest victim score first:
+   ``reload_seconds x P(reuse within horizon) x class_weight / bytes_freed``.
+
+If that cannot make room the request waits (bounded queue, deadline) or is rejected with
+a reason and Retry-After. Realtime work is protected twice: requests are scheduled in
+class order, and while a realtime request runs or waits on a device, no new batch or
+background work starts there (it would steal compute). Batch services run inside their
+maintenance windows, and outside them only with spare memory and no higher class waiting.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from accelmux.core.state import RequestState, ServiceState, World, reuse_rate
+from accelmux.core.types import Reason, Residency, ServiceClass, ServiceStatus
+
+
+@dataclass(slots=True)
+class _Round:
+    """Per-decide scratch state."""
+
+    blocked: dict[str, ServiceClass] = field(default_factory=dict)
+    realtime_active: set[str] = field(default_factory=set)
+    higher_waiting: dict[str, ServiceClass] = field(default_factory=dict)
+
+
+class AccelmuxPolicy:
+    name = "accelmux"
+    infinite_memory = False
+    enforces_budget = True
+
+    # ---- Protocol -------------------------------------------------------------
+    def start(self, world: World, now: float) -> None:
+        self._keep_pinned_loaded(world)
+
+    def decide(self, world: World, now: float) -> None:
+        self._admin_unloads(world)
+        self._relieve_pressure(world)
+        self._keep_pinned_loaded(world)
+        self._schedule(world)
+        self._expire_idle(world)
+        self._balloon(world)
+        if world.knobs.prewarm:
+            self._prewarm(world)
+
+    def next_wakeup(self, world: World, now: float) -> float | None:
+        times: list[float] = []
+        tod = world.time_of_day(now)
+        for svc in world.services.values():
+            if svc.status is ServiceStatus.LOADED and svc.idle and not self._keep(svc):
+                times.append(svc.last_used + self._ttl(world, svc))
+            if svc.status is ServiceStatus.LOADED and svc.kv_pool > svc.spec.profile.kv_floor:
+                times.append(svc.last_used + world.knobs.balloon_idle_s)
+            if svc.backoff_until > now and (svc.waiting_count or self._keep(svc)):
+                times.append(svc.backoff_until)
+            if svc.spec.windows and svc.waiting_count:
+                times.append(now + min(w.seconds_until_edge(tod) for w in svc.spec.windows))
+        future = [t for t in times if t > now]
+        return min(future) if future else None
+
+    # ---- helpers ----------------------------------------------------------------
+    @staticmethod
+    def _keep(svc: ServiceState) -> bool:
+        return svc.pinned or svc.admin_wants_loaded
+
+    @staticmethod
+    def _ttl(world: World, svc: ServiceState) -> float:
+        if svc.spec.residency is Residency.ON_DEMAND:
+            return min(svc.spec.ttl_s, world.knobs.on_demand_ttl_s)
+        return svc.spec.ttl_s
+
+    def victim_score(self, world: World, svc: ServiceState) -> float:
+        """Lower is a better victim: cheap to reload, unlikely reused, large."""
+        horizon = world.knobs.reuse_horizon_s
+        rate = reuse_rate(svc, world.now, horizon)
+        p_reuse = max(0.01, 1.0 - math.exp(-rate * horizon))
+        weight = world.knobs.class_weights[int(svc.spec.cls)]
+        if svc.spec.residency is Residency.ON_DEMAND:
+            weight *= 0.5
+        freed = max(1, svc.resident_bytes)
+        return world.load_seconds(svc) * p_reuse * weight / (freed / 1e9)
+
+    def _pending_free(self, world: World, device: str) -> int:
+        return sum(
+            s.resident_bytes
+            for s in world.services_by_device[device]
+            if s.status is ServiceStatus.UNLOADING
+        )
+
+    def _evictable(
+        self, svc: ServiceState, cls: ServiceClass, exclude: ServiceState | None
+    ) -> bool:
+        return (
+            svc is not exclude
+            and svc.status is ServiceStatus.LOADED
+            and svc.idle
+            and not self._keep(svc)
+            and svc.waiting_count == 0
+            and svc.spec.cls >= cls
+        )
+
+    def make_room(
+        self,
+        world: World,
+        device: str,
+        need: int,
+        cls: ServiceClass,
+        exclude: ServiceState | None,
+        reason: Reason,
+    ) -> bool:
+        """Free memory for ``need`` bytes on behalf of class ``cls``.
+
+        Returns True when ``need`` fits now. Evictions free memory only once the
+        backend confirms the unload, so after issuing them this returns False and the
+        caller waits; memory already on its way out is not evicted for twice.
+        """
+        ledger = world.ledger
+        available = ledger.available(device)
+        if available >= need:
+            return True
+        pending = self._pending_free(world, device)
+        if available + pending >= need:
+            return False
+        services = world.services_by_device[device]
+        shrinks: list[tuple[ServiceState, int]] = []
+        for svc in sorted(services, key=lambda s: -int(s.spec.cls)):
+            if svc is exclude or not svc.is_up:
+                continue
+            target = max(svc.spec.profile.kv_floor, svc.kv_in_use)
+            if svc.kv_pool > target:
+                shrinks.append((svc, target))
+        preempts: list[RequestState] = [
+            r
+            for s in services
+            if s.spec.cls > cls and s.spec.cls >= ServiceClass.BATCH
+            for r in s.inflight.values()
+        ]
+        preempts.sort(key=lambda r: (-int(r.cls), -(r.dispatched_at or 0.0)))
+        victims = [s for s in services if self._evictable(s, cls, exclude)]
+        victims.sort(key=lambda s: (self.victim_score(world, s), s.name))
+
+        gain_now = sum(s.kv_pool - t for s, t in shrinks) + sum(
+            (r.active_lease.nbytes if r.active_lease else 0) + r.kv_bytes for r in preempts
+        )
+        gain_later = sum(s.resident_bytes for s in victims)
+        if available + pending + gain_now + gain_later < need:
+            return False
+
+        for svc, target in shrinks:
+            if ledger.available(device) >= need:
+                return True
+            world.resize(
+                svc, target, reason=Reason.BALLOON_SHRINK, detail=f"room for {reason.value}"
+            )
+        for req in preempts:
+            if ledger.available(device) >= need:
+                return True
+            world.preempt(
+                req, reason=Reason.PREEMPTED_FOR_HIGHER_CLASS, detail=f"room for class {cls.label}"
+            )
+            holder = world.services[req.service]
+            target = max(holder.spec.profile.kv_floor, holder.kv_in_use)
+            if holder.kv_pool > target:
+                world.resize(
+                    holder, target, reason=Reason.BALLOON_SHRINK, detail="after preemption"
+                )
+        if ledger.available(device) >= need:
+            return True
+        freed = 0
+        for svc in victims:
+            if ledger.available(device) + pending + freed >= need:
+                break
+            freed += svc.resident_bytes
+            world.unload(
+                svc,
+                reason=Reason.EVICTED_FOR_MEMORY,
+                detail=f"room for class {cls.label} ({reason.value})",
+            )
+        return False
+
+    def _max_possible(self, world: World, device: str, exclude: ServiceState) -> int:
+        dev = world.devices[device]
+        held = sum(
+            s.resident_bytes
+            for s in world.services_by_device[device]
+            if s is not exclude and s.holds_memory and self._keep(s)
+        )
+        return dev.usable_bytes - held
+
+    def _retry_after(self, svc: ServiceState) -> float:
+        return float(
+            max(
+                1,
+                min(
+                    300,
+                    math.ceil(svc.mean_service_s * (1 + svc.waiting_count) / svc.spec.concurrency),
+                ),
+            )
+        )
+
+    # ---- steps --------------------------------------------------------------------
+    def _admin_unloads(self, world: World) -> None:
+        for name in sorted(world.admin_unload):
+            svc = world.services[name]
+            if svc.status is ServiceStatus.LOADED and svc.idle:
+                world.unload(svc, reason=Reason.ADMIN, detail="operator asked")
+                world.admin_unload.discard(name)
+            elif svc.status in (ServiceStatus.UNLOADED, ServiceStatus.CRASHED):
+                world.admin_unload.discard(name)
+
+    def _relieve_pressure(self, world: World) -> None:
+        """Foreign or reserved memory grew: give memory back until the ledger balances."""
+        for device in world.devices:
+            if world.ledger.available(device) >= 0:
+                continue
+            self.make_room(world, device, 0, ServiceClass.REALTIME, None, Reason.FOREIGN_PRESSURE)
+
+    def _keep_pinned_loaded(self, world: World) -> None:
+        for svc in sorted(world.services.values(), key=lambda s: (int(s.spec.cls), s.name)):
+            if not self._keep(svc) or svc.status not in (
+                ServiceStatus.UNLOADED,
+                ServiceStatus.CRASHED,
+            ):
+                continue
+            if world.now < svc.backoff_until or world.shutting_down:
+                continue
+            reason = (
+                Reason.RELOAD_AFTER_CRASH
+                if svc.status is ServiceStatus.CRASHED
+                else Reason.ADMIN
+                if svc.admin_wants_loaded and not svc.pinned
+                else Reason.PINNED
+            )
+            p = svc.spec.profile
+            need = sum(world.projected_resident(svc, p.kv_floor))
+            if self.make_room(world, svc.spec.device, need, svc.spec.cls, svc, reason):
+                world.load(svc, reason=reason)
+
+    def _schedule(self, world: World) -> None:
+        rnd = _Round()
+        for svc in world.services.values():
+            if svc.spec.cls is ServiceClass.REALTIME and svc.inflight:
+                rnd.realtime_active.add(svc.spec.device)
+        for req in world.waiting.values():
+            dev = world.services[req.service].spec.device
+            current = rnd.higher_waiting.get(dev)
+            if current is None or req.cls < current:
+                rnd.higher_waiting[dev] = req.cls
+        for req in sorted(world.waiting.values(), key=lambda r: r.sort_key):
+            self._consider(world, req, rnd)
+            req.announced = True
+
+    def _queue_or_reject(
+        self, world: World, req: RequestState, reason: Reason, detail: str = ""
+    ) -> None:
+        svc = world.services[req.service]
+        if not req.announced and svc.waiting_count - 1 >= svc.spec.queue_limit:
+            world.reject(
+                req,
+                reason=Reason.QUEUE_FULL,
+                retry_after_s=self._retry_after(svc),
+                detail=f"{svc.waiting_count - 1} waiting (limit {svc.spec.queue_limit})",
+            )
+            return
+        world.enqueue(req, reason=reason, detail=detail)
+
+    def _consider(self, world: World, req: RequestState, rnd: _Round) -> None:
+        svc = world.services[req.service]
+        spec = svc.spec
+        dev = spec.device
+        cls = req.cls
+        if spec.profile.kv_ceiling and req.estimate.kv_bytes > spec.profile.kv_ceiling:
+            world.reject(
+                req,
+                reason=Reason.TOO_LARGE,
+                retry_after_s=0.0,
+                detail=f"needs {req.estimate.kv_bytes} B of KV, ceiling "
+                f"{spec.profile.kv_ceiling} B",
+            )
+            return
+        if cls >= ServiceClass.BATCH and dev in rnd.realtime_active:
+            self._queue_or_reject(world, req, Reason.HIGHER_CLASS_WAITING, "realtime work running")
+            return
+        blocked = rnd.blocked.get(dev)
+        if blocked is not None and blocked < cls:
+            self._queue_or_reject(
+                world, req, Reason.HIGHER_CLASS_WAITING, f"{blocked.label} request waits for memory"
+            )
+            return
+        outside = not spec.in_window(world.time_of_day())
+        if outside:
+            higher = rnd.higher_waiting.get(dev)
+            if higher is not None and higher < cls:
+                self._queue_or_reject(world, req, Reason.OUTSIDE_WINDOW, "higher class waiting")
+                return
+        if svc.status in (ServiceStatus.LOADING, ServiceStatus.UNLOADING):
+            self._queue_or_reject(world, req, Reason.LOADING, svc.status.value)
+            return
+        if svc.status in (ServiceStatus.UNLOADED, ServiceStatus.CRASHED):
+            if world.now < svc.backoff_until:
+                self._queue_or_reject(
+                    world,
+                    req,
+                    Reason.BACKOFF,
+                    f"restart after {svc.backoff_until - world.now:.1f}s",
+                )
+                return
+            self._load_for(world, req, svc, rnd, outside)
+            return
+        if svc.over_limit:
+            self._queue_or_reject(world, req, Reason.NO_MEMORY, "service above its memory limit")
+            return
+        if len(svc.inflight) >= spec.concurrency:
+            self._queue_or_reject(
+                world,
+                req,
+                Reason.CONCURRENCY_LIMIT,
+                f"{len(svc.inflight)}/{spec.concurrency} running",
+            )
+            return
+        active = world.projected_active(req)
+        kv = req.estimate.kv_bytes
+        grow = max(0, kv - (svc.kv_pool - svc.kv_in_use))
+        need = active + grow
+        if need > self._max_possible(world, dev, svc) - svc.resident_bytes + svc.kv_pool:
+            world.reject(
+                req,
+                reason=Reason.TOO_LARGE,
+                retry_after_s=0.0,
+                detail=f"needs {need} B, device can never free that much",
+            )
+            return
+        if outside and world.ledger.available(dev) - need < (
+            world.knobs.spare_fraction * world.devices[dev].usable_bytes
+        ):
+            self._queue_or_reject(world, req, Reason.OUTSIDE_WINDOW, "no spare memory")
+            return
+        before = world.ledger.available(dev)
+        if not self.make_room(world, dev, need, cls, svc, Reason.NO_MEMORY):
+            rnd.blocked[dev] = min(cls, rnd.blocked.get(dev, cls))
+            self._queue_or_reject(
+                world,
+                req,
+                Reason.NO_MEMORY,
+                f"needs {need} B, {world.ledger.available(dev)} B available",
+            )
+            return
+        if grow:
+            target = min(spec.profile.kv_ceiling, svc.kv_in_use + kv)
+            world.resize(
+                svc,
+                max(target, svc.kv_pool),
+                reason=Reason.BALLOON_GROW,
+                detail=f"+{grow} B for {req.request_id}",
+            )
+        reason = (
+            Reason.FITS
+            if world.ledger.available(dev) + grow >= before
+            else (Reason.FITS_AFTER_SHRINK)
+        )
+        if not world.dispatch(req, reason=reason):
+            rnd.blocked[dev] = min(cls, rnd.blocked.get(dev, cls))
+            self._queue_or_reject(world, req, Reason.NO_MEMORY, "lost the race for memory")
+
+    def _load_for(
+        self, world: World, req: RequestState, svc: ServiceState, rnd: _Round, outside: bool
+    ) -> None:
+        p = svc.spec.profile
+        dev = svc.spec.device
+        pool = max(p.kv_floor, min(p.kv_ceiling, req.estimate.kv_bytes)) if p.kv_ceiling else 0
+        need = sum(world.projected_resident(svc, pool)) + world.projected_active(req)
+        if need > self._max_possible(world, dev, svc):
+            world.reject(
+                req,
+                reason=Reason.TOO_LARGE,
+                retry_after_s=0.0,
+                detail=f"service needs {need} B to run, usable budget cannot hold it",
+            )
+            return
+        if outside and world.ledger.available(dev) - need < (
+            world.knobs.spare_fraction * world.devices[dev].usable_bytes
+        ):
+            self._queue_or_reject(world, req, Reason.OUTSIDE_WINDOW, "no spare memory to load")
+            return
+        reason = Reason.RELOAD_AFTER_CRASH if svc.status is ServiceStatus.CRASHED else Reason.DEMAND
+        if self.make_room(world, dev, need, req.cls, svc, reason) and world.load(
+            svc, reason=reason, kv_pool=pool, detail=f"for {req.request_id}"
+        ):
+            self._queue_or_reject(world, req, Reason.LOADING, "cold start")
+            return
+        rnd.blocked[dev] = min(req.cls, rnd.blocked.get(dev, req.cls))
+        self._queue_or_reject(
+            world,
+            req,
+            Reason.NO_MEMORY,
+            f"load needs {need} B, {world.ledger.available(dev)} B available",
+        )
+
+    def _expire_idle(self, world: World) -> None:
+        for svc in world.services.values():
+            if (
+                svc.status is ServiceStatus.LOADED
+                and svc.idle
+                and svc.waiting_count == 0
+                and not self._keep(svc)
+                and world.now - svc.last_used >= self._ttl(world, svc)
+            ):
+                world.unload(
+                    svc, reason=Reason.TTL_EXPIRED, detail=f"idle {world.now - svc.last_used:.0f}s"
+                )
+
+    def _balloon(self, world: World) -> None:
+        for svc in world.services.values():
+            if not svc.is_up or svc.kv_pool <= svc.spec.profile.kv_floor:
+                continue
+            if svc.waiting_count == 0 and world.now - svc.last_used >= world.knobs.balloon_idle_s:
+                target = max(svc.spec.profile.kv_floor, svc.kv_in_use)
+                if target < svc.kv_pool:
+                    world.resize(svc, target, reason=Reason.BALLOON_SHRINK, detail="idle pool")
+
+    def _prewarm(self, world: World) -> None:
+        """WarmServe-style: reload a recently evicted, likely-reused service into spare memory."""
+        horizon = world.knobs.reuse_horizon_s
+        for svc in world.services.values():
+            if (
+                svc.status is not ServiceStatus.UNLOADED
+                or svc.spec.residency is not Residency.WARM
+                or svc.last_evicted_at is None
+                or world.now - svc.last_evicted_at < 60.0
+                or world.now < svc.backoff_until
+                or not svc.spec.in_window(world.time_of_day())
+            ):
+                continue
+            if 1.0 - math.exp(-reuse_rate(svc, world.now, horizon) * horizon) < 0.5:
+                continue
+            dev = svc.spec.device
+            need = sum(world.projected_resident(svc, svc.spec.profile.kv_floor))
+            spare = world.knobs.spare_fraction * world.devices[dev].usable_bytes
+            if world.ledger.available(dev) - need >= spare and not any(
+                r.wait_reason is Reason.NO_MEMORY for r in world.waiting.values()
+            ):
+                world.load(svc, reason=Reason.PRELOAD, detail="likely reused soon")
+                svc.last_evicted_at = None

@@ -1,0 +1,34 @@
+"""The policy Protocol: the accelmux policy and every baseline implement it.
+
+The Manager applies an event's bookkeeping to the :class:`~accelmux.core.state.World`
+first (releasing leases, marking loads done, reconciling measurements), then calls
+``policy.decide(world, now)``. The policy acts only through the World's mutators, so
+every action is recorded and the ledger stays consistent.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from accelmux.core.state import World
+
+
+class Policy(Protocol):
+    #: Short name used in reports ("accelmux", "ollama-like", ...).
+    name: str
+    #: True when the simulator should give this policy infinite memory (the oracle).
+    infinite_memory: bool
+    #: True when the policy keeps committed <= budget - headroom (checked by the Manager).
+    enforces_budget: bool
+
+    def start(self, world: World, now: float) -> None:
+        """Called once before the first event: preload what the policy wants resident."""
+        ...
+
+    def decide(self, world: World, now: float) -> None:
+        """React to the world as it is now: dispatch, queue, load, evict, resize, reject."""
+        ...
+
+    def next_wakeup(self, world: World, now: float) -> float | None:
+        """The next time a Tick is needed (a TTL, window edge or backoff), or None."""
+        ...

@@ -1,0 +1,97 @@
+"""Memory estimates and their calibration from observed peaks.
+
+An estimate comes from the static profile (for LLMs, from GGUF metadata at config
+time). Each finished request reports its observed peak; the calibrator keeps the recent
+ratios observed/estimated and projects the next request's peak as
+``estimate x max(safety_factor, worst recent ratio x margin)``. Load sizes are
+calibrated the same way from what the monitors measured after a load.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+from accelmux.core.events import Demand
+from accelmux.core.specs import MemoryProfile
+
+#: Margin applied above the worst recent observed ratio.
+RATIO_MARGIN = 1.05
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RequestEstimate:
+    """Raw (uncalibrated) memory of one request: KV drawn from the pool, active from the device."""
+
+    kv_bytes: int
+    active_bytes: int
+
+    @property
+    def total(self) -> int:
+        return self.kv_bytes + self.active_bytes
+
+
+def estimate_request(profile: MemoryProfile, demand: Demand) -> RequestEstimate:
+    kv = profile.kv_bytes_per_token * demand.kv_tokens
+    active = profile.workspace + math.ceil(profile.per_unit * demand.units)
+    return RequestEstimate(kv_bytes=kv, active_bytes=active)
+
+
+class RatioCalibrator:
+    """Keeps the last N observed/estimated ratios; projects with a safety factor."""
+
+    __slots__ = ("_ratios", "safety_factor")
+
+    def __init__(self, *, window: int, safety_factor: float) -> None:
+        self._ratios: deque[float] = deque(maxlen=window)
+        self.safety_factor = safety_factor
+
+    @property
+    def observations(self) -> int:
+        return len(self._ratios)
+
+    def observe(self, estimated: int, observed: int) -> None:
+        if estimated <= 0 or observed < 0:
+            return
+        self._ratios.append(observed / estimated)
+
+    @property
+    def factor(self) -> float:
+        """The multiplier applied to the next estimate (>= 1)."""
+        if not self._ratios:
+            return self.safety_factor
+        worst = max(self._ratios) * RATIO_MARGIN
+        # Enough evidence lets the factor fall below the cold-start safety factor,
+        # but never below the worst ratio recently seen.
+        if len(self._ratios) >= 8:
+            return max(1.0, worst)
+        return max(self.safety_factor, worst)
+
+    def project(self, estimated: int) -> int:
+        return math.ceil(estimated * self.factor)
+
+
+class ServiceCalibration:
+    """Calibration state of one service: per-request active memory, and load size."""
+
+    __slots__ = ("active", "resident")
+
+    def __init__(self, *, window: int, safety_factor: float) -> None:
+        self.active = RatioCalibrator(window=window, safety_factor=safety_factor)
+        self.resident = RatioCalibrator(window=8, safety_factor=1.0)
+
+    def project_active(self, estimate: RequestEstimate) -> int:
+        return self.active.project(estimate.active_bytes)
+
+    def observe_request(self, estimate: RequestEstimate, peak_bytes: int) -> None:
+        observed_active = max(0, peak_bytes - estimate.kv_bytes)
+        self.active.observe(estimate.active_bytes, observed_active)
+
+    def observe_load(self, estimated_resident: int, measured_resident: int) -> None:
+        self.resident.observe(estimated_resident, measured_resident)
+
+    def project_resident(self, estimated_resident: int) -> int:
+        if self.resident.observations == 0:
+            return estimated_resident
+        return self.resident.project(estimated_resident)

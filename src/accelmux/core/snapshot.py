@@ -1,0 +1,103 @@
+"""A read-only, JSON-ready picture of the Manager for status pages, metrics and the UI."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from accelmux.core.types import SERVICE_CATEGORIES, ServiceClass
+
+if TYPE_CHECKING:
+    from accelmux.core.manager import Manager
+
+RECENT_DECISIONS = 50
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    time: float
+    devices: list[dict[str, Any]]
+    services: list[dict[str, Any]]
+    queues: dict[str, int]
+    decisions: list[dict[str, Any]]
+    counts: dict[str, int]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "time": self.time,
+            "devices": self.devices,
+            "services": self.services,
+            "queues": self.queues,
+            "decisions": self.decisions,
+            "counts": self.counts,
+        }
+
+
+def build_snapshot(manager: Manager) -> Snapshot:
+    w = manager.world
+    ledger = w.ledger
+    devices = []
+    for name, dev in w.devices.items():
+        devices.append(
+            {
+                "name": name,
+                "kind": dev.kind,
+                "capacity_bytes": dev.capacity_bytes,
+                "budget_bytes": dev.budget_bytes,
+                "headroom_bytes": dev.headroom_bytes,
+                "foreign_bytes": ledger.foreign(name),
+                "decided_bytes": ledger.decided(name),
+                "committed_bytes": ledger.committed(name),
+                "available_bytes": ledger.available(name),
+            }
+        )
+    services = []
+    for svc in w.services.values():
+        spec = svc.spec
+        breakdown = ledger.service_breakdown(spec.device, svc.name)
+        services.append(
+            {
+                "name": svc.name,
+                "kind": spec.kind.value,
+                "class": spec.cls.label,
+                "residency": spec.residency.value,
+                "pinned": svc.pinned,
+                "device": spec.device,
+                "model": spec.model,
+                "state": svc.status.value,
+                "ledger": {c.value: breakdown[c] for c in SERVICE_CATEGORIES},
+                "estimated_bytes": sum(breakdown.values()) - breakdown[SERVICE_CATEGORIES[-1]],
+                "measured_bytes": svc.measured_bytes,
+                "inflight": len(svc.inflight),
+                "concurrency": spec.concurrency,
+                "waiting": svc.waiting_count,
+                "kv_pool_bytes": svc.kv_pool,
+                "kv_in_use_bytes": svc.kv_in_use,
+                "kv_floor_bytes": spec.profile.kv_floor,
+                "kv_ceiling_bytes": spec.profile.kv_ceiling,
+                "loads": svc.loads,
+                "cold_starts": svc.cold_starts,
+                "evictions": svc.evictions,
+                "thrash": svc.thrash,
+                "crashes": svc.crashes,
+                "served": svc.served,
+                "over_limit": svc.over_limit,
+                "backoff_until": svc.backoff_until if svc.backoff_until > w.now else None,
+                "calibration_factor": round(svc.calibration.active.factor, 4),
+                "windows": [[win.start_s, win.end_s] for win in spec.windows],
+                "in_window": spec.in_window(w.time_of_day()),
+            }
+        )
+    queues = {c.label: 0 for c in ServiceClass}
+    for req in w.waiting.values():
+        queues[req.cls.label] += 1
+    decisions = [d.as_dict() for d in list(manager.log)[-RECENT_DECISIONS:]]
+    counts = {f"{k}:{r}": n for (k, r), n in sorted(manager.counts.items())}
+    return Snapshot(
+        time=w.now,
+        devices=devices,
+        services=services,
+        queues=queues,
+        decisions=decisions,
+        counts=counts,
+    )

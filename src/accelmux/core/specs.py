@@ -1,0 +1,172 @@
+"""Static descriptions the Manager is built from: devices, services, policy knobs.
+
+These are plain frozen dataclasses; ``accelmux.config`` builds them from YAML.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from accelmux.core.types import Residency, ServiceClass, ServiceKind
+
+DAY_S = 86_400.0
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(message)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeviceSpec:
+    """One pool of accelerator memory."""
+
+    name: str
+    kind: str  # "nvidia" | "host" | "virtual"
+    capacity_bytes: int
+    budget_bytes: int
+    headroom_bytes: int
+    load_bandwidth_bps: float = 2e9  # bytes/s from disk or page cache into the device
+
+    def __post_init__(self) -> None:
+        _require(self.capacity_bytes > 0, f"device {self.name}: capacity must be > 0")
+        _require(
+            0 < self.budget_bytes <= self.capacity_bytes,
+            f"device {self.name}: budget must be in (0, capacity]",
+        )
+        _require(
+            0 <= self.headroom_bytes < self.budget_bytes,
+            f"device {self.name}: headroom must be in [0, budget)",
+        )
+        _require(self.load_bandwidth_bps > 0, f"device {self.name}: bandwidth must be > 0")
+
+    @property
+    def usable_bytes(self) -> int:
+        """What the manager may commit before foreign memory: budget - headroom."""
+        return self.budget_bytes - self.headroom_bytes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemoryProfile:
+    """What a service costs.
+
+    Resident: ``weights`` + ``runtime`` (+ the KV pool for LLMs, between ``kv_floor``
+    and ``kv_ceiling``). Per request: ``kv_bytes_per_token`` x kv tokens (drawn from the
+    KV pool) and ``workspace`` + ``per_unit`` x units of activation memory (``active``).
+    """
+
+    weights: int
+    runtime: int = 0
+    kv_bytes_per_token: int = 0
+    kv_floor: int = 0
+    kv_ceiling: int = 0
+    workspace: int = 0
+    per_unit: float = 0.0
+
+    def __post_init__(self) -> None:
+        _require(self.weights >= 0 and self.runtime >= 0, "weights/runtime must be >= 0")
+        _require(self.kv_bytes_per_token >= 0, "kv_bytes_per_token must be >= 0")
+        _require(0 <= self.kv_floor <= self.kv_ceiling, "need 0 <= kv_floor <= kv_ceiling")
+        _require(self.workspace >= 0 and self.per_unit >= 0, "workspace/per_unit must be >= 0")
+
+    @property
+    def resident_floor(self) -> int:
+        return self.weights + self.runtime + self.kv_floor
+
+    @property
+    def elastic(self) -> bool:
+        return self.kv_ceiling > self.kv_floor
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Window:
+    """A daily maintenance window, in seconds since local midnight; may wrap midnight."""
+
+    start_s: float
+    end_s: float
+
+    def __post_init__(self) -> None:
+        _require(0 <= self.start_s < DAY_S and 0 <= self.end_s <= DAY_S, "window out of day")
+        _require(self.start_s != self.end_s, "window must not be empty")
+
+    def contains(self, time_of_day_s: float) -> bool:
+        t = time_of_day_s % DAY_S
+        if self.start_s < self.end_s:
+            return self.start_s <= t < self.end_s
+        return t >= self.start_s or t < self.end_s
+
+    def seconds_until_edge(self, time_of_day_s: float) -> float:
+        """Seconds until the window next opens or closes (always > 0)."""
+        t = time_of_day_s % DAY_S
+        best = DAY_S
+        for edge in (self.start_s, self.end_s % DAY_S):
+            delta = (edge - t) % DAY_S
+            if delta > 0:
+                best = min(best, delta)
+        return best
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServiceSpec:
+    name: str
+    kind: ServiceKind
+    cls: ServiceClass
+    residency: Residency
+    device: str
+    profile: MemoryProfile
+    concurrency: int = 1
+    ttl_s: float = 300.0
+    init_s: float = 1.0
+    queue_limit: int = 32
+    deadline_s: float = 30.0
+    windows: tuple[Window, ...] = ()
+    model: str = ""
+
+    def __post_init__(self) -> None:
+        _require(self.concurrency >= 1, f"service {self.name}: concurrency must be >= 1")
+        _require(self.ttl_s >= 0, f"service {self.name}: ttl must be >= 0")
+        _require(self.queue_limit >= 0, f"service {self.name}: queue_limit must be >= 0")
+        _require(self.deadline_s > 0, f"service {self.name}: deadline must be > 0")
+        _require(self.init_s >= 0, f"service {self.name}: init_s must be >= 0")
+
+    def in_window(self, time_of_day_s: float) -> bool:
+        """True when the service has no windows or one of them is open."""
+        return not self.windows or any(w.contains(time_of_day_s) for w in self.windows)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PolicyKnobs:
+    """Tunables of the accelmux policy (baselines read the few they need)."""
+
+    safety_factor: float = 1.2
+    calibration_window: int = 64
+    on_demand_ttl_s: float = 30.0
+    reuse_horizon_s: float = 600.0
+    spare_fraction: float = 0.25
+    crash_backoff_s: float = 1.0
+    crash_backoff_max_s: float = 60.0
+    balloon_idle_s: float = 30.0
+    class_weights: tuple[float, float, float, float] = (16.0, 4.0, 1.0, 1.0)
+    prewarm: bool = True
+    max_decision_log: int = 2000
+
+    def __post_init__(self) -> None:
+        _require(self.safety_factor >= 1.0, "safety_factor must be >= 1")
+        _require(self.calibration_window >= 1, "calibration_window must be >= 1")
+        _require(0 <= self.spare_fraction < 1, "spare_fraction must be in [0, 1)")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ManagerSpec:
+    devices: tuple[DeviceSpec, ...]
+    services: tuple[ServiceSpec, ...]
+    knobs: PolicyKnobs = field(default_factory=PolicyKnobs)
+    clock_origin_s_of_day: float = 0.0
+
+    def __post_init__(self) -> None:
+        names = [d.name for d in self.devices]
+        _require(len(set(names)) == len(names), "device names must be unique")
+        snames = [s.name for s in self.services]
+        _require(len(set(snames)) == len(snames), "service names must be unique")
+        for s in self.services:
+            _require(s.device in names, f"service {s.name}: unknown device {s.device!r}")

@@ -1,0 +1,119 @@
+"""Small shared vocabulary of the core: classes, residency, states, reasons."""
+
+from __future__ import annotations
+
+from enum import IntEnum, StrEnum
+
+GIB = 1024**3
+MIB = 1024**2
+
+
+class ServiceClass(IntEnum):
+    """Priority class. A lower value is more important."""
+
+    REALTIME = 0
+    INTERACTIVE = 1
+    BATCH = 2
+    BACKGROUND = 3
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+    @classmethod
+    def parse(cls, text: str) -> ServiceClass:
+        return cls[text.upper()]
+
+
+class Residency(StrEnum):
+    PINNED = "pinned"
+    WARM = "warm"
+    ON_DEMAND = "on-demand"
+
+
+class ServiceKind(StrEnum):
+    CHAT = "chat"
+    COMPLETION = "completion"
+    EMBEDDINGS = "embeddings"
+    IMAGE = "image"
+    ASR = "asr"
+    TTS = "tts"
+    DETECT = "detect"
+    CAMERA = "camera"
+
+    @property
+    def is_llm(self) -> bool:
+        return self in (ServiceKind.CHAT, ServiceKind.COMPLETION)
+
+
+class ServiceStatus(StrEnum):
+    UNLOADED = "unloaded"
+    LOADING = "loading"
+    LOADED = "loaded"
+    UNLOADING = "unloading"
+    CRASHED = "crashed"
+
+
+class Category(StrEnum):
+    """Ledger categories, per device and service (headroom and foreign per device)."""
+
+    WEIGHTS = "weights"
+    RUNTIME = "runtime"
+    KV = "kv"
+    ACTIVE = "active"
+    RESERVED = "reserved"
+    HEADROOM = "headroom"
+    FOREIGN = "foreign"
+
+
+SERVICE_CATEGORIES: tuple[Category, ...] = (
+    Category.WEIGHTS,
+    Category.RUNTIME,
+    Category.KV,
+    Category.ACTIVE,
+    Category.RESERVED,
+)
+
+
+class Reason(StrEnum):
+    """Machine-readable reason carried by every action."""
+
+    # dispatch
+    FITS = "fits"
+    FITS_AFTER_EVICTION = "fits_after_eviction"
+    FITS_AFTER_SHRINK = "fits_after_shrink"
+    FITS_AFTER_PREEMPTION = "fits_after_preemption"
+    UNCOORDINATED = "uncoordinated"
+    # enqueue / wait
+    LOADING = "loading"
+    NO_MEMORY = "no_memory"
+    CONCURRENCY_LIMIT = "concurrency_limit"
+    HIGHER_CLASS_WAITING = "higher_class_waiting"
+    OUTSIDE_WINDOW = "outside_window"
+    BACKOFF = "backoff"
+    # reject
+    QUEUE_FULL = "queue_full"
+    DEADLINE_EXCEEDED = "deadline_exceeded"
+    TOO_LARGE = "too_large"
+    SERVICE_UNAVAILABLE = "service_unavailable"
+    LOAD_FAILED = "load_failed"
+    BACKEND_CRASHED = "backend_crashed"
+    CANCELLED = "cancelled"
+    SHUTTING_DOWN = "shutting_down"
+    # load / unload
+    DEMAND = "demand"
+    PINNED = "pinned"
+    PRELOAD = "preload"
+    ADMIN = "admin"
+    RELOAD_AFTER_CRASH = "reload_after_crash"
+    TTL_EXPIRED = "ttl_expired"
+    EVICTED_FOR_MEMORY = "evicted_for_memory"
+    SWAP = "swap"
+    FOREIGN_PRESSURE = "foreign_pressure"
+    WINDOW_OPEN = "window_open"
+    # resize
+    BALLOON_GROW = "balloon_grow"
+    BALLOON_SHRINK = "balloon_shrink"
+    # preempt
+    PREEMPTED_FOR_HIGHER_CLASS = "preempted_for_higher_class"
+    WINDOW_CLOSED = "window_closed"
