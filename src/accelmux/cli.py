@@ -20,6 +20,7 @@ COMMAND_MODULES = (
     "accelmux.runtime.status_cli",
     "accelmux.sim.command",
     "accelmux.config.command",
+    "accelmux.jobs.command",
 )
 
 

@@ -1,0 +1,434 @@
+"""HTTP API of batch jobs, mounted under ``/v1/jobs``.
+
+Endpoints::
+
+    POST /v1/jobs                      create a job; answers the job object
+         application/json body:  {"model": "embed", "inputs": ["text", ...],
+                                  "metadata": {"key": "value"}}      (metadata optional)
+         JSON-lines body (Content-Type application/jsonl, application/x-ndjson or
+         application/jsonlines), model in the query (?model=embed): one input per line,
+         each a JSON string or {"input": "text"}; blank lines are skipped
+    GET  /v1/jobs?limit=20&after=ID    jobs newest first: {"object": "list", "data": [...],
+                                       "first_id", "last_id", "has_more"}
+    GET  /v1/jobs/{id}                 the job object
+    GET  /v1/jobs/{id}/results?offset=0&limit=100
+                                       one item per input, by input index:
+                                       {"object": "list", "job_id", "data": [{"index",
+                                       "status", "attempts", "result", "error"}], "offset",
+                                       "limit", "total", "has_more", "next_offset"}
+    POST /v1/jobs/{id}/cancel          cancel; answers the job object (409 when it had
+                                       already completed or failed; a no-op when cancelled)
+
+The job object::
+
+    {"id": "job_...", "object": "job", "model": "embed", "status": "running",
+     "created_at": 1764500000, "started_at": ..., "finished_at": null, "max_attempts": 5,
+     "request_counts": {"total": 10, "completed": 4, "failed": 0, "cancelled": 0,
+                        "pending": 4, "in_progress": 2},
+     "metadata": {}, "error": null}
+
+Job status: ``queued`` (nothing started) -> ``running`` -> ``completed`` (every input
+ended and at least one succeeded; failures are counted) or ``failed`` (every input
+failed); ``paused`` while the model is outside its maintenance window; ``cancelled``.
+Item status: ``pending``, ``in_progress``, ``completed`` (``result`` set), ``failed``
+(``error`` set), ``cancelled``. Timestamps are Unix seconds.
+
+Errors use OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``, with
+``param`` naming the offending field (``inputs[3]`` for one input). 400: invalid body or
+query; 404: no such job; 409: cancel of a finished job; 413: body too large; 415: other
+content types.
+
+Modelled on OpenAI's batch API, but simpler: no separate file upload (inputs come inline
+or as a JSON-lines body), each input is a plain string for one model instead of a full
+request line per endpoint, there is no ``completion_window`` (the model's maintenance
+window and the Manager decide when work runs), results are paged JSON by input index
+instead of an output file, statuses differ (no validating/finalizing/expired; ``paused``
+added), and cancel takes effect at once (inputs already in flight finish and keep their
+results). Authentication is the gateway's, as for every ``/v1`` route.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable, Collection
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from accelmux.jobs.errors import JobNotFoundError, JobStateError
+from accelmux.jobs.model import Job, ResultItem
+from accelmux.jobs.runner import JobRunner
+from accelmux.jobs.store import JobStore
+
+log = logging.getLogger("accelmux.jobs")
+
+JSON_LINES_TYPES = ("application/jsonl", "application/x-ndjson", "application/jsonlines")
+
+_ITEM_STATUS = {
+    "pending": "pending",
+    "leased": "in_progress",
+    "done": "completed",
+    "failed": "failed",
+    "cancelled": "cancelled",
+}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobLimits:
+    max_body_bytes: int = 64 * 1024**2
+    max_inputs: int = 100_000
+    max_input_chars: int = 100_000
+    max_model_chars: int = 200
+    max_metadata_keys: int = 16
+    max_metadata_chars: int = 512
+    max_page: int = 1000
+    default_page: int = 100
+    max_list: int = 100
+
+
+class ApiError(Exception):
+    """An answer in OpenAI's error shape."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        type_: str = "invalid_request_error",
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.type = type_
+
+    def response(self) -> web.Response:
+        body = {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+        return web.json_response(body, status=self.status)
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _answers_errors(handler: Handler) -> Handler:
+    async def wrapped(request: web.Request) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except ApiError as exc:
+            return exc.response()
+        except JobNotFoundError as exc:
+            return ApiError(404, str(exc), param="id", code="job_not_found").response()
+        except JobStateError as exc:
+            return ApiError(409, str(exc), code="invalid_job_status").response()
+        except web.HTTPException:
+            raise
+        except Exception:
+            log.exception("jobs API: %s %s failed", request.method, request.path)
+            return ApiError(
+                500, "internal error; see the daemon log", type_="server_error"
+            ).response()
+
+    return wrapped
+
+
+def job_routes(
+    store: JobStore,
+    runner: JobRunner | None,
+    *,
+    prefix: str = "/v1/jobs",
+    limits: JobLimits | None = None,
+    models: Callable[[], Collection[str]] | None = None,
+) -> list[web.RouteDef]:
+    """The route table of the jobs API; ``app.add_routes(job_routes(store, runner))``.
+
+    ``models`` (optional) lists the model/service names a job may target; without it any
+    name is accepted. ``runner`` is woken when a job is created or cancelled.
+    """
+    api = _JobsApi(store, runner, limits or JobLimits(), models)
+    return [
+        web.post(prefix, _answers_errors(api.create)),
+        web.get(prefix, _answers_errors(api.list_jobs)),
+        web.get(prefix + "/{job_id}", _answers_errors(api.show)),
+        web.get(prefix + "/{job_id}/results", _answers_errors(api.results)),
+        web.post(prefix + "/{job_id}/cancel", _answers_errors(api.cancel)),
+    ]
+
+
+class _JobsApi:
+    def __init__(
+        self,
+        store: JobStore,
+        runner: JobRunner | None,
+        limits: JobLimits,
+        models: Callable[[], Collection[str]] | None,
+    ) -> None:
+        self.store = store
+        self.runner = runner
+        self.limits = limits
+        self.models = models
+
+    def _wake(self) -> None:
+        if self.runner is not None:
+            self.runner.wake()
+
+    async def create(self, request: web.Request) -> web.StreamResponse:
+        body = await _read_body(request, self.limits.max_body_bytes)
+        content_type = request.content_type
+        if content_type in JSON_LINES_TYPES:
+            model: Any = request.query.get("model")
+            inputs = await asyncio.to_thread(_parse_json_lines, body, self.limits)
+            metadata: dict[str, str] = {}
+        elif content_type in ("application/json", "application/octet-stream", ""):
+            model, inputs, metadata = await asyncio.to_thread(_parse_json_body, body, self.limits)
+        else:
+            raise ApiError(
+                415,
+                f"unsupported Content-Type {content_type!r}; use application/json or "
+                "application/jsonl",
+                code="unsupported_media_type",
+            )
+        model = self._check_model(model)
+        job = await asyncio.to_thread(self.store.create_job, model, inputs, metadata=metadata)
+        self._wake()
+        return web.json_response(job_json(job))
+
+    def _check_model(self, model: Any) -> str:
+        if model is None or model == "":
+            raise ApiError(400, "model is required", param="model", code="missing_field")
+        if not isinstance(model, str):
+            raise ApiError(400, "model must be a string", param="model", code="invalid_type")
+        if len(model) > self.limits.max_model_chars:
+            raise ApiError(400, "model name is too long", param="model", code="invalid_value")
+        if self.models is not None:
+            known = self.models()
+            if model not in known:
+                names = ", ".join(sorted(known)) or "none"
+                raise ApiError(
+                    400,
+                    f"unknown model {model!r} (known: {names})",
+                    param="model",
+                    code="model_not_found",
+                )
+        return model
+
+    async def list_jobs(self, request: web.Request) -> web.StreamResponse:
+        limit = _int_query(request, "limit", 20, 1, self.limits.max_list)
+        after = request.query.get("after") or None
+        try:
+            jobs, has_more = await asyncio.to_thread(self.store.list_jobs, limit=limit, after=after)
+        except JobNotFoundError as exc:
+            raise ApiError(400, str(exc), param="after", code="invalid_value") from None
+        body = {
+            "object": "list",
+            "data": [job_json(job) for job in jobs],
+            "first_id": jobs[0].id if jobs else None,
+            "last_id": jobs[-1].id if jobs else None,
+            "has_more": has_more,
+        }
+        return web.json_response(body)
+
+    async def show(self, request: web.Request) -> web.StreamResponse:
+        job = await asyncio.to_thread(self.store.get_job, request.match_info["job_id"])
+        return web.json_response(job_json(job))
+
+    async def results(self, request: web.Request) -> web.StreamResponse:
+        job_id = request.match_info["job_id"]
+        offset = _int_query(request, "offset", 0, 0, None)
+        limit = _int_query(request, "limit", self.limits.default_page, 1, self.limits.max_page)
+        job = await asyncio.to_thread(self.store.get_job, job_id)
+        items = await asyncio.to_thread(self.store.results, job_id, offset=offset, limit=limit)
+        end = offset + len(items)
+        has_more = end < job.counts.total
+        body = {
+            "object": "list",
+            "job_id": job_id,
+            "data": [result_json(item) for item in items],
+            "offset": offset,
+            "limit": limit,
+            "total": job.counts.total,
+            "has_more": has_more,
+            "next_offset": end if has_more else None,
+        }
+        return web.json_response(body)
+
+    async def cancel(self, request: web.Request) -> web.StreamResponse:
+        job = await asyncio.to_thread(self.store.cancel_job, request.match_info["job_id"])
+        self._wake()
+        return web.json_response(job_json(job))
+
+
+def job_json(job: Job) -> dict[str, Any]:
+    counts = job.counts
+    return {
+        "id": job.id,
+        "object": "job",
+        "model": job.model,
+        "status": job.status,
+        "created_at": int(job.created_at),
+        "started_at": None if job.started_at is None else int(job.started_at),
+        "finished_at": None if job.finished_at is None else int(job.finished_at),
+        "max_attempts": job.max_attempts,
+        "request_counts": {
+            "total": counts.total,
+            "completed": counts.done,
+            "failed": counts.failed,
+            "cancelled": counts.cancelled,
+            "pending": counts.pending,
+            "in_progress": counts.leased,
+        },
+        "metadata": job.metadata,
+        "error": job.error,
+    }
+
+
+def result_json(item: ResultItem) -> dict[str, Any]:
+    return {
+        "index": item.index,
+        "status": _ITEM_STATUS[item.state],
+        "attempts": item.attempts,
+        "result": item.result,
+        "error": item.error,
+    }
+
+
+async def _read_body(request: web.Request, limit: int) -> bytes:
+    """The whole body, refusing (413) past ``limit`` bytes whatever the app's own limit."""
+    too_large = ApiError(413, f"the body is larger than {limit} bytes", code="body_too_large")
+    if request.content_length is not None and request.content_length > limit:
+        raise too_large
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.content.iter_chunked(1 << 16):
+        size += len(chunk)
+        if size > limit:
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _parse_json_body(body: bytes, limits: JobLimits) -> tuple[Any, list[str], dict[str, str]]:
+    try:
+        data = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ApiError(400, f"the body is not valid JSON: {exc}", code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, "the body must be a JSON object", code="invalid_json")
+    unknown = sorted(set(data) - {"model", "inputs", "metadata"})
+    if unknown:
+        raise ApiError(
+            400,
+            f"unknown field {unknown[0]!r} (fields: model, inputs, metadata)",
+            param=unknown[0],
+            code="unknown_field",
+        )
+    raw_inputs = data.get("inputs")
+    if raw_inputs is None:
+        raise ApiError(400, "inputs is required", param="inputs", code="missing_field")
+    if not isinstance(raw_inputs, list):
+        raise ApiError(400, "inputs must be a list of strings", param="inputs", code="invalid_type")
+    inputs = [_check_input(value, i, limits) for i, value in enumerate(raw_inputs)]
+    _check_count(len(inputs), limits)
+    return data.get("model"), inputs, _check_metadata(data.get("metadata"), limits)
+
+
+def _parse_json_lines(body: bytes, limits: JobLimits) -> list[str]:
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ApiError(400, "the body is not UTF-8", param="inputs", code="invalid_json") from None
+    inputs: list[str] = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ApiError(
+                400, f"line {number} is not valid JSON: {exc}", param="inputs", code="invalid_json"
+            ) from None
+        if isinstance(value, dict) and set(value) == {"input"}:
+            value = value["input"]
+        inputs.append(_check_input(value, len(inputs), limits, line=number))
+        if len(inputs) > limits.max_inputs:
+            _check_count(len(inputs), limits)
+    _check_count(len(inputs), limits)
+    return inputs
+
+
+def _check_input(value: Any, index: int, limits: JobLimits, *, line: int | None = None) -> str:
+    where = f" (line {line})" if line is not None else ""
+    param = f"inputs[{index}]"
+    if not isinstance(value, str):
+        raise ApiError(400, f"{param}{where} must be a string", param=param, code="invalid_type")
+    if not value:
+        raise ApiError(400, f"{param}{where} is empty", param=param, code="invalid_value")
+    if len(value) > limits.max_input_chars:
+        raise ApiError(
+            400,
+            f"{param}{where} is longer than {limits.max_input_chars} characters",
+            param=param,
+            code="input_too_long",
+        )
+    return value
+
+
+def _check_count(count: int, limits: JobLimits) -> None:
+    if count == 0:
+        raise ApiError(400, "inputs must not be empty", param="inputs", code="invalid_value")
+    if count > limits.max_inputs:
+        raise ApiError(
+            400,
+            f"a job takes at most {limits.max_inputs} inputs",
+            param="inputs",
+            code="too_many_inputs",
+        )
+
+
+def _check_metadata(value: Any, limits: JobLimits) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise ApiError(
+            400, "metadata must map strings to strings", param="metadata", code="invalid_type"
+        )
+    if len(value) > limits.max_metadata_keys or any(
+        len(k) > limits.max_metadata_chars or len(v) > limits.max_metadata_chars
+        for k, v in value.items()
+    ):
+        raise ApiError(
+            400,
+            f"metadata takes at most {limits.max_metadata_keys} keys of "
+            f"{limits.max_metadata_chars} characters",
+            param="metadata",
+            code="invalid_value",
+        )
+    return dict(value)
+
+
+def _int_query(request: web.Request, name: str, default: int, low: int, high: int | None) -> int:
+    raw = request.query.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ApiError(400, f"{name} must be an integer", param=name, code="invalid_type") from None
+    if value < low or (high is not None and value > high):
+        bounds = f"between {low} and {high}" if high is not None else f"at least {low}"
+        raise ApiError(400, f"{name} must be {bounds}", param=name, code="invalid_value")
+    return value

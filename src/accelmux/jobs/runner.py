@@ -1,0 +1,256 @@
+"""The job runner: feeds pending inputs, in small batches, to an injected ``submit``.
+
+``submit(service, inputs) -> results`` is the only way out: the daemon plugs in a function
+that sends the request through the Manager (batch class, maintenance windows,
+preemption), so the Manager decides *when* a batch runs. The runner decides only *how
+much* is outstanding: ``max_outstanding`` worker tasks each hold at most one batch (a
+closed loop), so nothing queues up beyond K requests however large the jobs are.
+
+What happens to a batch::
+
+    submit returns N results      -> recorded (store.complete), one transaction
+    JobInputRetry / other error   -> back to pending after a backoff (Retry-After wins if
+                                     longer); failed once max_attempts are used
+    JobInputError                 -> failed; a batch of several is retried input by input
+                                     first, so one bad input does not fail its neighbours
+    submit's request cancelled    -> like JobInputRetry (a batch preempted by the Manager)
+    runner stopped (cancelled)    -> given back untried (the attempt is not counted)
+
+``window_open(model) -> bool`` (optional) tells whether a model may run now; while it
+says no, the model's jobs show status ``paused`` and none of their inputs start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from accelmux.errors import BackendError
+from accelmux.jobs.errors import JobInputError, JobInputRetry
+from accelmux.jobs.model import Lease
+from accelmux.jobs.store import JobStore
+
+log = logging.getLogger("accelmux.jobs")
+
+Submit = Callable[[str, list[str]], Awaitable[Sequence[Any]]]
+WindowOpen = Callable[[str], bool]
+
+_MAX_ERROR_CHARS = 500
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunnerSettings:
+    batch_size: int = 32
+    max_outstanding: int = 2
+    backoff_base_s: float = 1.0
+    backoff_max_s: float = 60.0
+    #: How long an idle worker sleeps before it looks again (windows open by the clock).
+    idle_poll_s: float = 5.0
+    #: Limit on one ``submit`` call; None leaves waiting to the Manager.
+    request_timeout_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1 or self.max_outstanding < 1:
+            raise ValueError("batch_size and max_outstanding must be at least 1")
+        if self.backoff_base_s < 0 or self.backoff_max_s < 0 or self.idle_poll_s <= 0:
+            raise ValueError("backoff times must not be negative; idle_poll_s must be positive")
+
+    def backoff(self, attempt: int) -> float:
+        """Delay before the next try after ``attempt`` failed tries (exponential, capped)."""
+        return float(min(self.backoff_max_s, self.backoff_base_s * 2 ** max(0, attempt - 1)))
+
+
+class JobRunner:
+    """Runs the pending inputs of every active job of a :class:`JobStore`."""
+
+    def __init__(
+        self,
+        store: JobStore,
+        submit: Submit,
+        *,
+        settings: RunnerSettings | None = None,
+        window_open: WindowOpen | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.settings = settings or RunnerSettings()
+        self._submit = submit
+        self._window_open = window_open
+        self._clock = clock
+        self._wakeup = asyncio.Event()
+        self._workers: list[asyncio.Task[None]] = []
+        self.outstanding = 0  # batches inside submit right now
+
+    # ---------------------------------------------------------------- lifecycle
+
+    def wake(self) -> None:
+        """Look for work now (a job was created, cancelled or a window opened)."""
+        self._wakeup.set()
+
+    @property
+    def running(self) -> bool:
+        return any(not task.done() for task in self._workers)
+
+    async def start(self) -> None:
+        """Start ``max_outstanding`` workers in the background (idempotent)."""
+        if self.running:
+            return
+        self._workers = [
+            asyncio.create_task(self._worker(stop_when_idle=False), name=f"jobs-worker-{i}")
+            for i in range(self.settings.max_outstanding)
+        ]
+
+    async def stop(self) -> None:
+        """Stop the workers; batches in flight are given back untried."""
+        workers, self._workers = self._workers, []
+        for task in workers:
+            task.cancel()
+        await asyncio.gather(*workers, return_exceptions=True)
+
+    async def run_until_idle(self) -> None:
+        """Work in the foreground until no input of an active job is pending or leased.
+
+        Inputs of a model whose window is closed stay pending, so this waits for the window.
+        """
+        workers = [
+            asyncio.create_task(self._worker(stop_when_idle=True))
+            for _ in range(self.settings.max_outstanding)
+        ]
+        try:
+            await asyncio.gather(*workers)
+        finally:
+            for task in workers:
+                task.cancel()
+            await asyncio.gather(*workers, return_exceptions=True)
+
+    # ---------------------------------------------------------------- the loop
+
+    async def _worker(self, *, stop_when_idle: bool) -> None:
+        while True:
+            self._wakeup.clear()
+            try:
+                lease = await self._claim_next()
+                if lease is None:
+                    if stop_when_idle and await asyncio.to_thread(self._idle):
+                        return
+                    await self._sleep_until_work()
+                    continue
+                await self._process(lease)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a store failure (disk full...): log, wait, try again
+                log.exception("jobs worker failed; retrying in %.0f s", self.settings.idle_poll_s)
+                await asyncio.sleep(self.settings.idle_poll_s)
+
+    def _idle(self) -> bool:
+        return self.store.pending_count() == 0
+
+    async def _claim_next(self) -> Lease | None:
+        for job_id, model, status in await asyncio.to_thread(self.store.runnable_jobs):
+            is_open = self._window_open is None or self._window_open(model)
+            if is_open == (status == "paused"):
+                await asyncio.to_thread(self.store.set_paused, job_id, not is_open)
+            if not is_open:
+                continue
+            lease = await asyncio.to_thread(self.store.claim, job_id, self.settings.batch_size)
+            if lease is not None:
+                return lease
+        return None
+
+    async def _sleep_until_work(self) -> None:
+        timeout = self.settings.idle_poll_s
+        wake_at = await asyncio.to_thread(self.store.next_wakeup)
+        if wake_at is not None:
+            timeout = max(0.0, min(timeout, wake_at - self._clock()))
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await self._wakeup.wait()
+
+    # ---------------------------------------------------------------- one batch
+
+    async def _process(self, lease: Lease) -> None:
+        try:
+            await self._run_batch(lease)
+        except BaseException:
+            # Stopping (or the store failed): whatever is still leased goes back untried.
+            # Rows already recorded are no longer leased under this token, so this touches
+            # only the rest.
+            with contextlib.suppress(Exception):
+                self.store.release(lease)
+            raise
+
+    async def _run_batch(self, lease: Lease) -> None:
+        store = self.store
+        try:
+            results = await self._call(lease.model, [item.text for item in lease.inputs])
+        except JobInputError as exc:
+            if len(lease.inputs) > 1:
+                await self._one_by_one(lease)
+            else:
+                await asyncio.to_thread(store.fail, lease, lease.indexes, _describe(exc))
+            return
+        except Exception as exc:
+            await self._retry(lease, lease.indexes, exc)
+            return
+        await self._record(lease, lease.indexes, results)
+
+    async def _one_by_one(self, lease: Lease) -> None:
+        for item in lease.inputs:
+            job = await asyncio.to_thread(self.store.get_job, lease.job_id)
+            if job.status == "cancelled":
+                await asyncio.to_thread(self.store.release, lease)  # the rest: cancelled
+                return
+            try:
+                results = await self._call(lease.model, [item.text])
+            except JobInputError as exc:
+                await asyncio.to_thread(self.store.fail, lease, [item.index], _describe(exc))
+            except Exception as exc:
+                await self._retry(lease, [item.index], exc)
+            else:
+                await self._record(lease, [item.index], results)
+
+    async def _call(self, model: str, texts: list[str]) -> Sequence[Any]:
+        self.outstanding += 1
+        try:
+            timeout = self.settings.request_timeout_s
+            async with asyncio.timeout(timeout):
+                results = await self._submit(model, texts)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # the runner is stopping
+            # submit's own request was cancelled (preempted by the Manager): try later
+            raise JobInputRetry("the request was cancelled (preempted)") from None
+        finally:
+            self.outstanding -= 1
+        if len(results) != len(texts):
+            raise JobInputRetry(f"the backend returned {len(results)} results for {len(texts)}")
+        return results
+
+    async def _record(self, lease: Lease, indexes: list[int], results: Sequence[Any]) -> None:
+        try:
+            await asyncio.to_thread(
+                self.store.complete, lease, dict(zip(indexes, results, strict=True))
+            )
+        except (TypeError, ValueError) as exc:  # a result that is not JSON
+            message = f"the result is not JSON-serialisable: {_describe(exc)}"
+            await asyncio.to_thread(self.store.fail, lease, indexes, message)
+
+    async def _retry(self, lease: Lease, indexes: list[int], exc: Exception) -> None:
+        attempt = max(item.attempt for item in lease.inputs if item.index in set(indexes))
+        delay = self.settings.backoff(attempt)
+        if isinstance(exc, JobInputRetry) and exc.retry_after is not None:
+            delay = max(delay, exc.retry_after)
+        if not isinstance(exc, JobInputRetry | BackendError | TimeoutError):
+            log.warning("job %s: submit raised %s; retrying", lease.job_id, _describe(exc))
+        await asyncio.to_thread(self.store.retry, lease, indexes, _describe(exc), delay)
+
+
+def _describe(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    return text[:_MAX_ERROR_CHARS]
