@@ -294,7 +294,8 @@ class Manager:
             )
             ledger.set_reserved(event.device, name, measured - accounted)
             p = svc.spec.profile
-            ceiling = p.weights + p.runtime + p.kv_ceiling + p.workspace
+            per_request = max(p.workspace, svc.peak_active_bytes)
+            ceiling = p.weights + p.runtime + p.kv_ceiling + svc.spec.concurrency * per_request
             svc.over_limit = measured > max(accounted, ceiling) * 1.5
         ledger.set_foreign(event.device, event.used_bytes - managed - event.baseline_bytes)
 
@@ -305,6 +306,7 @@ class Manager:
             raise InvariantError(f"admin command for unknown service {event.service!r}")
         if event.op == "pin":
             svc.pinned = True
+            w.admin_unload.discard(svc.name)
         elif event.op == "unpin":
             svc.pinned = False
         elif event.op == "load":

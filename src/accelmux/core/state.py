@@ -65,6 +65,7 @@ class ServiceState:
     rate_at: float = 0.0
     mean_service_s: float = 1.0
     served: int = 0
+    peak_active_bytes: int = 0
 
     @property
     def name(self) -> str:
@@ -225,6 +226,7 @@ class World:
         req.dispatched_at = self.now
         req.wait_reason = None
         svc.kv_in_use += kv
+        svc.peak_active_bytes = max(svc.peak_active_bytes, need)
         svc.inflight[req.request_id] = req
         svc.last_used = self.now
         self.inflight[req.request_id] = req

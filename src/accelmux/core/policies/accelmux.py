@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass, field
 
 from accelmux.core.state import RequestState, ServiceState, World, reuse_rate
-from accelmux.core.types import Reason, Residency, ServiceClass, ServiceStatus
+from accelmux.core.types import Category, Reason, Residency, ServiceClass, ServiceStatus
 
 
 @dataclass(slots=True)
@@ -30,7 +30,13 @@ class _Round:
 
     blocked: dict[str, ServiceClass] = field(default_factory=dict)
     realtime_active: set[str] = field(default_factory=set)
+    interactive_active: set[str] = field(default_factory=set)
     higher_waiting: dict[str, ServiceClass] = field(default_factory=dict)
+
+
+#: Idle seconds after which an on-demand service goes when it holds the memory of an
+#: evicted warm service that is likely to be used again (restore it sooner).
+RESTORE_GRACE_S = 1.0
 
 
 class AccelmuxPolicy:
@@ -38,9 +44,30 @@ class AccelmuxPolicy:
     infinite_memory = False
     enforces_budget = True
 
+    def __init__(self) -> None:
+        #: Largest projected activation of each realtime service's requests so far.
+        self._rt_peak: dict[str, int] = {}
+
     # ---- Protocol -------------------------------------------------------------
     def start(self, world: World, now: float) -> None:
         self._keep_pinned_loaded(world)
+        if world.knobs.prewarm:
+            self._preload_warm(world)
+
+    def _preload_warm(self, world: World) -> None:
+        """At start, load warm services (class order) into memory nobody else needs yet."""
+        order = sorted(world.services.values(), key=lambda s: (int(s.spec.cls), s.name))
+        for svc in order:
+            if (
+                svc.status is not ServiceStatus.UNLOADED
+                or svc.spec.residency is not Residency.WARM
+                or not svc.spec.in_window(world.time_of_day())
+            ):
+                continue
+            dev = svc.spec.device
+            need = sum(world.projected_resident(svc, svc.spec.profile.kv_floor))
+            if need + self._realtime_reserve(world, dev) <= world.ledger.available(dev):
+                world.load(svc, reason=Reason.PRELOAD, detail="warm at start")
 
     def decide(self, world: World, now: float) -> None:
         self._admin_unloads(world)
@@ -72,11 +99,64 @@ class AccelmuxPolicy:
     def _keep(svc: ServiceState) -> bool:
         return svc.pinned or svc.admin_wants_loaded
 
-    @staticmethod
-    def _ttl(world: World, svc: ServiceState) -> float:
+    def _ttl(self, world: World, svc: ServiceState) -> float:
         if svc.spec.residency is Residency.ON_DEMAND:
-            return min(svc.spec.ttl_s, world.knobs.on_demand_ttl_s)
+            ttl = min(svc.spec.ttl_s, world.knobs.on_demand_ttl_s)
+            if world.knobs.prewarm and self._restore_pending(world, svc.spec.device):
+                ttl = min(ttl, RESTORE_GRACE_S)
+            return ttl
         return svc.spec.ttl_s
+
+    @staticmethod
+    def _likely_reused(world: World, svc: ServiceState) -> bool:
+        horizon = world.knobs.reuse_horizon_s
+        return 1.0 - math.exp(-reuse_rate(svc, world.now, horizon) * horizon) >= 0.5
+
+    def _restore_pending(self, world: World, device: str) -> bool:
+        """A warm service was evicted for memory and is likely to be used again."""
+        return any(
+            s.status is ServiceStatus.UNLOADED
+            and s.spec.residency is Residency.WARM
+            and s.last_evicted_at is not None
+            and self._likely_reused(world, s)
+            for s in world.services_by_device[device]
+        )
+
+    @staticmethod
+    def _preemptible(svc: ServiceState, cls: ServiceClass) -> bool:
+        """Whether work of ``svc`` may be stopped (and re-queued) for class ``cls``.
+
+        Batch and background work yields to any higher class; a non-LLM on-demand
+        interactive job (an image) yields to realtime work: it restarts a few seconds
+        later within its looser SLO, while a voice request cannot wait.
+        """
+        if svc.spec.cls <= cls:
+            return False
+        if svc.spec.cls >= ServiceClass.BATCH:
+            return True
+        return (
+            cls is ServiceClass.REALTIME
+            and svc.spec.residency is Residency.ON_DEMAND
+            and not svc.spec.kind.is_llm
+        )
+
+    def _realtime_reserve(self, world: World, device: str) -> int:
+        """Memory kept free for the next requests of loaded realtime services.
+
+        Lower classes may not take it: a voice request never waits for memory that
+        chat or batch work holds. Sized by the largest activation seen per service
+        (its workspace estimate before any request), minus what its requests hold now.
+        """
+        total = 0
+        for s in world.services_by_device[device]:
+            if s.spec.cls is not ServiceClass.REALTIME or not s.holds_memory:
+                continue
+            typical = self._rt_peak.get(s.name)
+            if typical is None:
+                typical = s.calibration.active.project(s.spec.profile.workspace)
+            held = sum(r.active_lease.nbytes for r in s.inflight.values() if r.active_lease)
+            total += max(0, s.spec.concurrency * typical - held)
+        return total
 
     def victim_score(self, world: World, svc: ServiceState) -> float:
         """Lower is a better victim: cheap to reload, unlikely reused, large."""
@@ -86,12 +166,22 @@ class AccelmuxPolicy:
         weight = world.knobs.class_weights[int(svc.spec.cls)]
         if svc.spec.residency is Residency.ON_DEMAND:
             weight *= 0.5
-        freed = max(1, svc.resident_bytes)
+        freed = max(1, self.unload_frees(world, svc))
         return world.load_seconds(svc) * p_reuse * weight / (freed / 1e9)
+
+    def eviction_cost(self, world: World, svc: ServiceState) -> float:
+        """The victim score without the per-byte normalisation."""
+        return self.victim_score(world, svc) * max(1, self.unload_frees(world, svc)) / 1e9
+
+    @staticmethod
+    def unload_frees(world: World, svc: ServiceState) -> int:
+        """Bytes an unload gives back: resident, KV pool and the allocator's reserved cache."""
+        reserved = world.ledger.amount(svc.spec.device, svc.name, Category.RESERVED)
+        return svc.resident_bytes + reserved
 
     def _pending_free(self, world: World, device: str) -> int:
         return sum(
-            s.resident_bytes
+            self.unload_frees(world, s)
             for s in world.services_by_device[device]
             if s.status is ServiceStatus.UNLOADING
         )
@@ -104,7 +194,7 @@ class AccelmuxPolicy:
             and svc.status is ServiceStatus.LOADED
             and svc.idle
             and not self._keep(svc)
-            and svc.waiting_count == 0
+            and (svc.waiting_count == 0 or svc.spec.cls > cls)
             and svc.spec.cls >= cls
         )
 
@@ -131,29 +221,37 @@ class AccelmuxPolicy:
         if available + pending >= need:
             return False
         services = world.services_by_device[device]
+        # One pass collects what could be freed; sorting waits until it is enough.
         shrinks: list[tuple[ServiceState, int]] = []
-        for svc in sorted(services, key=lambda s: -int(s.spec.cls)):
-            if svc is exclude or not svc.is_up:
+        preempts: list[RequestState] = []
+        victims: list[ServiceState] = []
+        up: list[ServiceState] = []
+        for svc in services:
+            if svc.inflight and self._preemptible(svc, cls):
+                preempts.extend(svc.inflight.values())
+            if svc is exclude or svc.status is not ServiceStatus.LOADED:
                 continue
+            up.append(svc)
             target = max(svc.spec.profile.kv_floor, svc.kv_in_use)
             if svc.kv_pool > target:
                 shrinks.append((svc, target))
-        preempts: list[RequestState] = [
-            r
-            for s in services
-            if s.spec.cls > cls and s.spec.cls >= ServiceClass.BATCH
-            for r in s.inflight.values()
-        ]
-        preempts.sort(key=lambda r: (-int(r.cls), -(r.dispatched_at or 0.0)))
-        victims = [s for s in services if self._evictable(s, cls, exclude)]
-        victims.sort(key=lambda s: (self.victim_score(world, s), s.name))
+            if self._evictable(svc, cls, exclude):
+                victims.append(svc)
 
-        gain_now = sum(s.kv_pool - t for s, t in shrinks) + sum(
-            (r.active_lease.nbytes if r.active_lease else 0) + r.kv_bytes for r in preempts
-        )
-        gain_later = sum(s.resident_bytes for s in victims)
+        # KV freed by a preemption comes back only as far as its pool can shrink.
+        preempted_kv: dict[str, int] = {}
+        for r in preempts:
+            preempted_kv[r.service] = preempted_kv.get(r.service, 0) + r.kv_bytes
+        gain_now = sum(r.active_lease.nbytes if r.active_lease else 0 for r in preempts)
+        for svc in up:
+            low = max(svc.spec.profile.kv_floor, svc.kv_in_use - preempted_kv.get(svc.name, 0))
+            gain_now += max(0, svc.kv_pool - low)
+        gain_later = sum(self.unload_frees(world, s) for s in victims)
         if available + pending + gain_now + gain_later < need:
             return False
+        shrinks.sort(key=lambda st: -int(st[0].spec.cls))  # stable: lowest class first
+        preempts.sort(key=lambda r: (-int(r.cls), -(r.dispatched_at or 0.0)))
+        victims.sort(key=lambda s: (self.victim_score(world, s), s.name))
 
         for svc, target in shrinks:
             if ledger.available(device) >= need:
@@ -176,10 +274,17 @@ class AccelmuxPolicy:
         if ledger.available(device) >= need:
             return True
         freed = 0
+        short = need - ledger.available(device) - pending
+        # When one victim alone covers the shortfall, take the cheapest such one
+        # (reload cost x reuse x class weight), not the best per byte: a few MB must
+        # not cost the largest model.
+        single = [s for s in victims if self.unload_frees(world, s) >= short]
+        if single:
+            victims = [min(single, key=lambda s: (self.eviction_cost(world, s), s.name))]
         for svc in victims:
             if ledger.available(device) + pending + freed >= need:
                 break
-            freed += svc.resident_bytes
+            freed += self.unload_frees(world, svc)
             world.unload(
                 svc,
                 reason=Reason.EVICTED_FOR_MEMORY,
@@ -190,9 +295,9 @@ class AccelmuxPolicy:
     def _max_possible(self, world: World, device: str, exclude: ServiceState) -> int:
         dev = world.devices[device]
         held = sum(
-            s.resident_bytes
+            s.resident_bytes - s.kv_pool + s.spec.profile.kv_floor
             for s in world.services_by_device[device]
-            if s is not exclude and s.holds_memory and self._keep(s)
+            if (s.pinned or s.admin_wants_loaded) and s is not exclude and s.holds_memory
         )
         return dev.usable_bytes - held
 
@@ -225,7 +330,12 @@ class AccelmuxPolicy:
             self.make_room(world, device, 0, ServiceClass.REALTIME, None, Reason.FOREIGN_PRESSURE)
 
     def _keep_pinned_loaded(self, world: World) -> None:
-        for svc in sorted(world.services.values(), key=lambda s: (int(s.spec.cls), s.name)):
+        down = (
+            s
+            for s in world.services.values()
+            if self._keep(s) and s.status in (ServiceStatus.UNLOADED, ServiceStatus.CRASHED)
+        )
+        for svc in sorted(down, key=lambda s: (int(s.spec.cls), s.name)):
             if not self._keep(svc) or svc.status not in (
                 ServiceStatus.UNLOADED,
                 ServiceStatus.CRASHED,
@@ -250,8 +360,12 @@ class AccelmuxPolicy:
         for svc in world.services.values():
             if svc.spec.cls is ServiceClass.REALTIME and svc.inflight:
                 rnd.realtime_active.add(svc.spec.device)
+            if svc.spec.cls is ServiceClass.INTERACTIVE and svc.inflight:
+                rnd.interactive_active.add(svc.spec.device)
         for req in world.waiting.values():
             dev = world.services[req.service].spec.device
+            if req.cls is ServiceClass.REALTIME:
+                rnd.realtime_active.add(dev)
             current = rnd.higher_waiting.get(dev)
             if current is None or req.cls < current:
                 rnd.higher_waiting[dev] = req.cls
@@ -278,7 +392,7 @@ class AccelmuxPolicy:
         spec = svc.spec
         dev = spec.device
         cls = req.cls
-        if spec.profile.kv_ceiling and req.estimate.kv_bytes > spec.profile.kv_ceiling:
+        if req.estimate.kv_bytes > spec.profile.kv_ceiling:
             world.reject(
                 req,
                 reason=Reason.TOO_LARGE,
@@ -289,6 +403,12 @@ class AccelmuxPolicy:
             return
         if cls >= ServiceClass.BATCH and dev in rnd.realtime_active:
             self._queue_or_reject(world, req, Reason.HIGHER_CLASS_WAITING, "realtime work running")
+            return
+        if cls is ServiceClass.BATCH and dev in rnd.interactive_active:
+            # Batch work yields compute to interactive requests (it would slow them).
+            self._queue_or_reject(
+                world, req, Reason.HIGHER_CLASS_WAITING, "interactive work running"
+            )
             return
         blocked = rnd.blocked.get(dev)
         if blocked is not None and blocked < cls:
@@ -329,23 +449,49 @@ class AccelmuxPolicy:
             return
         active = world.projected_active(req)
         kv = req.estimate.kv_bytes
-        grow = max(0, kv - (svc.kv_pool - svc.kv_in_use))
-        need = active + grow
-        if need > self._max_possible(world, dev, svc) - svc.resident_bytes + svc.kv_pool:
-            world.reject(
+        if svc.kv_in_use + kv > max(spec.profile.kv_ceiling, svc.kv_pool):
+            self._queue_or_reject(
+                world,
                 req,
-                reason=Reason.TOO_LARGE,
-                retry_after_s=0.0,
-                detail=f"needs {need} B, device can never free that much",
+                Reason.CONCURRENCY_LIMIT,
+                f"KV pool full ({svc.kv_in_use} B of {spec.profile.kv_ceiling} B in use)",
             )
             return
+        grow = max(0, kv - (svc.kv_pool - svc.kv_in_use))
+        need = active + grow
+        limit = self._max_possible(world, dev, svc) - svc.resident_bytes + svc.kv_pool
+        lease: int | None = None
+        if need > limit:
+            if req.estimate.active_bytes + grow > limit:
+                world.reject(
+                    req,
+                    reason=Reason.TOO_LARGE,
+                    retry_after_s=0.0,
+                    detail=f"needs {need} B, device can never free that much",
+                )
+                return
+            # Only the calibration margin does not fit: degrade to the raw estimate and
+            # let the headroom (and preemption by realtime work) absorb the difference.
+            lease = req.estimate.active_bytes
+            need = lease + grow
         if outside and world.ledger.available(dev) - need < (
             world.knobs.spare_fraction * world.devices[dev].usable_bytes
         ):
             self._queue_or_reject(world, req, Reason.OUTSIDE_WINDOW, "no spare memory")
             return
+        if cls is ServiceClass.REALTIME:
+            self._rt_peak[svc.name] = max(self._rt_peak.get(svc.name, 0), active)
+        # A caching allocator's reserved blocks are reused by the service's own requests.
+        own_cache = world.ledger.amount(dev, svc.name, Category.RESERVED)
+        if world.ledger.available(dev) < 0:
+            own_cache = 0  # under pressure the cache is what has to go, not reuse
+        reserve = 0
+        if cls > ServiceClass.REALTIME and not self._preemptible(svc, ServiceClass.REALTIME):
+            reserve = self._realtime_reserve(world, dev)
         before = world.ledger.available(dev)
-        if not self.make_room(world, dev, need, cls, svc, Reason.NO_MEMORY):
+        running = len(world.inflight)
+        room_needed = max(0, need - own_cache) + reserve
+        if not self.make_room(world, dev, room_needed, cls, svc, Reason.NO_MEMORY):
             rnd.blocked[dev] = min(cls, rnd.blocked.get(dev, cls))
             self._queue_or_reject(
                 world,
@@ -354,6 +500,7 @@ class AccelmuxPolicy:
                 f"needs {need} B, {world.ledger.available(dev)} B available",
             )
             return
+        room = world.ledger.available(dev)
         if grow:
             target = min(spec.profile.kv_ceiling, svc.kv_in_use + kv)
             world.resize(
@@ -362,12 +509,13 @@ class AccelmuxPolicy:
                 reason=Reason.BALLOON_GROW,
                 detail=f"+{grow} B for {req.request_id}",
             )
-        reason = (
-            Reason.FITS
-            if world.ledger.available(dev) + grow >= before
-            else (Reason.FITS_AFTER_SHRINK)
-        )
-        if not world.dispatch(req, reason=reason):
+        if len(world.inflight) < running:
+            reason = Reason.FITS_AFTER_PREEMPTION
+        elif room > before:
+            reason = Reason.FITS_AFTER_SHRINK
+        else:
+            reason = Reason.FITS
+        if not world.dispatch(req, reason=reason, active_bytes=lease, enforce=own_cache == 0):
             rnd.blocked[dev] = min(cls, rnd.blocked.get(dev, cls))
             self._queue_or_reject(world, req, Reason.NO_MEMORY, "lost the race for memory")
 
@@ -377,7 +525,22 @@ class AccelmuxPolicy:
         p = svc.spec.profile
         dev = svc.spec.device
         pool = max(p.kv_floor, min(p.kv_ceiling, req.estimate.kv_bytes)) if p.kv_ceiling else 0
-        need = sum(world.projected_resident(svc, pool)) + world.projected_active(req)
+        active = world.projected_active(req)
+        resident = sum(world.projected_resident(svc, pool))
+        need = resident + active
+        limit = self._max_possible(world, dev, svc)
+        if need > limit >= resident + req.estimate.active_bytes:
+            # Only the calibration margin does not fit: plan for the raw estimate (the
+            # dispatch degrades the same way).
+            active = req.estimate.active_bytes
+            need = resident + active
+        reserve = 0
+        if req.cls > ServiceClass.REALTIME:
+            # Resident memory must leave the realtime reserve free; the first request's
+            # activations may overlap it when realtime work can preempt them.
+            reserve = self._realtime_reserve(world, dev)
+            if self._preemptible(svc, ServiceClass.REALTIME):
+                reserve = max(0, reserve - active)
         if need > self._max_possible(world, dev, svc):
             world.reject(
                 req,
@@ -392,7 +555,7 @@ class AccelmuxPolicy:
             self._queue_or_reject(world, req, Reason.OUTSIDE_WINDOW, "no spare memory to load")
             return
         reason = Reason.RELOAD_AFTER_CRASH if svc.status is ServiceStatus.CRASHED else Reason.DEMAND
-        if self.make_room(world, dev, need, req.cls, svc, reason) and world.load(
+        if self.make_room(world, dev, need + reserve, req.cls, svc, reason) and world.load(
             svc, reason=reason, kv_pool=pool, detail=f"for {req.request_id}"
         ):
             self._queue_or_reject(world, req, Reason.LOADING, "cold start")
@@ -430,12 +593,16 @@ class AccelmuxPolicy:
     def _prewarm(self, world: World) -> None:
         """WarmServe-style: reload a recently evicted, likely-reused service into spare memory."""
         horizon = world.knobs.reuse_horizon_s
-        for svc in world.services.values():
+        evicted = (
+            s
+            for s in world.services.values()
+            if s.last_evicted_at is not None and s.status is ServiceStatus.UNLOADED
+        )
+        for svc in sorted(evicted, key=lambda s: (int(s.spec.cls), s.name)):
             if (
                 svc.status is not ServiceStatus.UNLOADED
                 or svc.spec.residency is not Residency.WARM
                 or svc.last_evicted_at is None
-                or world.now - svc.last_evicted_at < 60.0
                 or world.now < svc.backoff_until
                 or not svc.spec.in_window(world.time_of_day())
             ):
@@ -444,9 +611,17 @@ class AccelmuxPolicy:
                 continue
             dev = svc.spec.device
             need = sum(world.projected_resident(svc, svc.spec.profile.kv_floor))
-            spare = world.knobs.spare_fraction * world.devices[dev].usable_bytes
-            if world.ledger.available(dev) - need >= spare and not any(
-                r.wait_reason is Reason.NO_MEMORY for r in world.waiting.values()
-            ):
+            # Restoring what was evicted for a short on-demand job returns the device to
+            # its steady state: it leaves the realtime reserve and a tenth of the budget
+            # free (memory measured only at the next sample, e.g. an allocator's cache).
+            spare = self._realtime_reserve(world, dev) + world.devices[dev].usable_bytes // 10
+            if any(r.wait_reason is Reason.NO_MEMORY for r in world.waiting.values()):
+                continue
+            fits = world.ledger.available(dev) - need >= spare
+            if not fits and svc.spec.cls < ServiceClass.BATCH:
+                # An interactive service outranks batch and background work: take its
+                # memory back from them (they are preempted or evicted) to restore it.
+                fits = self.make_room(world, dev, need + spare, svc.spec.cls, svc, Reason.PRELOAD)
+            if fits:
                 world.load(svc, reason=Reason.PRELOAD, detail="likely reused soon")
                 svc.last_evicted_at = None

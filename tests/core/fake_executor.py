@@ -1,0 +1,231 @@
+"""A test double of the executor: it feeds the Manager the events a real shell would.
+
+It keeps its own view of every request (waiting, running, ended) and service (down,
+loading, loaded, unloading), built only from the actions it received, and checks that each
+action is legal in that view: a request is dispatched only while waiting, ends at most
+once, a service is loaded only while down, and so on. A violation raises AssertionError.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from accelmux.core.actions import (
+    Action,
+    Dispatch,
+    Enqueue,
+    Fail,
+    Load,
+    Preempt,
+    Reject,
+    Resize,
+    Unload,
+)
+from accelmux.core.events import (
+    BackendCrashed,
+    Event,
+    LoadFailed,
+    LoadFinished,
+    RequestArrived,
+    RequestCancelled,
+    RequestFinished,
+    Unloaded,
+)
+from accelmux.core.manager import Manager
+from accelmux.core.types import Category, Reason, ServiceStatus
+
+DOWN, LOADING, LOADED, UNLOADING = "down", "loading", "loaded", "unloading"
+_VIEW = {
+    ServiceStatus.UNLOADED: DOWN,
+    ServiceStatus.CRASHED: DOWN,
+    ServiceStatus.LOADING: LOADING,
+    ServiceStatus.LOADED: LOADED,
+    ServiceStatus.UNLOADING: UNLOADING,
+}
+WAITING, RUNNING, FAILING, ENDED = "waiting", "running", "failing", "ended"
+
+
+@dataclass
+class FakeExecutor:
+    manager: Manager
+    now: float = 0.0
+    services: dict[str, str] = field(default_factory=dict)
+    requests: dict[str, str] = field(default_factory=dict)
+    attempts: dict[str, int] = field(default_factory=dict)
+    lease_bytes: dict[str, int] = field(default_factory=dict)
+    owner: dict[str, str] = field(default_factory=dict)
+    endings: dict[str, list[str]] = field(default_factory=dict)
+    actions: list[Action] = field(default_factory=list)
+    pinned_evictions: list[Unload] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.services = {name: DOWN for name in self.manager.world.services}
+        self.react(self.manager.start(self.now))
+
+    # ---- views ----------------------------------------------------------------
+    def in_state(self, state: str) -> list[str]:
+        return sorted(r for r, s in self.requests.items() if s == state)
+
+    def services_in(self, state: str) -> list[str]:
+        return sorted(n for n, s in self.services.items() if s == state)
+
+    # ---- driving ----------------------------------------------------------------
+    def send(self, event: Event, dt: float = 0.0) -> list[Action]:
+        self.now += dt
+        self._before(event)
+        out = self.manager.handle(event, self.now)
+        self.react(out)
+        self._after(event, out)
+        return out
+
+    def _before(self, event: Event) -> None:
+        match event:
+            case RequestArrived():
+                assert self.requests.get(event.request_id) in (None, ENDED)
+                self.requests[event.request_id] = WAITING
+                self.owner[event.request_id] = event.service
+                self.attempts[event.request_id] = 0
+            case RequestFinished():
+                if (
+                    self.requests.get(event.request_id) == RUNNING
+                    and self.attempts[event.request_id] == event.attempt
+                ):
+                    if event.ok:
+                        self._end(event.request_id, "finished")
+                    else:
+                        self.requests[event.request_id] = FAILING
+            case LoadFinished():
+                assert self.services[event.service] == LOADING
+                self.services[event.service] = LOADED
+            case LoadFailed():
+                assert self.services[event.service] == LOADING
+                self.services[event.service] = DOWN
+            case Unloaded():
+                assert self.services[event.service] == UNLOADING
+                self.services[event.service] = DOWN
+            case BackendCrashed():
+                self.services[event.service] = DOWN
+            case _:
+                pass
+
+    def _after(self, event: Event, out: list[Action]) -> None:
+        failing = self.in_state(FAILING)
+        assert not failing, f"RequestFinished(ok=False) answered without Fail: {failing}"
+        if isinstance(event, BackendCrashed):
+            running = [r for r in self.in_state(RUNNING) if self.owner[r] == event.service]
+            assert not running, f"crash of {event.service} left {running} running"
+        if isinstance(event, RequestCancelled):
+            assert self.requests.get(event.request_id) in (None, ENDED)
+
+    def _end(self, request_id: str, how: str) -> None:
+        ends = self.endings.setdefault(request_id, [])
+        ends.append(how)
+        assert len(ends) == 1, f"{request_id} ended twice: {ends}"
+        self.requests[request_id] = ENDED
+
+    def react(self, out: list[Action]) -> None:
+        world = self.manager.world
+        for a in out:
+            self.actions.append(a)
+            assert isinstance(a.reason, Reason), a
+            match a:
+                case Dispatch():
+                    assert self.requests.get(a.request_id) == WAITING, a
+                    assert self.services[a.service] == LOADED, a
+                    assert a.attempt == self.attempts[a.request_id] + 1, a
+                    self.attempts[a.request_id] = a.attempt
+                    self.lease_bytes[a.request_id] = a.lease_bytes
+                    self.requests[a.request_id] = RUNNING
+                case Preempt():
+                    assert self.requests.get(a.request_id) == RUNNING, a
+                    assert a.attempt == self.attempts[a.request_id], a
+                    self.requests[a.request_id] = WAITING
+                case Fail():
+                    assert self.requests.get(a.request_id) in (RUNNING, FAILING), a
+                    self._end(a.request_id, f"fail:{a.reason.value}")
+                case Reject():
+                    assert self.requests.get(a.request_id) == WAITING, a
+                    self._end(a.request_id, f"reject:{a.reason.value}")
+                case Enqueue():
+                    assert self.requests.get(a.request_id) == WAITING, a
+                case Load():
+                    assert self.services[a.service] == DOWN, a
+                    self.services[a.service] = LOADING
+                case Unload():
+                    assert self.services[a.service] == LOADED, a
+                    running = [r for r in self.in_state(RUNNING) if self.owner[r] == a.service]
+                    assert not running, (a, running)
+                    self.services[a.service] = UNLOADING
+                    svc = world.services[a.service]
+                    if a.reason in (Reason.EVICTED_FOR_MEMORY, Reason.TTL_EXPIRED) and (
+                        svc.pinned or svc.admin_wants_loaded
+                    ):
+                        self.pinned_evictions.append(a)
+                case Resize():
+                    assert self.services[a.service] == LOADED, a
+
+    # ---- convenience ------------------------------------------------------------
+    def finish(self, request_id: str, *, ok: bool = True, peak: int | None = None) -> None:
+        self.send(
+            RequestFinished(
+                request_id=request_id,
+                attempt=self.attempts[request_id],
+                ok=ok,
+                peak_bytes=peak,
+                error=None if ok else "boom",
+            )
+        )
+
+    def settle(self, rounds: int = 200, step_s: float = 50.0) -> None:
+        """Answer every pending load/unload and finish every request until all ended."""
+        from accelmux.core.events import Tick
+
+        for _ in range(rounds):
+            for name in self.services_in(LOADING):
+                self.send(LoadFinished(service=name))
+            for name in self.services_in(UNLOADING):
+                self.send(Unloaded(service=name))
+            for rid in self.in_state(RUNNING):
+                if self.requests[rid] == RUNNING:  # a crash may have ended it meanwhile
+                    self.finish(rid)
+            busy = self.in_state(WAITING) + self.in_state(RUNNING)
+            if not busy and not self.services_in(LOADING) and not self.services_in(UNLOADING):
+                return
+            self.send(Tick(), step_s)
+        raise AssertionError(f"did not settle: {self.in_state(WAITING)} {self.in_state(RUNNING)}")
+
+    def check_world(self) -> None:
+        """Ledger and state invariants that must hold after every event."""
+        world = self.manager.world
+        ledger = world.ledger
+        for name, dev in world.devices.items():
+            assert ledger.decided(name) <= dev.usable_bytes
+        expected = 0
+        for svc in world.services.values():
+            if svc.holds_memory:
+                expected += len(svc.resident_leases) + (svc.kv_lease is not None)
+                p = svc.spec.profile
+                assert 0 <= svc.kv_in_use <= svc.kv_pool
+                if svc.is_up:
+                    assert p.kv_floor <= svc.kv_pool <= max(p.kv_ceiling, p.kv_floor)
+            else:
+                assert not svc.resident_leases and svc.kv_lease is None
+                assert ledger.service_total(svc.spec.device, svc.name) == 0
+            assert _VIEW[svc.status] == self.services[svc.name], svc.name
+            assert svc.waiting_count == sum(
+                1 for r in world.waiting.values() if r.service == svc.name
+            )
+            decided = sum(
+                le.nbytes
+                for le in ledger.leases()
+                if le.service == svc.name and le.device == svc.spec.device
+            )
+            total = ledger.service_total(svc.spec.device, svc.name)
+            assert total - ledger.amount(svc.spec.device, svc.name, Category.RESERVED) == decided
+            assert svc.kv_in_use == sum(r.kv_bytes for r in svc.inflight.values())
+        for req in world.inflight.values():
+            assert req.active_lease is not None
+            expected += 1
+        assert ledger.lease_count() == expected
+        assert set(world.inflight) == set(self.in_state(RUNNING))
+        assert set(world.waiting) == set(self.in_state(WAITING))

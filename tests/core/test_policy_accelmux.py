@@ -1,0 +1,639 @@
+"""Behaviour of the accelmux policy: admission, queues, classes, preemption, eviction,
+ballooning, maintenance windows, foreign pressure, TTLs."""
+
+from __future__ import annotations
+
+import pytest
+
+from accelmux.core.actions import Action, Dispatch, Fail, Preempt, Resize
+from accelmux.core.events import (
+    AdminCommand,
+    MemorySampled,
+    RequestFinished,
+    Tick,
+    Unloaded,
+)
+from accelmux.core.manager import Manager
+from accelmux.core.policies import make_policy, policy_names
+from accelmux.core.policies.accelmux import AccelmuxPolicy
+from accelmux.core.specs import MemoryProfile, PolicyKnobs, ServiceSpec, Window
+from accelmux.core.types import GIB, MIB, Reason, Residency, ServiceClass, ServiceKind
+
+from .support import (
+    EXACT,
+    arrive,
+    dispatched,
+    done,
+    enqueued,
+    llm_profile,
+    loaded,
+    loads,
+    manager,
+    of,
+    plain_profile,
+    rejected,
+    service,
+    unloads,
+    up,
+)
+
+HOUR = 3600.0
+RT, IA, BA, BG = (
+    ServiceClass.REALTIME,
+    ServiceClass.INTERACTIVE,
+    ServiceClass.BATCH,
+    ServiceClass.BACKGROUND,
+)
+
+
+def big(weights_gib: float = 1, workspace_gib: float = 0) -> MemoryProfile:
+    return plain_profile(weights=int(weights_gib * GIB), workspace=int(workspace_gib * GIB))
+
+
+def chat(name: str = "chat", **kw: object) -> ServiceSpec:
+    return service(name, kind=ServiceKind.CHAT, **kw)  # type: ignore[arg-type]
+
+
+def test_policy_registry() -> None:
+    assert "accelmux" in policy_names()
+    assert isinstance(make_policy("accelmux"), AccelmuxPolicy)
+    with pytest.raises(ValueError, match="unknown policy"):
+        make_policy("nope")
+
+
+# ---- admission ---------------------------------------------------------------------------
+def test_request_that_fits_is_dispatched_with_a_calibrated_lease() -> None:
+    m = manager(service("img", profile=plain_profile(workspace=500 * MIB)))  # safety 1.2
+    up(m, "img")
+    (d,) = of(Dispatch, m.handle(arrive("r1", "img"), 1.0))
+    assert (d.reason, d.lease_bytes) == (Reason.FITS, 600 * MIB)
+
+
+def test_calibration_raises_the_lease_after_a_large_peak() -> None:
+    m = manager(service("img", profile=plain_profile(workspace=500 * MIB)), knobs=EXACT)
+    up(m, "img")
+    m.handle(arrive("r1", "img"), 1.0)
+    m.handle(done("r1", peak=1000 * MIB), 2.0)
+    (d,) = of(Dispatch, m.handle(arrive("r2", "img"), 3.0))
+    assert d.lease_bytes == int(1000 * MIB * 1.05)
+
+
+def test_cold_start_loads_then_dispatches() -> None:
+    m = manager(service("img"), knobs=EXACT)
+    out = m.handle(arrive("r1", "img"), 0.0)
+    assert [a.reason for a in loads(out)] == [Reason.DEMAND]
+    assert enqueued(out)["r1"].reason is Reason.LOADING
+    assert dispatched(m.handle(arrive("r2", "img"), 0.5)) == []  # still loading
+    assert dispatched(m.handle(loaded("img"), 1.0)) == ["r1"]  # concurrency 1
+
+
+# ---- bounded queue -----------------------------------------------------------------------
+def test_queue_full_rejects_with_retry_after() -> None:
+    m = manager(service("img", concurrency=1, queue_limit=2), knobs=EXACT)
+    up(m, "img")
+    assert dispatched(m.handle(arrive("r1", "img"), 1.0)) == ["r1"]
+    for rid in ("r2", "r3"):
+        assert enqueued(m.handle(arrive(rid, "img"), 1.0))[rid].reason is Reason.CONCURRENCY_LIMIT
+    rej = rejected(m.handle(arrive("r4", "img"), 1.0))["r4"]
+    assert rej.reason is Reason.QUEUE_FULL
+    assert rej.retry_after_s >= 1.0
+    assert "limit 2" in rej.detail
+    # requests already queued are never rejected for a full queue later
+    assert rejected(m.handle(Tick(), 2.0)) == {}
+    assert dispatched(m.handle(done("r1"), 3.0)) == ["r2"]
+    assert "r5" in enqueued(m.handle(arrive("r5", "img"), 3.0))
+
+
+def test_zero_queue_limit_means_run_now_or_reject() -> None:
+    m = manager(service("img", concurrency=1, queue_limit=0), knobs=EXACT)
+    up(m, "img")
+    m.handle(arrive("r1", "img"), 1.0)
+    assert rejected(m.handle(arrive("r2", "img"), 1.0))["r2"].reason is Reason.QUEUE_FULL
+
+
+def test_deadline_rejects_a_request_stuck_behind_concurrency() -> None:
+    m = manager(service("img", concurrency=1, deadline_s=5.0), knobs=EXACT)
+    up(m, "img")
+    m.handle(arrive("r1", "img"), 0.0)
+    m.handle(arrive("r2", "img"), 0.0)
+    assert m.next_wakeup(0.0) == 5.0
+    rej = rejected(m.handle(Tick(), 5.0))["r2"]
+    assert rej.reason is Reason.DEADLINE_EXCEEDED
+    assert "concurrency_limit" in rej.detail
+
+
+# ---- classes ---------------------------------------------------------------------------------
+def test_higher_class_goes_first_when_memory_frees() -> None:
+    m = manager(
+        service("ia", cls=IA, profile=big(1, 5), residency=Residency.PINNED, concurrency=2),
+        service("bg", cls=BG, profile=big(1, 5), residency=Residency.PINNED, concurrency=2),
+        knobs=EXACT,
+    )
+    m.start(0.0)
+    m.handle(loaded("ia"), 0.0)
+    m.handle(loaded("bg"), 0.0)
+    assert dispatched(m.handle(arrive("i1", "ia"), 1.0)) == ["i1"]  # 4.5 GiB left
+    out = m.handle(arrive("b1", "bg"), 2.0)
+    assert enqueued(out)["b1"].reason is Reason.NO_MEMORY
+    out = m.handle(arrive("i2", "ia"), 3.0)
+    assert enqueued(out)["i2"].reason is Reason.NO_MEMORY  # interactive is never preempted
+    assert of(Preempt, out) == []
+    # while the interactive request waits for memory, lower classes are held back for it
+    assert enqueued(out)["b1"].reason is Reason.HIGHER_CLASS_WAITING
+    assert dispatched(m.handle(done("i1"), 4.0)) == ["i2"]  # b1 arrived first, i2 goes first
+    assert dispatched(m.handle(done("i2"), 5.0)) == ["b1"]
+
+
+def test_realtime_never_waits_for_memory_lower_classes_could_take() -> None:
+    m = manager(
+        service("rt", cls=RT, profile=big(1, 3)),
+        service("ia", cls=IA, profile=big(1, 5), concurrency=2),
+        knobs=EXACT,
+    )
+    up(m, "rt", "ia")
+    assert dispatched(m.handle(arrive("i1", "ia"), 1.0)) == ["i1"]
+    # 4.5 GiB are free, but 3 of them are kept for the loaded realtime service
+    assert enqueued(m.handle(arrive("i2", "ia"), 2.0))["i2"].reason is Reason.NO_MEMORY
+    assert dispatched(m.handle(arrive("r1", "rt"), 3.0)) == ["r1"]
+
+
+def test_realtime_running_or_waiting_holds_back_batch_work() -> None:
+    m = manager(
+        service("asr", cls=RT, concurrency=1),
+        service("emb", cls=BA),
+        knobs=EXACT,
+    )
+    up(m, "asr", "emb")
+    m.handle(arrive("a1", "asr"), 1.0)
+    out = m.handle(arrive("e1", "emb"), 1.0)
+    assert enqueued(out)["e1"].reason is Reason.HIGHER_CLASS_WAITING
+    m.handle(arrive("a2", "asr"), 1.5)  # waits for concurrency
+    out = m.handle(done("a1"), 2.0)
+    assert dispatched(out) == ["a2"]  # e1 must not start beside the realtime request
+    assert dispatched(m.handle(done("a2"), 3.0)) == ["e1"]
+
+
+def test_interactive_work_is_not_held_back_by_realtime() -> None:
+    m = manager(service("asr", cls=RT), service("img", cls=IA), knobs=EXACT)
+    up(m, "asr", "img")
+    m.handle(arrive("a1", "asr"), 1.0)
+    assert dispatched(m.handle(arrive("i1", "img"), 1.0)) == ["i1"]
+
+
+# ---- preemption ----------------------------------------------------------------------------
+def preemption_manager() -> Manager:
+    return manager(
+        service("emb", cls=BA, profile=big(1, 5), kind=ServiceKind.EMBEDDINGS),
+        service("ia", cls=IA, profile=big(1, 5)),
+        knobs=EXACT,
+    )
+
+
+def test_batch_is_preempted_for_a_higher_class_and_runs_again_later() -> None:
+    m = preemption_manager()
+    up(m, "emb", "ia")
+    assert dispatched(m.handle(arrive("e1", "emb"), 1.0)) == ["e1"]
+    out = m.handle(arrive("i1", "ia"), 2.0)
+    (p,) = of(Preempt, out)
+    assert (p.request_id, p.attempt, p.reason) == ("e1", 1, Reason.PREEMPTED_FOR_HIGHER_CLASS)
+    (d,) = of(Dispatch, out)
+    assert (d.request_id, d.reason) == ("i1", Reason.FITS_AFTER_PREEMPTION)
+    assert "e1" in m.world.waiting
+    stale = m.handle(RequestFinished(request_id="e1", attempt=1), 2.5)
+    assert of(Dispatch, stale) == []
+    assert of(Fail, stale) == []
+    (again,) = of(Dispatch, m.handle(done("i1"), 3.0))
+    assert (again.request_id, again.attempt) == ("e1", 2)
+    assert dispatched(m.handle(done("e1", attempt=2), 4.0)) == []
+    assert not m.world.inflight
+
+
+def test_background_is_preempted_before_batch() -> None:
+    m = manager(
+        service("emb", cls=BA, profile=big(1, 3)),
+        service("cam", cls=BG, profile=big(1, 3)),
+        service("ia", cls=IA, profile=big(1, 3)),
+        knobs=EXACT,
+    )
+    up(m, "emb", "cam", "ia")
+    m.handle(arrive("e1", "emb"), 1.0)
+    m.handle(arrive("c1", "cam"), 1.0)  # 3 + 3 + 3 weights... 8.5 GiB used of 11.5
+    out = m.handle(arrive("i1", "ia"), 2.0)
+    assert [p.request_id for p in of(Preempt, out)] == ["c1"]
+    assert dispatched(out) == ["i1"]
+
+
+def test_batch_does_not_preempt_batch() -> None:
+    m = manager(
+        service("emb", cls=BA, profile=big(1, 5)),
+        service("idx", cls=BA, profile=big(1, 5)),
+        knobs=EXACT,
+    )
+    up(m, "emb", "idx")
+    m.handle(arrive("e1", "emb"), 1.0)
+    out = m.handle(arrive("x1", "idx"), 2.0)
+    assert of(Preempt, out) == []
+    assert enqueued(out)["x1"].reason is Reason.NO_MEMORY
+
+
+# ---- eviction and victim score ----------------------------------------------------------------
+def test_eviction_picks_the_lowest_victim_score_and_waits_for_the_unload() -> None:
+    m = manager(
+        service("warm", profile=big(3), residency=Residency.WARM),
+        service("ondemand", profile=big(3), residency=Residency.ON_DEMAND),
+        service("pin", profile=big(1), residency=Residency.PINNED),
+        service("new", profile=big(5)),
+        knobs=EXACT,
+    )
+    up(m, "pin", "warm", "ondemand")
+    policy = m.policy
+    assert isinstance(policy, AccelmuxPolicy)
+    w = m.world
+    assert policy.victim_score(w, w.services["ondemand"]) < policy.victim_score(
+        w, w.services["warm"]
+    )
+    out = m.handle(arrive("n1", "new"), 1.0)
+    assert [(u.service, u.reason) for u in unloads(out)] == [
+        ("ondemand", Reason.EVICTED_FOR_MEMORY)
+    ]
+    assert enqueued(out)["n1"].reason is Reason.NO_MEMORY
+    assert loads(out) == []
+    # memory on its way out is not evicted for twice
+    assert unloads(m.handle(arrive("n2", "new"), 1.5)) == []
+    out = m.handle(Unloaded(service="ondemand"), 2.0)
+    assert [(a.service, a.reason) for a in loads(out)] == [("new", Reason.DEMAND)]
+    assert w.services["ondemand"].evictions == 1
+
+
+def test_victim_score_prefers_rarely_used_large_low_class_services() -> None:
+    m = manager(
+        service("busy", profile=big(2)),
+        service("idle", profile=big(2)),
+        service("large", profile=big(4)),
+        service("batch", profile=big(2), cls=BA),
+        knobs=EXACT,
+    )
+    up(m, "busy", "idle", "large", "batch")
+    for i in range(20):
+        m.handle(arrive(f"b{i}", "busy"), 1.0 + i)
+        m.handle(done(f"b{i}"), 1.0 + i)
+    policy = m.policy
+    assert isinstance(policy, AccelmuxPolicy)
+    score = {name: policy.victim_score(m.world, s) for name, s in m.world.services.items()}
+    assert score["idle"] < score["busy"]
+    assert score["large"] < score["idle"]
+    assert score["batch"] < score["idle"]
+
+
+def test_pinned_busy_queued_and_higher_class_services_are_never_victims() -> None:
+    m = manager(
+        service("pin", profile=big(3), residency=Residency.PINNED, cls=BG),
+        service("busy", profile=big(3), cls=BG),
+        service("rt", profile=big(3), cls=RT),
+        service("new", profile=big(4)),
+        knobs=EXACT,
+    )
+    up(m, "pin", "busy", "rt")
+    m.handle(arrive("b1", "busy"), 1.0)
+    out = m.handle(arrive("n1", "new"), 2.0)
+    assert unloads(out) == []
+    assert enqueued(out)["n1"].reason is Reason.NO_MEMORY
+
+
+def test_admin_loaded_services_are_not_victims() -> None:
+    m = manager(service("kept", profile=big(6)), service("new", profile=big(6)), knobs=EXACT)
+    m.handle(AdminCommand(service="kept", op="load"), 0.0)
+    m.handle(loaded("kept"), 0.0)
+    out = m.handle(arrive("n1", "new"), 1.0)
+    assert unloads(out) == []
+    assert rejected(out)["n1"].reason is Reason.TOO_LARGE  # can never fit beside it
+
+
+# ---- ballooning ---------------------------------------------------------------------------
+def balloon_manager(**kw: object) -> Manager:
+    profile = llm_profile(weights=4 * GIB, kv_floor=512 * MIB, kv_ceiling=4 * GIB)
+    return manager(chat(profile=profile, concurrency=4), **kw)  # type: ignore[arg-type]
+
+
+TOKENS_PER_GIB = GIB // (128 * 1024)
+
+
+def test_kv_pool_grows_with_demand_and_shrinks_when_idle() -> None:
+    m = balloon_manager(knobs=EXACT)
+    up(m, "chat")
+    svc = m.world.services["chat"]
+    assert svc.kv_pool == 512 * MIB
+    out = m.handle(arrive("c1", "chat", kv_tokens=2 * TOKENS_PER_GIB), 1.0)
+    (r,) = of(Resize, out)
+    assert (r.kv_pool_bytes, r.reason) == (2 * GIB, Reason.BALLOON_GROW)
+    (d,) = of(Dispatch, out)
+    assert d.lease_bytes == 2 * GIB
+    out = m.handle(arrive("c2", "chat", kv_tokens=TOKENS_PER_GIB), 2.0)
+    assert [a.kv_pool_bytes for a in of(Resize, out)] == [3 * GIB]
+    assert svc.kv_in_use == 3 * GIB
+    m.handle(done("c1"), 3.0)
+    m.handle(done("c2"), 4.0)
+    assert svc.kv_pool == 3 * GIB  # kept while demand may come back
+    assert m.next_wakeup(4.0) == 4.0 + 30.0
+    assert of(Resize, m.handle(Tick(), 33.0)) == []
+    (r,) = of(Resize, m.handle(Tick(), 34.0))
+    assert (r.kv_pool_bytes, r.reason) == (512 * MIB, Reason.BALLOON_SHRINK)
+
+
+def test_a_request_within_the_pool_does_not_resize() -> None:
+    m = balloon_manager(knobs=EXACT)
+    up(m, "chat")
+    out = m.handle(arrive("c1", "chat", kv_tokens=TOKENS_PER_GIB // 4), 1.0)
+    assert of(Resize, out) == []
+    assert dispatched(out) == ["c1"]
+
+
+def test_pool_shrinks_for_another_service_but_not_below_what_is_in_use() -> None:
+    m = manager(
+        chat(profile=llm_profile(weights=4 * GIB, kv_floor=512 * MIB, kv_ceiling=4 * GIB)),
+        service("img", profile=big(1, 4)),
+        knobs=EXACT,
+    )
+    up(m, "chat", "img")
+    m.handle(arrive("c1", "chat", kv_tokens=4 * TOKENS_PER_GIB), 1.0)
+    m.handle(done("c1"), 2.0)
+    m.handle(arrive("c2", "chat", kv_tokens=TOKENS_PER_GIB), 3.0)
+    # 4 + 4 (pool) + 1 used; the image request needs 4 of the 2.5 left
+    out = m.handle(arrive("i1", "img"), 4.0)
+    (r,) = of(Resize, out)
+    assert (r.service, r.kv_pool_bytes, r.reason) == ("chat", GIB, Reason.BALLOON_SHRINK)
+    (d,) = of(Dispatch, out)
+    assert d.reason is Reason.FITS_AFTER_SHRINK
+
+
+def test_full_pool_waits_without_taking_memory_from_others() -> None:
+    m = manager(
+        chat(
+            profile=llm_profile(weights=4 * GIB, kv_floor=512 * MIB, kv_ceiling=GIB),
+            concurrency=4,
+        ),
+        service("emb", cls=BA, profile=big(2, 4.5)),
+        knobs=EXACT,
+    )
+    up(m, "chat", "emb")
+    m.handle(arrive("e1", "emb"), 1.0)
+    m.handle(arrive("c1", "chat", kv_tokens=TOKENS_PER_GIB), 2.0)
+    assert m.world.ledger.available("gpu") == 0
+    out = m.handle(arrive("c2", "chat", kv_tokens=TOKENS_PER_GIB // 8), 3.0)
+    assert of(Preempt, out) == []
+    assert enqueued(out)["c2"].reason is Reason.CONCURRENCY_LIMIT
+    assert dispatched(m.handle(done("c1"), 4.0)) == ["c2"]
+
+
+def test_kv_demand_above_the_ceiling_is_too_large() -> None:
+    m = balloon_manager(knobs=EXACT)
+    up(m, "chat")
+    rej = rejected(m.handle(arrive("c1", "chat", kv_tokens=5 * TOKENS_PER_GIB), 1.0))["c1"]
+    assert (rej.reason, rej.retry_after_s) == (Reason.TOO_LARGE, 0.0)
+
+
+def test_kv_demand_on_a_service_without_a_pool_is_too_large() -> None:
+    m = manager(
+        chat(profile=llm_profile(weights=GIB, kv_floor=0, kv_ceiling=0)),
+        knobs=EXACT,
+    )
+    up(m, "chat")
+    assert rejected(m.handle(arrive("c1", "chat", kv_tokens=10), 1.0))["c1"].reason is (
+        Reason.TOO_LARGE
+    )
+
+
+# ---- too large ----------------------------------------------------------------------------
+def test_a_service_larger_than_the_budget_is_rejected_at_once() -> None:
+    m = manager(service("huge", profile=big(20)), knobs=EXACT)
+    out = m.handle(arrive("h1", "huge"), 0.0)
+    assert loads(out) == []
+    assert rejected(out)["h1"].reason is Reason.TOO_LARGE
+
+
+def test_a_request_larger_than_the_budget_is_rejected() -> None:
+    m = manager(service("img", profile=plain_profile(weights=GIB, per_unit=GIB)), knobs=EXACT)
+    up(m, "img")
+    assert rejected(m.handle(arrive("i1", "img", units=12), 1.0))["i1"].reason is (Reason.TOO_LARGE)
+
+
+def test_a_pinned_pool_grown_for_a_burst_does_not_make_others_too_large() -> None:
+    m = manager(
+        chat(
+            profile=llm_profile(weights=4 * GIB, kv_floor=512 * MIB, kv_ceiling=4 * GIB),
+            residency=Residency.PINNED,
+        ),
+        service("img", profile=big(5, 1), residency=Residency.ON_DEMAND),
+        knobs=EXACT,
+    )
+    m.start(0.0)
+    m.handle(loaded("chat"), 0.0)
+    m.handle(arrive("c1", "chat", kv_tokens=4 * TOKENS_PER_GIB), 1.0)
+    m.handle(done("c1"), 2.0)
+    out = m.handle(arrive("i1", "img"), 3.0)
+    assert rejected(out) == {}
+    assert [a.service for a in loads(out)] == ["img"]
+
+
+# ---- maintenance windows --------------------------------------------------------------------
+NIGHT = (Window(start_s=2 * HOUR, end_s=6 * HOUR),)
+
+
+def window_manager(origin_h: float, **kw: object) -> Manager:
+    return manager(
+        service(
+            "emb",
+            cls=BA,
+            profile=plain_profile(weights=GIB, per_unit=GIB),
+            windows=NIGHT,
+            deadline_s=4 * HOUR,
+            ttl_s=8 * HOUR,
+        ),
+        service("img", profile=big(1, 1)),
+        knobs=EXACT,
+        origin_s_of_day=origin_h * HOUR,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def test_batch_runs_freely_inside_its_window() -> None:
+    m = window_manager(3)
+    up(m, "emb")
+    assert dispatched(m.handle(arrive("e1", "emb", units=8), 1.0)) == ["e1"]
+
+
+def test_outside_its_window_batch_needs_spare_memory() -> None:
+    m = window_manager(12)
+    up(m, "emb")
+    out = m.handle(arrive("e1", "emb", units=8), 1.0)  # 8 of 10.5 GiB left: no spare
+    assert enqueued(out)["e1"].reason is Reason.OUTSIDE_WINDOW
+    assert "spare" in enqueued(out)["e1"].detail
+
+
+def test_outside_its_window_batch_runs_with_spare_memory_and_no_higher_demand() -> None:
+    m = window_manager(12)
+    up(m, "emb")
+    assert dispatched(m.handle(arrive("e1", "emb", units=1), 1.0)) == ["e1"]
+
+
+def test_outside_its_window_batch_yields_to_a_waiting_higher_class() -> None:
+    m = manager(
+        service("emb", cls=BA, windows=NIGHT),
+        service("img", cls=IA),
+        knobs=EXACT,
+        origin_s_of_day=12 * HOUR,
+    )
+    up(m, "emb")
+    m.handle(arrive("i1", "img"), 1.0)  # waits for its service to load
+    out = m.handle(arrive("e1", "emb"), 2.0)
+    assert enqueued(out)["e1"].reason is Reason.OUTSIDE_WINDOW
+    assert "higher class" in enqueued(out)["e1"].detail
+
+
+def test_window_opening_wakes_waiting_batch_work() -> None:
+    m = window_manager(1)
+    up(m, "emb")
+    m.handle(arrive("e1", "emb", units=8), 10.0)
+    assert "e1" in m.world.waiting
+    assert m.next_wakeup(10.0) == pytest.approx(HOUR)
+    assert dispatched(m.handle(Tick(), HOUR)) == ["e1"]
+
+
+def test_outside_its_window_a_batch_service_is_not_loaded_without_spare_memory() -> None:
+    m = window_manager(12)
+    out = m.handle(arrive("e1", "emb", units=8), 1.0)
+    assert loads(out) == []
+    assert enqueued(out)["e1"].reason is Reason.OUTSIDE_WINDOW
+
+
+# ---- foreign pressure -----------------------------------------------------------------------
+def pressure_manager() -> Manager:
+    return manager(
+        service("rt", cls=RT, residency=Residency.PINNED, profile=big(2)),
+        service("img", cls=IA, profile=big(2)),
+        service("emb", cls=BA, profile=big(2, 3)),
+        service("cam", cls=BG, profile=big(2)),
+        knobs=EXACT,
+    )
+
+
+def foreign(m: Manager, nbytes: int, now: float) -> list[Action]:
+    """A sample where managed services use what was accounted and others use ``nbytes``."""
+    ledger = m.world.ledger
+    per_service = {name: ledger.service_total("gpu", name) for name, s in m.world.services.items()}
+    used = sum(per_service.values()) + nbytes
+    return m.handle(MemorySampled(device="gpu", used_bytes=used, per_service=per_service), now)
+
+
+def test_foreign_growth_evicts_the_lowest_class_idle_service() -> None:
+    m = pressure_manager()
+    up(m, "rt", "img", "emb", "cam")  # 8 of 11.5 GiB
+    out = foreign(m, 4 * GIB + GIB // 2, 1.0)
+    assert [(u.service, u.reason) for u in unloads(out)] == [("cam", Reason.EVICTED_FOR_MEMORY)]
+    assert "foreign_pressure" in unloads(out)[0].detail
+    m.handle(Unloaded(service="cam"), 2.0)
+    assert m.world.ledger.available("gpu") >= 0
+
+
+def test_foreign_growth_preempts_running_batch_work() -> None:
+    m = pressure_manager()
+    up(m, "rt", "img", "emb")
+    m.handle(arrive("e1", "emb"), 1.0)  # 6 + 3 of 11.5 GiB
+    out = foreign(m, 4 * GIB, 2.0)
+    assert [(p.request_id, p.reason) for p in of(Preempt, out)] == [
+        ("e1", Reason.PREEMPTED_FOR_HIGHER_CLASS)
+    ]
+    assert unloads(out) == []
+    assert m.world.ledger.available("gpu") >= 0
+
+
+def test_foreign_growth_never_evicts_a_pinned_service() -> None:
+    m = pressure_manager()
+    up(m, "rt")
+    out = foreign(m, 11 * GIB, 1.0)
+    assert unloads(out) == []
+    assert m.world.services["rt"].status.value == "loaded"
+
+
+# ---- TTL --------------------------------------------------------------------------------------
+def test_warm_service_expires_after_its_ttl() -> None:
+    m = manager(service("img", ttl_s=100.0), knobs=EXACT)
+    up(m, "img", now=0.0)
+    assert m.next_wakeup(0.0) == 100.0
+    assert unloads(m.handle(Tick(), 99.0)) == []
+    (u,) = unloads(m.handle(Tick(), 100.0))
+    assert (u.service, u.reason) == ("img", Reason.TTL_EXPIRED)
+    assert m.world.services["img"].evictions == 0
+
+
+def test_on_demand_service_expires_after_the_short_ttl() -> None:
+    knobs = PolicyKnobs(prewarm=False, on_demand_ttl_s=20.0)
+    m = manager(service("img", ttl_s=100.0, residency=Residency.ON_DEMAND), knobs=knobs)
+    up(m, "img")
+    assert m.next_wakeup(0.0) == 20.0
+    assert [u.reason for u in unloads(m.handle(Tick(), 20.0))] == [Reason.TTL_EXPIRED]
+
+
+def test_use_resets_the_ttl_and_busy_services_do_not_expire() -> None:
+    m = manager(service("img", ttl_s=10.0, concurrency=1), knobs=EXACT)
+    up(m, "img")
+    m.handle(arrive("r1", "img"), 8.0)
+    assert unloads(m.handle(Tick(), 30.0)) == []  # in flight
+    m.handle(done("r1"), 31.0)
+    assert unloads(m.handle(Tick(), 40.0)) == []
+    assert len(unloads(m.handle(Tick(), 41.0))) == 1
+
+
+def test_pinned_service_never_expires() -> None:
+    m = manager(service("asr", residency=Residency.PINNED, ttl_s=1.0), knobs=EXACT)
+    m.start(0.0)
+    m.handle(loaded("asr"), 0.0)
+    assert unloads(m.handle(Tick(), 10_000.0)) == []
+    assert m.next_wakeup(10_000.0) is None
+
+
+# ---- prewarm ----------------------------------------------------------------------------------
+def test_recently_evicted_warm_service_is_prewarmed_into_spare_memory() -> None:
+    m = manager(
+        service("warm", profile=big(3)),
+        service("big", profile=big(9), residency=Residency.ON_DEMAND, ttl_s=10.0),
+        knobs=PolicyKnobs(on_demand_ttl_s=10.0, safety_factor=1.0),
+    )
+    up(m, "warm")
+    m.handle(arrive("b1", "big"), 1.0)  # evicts warm
+    m.handle(Unloaded(service="warm"), 2.0)
+    m.handle(loaded("big"), 3.0)
+    out = m.handle(done("b1"), 4.0) + m.handle(Tick(), 14.0)  # big goes (TTL or restore)
+    assert [u.service for u in unloads(out)] == ["big"]
+    out = m.handle(Unloaded(service="big"), 15.0) + m.handle(Tick(), 80.0)
+    assert [(a.service, a.reason) for a in loads(out)] == [("warm", Reason.PRELOAD)]
+
+
+# ---- explanation ------------------------------------------------------------------------------
+def test_every_action_of_a_mixed_scenario_carries_a_reason() -> None:
+    m = manager(
+        service("asr", cls=RT, residency=Residency.PINNED, profile=big(0.5, 0.1)),
+        chat(profile=llm_profile(weights=5 * GIB, kv_floor=512 * MIB, kv_ceiling=2 * GIB)),
+        service("img", residency=Residency.ON_DEMAND, profile=big(6, 1)),
+        service("emb", cls=BA, profile=big(1, 1), windows=NIGHT),
+    )
+    actions = m.start(0.0)
+    actions += m.handle(loaded("asr"), 1.0)
+    actions += m.handle(arrive("c1", "chat", kv_tokens=3000), 2.0)
+    actions += m.handle(loaded("chat"), 5.0)
+    actions += m.handle(arrive("i1", "img", units=1.0), 6.0)
+    actions += m.handle(arrive("e1", "emb"), 6.5)
+    actions += m.handle(done("c1", peak=700 * MIB), 8.0)
+    actions += m.handle(Tick(), 9.0)
+    for name in ("chat", "emb"):
+        actions += m.handle(Unloaded(service=name), 9.5)
+    actions += m.handle(loaded("img"), 12.0)
+    actions += m.handle(Tick(), 1000.0)
+    assert len(actions) > 5
+    assert all(isinstance(a.reason, Reason) and a.reason.value for a in actions)
+    logged = [d.as_dict() for d in m.log]
+    assert all(isinstance(d["reason"], str) and d["reason"] for d in logged)
+    assert sum(m.counts.values()) == len(actions)
+    explained = m.explain("i1")
+    assert explained is not None
+    assert len(explained) >= 2
