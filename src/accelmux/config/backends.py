@@ -17,20 +17,51 @@ class _Backend(BaseModel):
 
 
 class FakeBackendConfig(_Backend):
+    """The fake backend: a test double, no model. Outputs are deterministic per input."""
+
     type: Literal["fake"]
-    latency_s: float = Field(0.01, ge=0, description="Service time per request.")
+    latency_s: float = Field(0.01, ge=0, le=3600, description="Service time per request.")
+    load_s: float = Field(0.05, ge=0, le=3600, description="Time a load takes.")
     allocate: bool = Field(True, description="Allocate real memory for weights and requests.")
+    scale: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="Fraction of the ledger's bytes really allocated (keeps demos light); "
+        "reports are scaled back up so the ledger sees the configured sizes.",
+    )
+    peak_factor: float = Field(
+        0.8, ge=0, le=4, description="Measured peak of a request as a fraction of its lease."
+    )
+    embedding_dim: int = Field(64, ge=1, le=8192)
+    stream_chunk_s: float = Field(0.0, ge=0, le=60, description="Pause between stream chunks.")
+    fail_load: bool = Field(False, description="Make every load fail (tests the error path).")
 
 
 class ExternalBackendConfig(_Backend):
+    """A supervised OpenAI-compatible server (llama-server, vLLM, a whisper/TTS server).
+
+    ``argv`` is templated with ``{port}``, ``{host}``, ``{ctx_size}`` (tokens the KV pool
+    holds), ``{parallel}`` (the service's concurrency), ``{kv_pool_bytes}``, ``{model}``
+    and ``{gpu}`` (the device index). It is never run through a shell.
+    """
+
     type: Literal["external"]
     argv: list[str] = Field(min_length=1, description="Command as a list; {port} is templated.")
     env: dict[str, str] = Field(default_factory=dict)
-    port: int | None = Field(None, ge=1, le=65535)
+    host: str = Field("127.0.0.1", description="Where the child listens (templated {host}).")
+    port: int | None = Field(None, ge=1, le=65535, description="Default: a free port.")
     health_path: str = "/health"
     startup_timeout_s: float = Field(120.0, gt=0)
     stop_grace_s: float = Field(10.0, ge=0)
-    upstream_model: str | None = None
+    request_timeout_s: float = Field(600.0, gt=0)
+    upstream_model: str | None = Field(
+        None, description="Model name sent upstream (default: the client's)."
+    )
+    ctx_size: int = Field(
+        4096, ge=1, description="{ctx_size} when the service has no kv_per_token."
+    )
+    log_lines: int = Field(200, ge=0, le=100_000, description="Log lines kept in memory.")
 
 
 class InProcessBackendConfig(_Backend):

@@ -1,9 +1,15 @@
-"""``accelmux check FILE``: validate a config and list every problem."""
+"""``accelmux check FILE``: validate a config (or a scenario) and list every problem.
+
+A file with a top-level ``workloads`` key is a simulator scenario: it is validated
+against the scenario schema (the config keys plus ``workloads`` and ``simulation``),
+and the trace files its workloads name must exist.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any
 
 
@@ -13,16 +19,40 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
+def _report(exc: Any) -> int:
+    print(f"{exc.source}: {len(exc.problems)} problem(s)", file=sys.stderr)
+    for problem in exc.problems:
+        print(f"  - {problem}", file=sys.stderr)
+    return 2
+
+
 def run(args: argparse.Namespace) -> int:
-    from accelmux.config.load import load_config
+    from accelmux.config.load import load_config_data, parse_yaml, read_text
     from accelmux.errors import ConfigError
 
+    path = Path(args.file)
     try:
-        cfg = load_config(args.file)
+        data = parse_yaml(read_text(path), str(path))
+        if isinstance(data, dict) and "workloads" in data:
+            return _check_scenario(data, path)
+        cfg = load_config_data(data, str(path), path.parent)
     except ConfigError as exc:
-        print(f"{exc.source}: {len(exc.problems)} problem(s)", file=sys.stderr)
-        for problem in exc.problems:
-            print(f"  - {problem}", file=sys.stderr)
-        return 2
+        return _report(exc)
     print(f"{args.file}: OK ({len(cfg.devices)} device(s), {len(cfg.services)} service(s))")
+    return 0
+
+
+def _check_scenario(data: dict[str, Any], path: Path) -> int:
+    from accelmux.errors import ConfigError
+    from accelmux.sim.scenario import load_scenario_data, trace_problems
+
+    scn = load_scenario_data(data, str(path), path.parent.resolve())
+    problems = trace_problems(scn)
+    if problems:
+        return _report(ConfigError(str(path), problems))
+    cfg = scn.config
+    print(
+        f"{path}: OK (scenario: {len(cfg.devices)} device(s), {len(cfg.services)} service(s), "
+        f"{len(cfg.workloads)} workload(s))"
+    )
     return 0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ByteSize, ConfigDict, Field
 
 
@@ -15,3 +17,15 @@ class ServerConfig(BaseModel):
     max_body: ByteSize = Field(ByteSize(25 * 1024**2), description="Largest request body.")
     data_dir: str = Field("./accelmux-data", description="SQLite jobs and logs.")
     sample_interval_s: float = Field(1.0, gt=0, description="Memory sampling period.")
+    drain_s: float = Field(
+        10.0, ge=0, le=3600, description="At shutdown, how long in-flight requests may finish."
+    )
+    default_max_tokens: int = Field(
+        512, ge=1, description="Output tokens assumed when a request sets no max_tokens."
+    )
+    access_log: bool = Field(False, description="Log one line per HTTP request.")
+    jobs: bool = Field(True, description="Serve durable batch jobs at /v1/jobs.")
+    dashboard: bool = Field(True, description="Serve the dashboard at / (data under /admin).")
+    event_loop: Literal["auto", "asyncio", "uvloop"] = Field(
+        "auto", description="auto: uvloop when installed (faster), else asyncio."
+    )

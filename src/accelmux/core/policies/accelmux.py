@@ -9,10 +9,21 @@ estimates. When a request does not fit, memory is taken back in order of cost:
    ``reload_seconds x P(reuse within horizon) x class_weight / bytes_freed``.
 
 If that cannot make room the request waits (bounded queue, deadline) or is rejected with
-a reason and Retry-After. Realtime work is protected twice: requests are scheduled in
-class order, and while a realtime request runs or waits on a device, no new batch or
-background work starts there (it would steal compute). Batch services run inside their
-maintenance windows, and outside them only with spare memory and no higher class waiting.
+a reason and Retry-After. Realtime work is protected three times: requests are scheduled
+in class order; while a realtime request runs or waits on a device, no new batch or
+background work starts there (it would steal compute); and a *realtime reserve* (the
+largest activation seen per loaded realtime service) is kept free of resident memory
+and of non-preemptible leases of lower classes, while on-demand non-LLM jobs (an image)
+may overlap it because realtime work preempts them. Batch work also yields compute to
+running interactive requests. Batch services run inside their maintenance windows, and
+outside them only with spare memory and no higher class waiting.
+
+Residency: an eviction counts the allocator cache it frees; when one victim covers the
+shortfall the cheapest such one goes (not the largest). At start, warm services are
+loaded into memory nobody needs yet; a warm service evicted for a short on-demand job
+is restored as soon as that job's service goes idle (``RESTORE_GRACE_S``), taking memory
+back from batch and background work if it has to. When only the calibration margin of a
+request does not fit the device, it runs on its raw estimate (the headroom covers it).
 """
 
 from __future__ import annotations

@@ -1,0 +1,46 @@
+"""Build each service's backend from its config section."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from accelmux.backends.base import Backend
+from accelmux.backends.external import ExternalBackend
+from accelmux.backends.fake import FakeBackend
+from accelmux.backends.inprocess import InProcessBackend
+from accelmux.config.backends import (
+    ExternalBackendConfig,
+    FakeBackendConfig,
+    InProcessBackendConfig,
+)
+from accelmux.config.schema import AccelmuxConfig
+
+
+def build_backends(cfg: AccelmuxConfig, data_dir: Path) -> dict[str, Backend]:
+    """One backend per service; a service without a backend section gets the fake."""
+    out: dict[str, Backend] = {}
+    for name, svc in cfg.services.items():
+        section = svc.backend or FakeBackendConfig(type="fake")
+        model = svc.model or name
+        device = cfg.devices[cfg.device_of(name)]
+        if isinstance(section, FakeBackendConfig):
+            out[name] = FakeBackend(
+                name,
+                svc.kind,
+                model,
+                section,
+                profile=(int(svc.memory.weights), int(svc.memory.runtime)),
+            )
+        elif isinstance(section, ExternalBackendConfig):
+            out[name] = ExternalBackend(
+                name,
+                model,
+                section,
+                kv_bytes_per_token=int(svc.memory.kv_per_token),
+                concurrency=svc.concurrency,
+                gpu_index=device.index if device.kind == "nvidia" else None,
+                data_dir=data_dir,
+            )
+        elif isinstance(section, InProcessBackendConfig):
+            out[name] = InProcessBackend(name, svc.kind, section)
+    return out

@@ -1,0 +1,273 @@
+"""The fake backend: a deterministic TEST DOUBLE that runs no model.
+
+It exists for tests and for trying accelmux's policy and API without any model. When
+``allocate`` is on it allocates REAL memory (filled bytearrays, so every page is touched
+and the process RSS shows it): the granted weights + runtime + KV pool at load, and each
+request's lease (times ``peak_factor``) while the request runs. ``scale`` shrinks what is
+really allocated; reports are scaled back so the ledger sees the configured sizes.
+Outputs are deterministic per input (see :mod:`.fake_outputs`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from accelmux.backends import fake_outputs as out
+from accelmux.backends.base import BackendRequest, BackendResponse, CrashCallback, LoadReport
+from accelmux.config.backends import FakeBackendConfig
+from accelmux.core.types import ServiceKind
+from accelmux.errors import BackendError
+
+
+def _allocate(nbytes: int) -> bytearray:
+    """A bytearray whose pages are all written (so RSS/PSS really grow)."""
+    if nbytes <= 0:
+        return bytearray()
+    return bytearray(b"\x01") * nbytes
+
+
+class FakeBackend:
+    """Fake (test double) backend for one service; see the module docstring."""
+
+    def __init__(
+        self,
+        service: str,
+        kind: ServiceKind,
+        model: str,
+        cfg: FakeBackendConfig,
+        *,
+        sleep: Callable[[float], Awaitable[None]] | None = None,
+        profile: tuple[int, int] | None = None,
+    ) -> None:
+        self.service = service
+        #: How the fake waits (load_s, latency_s): asyncio.sleep, or a manual clock's.
+        self.sleep = sleep or asyncio.sleep
+        #: The configured (weights, runtime) the fake "measures" after a load, like a real
+        #: backend whose size does not depend on what was granted (None: the grant).
+        self.profile = profile
+        self.kind = kind
+        self.model = model
+        self.cfg = cfg
+        self.loaded = False
+        self.loads = 0
+        self.requests = 0
+        self._resident: bytearray = bytearray()
+        self._kv: bytearray = bytearray()
+        self._request_bytes = 0
+        #: What the fake reports as its memory, in ledger units (before ``scale``).
+        self._resident_reported = 0
+        self._kv_reported = 0
+        self._requests_reported = 0
+        self._on_crash: CrashCallback | None = None
+
+    # ---- lifecycle ---------------------------------------------------------------
+    def _real(self, nbytes: int) -> int:
+        return int(nbytes * self.cfg.scale) if self.cfg.allocate else 0
+
+    async def load(
+        self, *, weights_bytes: int, runtime_bytes: int, kv_pool_bytes: int
+    ) -> LoadReport:
+        if self.cfg.load_s:
+            await self.sleep(self.cfg.load_s)
+        if self.cfg.fail_load:
+            raise BackendError(f"{self.service}: fake backend configured to fail its load")
+        weights, runtime = self.profile or (weights_bytes, runtime_bytes)
+        self._resident = _allocate(self._real(weights + runtime))
+        self._kv = _allocate(self._real(kv_pool_bytes))
+        self._resident_reported = weights + runtime
+        self._kv_reported = kv_pool_bytes
+        self.loaded = True
+        self.loads += 1
+        return LoadReport(weights_bytes=weights, runtime_bytes=runtime)
+
+    async def unload(self) -> None:
+        self._resident = bytearray()
+        self._kv = bytearray()
+        self._resident_reported = self._kv_reported = 0
+        self.loaded = False
+
+    async def resize(self, kv_pool_bytes: int) -> bool:
+        self._kv = _allocate(self._real(kv_pool_bytes))
+        self._kv_reported = kv_pool_bytes
+        return True
+
+    def crash(self, error: str = "fake crash") -> None:
+        """Simulate the backend dying (tests): drop memory and tell the runtime."""
+        self._resident = bytearray()
+        self._kv = bytearray()
+        self._resident_reported = self._kv_reported = 0
+        self.loaded = False
+        if self._on_crash is not None:
+            self._on_crash(error)
+
+    def set_crash_callback(self, callback: CrashCallback) -> None:
+        self._on_crash = callback
+
+    def memory_bytes(self) -> int | None:
+        """What the fake holds, in ledger units (the configured sizes, not scaled down;
+        reported even with ``allocate: false``, as if it had allocated)."""
+        return self._resident_reported + self._kv_reported + self._requests_reported
+
+    def pids(self) -> list[int]:
+        return []
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "type": "fake",
+            "note": "test double, no model",
+            "loaded": self.loaded,
+            "loads": self.loads,
+            "requests": self.requests,
+            "allocated_bytes": len(self._resident) + len(self._kv) + self._request_bytes,
+        }
+
+    async def close(self) -> None:
+        await self.unload()
+
+    # ---- requests ------------------------------------------------------------------
+    async def handle(self, request: BackendRequest) -> BackendResponse:
+        if not self.loaded:
+            raise BackendError(f"{self.service}: fake backend is not loaded")
+        self.requests += 1
+        peak = int(request.lease_bytes * self.cfg.peak_factor)
+        if request.stream and self.kind.is_llm:
+            return BackendResponse(
+                content_type="text/event-stream", stream=self._stream(request, peak)
+            )
+        scratch = _allocate(self._real(peak))
+        self._request_bytes += len(scratch)
+        self._requests_reported += peak
+        try:
+            if self.cfg.latency_s:
+                await self.sleep(self.cfg.latency_s)
+            response = self._respond(request)
+        finally:
+            self._request_bytes -= len(scratch)
+            self._requests_reported -= peak
+            del scratch
+        response.peak_bytes = peak
+        return response
+
+    def _respond(self, request: BackendRequest) -> BackendResponse:
+        body = request.body
+        seed = _seed(self.service, body, request.files)
+        rid = request.request_id
+        model = str(body.get("model", self.model))
+        endpoint = request.endpoint
+        if endpoint == "/v1/chat/completions":
+            words = out.reply_words(seed, _max_tokens(body))
+            return _json(out.chat_completion(model, rid, words, _prompt_tokens(body)))
+        if endpoint == "/v1/completions":
+            words = out.reply_words(seed, _max_tokens(body))
+            return _json(out.text_completion(model, rid, words, _prompt_tokens(body)))
+        if endpoint == "/v1/embeddings":
+            texts = body.get("input")
+            items = texts if isinstance(texts, list) else [texts]
+            data = [
+                {
+                    "object": "embedding",
+                    "index": i,
+                    "embedding": out.embedding(json.dumps(t), self.cfg.embedding_dim),
+                }
+                for i, t in enumerate(items)
+            ]
+            n = sum(len(json.dumps(t)) // 4 + 1 for t in items)
+            return _json({"object": "list", "data": data, "model": model, "usage": out.usage(n, 0)})
+        if endpoint == "/v1/audio/speech":
+            text = str(body.get("input", ""))
+            seconds = min(10.0, 0.2 + len(text) * 0.01)
+            return BackendResponse(content_type="audio/wav", body=out.wav(seed, seconds))
+        if endpoint == "/v1/audio/transcriptions":
+            size = sum(len(v) for v in request.files.values())
+            text = f"fake transcript of {size} bytes: " + " ".join(out.reply_words(seed, 8))
+            fmt = body.get("response_format", "json")
+            if fmt == "text":
+                return BackendResponse(content_type="text/plain", body=text.encode())
+            return _json({"text": text})
+        if endpoint == "/v1/images/generations":
+            w, h = _size(str(body.get("size", "256x256")))
+            n = int(body.get("n", 1))
+            images: list[dict[str, Any]] = []
+            for i in range(n):
+                b64 = out.png_b64(out.digest(seed, i), w, h)
+                if body.get("response_format") == "url":
+                    images.append({"url": "data:image/png;base64," + b64})
+                else:
+                    images.append({"b64_json": b64})
+            return _json({"created": 0, "data": images})
+        if endpoint == "/v1/detections":
+            w = int(body.get("_width", 640))
+            h = int(body.get("_height", 480))
+            return _json(
+                {
+                    "object": "detection",
+                    "model": model,
+                    "width": w,
+                    "height": h,
+                    "detections": out.boxes(seed, w, h),
+                }
+            )
+        raise BackendError(f"{self.service}: fake backend has no endpoint {endpoint}")
+
+    async def _stream(self, request: BackendRequest, peak: int) -> AsyncIterator[bytes]:
+        scratch = _allocate(self._real(peak))
+        self._request_bytes += len(scratch)
+        self._requests_reported += peak
+        try:
+            body = request.body
+            seed = _seed(self.service, body, {})
+            words = out.reply_words(seed, _max_tokens(body))
+            model = str(body.get("model", self.model))
+            rid = request.request_id
+            chat = request.endpoint == "/v1/chat/completions"
+            if self.cfg.latency_s:
+                await self.sleep(self.cfg.latency_s)
+            if chat:
+                yield out.chat_chunk(model, rid, {"role": "assistant", "content": ""}, None)
+            for i, word in enumerate(words):
+                text = word if i == 0 else " " + word
+                if chat:
+                    yield out.chat_chunk(model, rid, {"content": text}, None)
+                else:
+                    yield out.text_chunk(model, rid, text, None)
+                if self.cfg.stream_chunk_s:
+                    await self.sleep(self.cfg.stream_chunk_s)
+            if chat:
+                yield out.chat_chunk(model, rid, {}, "stop")
+            else:
+                yield out.text_chunk(model, rid, "", "stop")
+            yield out.DONE
+        finally:
+            self._request_bytes -= len(scratch)
+            self._requests_reported -= peak
+            del scratch
+
+
+def _seed(service: str, body: dict[str, Any], files: dict[str, bytes]) -> bytes:
+    """The same input gives the same output, whichever model name or alias was used."""
+    fields = {k: v for k, v in body.items() if k not in ("model", "stream", "stream_options")}
+    return out.digest(service, fields, *(v for _, v in sorted(files.items())))
+
+
+def _json(obj: dict[str, Any]) -> BackendResponse:
+    return BackendResponse(body=json.dumps(obj).encode())
+
+
+def _max_tokens(body: dict[str, Any]) -> int:
+    value = body.get("max_completion_tokens") or body.get("max_tokens") or 64
+    return int(value)
+
+
+def _prompt_tokens(body: dict[str, Any]) -> int:
+    return len(json.dumps(body.get("messages") or body.get("prompt") or "")) // 4 + 1
+
+
+def _size(text: str) -> tuple[int, int]:
+    try:
+        w, h = text.lower().split("x")
+        return int(w), int(h)
+    except ValueError:
+        return 256, 256

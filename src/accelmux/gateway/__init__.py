@@ -1,0 +1,1 @@
+"""HTTP: OpenAI-compatible endpoints, the admin API, Prometheus /metrics and OpenAPI."""

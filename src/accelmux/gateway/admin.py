@@ -1,0 +1,91 @@
+"""The admin API (``/admin``) and ``/metrics``: separate from inference, own bearer key."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+
+from aiohttp import web
+
+from accelmux.gateway.errors import ApiError
+from accelmux.gateway.keys import RUNTIME
+
+ADMIN_OPS = ("load", "unload", "pin", "unpin")
+HEARTBEAT_S = 15.0
+
+
+async def status(request: web.Request) -> web.Response:
+    return web.json_response(request.app[RUNTIME].status())
+
+
+async def service_op(request: web.Request) -> web.Response:
+    rt = request.app[RUNTIME]
+    name = request.match_info["name"]
+    op = request.match_info["op"]
+    if op not in ADMIN_OPS:
+        raise ApiError(404, f"unknown operation {op!r} (known: {', '.join(ADMIN_OPS)})")
+    if name not in rt.manager.world.services:
+        raise ApiError(404, f"unknown service {name!r}", param="name", code="service_not_found")
+    if rt.stopping:
+        raise ApiError(503, "accelmux is shutting down", code="shutting_down", retry_after_s=30)
+    rt.admin(name, op)
+    svc = rt.manager.world.services[name]
+    return web.json_response(
+        {
+            "service": name,
+            "op": op,
+            "accepted": True,
+            "state": svc.status.value,
+            "pinned": svc.pinned,
+        }
+    )
+
+
+async def explain(request: web.Request) -> web.Response:
+    rid = request.match_info["request_id"]
+    lines = request.app[RUNTIME].explain(rid)
+    if lines is None:
+        raise ApiError(404, f"no record of request {rid!r}", param="request_id")
+    return web.json_response({"request_id": rid, "lines": lines})
+
+
+async def events(request: web.Request) -> web.StreamResponse:
+    """Server-sent events: one ``decision`` event per Manager action, as it happens."""
+    rt = request.app[RUNTIME]
+    resp = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    )
+    queue = rt.bus.subscribe()
+    try:
+        await resp.prepare(request)
+        await resp.write(b": accelmux decisions\n\n")
+        while True:
+            try:
+                record = await asyncio.wait_for(queue.get(), HEARTBEAT_S)
+            except TimeoutError:
+                await resp.write(b": keepalive\n\n")
+                continue
+            if record is None:
+                break
+            await resp.write(b"event: decision\ndata: " + json.dumps(record).encode() + b"\n\n")
+    except ConnectionError:
+        pass
+    finally:
+        rt.bus.unsubscribe(queue)
+    with contextlib.suppress(ConnectionError):
+        await resp.write_eof()
+    return resp
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = request.app[RUNTIME].metrics.render()
+    return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4"})
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_get("/admin/status", status)
+    app.router.add_post("/admin/services/{name}/{op}", service_op)
+    app.router.add_get("/admin/explain/{request_id}", explain)
+    app.router.add_get("/admin/events", events)
+    app.router.add_get("/metrics", metrics)

@@ -1,0 +1,38 @@
+"""Build the aiohttp application around a :class:`~accelmux.runtime.daemon.Runtime`."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from accelmux.gateway import admin, openai_api
+from accelmux.gateway.keys import RUNTIME
+from accelmux.gateway.middleware import auth_middleware, error_middleware
+from accelmux.gateway.openapi import document
+from accelmux.runtime.daemon import Runtime
+
+
+async def health(request: web.Request) -> web.Response:
+    rt = request.app[RUNTIME]
+    return web.json_response({"status": "stopping" if rt.stopping else "ok"})
+
+
+async def openapi(request: web.Request) -> web.Response:
+    return web.json_response(document())
+
+
+def build_app(runtime: Runtime, *, host: str | None = None) -> web.Application:
+    server = runtime.cfg.server
+    max_body = int(server.max_body)
+    app = web.Application(
+        client_max_size=max_body,
+        middlewares=[
+            error_middleware(max_body),
+            auth_middleware(server, host if host is not None else server.host),
+        ],
+    )
+    app[RUNTIME] = runtime
+    app.router.add_get("/health", health)
+    app.router.add_get("/openapi.json", openapi)
+    openai_api.add_routes(app)
+    admin.add_routes(app)
+    return app

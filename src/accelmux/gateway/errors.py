@@ -1,0 +1,85 @@
+"""OpenAI's error shape: ``{"error": {"message", "type", "param", "code"}}``.
+
+Status mapping of the Manager's reasons: ``too_large`` -> 413, ``queue_full`` -> 429,
+``backend_crashed`` -> 502, every other refusal -> 503; 429/503 carry ``Retry-After``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+from aiohttp import web
+
+from accelmux.core.types import Reason
+from accelmux.runtime.requests import Refused
+
+
+class ApiError(Exception):
+    """An error answered in OpenAI's JSON shape."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        retry_after_s: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+        self.retry_after_s = retry_after_s
+
+    def body(self) -> dict[str, object]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+    def response(self) -> web.Response:
+        headers = {}
+        if self.retry_after_s is not None:
+            headers["Retry-After"] = str(max(1, math.ceil(self.retry_after_s)))
+        return web.Response(
+            status=self.status,
+            body=json.dumps(self.body()).encode(),
+            content_type="application/json",
+            headers=headers,
+        )
+
+
+def bad_field(param: str, message: str) -> ApiError:
+    return ApiError(400, message, param=param, code="invalid_value")
+
+
+def refusal(exc: Refused) -> ApiError:
+    """The HTTP form of a Manager's Reject or Fail."""
+    reason = exc.reason
+    detail = exc.action.detail
+    message = f"{reason.value}: {detail}" if detail else reason.value
+    if reason is Reason.TOO_LARGE:
+        return ApiError(413, message, code=reason.value, param="messages")
+    if reason is Reason.QUEUE_FULL:
+        return ApiError(
+            429,
+            message,
+            type="rate_limit_error",
+            code=reason.value,
+            retry_after_s=exc.retry_after_s or 1.0,
+        )
+    if reason is Reason.BACKEND_CRASHED:
+        return ApiError(502, message, type="backend_error", code=reason.value, retry_after_s=1.0)
+    retry = exc.retry_after_s if exc.retry_after_s is not None else 1.0
+    return ApiError(
+        503, message, type="service_unavailable", code=reason.value, retry_after_s=retry or 1.0
+    )

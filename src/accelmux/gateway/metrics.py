@@ -1,0 +1,121 @@
+"""Prometheus metrics (prometheus-client), served on the admin side at ``/metrics``.
+
+Gauges and decision counters are read from the Manager's snapshot at scrape time (one
+source of truth); latency histograms are observed by the gateway. Labels carry service,
+device, category, class, action and reason names only: never keys or request content.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+class _SnapshotCollector(Collector):
+    def __init__(self, status: Callable[[], dict[str, Any]]) -> None:
+        self._status = status
+
+    def collect(self) -> Iterable[Metric]:
+        snap = self._status()
+        est = GaugeMetricFamily(
+            "accelmux_service_memory_bytes",
+            "Ledger bytes per service and category (estimated; reserved is measured).",
+            labels=["service", "device", "category"],
+        )
+        measured = GaugeMetricFamily(
+            "accelmux_service_measured_bytes",
+            "Measured bytes per service (monitors).",
+            labels=["service", "device"],
+        )
+        state = GaugeMetricFamily(
+            "accelmux_service_loaded", "1 when the service is loaded.", labels=["service"]
+        )
+        inflight = GaugeMetricFamily(
+            "accelmux_service_inflight", "Requests running per service.", labels=["service"]
+        )
+        waiting = GaugeMetricFamily(
+            "accelmux_service_waiting", "Requests waiting per service.", labels=["service"]
+        )
+        cold = CounterMetricFamily(
+            "accelmux_cold_starts", "Loads caused by demand or crash recovery.", labels=["service"]
+        )
+        loads = CounterMetricFamily("accelmux_loads", "Loads per service.", labels=["service"])
+        evictions = CounterMetricFamily(
+            "accelmux_evictions", "Evictions per service.", labels=["service"]
+        )
+        crashes = CounterMetricFamily("accelmux_crashes", "Backend crashes.", labels=["service"])
+        for s in snap["services"]:
+            name, dev = s["name"], s["device"]
+            for cat, n in s["ledger"].items():
+                est.add_metric([name, dev, cat], n)
+            if s.get("measured_bytes") is not None:
+                measured.add_metric([name, dev], s["measured_bytes"])
+            state.add_metric([name], 1.0 if s["state"] == "loaded" else 0.0)
+            inflight.add_metric([name], s["inflight"])
+            waiting.add_metric([name], s["waiting"])
+            cold.add_metric([name], s["cold_starts"])
+            loads.add_metric([name], s["loads"])
+            evictions.add_metric([name], s["evictions"])
+            crashes.add_metric([name], s["crashes"])
+        yield from (est, measured, state, inflight, waiting, cold, loads, evictions, crashes)
+
+        dev_g = GaugeMetricFamily(
+            "accelmux_device_bytes",
+            "Per device: capacity, budget, headroom, foreign, committed, available.",
+            labels=["device", "quantity"],
+        )
+        for d in snap["devices"]:
+            for key in ("capacity", "budget", "headroom", "foreign", "committed", "available"):
+                dev_g.add_metric([d["name"], key], d[f"{key}_bytes"])
+        yield dev_g
+
+        queues = GaugeMetricFamily(
+            "accelmux_queue_length", "Waiting requests per class.", labels=["class"]
+        )
+        for cls, n in snap["queues"].items():
+            queues.add_metric([cls], n)
+        yield queues
+
+        decisions = CounterMetricFamily(
+            "accelmux_decisions", "Decisions by action and reason.", labels=["action", "reason"]
+        )
+        for key, n in snap["counts"].items():
+            action, _, reason = key.partition(":")
+            decisions.add_metric([action, reason], n)
+        yield decisions
+
+
+class Metrics:
+    def __init__(self, status: Callable[[], dict[str, Any]]) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.latency = Histogram(
+            "accelmux_request_seconds",
+            "End-to-end request latency in the gateway (queueing + serving).",
+            ["service", "endpoint", "outcome"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.queue_wait = Histogram(
+            "accelmux_queue_wait_seconds",
+            "Time from arrival to dispatch.",
+            ["service"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.load_seconds = Histogram(
+            "accelmux_load_seconds",
+            "Backend load (cold start) duration.",
+            ["service", "outcome"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.registry.register(_SnapshotCollector(status))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,223 @@
+"""OpenAI-compatible endpoints: route by ``model`` to a service, admit through the
+Manager, call the backend, relay the answer (SSE streams chunk by chunk).
+
+Every response carries ``X-Request-Id``; ``GET /admin/explain/{id}`` tells its story.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import time
+from typing import Any
+
+from aiohttp import web
+
+from accelmux.backends.base import BackendRequest, BackendResponse
+from accelmux.core.actions import Dispatch
+from accelmux.errors import BackendError
+from accelmux.gateway import parse
+from accelmux.gateway.errors import ApiError, refusal
+from accelmux.gateway.keys import RUNTIME
+from accelmux.runtime.daemon import Runtime
+from accelmux.runtime.requests import Refused, Ticket
+
+log = logging.getLogger("accelmux.gateway")
+
+
+def _route(rt: Runtime, parsed: parse.Parsed) -> str:
+    service = rt.models.get(parsed.model)
+    if service is None:
+        raise ApiError(
+            404,
+            f"The model '{parsed.model}' does not exist (GET /v1/models lists the models)",
+            param="model",
+            code="model_not_found",
+        )
+    kind = rt.manager.world.services[service].spec.kind
+    allowed = parse.ENDPOINT_KINDS[parsed.endpoint]
+    if kind not in allowed:
+        raise ApiError(
+            400,
+            f"model '{parsed.model}' is a {kind.value} service; {parsed.endpoint} needs "
+            f"{' or '.join(k.value for k in allowed)}",
+            param="model",
+            code="wrong_model_kind",
+        )
+    return service
+
+
+def _sse_error(err: ApiError) -> bytes:
+    return b"data: " + json.dumps(err.body()).encode() + b"\n\n"
+
+
+async def serve(request: web.Request, parsed: parse.Parsed) -> web.StreamResponse:
+    rt = request.app[RUNTIME]
+    service = _route(rt, parsed)
+    backend = rt.backends[service]
+    kind = rt.manager.world.services[service].spec.kind
+    rid = rt.new_request_id()
+    started = time.perf_counter()
+    metrics = rt.metrics
+
+    def on_dispatch(ticket: Ticket) -> None:
+        metrics.queue_wait.labels(service).observe(time.monotonic() - ticket.arrived)
+
+    def backend_request(d: Dispatch) -> BackendRequest:
+        return BackendRequest(
+            request_id=rid,
+            service=service,
+            kind=kind,
+            endpoint=parsed.endpoint,
+            body=parsed.body,
+            stream=parsed.stream,
+            files=parsed.files,
+            file_info=parsed.file_info,
+            raw=parsed.raw,
+            content_type=parsed.content_type,
+            lease_bytes=d.lease_bytes,
+        )
+
+    stream_resp: web.StreamResponse | None = None
+
+    async def attempt(d: Dispatch) -> tuple[BackendResponse, int | None]:
+        nonlocal stream_resp
+        if stream_resp is not None:
+            # preempted after part of a stream went out: a rerun would repeat it
+            raise BackendError("stream preempted for higher-class work after partial output")
+        answer = await backend.handle(backend_request(d))
+        if answer.stream is None:
+            return answer, answer.peak_bytes
+        chunks = answer.stream
+        try:
+            if stream_resp is None:
+                stream_resp = web.StreamResponse(
+                    status=answer.status,
+                    headers={
+                        "Content-Type": answer.content_type,
+                        "Cache-Control": "no-cache",
+                        "X-Request-Id": rid,
+                    },
+                )
+                await stream_resp.prepare(request)
+            async for chunk in chunks:
+                await stream_resp.write(chunk)
+        finally:
+            aclose = getattr(chunks, "aclose", None)
+            if aclose is not None:
+                with contextlib.suppress(Exception):
+                    await aclose()
+            if answer.release is not None:
+                answer.release()
+        return answer, answer.peak_bytes
+
+    outcome = "ok"
+    try:
+        answer = await rt.run_request(
+            service, parsed.demand, attempt, request_id=rid, on_dispatch=on_dispatch
+        )
+    except Refused as exc:
+        outcome = exc.reason.value
+        err = refusal(exc)
+        return await _fail(request, stream_resp, err, rid)
+    except BackendError as exc:
+        outcome = "backend_error"
+        err = ApiError(502, str(exc), type="backend_error", code="backend_error", retry_after_s=1)
+        return await _fail(request, stream_resp, err, rid)
+    finally:
+        metrics.latency.labels(service, parsed.endpoint, outcome).observe(
+            time.perf_counter() - started
+        )
+    if stream_resp is not None:
+        await stream_resp.write_eof()
+        return stream_resp
+    return web.Response(
+        status=answer.status,
+        body=answer.body,
+        headers={"Content-Type": answer.content_type, "X-Request-Id": rid, **answer.headers},
+    )
+
+
+async def _fail(
+    request: web.Request, stream_resp: web.StreamResponse | None, err: ApiError, rid: str
+) -> web.StreamResponse:
+    if stream_resp is None:
+        resp = err.response()
+        resp.headers["X-Request-Id"] = rid
+        return resp
+    with contextlib.suppress(ConnectionError):
+        await stream_resp.write(_sse_error(err))
+        await stream_resp.write_eof()
+    return stream_resp
+
+
+# ---- handlers ---------------------------------------------------------------------------
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    body, raw = await parse.read_json(request)
+    rt = request.app[RUNTIME]
+    return await serve(request, parse.chat(body, raw, rt.cfg.server.default_max_tokens))
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    body, raw = await parse.read_json(request)
+    rt = request.app[RUNTIME]
+    return await serve(request, parse.completion(body, raw, rt.cfg.server.default_max_tokens))
+
+
+async def embeddings(request: web.Request) -> web.StreamResponse:
+    body, raw = await parse.read_json(request)
+    return await serve(request, parse.embeddings(body, raw))
+
+
+async def speech(request: web.Request) -> web.StreamResponse:
+    body, raw = await parse.read_json(request)
+    return await serve(request, parse.speech(body, raw))
+
+
+async def images(request: web.Request) -> web.StreamResponse:
+    body, raw = await parse.read_json(request)
+    return await serve(request, parse.images(body, raw))
+
+
+async def transcriptions(request: web.Request) -> web.StreamResponse:
+    fields, files, info = await parse.read_form(request)
+    return await serve(request, parse.transcription(fields, files, info))
+
+
+async def detections(request: web.Request) -> web.StreamResponse:
+    if request.content_type.startswith("multipart/"):
+        fields, files, _ = await parse.read_form(request)
+        return await serve(request, parse.detection(fields, files, b""))
+    body, raw = await parse.read_json(request)
+    return await serve(request, parse.detection(body, {}, raw))
+
+
+async def models(request: web.Request) -> web.Response:
+    rt = request.app[RUNTIME]
+    data: list[dict[str, Any]] = []
+    for model, service in rt.models.items():
+        state = rt.manager.world.services[service]
+        data.append(
+            {
+                "id": model,
+                "object": "model",
+                "created": 0,
+                "owned_by": "accelmux",
+                "service": service,
+                "kind": state.spec.kind.value,
+                "state": state.status.value,
+            }
+        )
+    return web.json_response({"object": "list", "data": data})
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/embeddings", embeddings)
+    app.router.add_post("/v1/audio/transcriptions", transcriptions)
+    app.router.add_post("/v1/audio/speech", speech)
+    app.router.add_post("/v1/images/generations", images)
+    app.router.add_post("/v1/detections", detections)

@@ -1,0 +1,487 @@
+"""The OpenAPI 3.0 document of accelmux's HTTP API, served at ``/openapi.json``.
+
+Hand-written to match :mod:`.parse` (request validation) and :mod:`.errors` (the
+OpenAI error shape); the tests check that every route is documented.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from accelmux import __version__
+
+_REF_ERR = {"$ref": "#/components/schemas/Error"}
+
+
+def _err(description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": _REF_ERR}}}
+
+
+def _retry(description: str) -> dict[str, Any]:
+    out = _err(description)
+    out["headers"] = {
+        "Retry-After": {"schema": {"type": "integer"}, "description": "Seconds to wait."}
+    }
+    return out
+
+
+ERRORS = {
+    "400": _err("A field is invalid; error.param names it."),
+    "401": _err("Missing or invalid API key."),
+    "404": _err("Unknown model."),
+    "413": _err("Body too large, or the request can never fit (reason too_large)."),
+    "429": _retry("Queue full (reason queue_full)."),
+    "502": _err("The backend failed or crashed."),
+    "503": _retry("Refused or timed out in the queue; error.code is the policy's reason."),
+}
+
+
+def _json_op(
+    summary: str, schema: str, response: dict[str, Any], *, stream: bool = False
+) -> dict[str, Any]:
+    ok: dict[str, Any] = {"description": "OK", "content": {"application/json": response}}
+    if stream:
+        ok["content"]["text/event-stream"] = {"schema": {"type": "string"}}
+    return {
+        "summary": summary,
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{schema}"}}},
+        },
+        "responses": {"200": ok, **ERRORS},
+    }
+
+
+_OBJ = {"schema": {"type": "object"}}
+_MODEL = {"type": "string", "minLength": 1, "description": "A service's model name or alias."}
+
+SCHEMAS: dict[str, Any] = {
+    "Error": {
+        "type": "object",
+        "required": ["error"],
+        "properties": {
+            "error": {
+                "type": "object",
+                "required": ["message", "type"],
+                "properties": {
+                    "message": {"type": "string"},
+                    "type": {"type": "string"},
+                    "param": {"type": "string", "nullable": True},
+                    "code": {"type": "string", "nullable": True},
+                },
+            }
+        },
+    },
+    "ChatRequest": {
+        "type": "object",
+        "required": ["model", "messages"],
+        "properties": {
+            "model": _MODEL,
+            "messages": {
+                "type": "array",
+                "minItems": 1,
+                "items": {
+                    "type": "object",
+                    "required": ["role"],
+                    "properties": {
+                        "role": {"type": "string", "minLength": 1},
+                        "content": {"type": "string", "nullable": True},
+                    },
+                },
+            },
+            "max_tokens": {"type": "integer", "minimum": 1},
+            "max_completion_tokens": {"type": "integer", "minimum": 1},
+            "n": {"type": "integer", "minimum": 1, "maximum": 16},
+            "stream": {"type": "boolean"},
+        },
+    },
+    "CompletionRequest": {
+        "type": "object",
+        "required": ["model", "prompt"],
+        "properties": {
+            "model": _MODEL,
+            "prompt": {
+                "oneOf": [
+                    {"type": "string"},
+                    {"type": "array", "minItems": 1, "items": {"type": "string"}},
+                ]
+            },
+            "max_tokens": {"type": "integer", "minimum": 1},
+            "n": {"type": "integer", "minimum": 1, "maximum": 16},
+            "stream": {"type": "boolean"},
+        },
+    },
+    "EmbeddingsRequest": {
+        "type": "object",
+        "required": ["model", "input"],
+        "properties": {
+            "model": _MODEL,
+            "input": {
+                "oneOf": [
+                    {"type": "string"},
+                    {"type": "array", "minItems": 1, "maxItems": 2048, "items": {"type": "string"}},
+                ]
+            },
+        },
+    },
+    "SpeechRequest": {
+        "type": "object",
+        "required": ["model", "input"],
+        "properties": {
+            "model": _MODEL,
+            "input": {"type": "string", "minLength": 1, "maxLength": 4096},
+            "voice": {"type": "string"},
+            "response_format": {"type": "string"},
+        },
+    },
+    "ImageRequest": {
+        "type": "object",
+        "required": ["model", "prompt"],
+        "properties": {
+            "model": _MODEL,
+            "prompt": {"type": "string", "minLength": 1},
+            "n": {"type": "integer", "minimum": 1, "maximum": 10},
+            "size": {"type": "string", "pattern": "^[0-9]+x[0-9]+$"},
+            "response_format": {"type": "string", "enum": ["b64_json", "url"]},
+        },
+    },
+    "DetectionRequest": {
+        "type": "object",
+        "required": ["model", "image"],
+        "properties": {
+            "model": _MODEL,
+            "image": {"type": "string", "description": "Base64 image (PNG/JPEG), or a data URL."},
+        },
+    },
+    "DetectionResponse": {
+        "type": "object",
+        "properties": {
+            "object": {"type": "string", "enum": ["detection"]},
+            "model": {"type": "string"},
+            "width": {"type": "integer"},
+            "height": {"type": "integer"},
+            "detections": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "label": {"type": "string"},
+                        "score": {"type": "number"},
+                        "box": {
+                            "type": "array",
+                            "items": {"type": "number"},
+                            "minItems": 4,
+                            "maxItems": 4,
+                            "description": "[x1, y1, x2, y2] in pixels.",
+                        },
+                    },
+                },
+            },
+        },
+    },
+}
+
+_MULTIPART_ASR = {
+    "type": "object",
+    "required": ["model", "file"],
+    "properties": {
+        "model": _MODEL,
+        "file": {"type": "string", "format": "binary"},
+        "response_format": {"type": "string"},
+        "language": {"type": "string"},
+    },
+}
+
+_JOB_ID = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}}
+
+_ADMIN_ERR = {"401": _err("Missing or invalid admin key."), "403": _err("Admin key required.")}
+
+
+def document() -> dict[str, Any]:
+    paths: dict[str, Any] = {
+        "/v1/models": {
+            "get": {
+                "summary": "List models (one entry per name and alias).",
+                "responses": {
+                    "200": {"description": "OK", "content": {"application/json": _OBJ}},
+                    "401": ERRORS["401"],
+                },
+            }
+        },
+        "/v1/chat/completions": {
+            "post": _json_op(
+                "Chat completion (SSE with stream=true).", "ChatRequest", _OBJ, stream=True
+            )
+        },
+        "/v1/completions": {
+            "post": _json_op(
+                "Text completion (SSE with stream=true).", "CompletionRequest", _OBJ, stream=True
+            )
+        },
+        "/v1/embeddings": {"post": _json_op("Embeddings.", "EmbeddingsRequest", _OBJ)},
+        "/v1/audio/speech": {
+            "post": {
+                **_json_op("Text to speech.", "SpeechRequest", _OBJ),
+                "responses": {
+                    "200": {
+                        "description": "Audio",
+                        "content": {
+                            "audio/wav": {"schema": {"type": "string", "format": "binary"}}
+                        },
+                    },
+                    **ERRORS,
+                },
+            }
+        },
+        "/v1/images/generations": {"post": _json_op("Image generation.", "ImageRequest", _OBJ)},
+        "/v1/audio/transcriptions": {
+            "post": {
+                "summary": "Speech to text (multipart upload).",
+                "requestBody": {
+                    "required": True,
+                    "content": {"multipart/form-data": {"schema": _MULTIPART_ASR}},
+                },
+                "responses": {
+                    "200": {"description": "OK", "content": {"application/json": _OBJ}},
+                    **ERRORS,
+                },
+            }
+        },
+        "/v1/detections": {
+            "post": {
+                "summary": "Object detection: an image in, boxes with labels and scores out. "
+                "JSON with a base64 'image', or multipart with an 'image' file.",
+                "requestBody": {
+                    "required": True,
+                    "content": {
+                        "application/json": {
+                            "schema": {"$ref": "#/components/schemas/DetectionRequest"}
+                        },
+                        "multipart/form-data": {
+                            "schema": {
+                                "type": "object",
+                                "required": ["model", "image"],
+                                "properties": {
+                                    "model": _MODEL,
+                                    "image": {"type": "string", "format": "binary"},
+                                },
+                            }
+                        },
+                    },
+                },
+                "responses": {
+                    "200": {
+                        "description": "Boxes",
+                        "content": {
+                            "application/json": {
+                                "schema": {"$ref": "#/components/schemas/DetectionResponse"}
+                            }
+                        },
+                    },
+                    **ERRORS,
+                },
+            }
+        },
+        "/admin/status": {
+            "get": {
+                "summary": "Devices, services (ledger estimated and measured), queues, "
+                "recent decisions with reasons, monitor samples.",
+                "responses": {
+                    "200": {"description": "OK", "content": {"application/json": _OBJ}},
+                    **_ADMIN_ERR,
+                },
+            }
+        },
+        "/admin/services/{name}/{op}": {
+            "post": {
+                "summary": "Operator command: load, unload, pin or unpin a service.",
+                "parameters": [
+                    {"name": "name", "in": "path", "required": True, "schema": {"type": "string"}},
+                    {
+                        "name": "op",
+                        "in": "path",
+                        "required": True,
+                        "schema": {"type": "string", "enum": ["load", "unload", "pin", "unpin"]},
+                    },
+                ],
+                "responses": {
+                    "200": {"description": "Accepted", "content": {"application/json": _OBJ}},
+                    "404": _err("Unknown service or operation."),
+                    "503": _retry("Shutting down."),
+                    **_ADMIN_ERR,
+                },
+            }
+        },
+        "/admin/explain/{request_id}": {
+            "get": {
+                "summary": "The decisions one request went through (X-Request-Id).",
+                "parameters": [
+                    {
+                        "name": "request_id",
+                        "in": "path",
+                        "required": True,
+                        "schema": {"type": "string"},
+                    }
+                ],
+                "responses": {
+                    "200": {"description": "OK", "content": {"application/json": _OBJ}},
+                    "404": _err("No record of that request."),
+                    **_ADMIN_ERR,
+                },
+            }
+        },
+        "/admin/events": {
+            "get": {
+                "summary": "Live decisions as server-sent events (event: decision).",
+                "responses": {
+                    "200": {
+                        "description": "SSE",
+                        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+                    },
+                    **_ADMIN_ERR,
+                },
+            }
+        },
+        "/metrics": {
+            "get": {
+                "summary": "Prometheus metrics (admin side).",
+                "responses": {
+                    "200": {
+                        "description": "OK",
+                        "content": {"text/plain": {"schema": {"type": "string"}}},
+                    },
+                    **_ADMIN_ERR,
+                },
+            }
+        },
+        "/v1/jobs": {
+            "post": {
+                "summary": "Create a durable batch job (embeddings): {model, inputs[], "
+                "metadata?}, or a JSON-lines body with ?model=. Inputs run through the "
+                "Manager as batch work, inside the model's maintenance windows.",
+                "requestBody": {
+                    "required": True,
+                    "content": {
+                        "application/json": {
+                            "schema": {
+                                "type": "object",
+                                "required": ["model", "inputs"],
+                                "properties": {
+                                    "model": _MODEL,
+                                    "inputs": {
+                                        "type": "array",
+                                        "minItems": 1,
+                                        "items": {"type": "string"},
+                                    },
+                                    "metadata": {
+                                        "type": "object",
+                                        "additionalProperties": {"type": "string"},
+                                    },
+                                },
+                            }
+                        }
+                    },
+                },
+                "responses": {
+                    "200": {"description": "The job", "content": {"application/json": _OBJ}},
+                    "400": ERRORS["400"],
+                    "401": ERRORS["401"],
+                    "413": ERRORS["413"],
+                    "415": _err("Unsupported content type."),
+                },
+            },
+            "get": {
+                "summary": "Jobs, newest first.",
+                "parameters": [
+                    {"name": "limit", "in": "query", "schema": {"type": "integer"}},
+                    {"name": "after", "in": "query", "schema": {"type": "string"}},
+                ],
+                "responses": {
+                    "200": {"description": "OK", "content": {"application/json": _OBJ}},
+                    "400": ERRORS["400"],
+                    "401": ERRORS["401"],
+                },
+            },
+        },
+        "/v1/jobs/{job_id}": {
+            "get": {
+                "summary": "One job.",
+                "parameters": [_JOB_ID],
+                "responses": {
+                    "200": {"description": "OK", "content": {"application/json": _OBJ}},
+                    "404": _err("No such job."),
+                    "401": ERRORS["401"],
+                },
+            }
+        },
+        "/v1/jobs/{job_id}/results": {
+            "get": {
+                "summary": "Results by input index (paged).",
+                "parameters": [
+                    _JOB_ID,
+                    {"name": "offset", "in": "query", "schema": {"type": "integer"}},
+                    {"name": "limit", "in": "query", "schema": {"type": "integer"}},
+                ],
+                "responses": {
+                    "200": {"description": "OK", "content": {"application/json": _OBJ}},
+                    "400": ERRORS["400"],
+                    "404": _err("No such job."),
+                    "401": ERRORS["401"],
+                },
+            }
+        },
+        "/v1/jobs/{job_id}/cancel": {
+            "post": {
+                "summary": "Cancel a job.",
+                "parameters": [_JOB_ID],
+                "responses": {
+                    "200": {"description": "OK", "content": {"application/json": _OBJ}},
+                    "404": _err("No such job."),
+                    "409": _err("The job already finished."),
+                    "401": ERRORS["401"],
+                },
+            }
+        },
+        "/admin/history": {
+            "get": {
+                "summary": "Memory timeline per service and device (dashboard).",
+                "parameters": [{"name": "since", "in": "query", "schema": {"type": "number"}}],
+                "responses": {
+                    "200": {"description": "OK", "content": {"application/json": _OBJ}},
+                    "400": ERRORS["400"],
+                    **_ADMIN_ERR,
+                },
+            }
+        },
+        "/": {
+            "get": {
+                "summary": "The dashboard page.",
+                "responses": {
+                    "200": {
+                        "description": "HTML",
+                        "content": {"text/html": {"schema": {"type": "string"}}},
+                    }
+                },
+            }
+        },
+        "/health": {
+            "get": {
+                "summary": "Liveness.",
+                "responses": {"200": {"description": "OK", "content": {"application/json": _OBJ}}},
+            }
+        },
+    }
+    return {
+        "openapi": "3.0.3",
+        "info": {
+            "title": "accelmux",
+            "version": __version__,
+            "description": "One gateway and resource manager for a home server's accelerator: "
+            "OpenAI-compatible inference endpoints and an admin API.",
+        },
+        "paths": paths,
+        "components": {
+            "schemas": SCHEMAS,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+    }

@@ -1,0 +1,36 @@
+"""The sampler Protocol and what the runtime tells samplers about services."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from accelmux.core.events import MemorySampled
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServiceProcesses:
+    """How to find one service's memory: its root pids and its in-process bytes."""
+
+    service: str
+    pids: list[int] = field(default_factory=list)
+    inprocess_bytes: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeviceSample:
+    """One measurement, as an event for the Manager and as details for the status page."""
+
+    event: MemorySampled
+    total_bytes: int
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+class DeviceSampler(Protocol):
+    device: str
+
+    def sample(self, services: list[ServiceProcesses]) -> DeviceSample | None:
+        """Measure now (blocking; the runtime calls it in a worker thread)."""
+        ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,480 @@
+"""The Runtime: one Manager, its driver, the backends, the monitors and the tickets.
+
+Executor rules: request actions (Dispatch, Enqueue, Reject, Fail, Preempt) go to the
+request's ticket; service actions (Load, Unload, Resize) run as tasks chained per
+service, and report back as LoadFinished / LoadFailed / Unloaded events. A backend that
+dies while loaded reports BackendCrashed; the Manager fails its in-flight requests and
+restarts it with backoff. Every ``sample_interval_s`` the monitors' MemorySampled
+events reconcile the ledger with what was measured.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
+
+from accelmux import __version__
+from accelmux.backends.base import Backend
+from accelmux.config.schema import AccelmuxConfig
+from accelmux.config.specs import to_manager_spec
+from accelmux.core.actions import (
+    Action,
+    Dispatch,
+    Enqueue,
+    Fail,
+    Load,
+    Preempt,
+    Reject,
+    Resize,
+    Unload,
+)
+from accelmux.core.events import (
+    AdminCommand,
+    BackendCrashed,
+    Demand,
+    Event,
+    LoadFailed,
+    LoadFinished,
+    RequestArrived,
+    RequestCancelled,
+    RequestFinished,
+    ShutdownRequested,
+    Unloaded,
+)
+from accelmux.core.manager import Decision, Manager
+from accelmux.core.policies import make_policy
+from accelmux.core.types import Reason
+from accelmux.errors import BackendError, ConfigError
+from accelmux.gateway.metrics import Metrics
+from accelmux.monitors.base import DeviceSample, DeviceSampler, ServiceProcesses
+from accelmux.runtime.bus import DecisionBus
+from accelmux.runtime.clock import Clock, LoopClock, seconds_of_day_now
+from accelmux.runtime.driver import Driver
+from accelmux.runtime.requests import Refused, Ticket
+
+log = logging.getLogger("accelmux.runtime")
+T = TypeVar("T")
+
+#: An attempt returns its result and the measured peak bytes (None: unknown).
+Attempt = Callable[[Dispatch], Awaitable[tuple[T, int | None]]]
+
+
+def detect_devices(cfg: AccelmuxConfig) -> tuple[dict[str, int], dict[str, int]]:
+    """Capacities and default budgets of devices the config leaves to detection."""
+    from accelmux.monitors.host import DEFAULT_HOST_BUDGET_FRACTION, host_total
+    from accelmux.monitors.nvidia import gpu_total
+
+    capacities: dict[str, int] = {}
+    budgets: dict[str, int] = {}
+    for name, dev in cfg.devices.items():
+        if dev.capacity is not None:
+            continue
+        if dev.kind == "host":
+            total = host_total()
+            capacities[name] = total
+            if dev.budget is None:
+                budgets[name] = int(total * DEFAULT_HOST_BUDGET_FRACTION)
+        elif dev.kind == "nvidia":
+            total_gpu = gpu_total(dev.index)
+            if total_gpu is None:
+                raise ConfigError(
+                    f"devices.{name}",
+                    [
+                        f"no NVIDIA GPU {dev.index} found (NVML unavailable) and no capacity "
+                        "configured: set devices.{name}.capacity or use a host/virtual device"
+                    ],
+                )
+            capacities[name] = total_gpu
+    return capacities, budgets
+
+
+def build_samplers(manager: Manager, cfg: AccelmuxConfig) -> dict[str, DeviceSampler]:
+    from accelmux.monitors.host import HostSampler
+    from accelmux.monitors.nvidia import NvidiaSampler
+    from accelmux.monitors.virtual import VirtualSampler
+
+    out: dict[str, DeviceSampler] = {}
+    for spec in manager.spec.devices:
+        dev = cfg.devices[spec.name]
+        if spec.kind == "host":
+            out[spec.name] = HostSampler(
+                spec.name, capacity=spec.capacity_bytes, budget=spec.budget_bytes
+            )
+        elif spec.kind == "nvidia":
+            out[spec.name] = NvidiaSampler(
+                spec.name, index=dev.index, capacity=spec.capacity_bytes, budget=spec.budget_bytes
+            )
+        else:
+            out[spec.name] = VirtualSampler(spec.name, capacity=spec.capacity_bytes)
+    return out
+
+
+class Runtime:
+    def __init__(
+        self,
+        cfg: AccelmuxConfig,
+        *,
+        backends: dict[str, Backend] | None = None,
+        clock: Clock | None = None,
+        clock_origin_s_of_day: float | None = None,
+        sample: bool = True,
+        data_dir: Path | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.data_dir = data_dir or Path(cfg.server.data_dir)
+        capacities, budgets = detect_devices(cfg)
+        origin = seconds_of_day_now() if clock_origin_s_of_day is None else clock_origin_s_of_day
+        spec = to_manager_spec(
+            cfg, capacities=capacities, budgets=budgets, clock_origin_s_of_day=origin
+        )
+        self.manager = Manager(spec, make_policy(cfg.policy.name))
+        if backends is None:
+            from accelmux.backends.factory import build_backends
+
+            backends = build_backends(cfg, self.data_dir)
+        self.backends = backends
+        self.clock: Clock = clock or LoopClock()
+        self.bus = DecisionBus()
+        self.driver = Driver(self.manager, self.clock, self._execute, self._observe)
+        self.tickets: dict[str, Ticket] = {}
+        self.models: dict[str, str] = {}
+        for name, svc in cfg.services.items():
+            self.models[svc.model or name] = name
+            for alias in svc.aliases:
+                self.models[alias] = name
+        self.samplers: dict[str, DeviceSampler] = (
+            build_samplers(self.manager, cfg) if sample else {}
+        )
+        self.last_samples: dict[str, tuple[float, DeviceSample]] = {}
+        self.metrics = Metrics(self.status)
+        self.started_at = time.time()
+        self.stopping = False
+        self._ids = itertools.count(1)
+        self._id_prefix = f"{os.getpid():x}{int(time.time()) & 0xFFFFF:x}"
+        self._ops: dict[str, asyncio.Task[None]] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._sampler_task: asyncio.Task[None] | None = None
+        self._load_started: dict[str, float] = {}
+        self._idle = asyncio.Event()
+
+    # ---- lifecycle ---------------------------------------------------------------
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        for name, backend in self.backends.items():
+            backend.set_crash_callback(self._crash_callback(loop, name))
+        self.driver.start()
+        if self.samplers:
+            self._sampler_task = asyncio.create_task(self._sample_loop())
+
+    def _crash_callback(
+        self, loop: asyncio.AbstractEventLoop, service: str
+    ) -> Callable[[str], None]:
+        def report(error: str) -> None:
+            log.warning("backend of %s crashed: %s", service, error)
+            loop.call_soon_threadsafe(
+                self.driver.submit, BackendCrashed(service=service, error=error)
+            )
+
+        return report
+
+    async def shutdown(self) -> None:
+        """Stop admitting, let in-flight work drain (``server.drain_s``), fail the rest
+        with a clear error, then stop every backend (child processes included)."""
+        if self.stopping:
+            return
+        self.stopping = True
+        self.driver.submit(ShutdownRequested())
+        deadline = time.monotonic() + self.cfg.server.drain_s
+        while self._running() and time.monotonic() < deadline:
+            self._idle.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._idle.wait(), max(0.0, deadline - time.monotonic()))
+        for ticket in list(self.tickets.values()):
+            ticket.deliver(
+                Fail(
+                    request_id=ticket.request_id,
+                    service=ticket.service,
+                    reason=Reason.SHUTTING_DOWN,
+                    detail="accelmux stopped before the request finished",
+                )
+            )
+        await asyncio.sleep(0)
+        if self._sampler_task is not None:
+            self._sampler_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sampler_task
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self.driver.close()
+        for name, backend in self.backends.items():
+            try:
+                await backend.unload()
+                await backend.close()
+            except Exception as exc:  # keep stopping the others
+                log.warning("stopping backend %s failed: %s", name, exc)
+        for sampler in self.samplers.values():
+            sampler.close()
+        self.bus.close()
+
+    def _running(self) -> bool:
+        return any(t.task is not None for t in self.tickets.values())
+
+    # ---- requests ------------------------------------------------------------------
+    def new_request_id(self) -> str:
+        return f"req-{self._id_prefix}-{next(self._ids)}"
+
+    async def run_request(
+        self,
+        service: str,
+        demand: Demand,
+        attempt: Attempt[T],
+        *,
+        request_id: str | None = None,
+        on_dispatch: Callable[[Ticket], None] | None = None,
+    ) -> T:
+        """Admit, wait, run and account one request; raises :class:`Refused` when the
+        Manager rejected or failed it, BackendError when its backend failed."""
+        rid = request_id or self.new_request_id()
+        if self.driver.closed:  # stopped: the Manager no longer takes events
+            raise Refused(
+                Reject(
+                    request_id=rid,
+                    service=service,
+                    reason=Reason.SHUTTING_DOWN,
+                    retry_after_s=30.0,
+                    detail="accelmux is shutting down",
+                )
+            )
+        ticket = Ticket(rid, service, time.monotonic())
+        self.tickets[rid] = ticket
+        try:
+            self.driver.submit(RequestArrived(request_id=rid, service=service, demand=demand))
+            while True:
+                action = await ticket.future
+                if not isinstance(action, Dispatch):
+                    assert isinstance(action, (Reject, Fail))
+                    raise Refused(action)
+                ticket.dispatch = action
+                if on_dispatch is not None:
+                    on_dispatch(ticket)
+                # The attempt runs in this task (no extra task per request); a Preempt or
+                # Fail cancels this task, and the ticket's interrupt tells the two apart
+                # from a client that went away.
+                ticket.task = asyncio.current_task()
+                try:
+                    result, peak = await attempt(action)
+                except asyncio.CancelledError:
+                    interrupt = ticket.interrupt
+                    ticket.task = None
+                    if interrupt is None:
+                        raise
+                    ticket.interrupt = None
+                    current = asyncio.current_task()
+                    if current is not None and current.uncancel() > 0:
+                        raise  # cancelled from outside as well: the client went away
+                    if isinstance(interrupt, Preempt):
+                        continue
+                    raise Refused(interrupt) from None
+                except BackendError as exc:
+                    ticket.task = None
+                    self.driver.submit(
+                        RequestFinished(
+                            request_id=rid, attempt=action.attempt, ok=False, error=str(exc)
+                        )
+                    )
+                    raise
+                except Exception as exc:
+                    ticket.task = None
+                    if isinstance(exc, ConnectionError):  # the client went away mid-stream
+                        self.driver.submit(RequestCancelled(request_id=rid))
+                    else:
+                        self.driver.submit(
+                            RequestFinished(
+                                request_id=rid, attempt=action.attempt, ok=False, error=repr(exc)
+                            )
+                        )
+                    raise
+                ticket.task = None
+                self.driver.submit(
+                    RequestFinished(request_id=rid, attempt=action.attempt, peak_bytes=peak)
+                )
+                return result
+        except asyncio.CancelledError:
+            self.driver.submit(RequestCancelled(request_id=rid))
+            raise
+        finally:
+            del self.tickets[rid]
+            if self.stopping and not self._running():
+                self._idle.set()
+
+    def submit(self, event: Event) -> None:
+        self.driver.submit(event)
+
+    def admin(self, service: str, op: str) -> None:
+        self.driver.submit(AdminCommand(service=service, op=op))
+
+    # ---- executor --------------------------------------------------------------------
+    def _observe(self, now: float, action: Action) -> None:
+        if self.bus.active:
+            self.bus.publish(Decision(now, action).as_dict())
+
+    def _execute(self, action: Action) -> None:
+        if isinstance(action, (Dispatch, Enqueue, Reject, Fail, Preempt)):
+            ticket = self.tickets.get(action.request_id)
+            if ticket is not None:
+                ticket.deliver(action)
+        elif isinstance(action, Load):
+            self._service_op(action.service, lambda: self._load(action))
+        elif isinstance(action, Unload):
+            self._service_op(action.service, lambda: self._unload(action))
+        elif isinstance(action, Resize):
+            self._service_op(action.service, lambda: self._resize(action))
+
+    def _service_op(self, service: str, make: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """Run a load/unload/resize after the service's previous one (never two at once)."""
+        previous = self._ops.get(service)
+
+        async def chained() -> None:
+            if previous is not None and not previous.done():
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await previous
+            await make()
+
+        task = asyncio.create_task(chained())
+        self._ops[service] = task
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _load(self, action: Load) -> None:
+        backend = self.backends[action.service]
+        started = time.monotonic()
+        try:
+            report = await backend.load(
+                weights_bytes=action.weights_bytes,
+                runtime_bytes=action.runtime_bytes,
+                kv_pool_bytes=action.kv_pool_bytes,
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.warning("load of %s failed: %s", action.service, exc)
+            self.metrics.load_seconds.labels(action.service, "failed").observe(
+                time.monotonic() - started
+            )
+            self.driver.submit(LoadFailed(service=action.service, error=str(exc)))
+            return
+        self.metrics.load_seconds.labels(action.service, "ok").observe(time.monotonic() - started)
+        self.driver.submit(
+            LoadFinished(
+                service=action.service,
+                weights_bytes=report.weights_bytes,
+                runtime_bytes=report.runtime_bytes,
+            )
+        )
+
+    async def _unload(self, action: Unload) -> None:
+        try:
+            await self.backends[action.service].unload()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.warning("unload of %s failed: %s", action.service, exc)
+        self.driver.submit(Unloaded(service=action.service))
+
+    async def _resize(self, action: Resize) -> None:
+        try:
+            applied = await self.backends[action.service].resize(action.kv_pool_bytes)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.warning("resize of %s failed: %s", action.service, exc)
+            return
+        if not applied:
+            log.info("resize of %s applies at its next load", action.service)
+
+    # ---- monitors ------------------------------------------------------------------------
+    def _processes(self) -> dict[str, list[ServiceProcesses]]:
+        groups: dict[str, list[ServiceProcesses]] = {d: [] for d in self.samplers}
+        for svc in self.manager.spec.services:
+            backend = self.backends.get(svc.name)
+            if backend is None or svc.device not in groups:
+                continue
+            groups[svc.device].append(
+                ServiceProcesses(
+                    service=svc.name, pids=backend.pids(), inprocess_bytes=backend.memory_bytes()
+                )
+            )
+        return groups
+
+    def _sample_all(self, groups: dict[str, list[ServiceProcesses]]) -> list[DeviceSample]:
+        out = []
+        for device, sampler in self.samplers.items():
+            try:
+                sample = sampler.sample(groups.get(device, []))
+            except Exception as exc:  # a monitor must never take the daemon down
+                log.warning("sampling %s failed: %s", device, exc)
+                continue
+            if sample is not None:
+                out.append(sample)
+        return out
+
+    async def sample_once(self) -> None:
+        samples = await asyncio.to_thread(self._sample_all, self._processes())
+        now = time.time()
+        for sample in samples:
+            self.last_samples[sample.event.device] = (now, sample)
+            self.driver.submit(sample.event)
+
+    async def _sample_loop(self) -> None:
+        interval = self.cfg.server.sample_interval_s
+        while True:
+            try:
+                await self.sample_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("memory sampling failed: %s", exc)
+            await asyncio.sleep(interval)
+
+    # ---- reading -------------------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        snap = self.manager.snapshot().as_dict()
+        monitors = {}
+        for device, (at, sample) in self.last_samples.items():
+            monitors[device] = {
+                "sampled_at": at,
+                "total_bytes": sample.total_bytes,
+                "per_service_bytes": dict(sample.event.per_service),
+                **sample.details,
+            }
+        for name, sampler in self.samplers.items():
+            error = getattr(sampler, "error", None)
+            if error:
+                monitors.setdefault(name, {})["error"] = error
+        for dev in snap["devices"]:
+            dev["measured"] = monitors.get(dev["name"])
+        for svc in snap["services"]:
+            backend = self.backends.get(svc["name"])
+            svc["backend"] = backend.describe() if backend is not None else None
+        snap["server"] = {
+            "version": __version__,
+            "policy": self.manager.policy.name,
+            "uptime_s": round(time.time() - self.started_at, 3),
+            "stopping": self.stopping,
+            "open_requests": len(self.tickets),
+            "sample_interval_s": self.cfg.server.sample_interval_s,
+        }
+        return snap
+
+    def explain(self, request_id: str) -> list[str] | None:
+        return self.manager.explain(request_id)

@@ -1,0 +1,108 @@
+"""The Manager loop, with an injected clock and executor.
+
+``submit(event)`` reads the clock, lets the Manager decide, hands every action to the
+executor and re-arms one timer for the Manager's next wakeup (deadlines, TTLs, windows,
+backoffs), which submits a ``Tick``. Events submitted while actions execute (an executor
+that completes something synchronously) are queued and handled right after, in order, so
+the Manager is never re-entered. The live daemon uses :class:`~.clock.LoopClock`; tests
+and the parity check use :class:`~.clock.ManualClock`.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+
+from accelmux.core.actions import Action
+from accelmux.core.events import Event, Tick
+from accelmux.core.manager import Manager
+from accelmux.runtime.clock import Clock, TimerHandle
+
+#: Timers fire this much after the wakeup the Manager asked for, so "now" is past it.
+WAKE_EPSILON_S = 1e-4
+
+
+class Driver:
+    def __init__(
+        self,
+        manager: Manager,
+        clock: Clock,
+        execute: Callable[[Action], None],
+        observe: Callable[[float, Action], None] | None = None,
+    ) -> None:
+        self.manager = manager
+        self.clock = clock
+        self.execute = execute
+        self.observe = observe
+        self._pending: deque[Event] = deque()
+        self._busy = False
+        self._timer: TimerHandle | None = None
+        self._timer_at: float | None = None
+        self._wake_at: float | None = None
+        self.closed = False
+
+    def start(self) -> None:
+        now = self.clock.now()
+        self._run(self.manager.start(now), now)
+        self._rearm(now)
+
+    def submit(self, event: Event) -> None:
+        if self.closed:
+            return
+        self._pending.append(event)
+        if self._busy:
+            return
+        self._busy = True
+        try:
+            while self._pending:
+                ev = self._pending.popleft()
+                now = self.clock.now()
+                self._run(self.manager.handle(ev, now), now)
+            self._rearm(self.clock.now())
+        finally:
+            self._busy = False
+
+    def _run(self, actions: list[Action], now: float) -> None:
+        observe = self.observe
+        for action in actions:
+            if observe is not None:
+                observe(now, action)
+            self.execute(action)
+
+    def _rearm(self, now: float) -> None:
+        """Keep one timer at (or before) the Manager's next wakeup.
+
+        A wakeup that moved later keeps the armed timer: when it fires early it only
+        re-arms (no Tick), which spares a cancel and a new timer on every request.
+        """
+        wake = self.manager.next_wakeup(now)
+        self._wake_at = wake
+        if wake is None:
+            return  # an armed timer will find nothing to do
+        target = wake + WAKE_EPSILON_S
+        if self._timer is not None and self._timer_at is not None and self._timer_at <= target:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = target
+        self._timer = self.clock.call_at(target, self._tick)
+
+    def _tick(self) -> None:
+        self._timer = None
+        self._timer_at = None
+        wake = self._wake_at
+        if wake is None or self.closed:
+            return
+        target = wake + WAKE_EPSILON_S
+        if self.clock.now() < target:  # fired for an earlier wakeup that moved later
+            self._timer_at = target
+            self._timer = self.clock.call_at(target, self._tick)
+            return
+        self._wake_at = None
+        self.submit(Tick())
+
+    def close(self) -> None:
+        self.closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None

@@ -1,0 +1,74 @@
+"""The daemon's main coroutine: start, listen, wait for SIGTERM/SIGINT, stop cleanly."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+from pathlib import Path
+
+from aiohttp import web
+
+from accelmux.config.schema import AccelmuxConfig
+from accelmux.gateway.app import build_app
+from accelmux.runtime.daemon import Runtime
+from accelmux.runtime.wiring import mount_dashboard, mount_jobs
+
+log = logging.getLogger("accelmux")
+
+
+async def serve(cfg: AccelmuxConfig, *, stop: asyncio.Event | None = None) -> None:
+    """Run until ``stop`` is set or a SIGTERM/SIGINT arrives.
+
+    Shutdown: the Manager stops admitting (waiting requests get 503 shutting_down),
+    in-flight requests get ``server.drain_s`` to finish, the rest fail with a clear
+    error, every backend is unloaded (child processes stopped), then the listener closes.
+    """
+    server = cfg.server
+    data_dir = Path(server.data_dir)
+    runtime = Runtime(cfg, data_dir=data_dir)
+    app = build_app(runtime)
+    jobs = mount_jobs(app, runtime, data_dir) if server.jobs else None
+    if server.dashboard:
+        mount_dashboard(app, runtime)
+    await runtime.start()
+    access = logging.getLogger("aiohttp.access") if server.access_log else None
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=access)
+    await runner.setup()
+    site = web.TCPSite(runner, server.host, server.port, reuse_address=True)
+    try:
+        await site.start()
+    except OSError as exc:
+        if jobs is not None:
+            await jobs.stop()
+        await runtime.shutdown()
+        await runner.cleanup()
+        raise SystemExit(f"accelmux: cannot listen on {server.host}:{server.port}: {exc}") from None
+    if jobs is not None:
+        await jobs.start()
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    services = ", ".join(cfg.services) or "none"
+    print(
+        f"accelmux listening on http://{server.host}:{server.port} (services: {services})",
+        file=sys.stdout,
+        flush=True,
+    )
+    try:
+        await stop.wait()
+    finally:
+        # A second signal while stopping must not kill the daemon before its children
+        # are stopped: the handlers stay installed (setting an already set event).
+        log.info("shutting down")
+        try:
+            if jobs is not None:
+                await jobs.stop()  # batches in flight are given back, untried
+            await runtime.shutdown()
+            await runner.cleanup()
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+        print("accelmux stopped", file=sys.stdout, flush=True)

@@ -1,0 +1,130 @@
+"""Mount the parts that live beside the gateway: durable batch jobs and the dashboard.
+
+* Jobs (:mod:`accelmux.jobs`): a SQLite store under ``server.data_dir``, served at
+  ``/v1/jobs``; its runner sends each batch of inputs through the SAME path as an HTTP
+  request (:meth:`Runtime.run_request`: batch class, maintenance windows, preemption),
+  via :func:`submit_embeddings`, and pauses a model's jobs outside its windows.
+* Dashboard (:mod:`accelmux.dashboard`): ``/`` (static page), ``/admin/history``.
+
+Both are optional (``server.jobs``, ``server.dashboard``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from accelmux.backends.base import BackendRequest, BackendResponse
+from accelmux.core.actions import Dispatch
+from accelmux.core.events import Demand
+from accelmux.core.types import Reason, ServiceKind
+from accelmux.errors import BackendError
+from accelmux.gateway.parse import tokens_of
+from accelmux.runtime.daemon import Runtime
+from accelmux.runtime.requests import Refused
+
+
+def embedding_models(runtime: Runtime) -> list[str]:
+    """Model names and aliases of the embeddings services (what a job may target)."""
+    world = runtime.manager.world
+    return [
+        model
+        for model, service in runtime.models.items()
+        if world.services[service].spec.kind is ServiceKind.EMBEDDINGS
+    ]
+
+
+def window_open(runtime: Runtime, model: str) -> bool:
+    service = runtime.models.get(model)
+    if service is None:
+        return True  # let the submit report the unknown model
+    world = runtime.manager.world
+    return world.services[service].spec.in_window(world.time_of_day())
+
+
+async def submit_embeddings(runtime: Runtime, model: str, texts: list[str]) -> list[Any]:
+    """Embed ``texts`` through the Manager; the vectors in input order.
+
+    Refusals become :class:`~accelmux.jobs.JobInputRetry` (with the Retry-After) or, for
+    ``too_large`` and client errors, :class:`~accelmux.jobs.JobInputError`.
+    """
+    from accelmux.jobs import JobInputError, JobInputRetry
+
+    service = runtime.models.get(model)
+    if service is None:
+        raise JobInputError(f"unknown model {model!r}")
+    kind = runtime.manager.world.services[service].spec.kind
+    if kind is not ServiceKind.EMBEDDINGS:
+        raise JobInputError(f"model {model!r} is a {kind.value} service, not embeddings")
+    backend = runtime.backends[service]
+    body: dict[str, Any] = {"model": model, "input": texts}
+    raw = json.dumps(body).encode()
+    demand = Demand(units=float(len(texts)), prompt_tokens=sum(tokens_of(len(t)) for t in texts))
+    rid = runtime.new_request_id().replace("req-", "job-", 1)
+
+    async def attempt(d: Dispatch) -> tuple[BackendResponse, int | None]:
+        answer = await backend.handle(
+            BackendRequest(
+                request_id=rid,
+                service=service,
+                kind=kind,
+                endpoint="/v1/embeddings",
+                body=body,
+                raw=raw,
+                lease_bytes=d.lease_bytes,
+            )
+        )
+        return answer, answer.peak_bytes
+
+    try:
+        answer = await runtime.run_request(service, demand, attempt, request_id=rid)
+    except Refused as exc:
+        if exc.reason is Reason.TOO_LARGE:
+            raise JobInputError(str(exc)) from None
+        raise JobInputRetry(str(exc), retry_after=exc.retry_after_s) from None
+    except BackendError as exc:
+        raise JobInputRetry(str(exc)) from None
+    if answer.status >= 500:
+        raise JobInputRetry(f"backend answered {answer.status}")
+    if answer.status >= 400:
+        raise JobInputError(f"backend answered {answer.status}: {answer.body[:200]!r}")
+    data = json.loads(answer.body)["data"]
+    return [item["embedding"] for item in sorted(data, key=lambda item: item["index"])]
+
+
+@dataclass
+class Jobs:
+    store: Any
+    runner: Any
+
+    async def start(self) -> None:
+        await self.runner.start()
+
+    async def stop(self) -> None:
+        await self.runner.stop()
+        self.store.close()
+
+
+def mount_jobs(app: web.Application, runtime: Runtime, data_dir: Path) -> Jobs:
+    """Open the job store, add ``/v1/jobs`` to ``app``; start it with ``Jobs.start``."""
+    from accelmux.jobs import JobRunner, JobStore
+    from accelmux.jobs.http import job_routes
+
+    store = JobStore.open(data_dir / "jobs")
+
+    async def submit(model: str, texts: list[str]) -> list[Any]:
+        return await submit_embeddings(runtime, model, texts)
+
+    runner = JobRunner(store, submit, window_open=lambda model: window_open(runtime, model))
+    app.add_routes(job_routes(store, runner, models=lambda: embedding_models(runtime)))
+    return Jobs(store, runner)
+
+
+def mount_dashboard(app: web.Application, runtime: Runtime) -> None:
+    from accelmux.dashboard import routes
+
+    routes(app, runtime.status)

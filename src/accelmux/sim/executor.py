@@ -1,0 +1,578 @@
+"""The simulation: the Manager driven by a virtual clock, its actions executed on a model.
+
+:class:`Simulation` feeds events to the same :class:`~accelmux.core.manager.Manager` the
+daemon runs, and turns its actions into simulated effects:
+
+- ``Dispatch``: allocate the request's true activation peak (an OOM crashes the
+  service), then run its work under processor sharing; on completion the Manager gets
+  ``RequestFinished`` with the true peak;
+- ``Load``: allocate the true resident bytes (an OOM is a ``LoadFailed``), then
+  ``LoadFinished`` after ``true weights / bandwidth + init_s`` with the measured sizes;
+- ``Unload``: ``Unloaded`` after ``unload_s``, memory freed then;
+- ``Preempt``: stop the job (its stale completion is dropped);
+- ``Resize``: change the KV pool (growth may OOM);
+- ``Reject`` / ``Fail``: record the outcome.
+
+Every ``sample_period_s`` the Manager gets ``MemorySampled`` with the true per-service
+usage and the device total (so foreign bytes and allocator caches become visible), and
+a ``Tick`` is scheduled at ``manager.next_wakeup(now)``. Nothing here reads a real clock.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from accelmux.core.actions import (
+    Action,
+    Dispatch,
+    Enqueue,
+    Fail,
+    Load,
+    Preempt,
+    Reject,
+    Resize,
+    Unload,
+)
+from accelmux.core.events import (
+    BackendCrashed,
+    Demand,
+    Event,
+    LoadFailed,
+    LoadFinished,
+    MemorySampled,
+    RequestArrived,
+    RequestFinished,
+    Tick,
+    Unloaded,
+)
+from accelmux.core.manager import Decision, Manager
+from accelmux.core.policies import make_policy
+from accelmux.core.profiles import estimate_request
+from accelmux.core.specs import ServiceSpec
+from accelmux.core.types import ServiceClass
+from accelmux.sim.compute import ComputeDevice, Job, solo_work
+from accelmux.sim.engine import EventHeap, SimClock
+from accelmux.sim.physical import OomEvent, PhysicalDevice
+from accelmux.sim.scenario import Scenario, ServicePerfConfig
+from accelmux.sim.workloads import Source, build_sources
+
+
+@dataclass(slots=True)
+class SimRequest:
+    rid: str
+    service: str
+    cls: ServiceClass
+    demand: Demand
+    arrived_at: float
+    truth: float
+    est_kv: int
+    est_active: int
+    source: Source | None = None
+    tag: object = None
+    attempt: int = 0
+    first_dispatch_at: float | None = None
+    started_at: float | None = None
+    first_token_at: float | None = None
+    finished_at: float | None = None
+    outcome: str | None = None  # "ok" | "rejected" | "failed"
+    reason: str | None = None
+    preemptions: int = 0
+    oom: bool = False
+    true_active: int = 0
+
+
+@dataclass(slots=True)
+class MemorySample:
+    """One sample of the accounts and the truth (bytes)."""
+
+    ledger: dict[str, dict[str, int]]
+    true: dict[str, int]
+    foreign: int
+    idle_resident: int
+    used: int
+
+
+@dataclass
+class RunOutput:
+    """Everything one run produced; :mod:`accelmux.sim.metrics` turns it into a report."""
+
+    scenario: str
+    policy: str
+    seed: int
+    capacity_gib: float
+    duration_s: float
+    warmup_s: float
+    requests: dict[str, SimRequest]
+    services: dict[str, ServiceSpec]
+    slo: dict[str, dict[str, float | None]]
+    ooms: list[OomEvent]
+    samples: list[MemorySample]
+    manager: Manager
+    sources: list[Source]
+    windows_open: dict[str, list[tuple[float, float]]]
+    decisions: list[dict[str, Any]] = field(default_factory=list)
+    events: list[tuple[float, Event]] = field(default_factory=list)
+    busy_s: dict[str, float] = field(default_factory=dict)
+
+
+class Simulation:
+    """One run of one policy on one scenario with one seed."""
+
+    def __init__(
+        self,
+        scenario: Scenario,
+        policy: str,
+        seed: int,
+        *,
+        capacity_gib: float | None = None,
+        duration_s: float | None = None,
+        trace_path: str | None = None,
+        record_decisions: bool = False,
+        record_events: bool = False,
+    ) -> None:
+        self.scenario = scenario
+        cfg = scenario.config
+        self.sim_cfg = cfg.simulation
+        self.seed = seed
+        self.duration = float(duration_s if duration_s is not None else self.sim_cfg.duration_s)
+        self.spec = scenario.manager_spec(capacity_gib)
+        self.policy = make_policy(policy)
+        self.manager = Manager(self.spec, self.policy)
+        self.clock = SimClock()
+        self.heap = EventHeap(self.clock)
+        self.record_decisions = record_decisions
+        self.record_events = record_events
+        self.decisions: list[dict[str, Any]] = []
+        self.events: list[tuple[float, Event]] = []
+        self.services = {s.name: s for s in self.spec.services}
+        self.perf = {
+            name: self.sim_cfg.services.get(name, ServicePerfConfig()) for name in self.services
+        }
+        self.slo = {
+            name: {
+                "latency_s": svc.slo.latency_s,
+                "ttft_s": svc.slo.ttft_s,
+                "tbt_s": svc.slo.tbt_s,
+            }
+            for name, svc in cfg.services.items()
+        }
+        self.devices: dict[str, PhysicalDevice] = {}
+        self.compute: dict[str, ComputeDevice] = {}
+        for dev in self.spec.devices:
+            cap = math.inf if self.policy.infinite_memory else float(dev.capacity_bytes)
+            self.devices[dev.name] = PhysicalDevice(dev.name, cap)
+            self.compute[dev.name] = ComputeDevice(dev.name, isolated=self.policy.infinite_memory)
+        self.bandwidth = {d.name: d.load_bandwidth_bps for d in self.spec.devices}
+        err = self.sim_cfg.error
+        self.true_resident: dict[str, tuple[int, int]] = {}
+        for name, svc in self.services.items():
+            rng = random.Random(f"{seed}:resident:{name}")
+            f = err.resident_bias * math.exp(rng.gauss(0.0, err.resident_sigma))
+            if not err.enabled:
+                f = 1.0
+            self.true_resident[name] = (
+                round(svc.profile.weights * f),
+                round(svc.profile.runtime * f),
+            )
+        self.requests: dict[str, SimRequest] = {}
+        self.ooms: list[OomEvent] = []
+        self.samples: list[MemorySample] = []
+        self.generation: dict[str, int] = dict.fromkeys(self.services, 0)
+        self.alive: dict[str, bool] = dict.fromkeys(self.services, False)
+        self.oom_crashed: set[str] = set()
+        self.baseline_keys: set[str] = set()
+        self._scheduled_version: dict[str, int] = {}
+        self._next_tick: float | None = None
+        self._rid = 0
+        self.sources = build_sources(scenario, seed, trace_path)
+
+    # ---- Context for the workload sources ------------------------------------------
+    @property
+    def duration_s(self) -> float:
+        return self.duration
+
+    @property
+    def start_s_of_day(self) -> float:
+        return self.scenario.start_s_of_day
+
+    def is_llm(self, service: str) -> bool:
+        return self.services[service].kind.is_llm
+
+    def truth(self, rng: random.Random, service: str) -> float:
+        err = self.sim_cfg.error
+        sigma = self.perf[service].request_sigma
+        sigma = err.request_sigma if sigma is None else sigma
+        f = err.request_bias * math.exp(rng.gauss(0.0, sigma))
+        if rng.random() < err.tail_probability:
+            f *= err.tail_factor
+        return f if err.enabled else 1.0
+
+    def call_at(self, t: float, fn: Callable[[], None]) -> None:
+        self.heap.at(max(t, self.clock.now()), fn)
+
+    def submit(
+        self,
+        service: str,
+        demand: Demand,
+        *,
+        source: Source,
+        truth: float,
+        tag: object = None,
+        job_id: str | None = None,
+    ) -> str:
+        self._rid += 1
+        rid = f"r{self._rid}"
+        now = self.clock.now()
+        spec = self.services[service]
+        est = estimate_request(spec.profile, demand)
+        self.requests[rid] = SimRequest(
+            rid=rid,
+            service=service,
+            cls=spec.cls,
+            demand=demand,
+            arrived_at=now,
+            truth=truth,
+            est_kv=est.kv_bytes,
+            est_active=est.active_bytes,
+            source=source,
+            tag=tag,
+        )
+        event = RequestArrived(request_id=rid, service=service, demand=demand, job_id=job_id)
+        self.heap.at(now, lambda: self._handle(event))
+        return rid
+
+    # ---- driving ----------------------------------------------------------------------
+    def run(self) -> RunOutput:
+        self._execute(self.manager.start(0.0), 0.0)
+        self._schedule_tick(0.0)
+        for src in self.sources:
+            src.start(self)
+        period = self.sim_cfg.sample_period_s
+        self.heap.at(period, lambda: self._sample(period))
+        for i, f in enumerate(self.sim_cfg.foreign):
+            device = f.device or next(iter(self.devices))
+            key = f"{f.name}-{i}"
+            if f.baseline:
+                self.baseline_keys.add(key)
+            self.call_at(f.at_s, self._foreign_setter(device, key, int(f.bytes)))
+            if f.duration_s is not None:
+                self.call_at(f.at_s + f.duration_s, self._foreign_setter(device, key, 0))
+        self.heap.run(self.duration)
+        for comp in self.compute.values():
+            comp.advance(self.duration)
+        return RunOutput(
+            scenario=self.scenario.name,
+            policy=self.policy.name,
+            seed=self.seed,
+            capacity_gib=next(iter(self.spec.devices)).capacity_bytes / 1024**3,
+            duration_s=self.duration,
+            warmup_s=min(self.sim_cfg.warmup_s, self.duration / 2),
+            requests=self.requests,
+            services=self.services,
+            slo=self.slo,
+            ooms=self.ooms,
+            samples=self.samples,
+            manager=self.manager,
+            sources=self.sources,
+            windows_open=self._windows(),
+            decisions=self.decisions,
+            events=self.events,
+            busy_s={name: dev.busy_s for name, dev in self.compute.items()},
+        )
+
+    def _windows(self) -> dict[str, list[tuple[float, float]]]:
+        """Per service, the simulated intervals during which its windows are open."""
+        out: dict[str, list[tuple[float, float]]] = {}
+        step = 60.0
+        for name, svc in self.services.items():
+            if not svc.windows:
+                continue
+            spans: list[tuple[float, float]] = []
+            t = 0.0
+            while t < self.duration:
+                tod = self.manager.world.time_of_day(t)
+                if svc.in_window(tod):
+                    if spans and abs(spans[-1][1] - t) < 1e-6:
+                        spans[-1] = (spans[-1][0], t + step)
+                    else:
+                        spans.append((t, t + step))
+                t += step
+            out[name] = spans
+        return out
+
+    def _handle(self, event: Event) -> None:
+        now = self.clock.now()
+        if self.record_events:
+            self.events.append((now, event))
+        actions = self.manager.handle(event, now)
+        self._execute(actions, now)
+        self._schedule_tick(now)
+
+    def _schedule_tick(self, now: float) -> None:
+        wake = self.manager.next_wakeup(now)
+        if wake is None or wake > self.duration:
+            return
+        if self._next_tick is not None and now < self._next_tick <= wake:
+            return
+        self._next_tick = wake
+        self.heap.at(wake, lambda: self._tick(wake))
+
+    def _tick(self, t: float) -> None:
+        if self._next_tick == t:
+            self._next_tick = None
+        self._handle(Tick())
+
+    def _sample(self, t: float) -> None:
+        ledger = self.manager.world.ledger
+        for name, dev in self.devices.items():
+            self._handle(
+                MemorySampled(
+                    device=name,
+                    used_bytes=dev.used,
+                    per_service=dev.per_service(),
+                    baseline_bytes=sum(
+                        n for k, n in dev.foreign.items() if k in self.baseline_keys
+                    ),
+                )
+            )
+        dev0 = next(iter(self.devices.values()))
+        idle = sum(
+            mem.total
+            for svc, mem in dev0.services.items()
+            if not mem.active and not self.manager.world.services[svc].inflight
+        )
+        self.samples.append(
+            MemorySample(
+                ledger={
+                    s.name: {
+                        c.value: n
+                        for c, n in ledger.service_breakdown(s.spec.device, s.name).items()
+                    }
+                    for s in self.manager.world.services.values()
+                    if s.holds_memory
+                },
+                true=dev0.per_service(),
+                foreign=dev0.foreign_total,
+                idle_resident=idle,
+                used=dev0.used,
+            )
+        )
+        nxt = t + self.sim_cfg.sample_period_s
+        if nxt <= self.duration:
+            self.heap.at(nxt, lambda: self._sample(nxt))
+
+    def _foreign_setter(self, device: str, key: str, nbytes: int) -> Callable[[], None]:
+        def setter() -> None:
+            self.devices[device].set_foreign(key, nbytes)
+
+        return setter
+
+    # ---- executing actions -------------------------------------------------------------
+    def _execute(self, actions: list[Action], now: float) -> None:
+        for a in actions:
+            if self.record_decisions:
+                self.decisions.append(Decision(now, a).as_dict())
+            match a:
+                case Dispatch():
+                    self._dispatch(a, now)
+                case Load():
+                    self._load(a, now)
+                case Unload():
+                    self._unload(a, now)
+                case Resize():
+                    self._resize(a, now)
+                case Preempt():
+                    self._preempt(a, now)
+                case Reject():
+                    self._end(a.request_id, "rejected", a.reason.value, now)
+                case Fail():
+                    self._stop_job(a.request_id, now)
+                    self._end(a.request_id, "failed", a.reason.value, now)
+                case Enqueue():
+                    pass
+
+    def _device_of(self, service: str) -> str:
+        return self.services[service].device
+
+    def _dispatch(self, a: Dispatch, now: float) -> None:
+        req = self.requests[a.request_id]
+        req.attempt = a.attempt
+        if req.first_dispatch_at is None:
+            req.first_dispatch_at = now
+        req.started_at = now
+        dev_name = self._device_of(a.service)
+        phys = self.devices[dev_name]
+        if not self.alive[a.service] or a.service not in phys.services:
+            # the runtime is gone; the Manager fails the request when it hears of the crash
+            req.oom = req.oom or a.service in self.oom_crashed
+            return
+        req.true_active = max(0, round(req.est_active * req.truth))
+        if not phys.start_request(a.service, req.rid, req.true_active):
+            req.oom = True
+            self._oom(dev_name, a.service, "request", req.true_active, now)
+            return
+        perf = self.perf[a.service]
+        d = req.demand
+        work, prefill = solo_work(
+            is_llm=self.is_llm(a.service),
+            base_s=perf.base_s,
+            per_unit_s=perf.per_unit_s,
+            prefill_tps=perf.prefill_tps,
+            tbt_s=perf.tbt_s,
+            units=d.units,
+            prompt_tokens=d.prompt_tokens,
+            output_tokens=d.output_tokens,
+        )
+        job = Job(
+            rid=req.rid,
+            service=a.service,
+            share=perf.share,
+            work=work,
+            prefill=prefill,
+            started_at=now,
+        )
+        self.compute[dev_name].add(job, now)
+        self._reschedule(dev_name)
+
+    def _reschedule(self, dev_name: str) -> None:
+        comp = self.compute[dev_name]
+        if self._scheduled_version.get(dev_name) == comp.version:
+            return
+        self._scheduled_version[dev_name] = comp.version
+        t = comp.next_completion()
+        if t is None:
+            return
+        version = comp.version
+        self.heap.at(max(t, self.clock.now()), lambda: self._complete(dev_name, version))
+
+    def _complete(self, dev_name: str, version: int) -> None:
+        comp = self.compute[dev_name]
+        if comp.version != version:
+            return
+        now = self.clock.now()
+        jobs = comp.finished(now)
+        phys = self.devices[dev_name]
+        for job in jobs:
+            req = self.requests[job.rid]
+            phys.end_request(job.service, job.rid)
+            req.first_token_at = job.first_token_at
+            req.finished_at = now
+            req.outcome = "ok"
+            self._handle(
+                RequestFinished(
+                    request_id=req.rid,
+                    attempt=req.attempt,
+                    ok=True,
+                    peak_bytes=req.true_active + req.est_kv,
+                )
+            )
+            if req.source is not None:
+                req.source.outcome(self, req.rid, req.tag, True, now)
+        self._reschedule(dev_name)
+
+    def _stop_job(self, rid: str, now: float) -> None:
+        req = self.requests.get(rid)
+        if req is None:
+            return
+        dev_name = self._device_of(req.service)
+        if self.compute[dev_name].remove(rid, now) is not None:
+            self.devices[dev_name].end_request(req.service, rid)
+            self._reschedule(dev_name)
+
+    def _end(self, rid: str, outcome: str, reason: str, now: float) -> None:
+        req = self.requests[rid]
+        if req.outcome is not None:
+            return
+        req.outcome = outcome
+        req.reason = reason
+        req.finished_at = now
+        if req.source is not None:
+            req.source.outcome(self, rid, req.tag, False, now)
+
+    def _preempt(self, a: Preempt, now: float) -> None:
+        self.requests[a.request_id].preemptions += 1
+        self._stop_job(a.request_id, now)
+
+    def _load(self, a: Load, now: float) -> None:
+        self.oom_crashed.discard(a.service)
+        self.generation[a.service] += 1
+        gen = self.generation[a.service]
+        dev_name = self._device_of(a.service)
+        weights, runtime = self.true_resident[a.service]
+        caching = self.perf[a.service].caching_allocator
+        if not self.devices[dev_name].load(a.service, weights + runtime, a.kv_pool_bytes, caching):
+            self.ooms.append(
+                OomEvent(
+                    time=now,
+                    device=dev_name,
+                    service=a.service,
+                    what="load",
+                    asked=weights + runtime + a.kv_pool_bytes,
+                    used=self.devices[dev_name].used,
+                    capacity=self.devices[dev_name].capacity,
+                )
+            )
+            event = LoadFailed(service=a.service, error="out of memory while loading")
+            self.heap.at(now, lambda: self._handle(event))
+            return
+        took = weights / self.bandwidth[dev_name] + self.services[a.service].init_s
+
+        def finished() -> None:
+            if self.generation[a.service] != gen:
+                return
+            self.alive[a.service] = True
+            self._handle(
+                LoadFinished(service=a.service, weights_bytes=weights, runtime_bytes=runtime)
+            )
+
+        self.heap.at(now + took, finished)
+
+    def _unload(self, a: Unload, now: float) -> None:
+        self.generation[a.service] += 1
+        gen = self.generation[a.service]
+        self.alive[a.service] = False
+        dev_name = self._device_of(a.service)
+
+        def finished() -> None:
+            if self.generation[a.service] != gen:
+                return
+            self.devices[dev_name].free(a.service)
+            self._handle(Unloaded(service=a.service))
+
+        self.heap.at(now + self.sim_cfg.unload_s, finished)
+
+    def _resize(self, a: Resize, now: float) -> None:
+        dev_name = self._device_of(a.service)
+        phys = self.devices[dev_name]
+        if not phys.resize(a.service, a.kv_pool_bytes):
+            self._oom(dev_name, a.service, "resize", a.kv_pool_bytes, now)
+
+    def _oom(self, dev_name: str, service: str, what: str, asked: int, now: float) -> None:
+        """An allocation crossed the capacity: the service's runtime dies."""
+        phys = self.devices[dev_name]
+        self.ooms.append(
+            OomEvent(
+                time=now,
+                device=dev_name,
+                service=service,
+                what=what,
+                asked=asked,
+                used=phys.used,
+                capacity=phys.capacity,
+            )
+        )
+        comp = self.compute[dev_name]
+        for job in [j for j in comp.jobs.values() if j.service == service]:
+            comp.remove(job.rid, now)
+            self.requests[job.rid].oom = True
+        self._reschedule(dev_name)
+        phys.free(service)
+        self.alive[service] = False
+        self.oom_crashed.add(service)
+        self.generation[service] += 1
+        event = BackendCrashed(service=service, error=f"out of memory ({what})")
+        self.heap.at(now, lambda: self._handle(event))

@@ -1,0 +1,149 @@
+"""The physical device: true memory, allocator caches, foreign processes and OOMs.
+
+What the simulator believes is *true*, as opposed to what the Manager estimates:
+
+- a loaded service holds its true resident bytes (weights and runtime drawn around the
+  estimate) plus its KV pool (an explicit allocation, exact);
+- a running request holds its true activation peak from start to end (estimate x a
+  random factor drawn by the workload);
+- a service flagged ``caching_allocator`` keeps freed activation memory reserved up to
+  its high-water mark (PyTorch's caching allocator) until it unloads or crashes;
+- foreign processes hold bytes the Manager does not control.
+
+An allocation that would cross the capacity is an **OOM**: it does not happen, and
+the caller crashes the service that asked (its in-flight requests fail, its memory is
+freed). The oracle's device has infinite capacity.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class ServiceMemory:
+    resident: int
+    kv_pool: int
+    caching: bool
+    active: dict[str, int] = field(default_factory=dict)
+    active_total: int = 0
+    cache: int = 0
+
+    @property
+    def activation(self) -> int:
+        return max(self.active_total, self.cache) if self.caching else self.active_total
+
+    @property
+    def total(self) -> int:
+        return self.resident + self.kv_pool + self.activation
+
+    @property
+    def reserved(self) -> int:
+        """Cached but unused activation memory."""
+        return self.activation - self.active_total
+
+
+@dataclass(slots=True)
+class OomEvent:
+    time: float
+    device: str
+    service: str
+    what: str  # "load" | "request" | "resize"
+    asked: int
+    used: int
+    capacity: float
+
+
+class PhysicalDevice:
+    """True memory of one device."""
+
+    def __init__(self, name: str, capacity: float) -> None:
+        self.name = name
+        self.capacity = capacity
+        self.services: dict[str, ServiceMemory] = {}
+        self.foreign: dict[str, int] = {}
+        self.used = 0
+        self.peak_used = 0
+
+    @property
+    def foreign_total(self) -> int:
+        return sum(self.foreign.values())
+
+    def _fits(self, delta: int) -> bool:
+        return self.used + delta <= self.capacity
+
+    def _commit(self, delta: int) -> None:
+        self.used += delta
+        self.peak_used = max(self.peak_used, self.used)
+
+    def load(self, service: str, resident: int, kv_pool: int, caching: bool) -> bool:
+        """Allocate a service's resident memory; False is an OOM (nothing allocated)."""
+        if service in self.services:
+            self.free(service)
+        need = resident + kv_pool
+        if not self._fits(need):
+            return False
+        self.services[service] = ServiceMemory(resident=resident, kv_pool=kv_pool, caching=caching)
+        self._commit(need)
+        return True
+
+    def free(self, service: str) -> int:
+        """Release everything a service holds (unload or crash); returns the bytes freed."""
+        mem = self.services.pop(service, None)
+        if mem is None:
+            return 0
+        total = mem.total
+        self.used -= total
+        return total
+
+    def start_request(self, service: str, rid: str, nbytes: int) -> bool:
+        """Allocate a request's activation peak; False is an OOM (nothing allocated)."""
+        mem = self.services[service]
+        before = mem.activation
+        mem.active_total += nbytes
+        delta = mem.activation - before
+        if not self._fits(delta):
+            mem.active_total -= nbytes
+            return False
+        mem.active[rid] = nbytes
+        self._commit(delta)
+        return True
+
+    def end_request(self, service: str, rid: str) -> None:
+        mem = self.services.get(service)
+        if mem is None:
+            return
+        nbytes = mem.active.pop(rid, None)
+        if nbytes is None:
+            return
+        before = mem.activation
+        if mem.caching:
+            mem.cache = max(mem.cache, mem.active_total)
+        mem.active_total -= nbytes
+        self.used += mem.activation - before
+
+    def resize(self, service: str, kv_pool: int) -> bool:
+        mem = self.services.get(service)
+        if mem is None:
+            return True
+        delta = kv_pool - mem.kv_pool
+        if delta > 0 and not self._fits(delta):
+            return False
+        mem.kv_pool = kv_pool
+        self._commit(delta)
+        return True
+
+    def set_foreign(self, name: str, nbytes: int) -> int:
+        """Set a foreign process's usage; it gets only what is free. Returns what it got."""
+        current = self.foreign.get(name, 0)
+        room = self.capacity - (self.used - current)
+        granted = int(min(nbytes, room)) if math.isfinite(room) else nbytes
+        granted = max(0, granted)
+        self.foreign[name] = granted
+        self.used += granted - current
+        self.peak_used = max(self.peak_used, self.used)
+        return granted
+
+    def per_service(self) -> dict[str, int]:
+        return {name: mem.total for name, mem in self.services.items()}

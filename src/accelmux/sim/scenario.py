@@ -1,0 +1,340 @@
+"""Scenario files: the normal config keys plus ``workloads:`` and ``simulation:``.
+
+A scenario is an :class:`~accelmux.config.schema.AccelmuxConfig` (``devices``,
+``services``, ``policy``) extended with the simulated world:
+
+- ``simulation``: duration, local start time, seeds, memory sampling period, the
+  physical model's estimate error, per-service service-time models, foreign processes,
+  and the device sizes to sweep;
+- ``workloads``: a list of generators (``poisson``, ``gamma``, ``trace``, ``voice``,
+  ``indexing``, ``camera``), see :mod:`accelmux.sim.workloads`.
+
+Validation is strict (unknown keys are errors) and every problem is reported with its
+key path through :class:`~accelmux.errors.ConfigError`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import ByteSize, Field, ValidationError, field_validator
+
+from accelmux.config.load import (
+    format_validation_error,
+    parse_yaml,
+    read_text,
+    semantic_problems,
+)
+from accelmux.config.schema import AccelmuxConfig, StrictModel
+from accelmux.config.specs import to_manager_spec
+from accelmux.core.specs import ManagerSpec
+from accelmux.core.types import GIB
+from accelmux.errors import ConfigError
+
+DEFAULT_TRACE = "../shared/traces/azure_llm_2023_conv.csv"
+_CLOCK = re.compile(r"^\s*(\d{1,2}):(\d{2})\s*$")
+
+
+def parse_clock(text: str) -> float:
+    """ "HH:MM" -> seconds since midnight."""
+    m = _CLOCK.match(text)
+    if not m or int(m.group(1)) > 23 or int(m.group(2)) > 59:
+        raise ValueError(f'time {text!r} is not "HH:MM"')
+    return int(m.group(1)) * 3600.0 + int(m.group(2)) * 60.0
+
+
+class DistConfig(StrictModel):
+    """A positive random quantity: lognormal with ``mean`` and ``cv``, or ``choices``."""
+
+    mean: float | None = Field(None, gt=0)
+    cv: float = Field(0.0, ge=0, le=10)
+    choices: list[Annotated[float, Field(ge=0)]] = Field(default_factory=list)
+    min: float | None = Field(None, ge=0)
+    max: float | None = Field(None, gt=0)
+
+    def model_post_init(self, _context: object) -> None:
+        if self.mean is None and not self.choices:
+            raise ValueError("give mean (with cv) or choices")
+
+
+Dist = Annotated[float, Field(ge=0)] | DistConfig
+
+
+class ErrorModelConfig(StrictModel):
+    """How true memory differs from the estimate (the physical model draws it).
+
+    True resident = estimate x lognormal(``resident_bias``, ``resident_sigma``).
+    True request peak = estimate x lognormal(``request_bias``, ``request_sigma``), and
+    with probability ``tail_probability`` a further x ``tail_factor`` (a fat tail:
+    fragmentation, an unusual input).
+    """
+
+    enabled: bool = True
+    resident_bias: float = Field(1.0, gt=0)
+    resident_sigma: float = Field(0.03, ge=0, le=2)
+    request_bias: float = Field(1.0, gt=0)
+    request_sigma: float = Field(0.15, ge=0, le=2)
+    tail_probability: float = Field(0.02, ge=0, le=1)
+    tail_factor: float = Field(1.6, ge=1)
+
+
+class ServicePerfConfig(StrictModel):
+    """Service-time model of one service (solo, on an otherwise idle device).
+
+    LLMs: ``base_s`` + prompt tokens / ``prefill_tps`` until the first token, then
+    ``tbt_s`` per output token. Others: ``base_s`` + ``per_unit_s`` x units.
+    ``share``: the fraction of the device's compute one request uses alone; running
+    requests slow each other when their shares add up beyond 1 (processor sharing).
+    """
+
+    share: float = Field(0.5, gt=0, le=1)
+    base_s: float = Field(0.0, ge=0)
+    per_unit_s: float = Field(0.0, ge=0)
+    prefill_tps: float = Field(2000.0, gt=0)
+    tbt_s: float = Field(0.02, ge=0)
+    caching_allocator: bool = Field(
+        False, description="Keeps freed activation memory reserved (PyTorch-style)."
+    )
+    request_sigma: float | None = Field(None, ge=0, le=2)
+
+
+class ForeignConfig(StrictModel):
+    """A process accelmux does not manage grabbing device memory for a while.
+
+    ``baseline``: memory the device uses on its own (the OS on a shared-memory host),
+    reported as the sample's ``baseline_bytes`` rather than as foreign.
+    """
+
+    device: str | None = None
+    baseline: bool = False
+    name: str = "foreign"
+    at_s: float = Field(ge=0)
+    bytes: ByteSize = Field(gt=0)
+    duration_s: float | None = Field(None, gt=0)
+
+
+class SimulationConfig(StrictModel):
+    duration_s: float = Field(3600.0, gt=0, le=7 * 86_400)
+    start: str = Field("00:00", description='Local time of day at t=0, "HH:MM".')
+    seeds: int = Field(5, ge=1, le=1000)
+    sample_period_s: float = Field(1.0, gt=0)
+    warmup_s: float = Field(
+        60.0, ge=0, description="Requests arriving earlier are served but not measured."
+    )
+    unload_s: float = Field(0.5, ge=0)
+    error: ErrorModelConfig = Field(default_factory=ErrorModelConfig)
+    services: dict[str, ServicePerfConfig] = Field(default_factory=dict)
+    foreign: list[ForeignConfig] = Field(default_factory=list)
+    device_sweep_gib: list[Annotated[float, Field(gt=0)]] = Field(default_factory=list)
+    sweep_seeds: int = Field(2, ge=1, le=1000)
+    slo_target: float = Field(0.99, gt=0, le=1)
+
+    @field_validator("start")
+    @classmethod
+    def _check_start(cls, value: str) -> str:
+        parse_clock(value)
+        return value
+
+
+class _Workload(StrictModel):
+    name: str | None = None
+    from_s: float = Field(0.0, ge=0, description="Active from this simulated second.")
+    until_s: float | None = Field(None, gt=0, description="Active until this second.")
+
+
+class PoissonWorkload(_Workload):
+    type: Literal["poisson"]
+    service: str
+    rate_per_h: float = Field(gt=0)
+    units: Dist = 0.0
+    prompt_tokens: Dist = 0.0
+    output_tokens: Dist = 0.0
+
+
+class GammaWorkload(_Workload):
+    type: Literal["gamma"]
+    service: str
+    rate_per_h: float = Field(gt=0)
+    cv: float = Field(1.0, gt=0, le=20)
+    units: Dist = 0.0
+    prompt_tokens: Dist = 0.0
+    output_tokens: Dist = 0.0
+
+
+class TraceWorkload(_Workload):
+    type: Literal["trace"]
+    service: str
+    path: str = DEFAULT_TRACE
+    rate_per_h: float = Field(gt=0, description="Mean home rate the trace is scaled to.")
+    max_context_tokens: int | None = Field(None, gt=0)
+
+
+class VoiceWorkload(_Workload):
+    type: Literal["voice"]
+    asr: str
+    llm: str
+    tts: str
+    rate_per_h: float = Field(gt=0)
+    cv: float = Field(1.0, gt=0, le=20)
+    audio_s: Dist = 4.0
+    prompt_tokens: Dist = 1500.0
+    output_tokens: Dist = 40.0
+    chars_per_token: float = Field(4.0, gt=0)
+    slo_s: float = Field(3.0, gt=0, description="End-to-end: utterance to spoken answer.")
+
+
+class IndexingWorkload(_Workload):
+    type: Literal["indexing"]
+    service: str
+    documents: int = Field(gt=0)
+    outstanding: int = Field(4, ge=1)
+    units: Dist = 16.0
+    at: str | None = Field(None, description='Start at this local time "HH:MM".')
+    retry_s: float = Field(5.0, gt=0)
+    max_attempts: int = Field(5, ge=1, description="A document is skipped after this many.")
+
+    @field_validator("at")
+    @classmethod
+    def _check_at(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_clock(value)
+        return value
+
+
+class CameraWorkload(_Workload):
+    type: Literal["camera"]
+    service: str
+    cameras: int = Field(1, ge=1)
+    fps: float = Field(gt=0, le=120)
+    units: Dist = 0.41
+
+
+WorkloadConfig = Annotated[
+    PoissonWorkload
+    | GammaWorkload
+    | TraceWorkload
+    | VoiceWorkload
+    | IndexingWorkload
+    | CameraWorkload,
+    Field(discriminator="type"),
+]
+
+
+class ScenarioConfig(AccelmuxConfig):
+    """A config plus the simulated world around it."""
+
+    workloads: list[WorkloadConfig] = Field(min_length=1)
+    simulation: SimulationConfig = Field(default_factory=SimulationConfig)
+
+
+def workload_services(w: WorkloadConfig) -> list[str]:
+    if isinstance(w, VoiceWorkload):
+        return [w.asr, w.llm, w.tts]
+    return [w.service]
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A validated scenario and where it came from."""
+
+    config: ScenarioConfig
+    source: str
+    base_dir: Path
+
+    @property
+    def name(self) -> str:
+        return Path(self.source).stem
+
+    @property
+    def start_s_of_day(self) -> float:
+        return parse_clock(self.config.simulation.start)
+
+    def capacity_gib(self) -> float:
+        dev = next(iter(self.config.devices.values()))
+        return int(dev.capacity or 0) / GIB
+
+    def manager_spec(self, capacity_gib: float | None = None) -> ManagerSpec:
+        """The Manager's spec; ``capacity_gib`` resizes every device (sweeps).
+
+        The budget keeps the same distance below capacity as configured (a host keeps
+        its OS share).
+        """
+        spec = to_manager_spec(self.config, clock_origin_s_of_day=self.start_s_of_day)
+        if capacity_gib is None:
+            return spec
+        devices = []
+        for dev in spec.devices:
+            cap = int(capacity_gib * GIB)
+            budget = max(dev.headroom_bytes + 1, cap - (dev.capacity_bytes - dev.budget_bytes))
+            devices.append(dataclasses.replace(dev, capacity_bytes=cap, budget_bytes=budget))
+        return dataclasses.replace(spec, devices=tuple(devices))
+
+    def resolve(self, path: str) -> Path:
+        """A data path: absolute, else relative to the scenario file, else to its parent."""
+        p = Path(path).expanduser()
+        if p.is_absolute():
+            return p
+        for base in (self.base_dir, self.base_dir.parent, Path.cwd()):
+            candidate = (base / p).resolve()
+            if candidate.exists():
+                return candidate
+        return (self.base_dir / p).resolve()
+
+
+def scenario_problems(cfg: ScenarioConfig, base: Scenario | None = None) -> list[str]:
+    problems = semantic_problems(cfg, base.base_dir if base else None)
+    names = set(cfg.services)
+    for i, w in enumerate(cfg.workloads):
+        for svc in workload_services(w):
+            if svc not in names:
+                problems.append(f"workloads.{i}: unknown service (got {svc!r})")
+        if w.until_s is not None and w.until_s <= w.from_s:
+            problems.append(f"workloads.{i}.until_s: must be after from_s (got {w.until_s})")
+    sim = cfg.simulation
+    for name in sim.services:
+        if name not in names:
+            problems.append(f"simulation.services.{name}: unknown service (got {name!r})")
+    for i, f in enumerate(sim.foreign):
+        if f.device is not None and f.device not in cfg.devices:
+            problems.append(f"simulation.foreign.{i}.device: unknown device (got {f.device!r})")
+    return problems
+
+
+def trace_problems(scn: Scenario, trace_override: str | None = None) -> list[str]:
+    out = []
+    for i, w in enumerate(scn.config.workloads):
+        if isinstance(w, TraceWorkload):
+            path = Path(trace_override) if trace_override else scn.resolve(w.path)
+            if not path.is_file():
+                out.append(
+                    f"workloads.{i}.path: trace file not found (got {str(path)!r}); "
+                    "pass --trace PATH"
+                )
+    return out
+
+
+def load_scenario_data(data: object, source: str, base_dir: Path) -> Scenario:
+    if not isinstance(data, dict):
+        raise ConfigError(source, [f"(top level): expected a mapping, got {type(data).__name__}"])
+    try:
+        cfg = ScenarioConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(source, format_validation_error(exc)) from None
+    scn = Scenario(config=cfg, source=source, base_dir=base_dir)
+    problems = scenario_problems(cfg, scn)
+    if problems:
+        raise ConfigError(source, problems)
+    return scn
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    p = Path(path)
+    return load_scenario_data(parse_yaml(read_text(p), str(p)), str(p), p.parent.resolve())
+
+
+def is_scenario_data(data: object) -> bool:
+    return isinstance(data, dict) and "workloads" in data

@@ -1,0 +1,113 @@
+"""Replay of the Azure LLM inference trace 2023 (conversation part), scaled to home rates.
+
+The CSV (columns TIMESTAMP, ContextTokens, GeneratedTokens) is read from where the
+scenario points (by default ``../shared/traces/`` next to the repository) or from
+``--trace PATH``; it is never copied into the repository. A home server sees far fewer
+requests than Azure: the inter-arrival gaps are stretched by ``trace_rate / home_rate``,
+which keeps the trace's burstiness (its inter-arrival CV) and its token mix, and a
+random starting row per seed picks a different stretch of the trace.
+"""
+
+from __future__ import annotations
+
+import csv
+import random
+from dataclasses import dataclass
+from datetime import datetime
+from functools import lru_cache
+from pathlib import Path
+
+from accelmux.errors import AccelmuxError
+
+
+class TraceError(AccelmuxError):
+    """The trace file is missing or not in the expected format."""
+
+
+@dataclass(frozen=True, slots=True)
+class TraceRow:
+    offset_s: float
+    context_tokens: int
+    generated_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Trace:
+    rows: tuple[TraceRow, ...]
+
+    @property
+    def span_s(self) -> float:
+        return self.rows[-1].offset_s - self.rows[0].offset_s
+
+    @property
+    def rate_per_s(self) -> float:
+        return (len(self.rows) - 1) / self.span_s if self.span_s > 0 else 0.0
+
+
+def _parse_time(text: str) -> float:
+    text = text.strip()
+    if "." in text:
+        head, frac = text.split(".", 1)
+        text = f"{head}.{frac[:6]}"
+    return datetime.fromisoformat(text).timestamp()
+
+
+@lru_cache(maxsize=4)
+def load_trace(path: str) -> Trace:
+    p = Path(path)
+    if not p.is_file():
+        raise TraceError(
+            f"trace not found: {p} (the Azure LLM trace 2023 CSV; pass --trace PATH or "
+            "place it at ../shared/traces/azure_llm_2023_conv.csv next to the repository)"
+        )
+    rows: list[TraceRow] = []
+    try:
+        with p.open(newline="", encoding="utf-8") as fh:
+            reader = csv.DictReader(fh)
+            need = {"TIMESTAMP", "ContextTokens", "GeneratedTokens"}
+            if reader.fieldnames is None or not need <= set(reader.fieldnames):
+                raise TraceError(f"{p}: expected columns {sorted(need)}, got {reader.fieldnames}")
+            t0: float | None = None
+            for line in reader:
+                t = _parse_time(line["TIMESTAMP"])
+                t0 = t if t0 is None else t0
+                rows.append(
+                    TraceRow(
+                        offset_s=t - t0,
+                        context_tokens=int(line["ContextTokens"]),
+                        generated_tokens=int(line["GeneratedTokens"]),
+                    )
+                )
+    except (ValueError, KeyError) as exc:
+        raise TraceError(f"{p}: malformed row ({exc})") from None
+    if len(rows) < 2:
+        raise TraceError(f"{p}: needs at least two rows")
+    rows.sort(key=lambda r: r.offset_s)
+    return Trace(rows=tuple(rows))
+
+
+def scaled_arrivals(
+    trace: Trace,
+    *,
+    rate_per_s: float,
+    duration_s: float,
+    rng: random.Random,
+) -> list[tuple[float, TraceRow]]:
+    """Arrivals over ``duration_s`` at a mean ``rate_per_s``: (time, row) pairs.
+
+    Starts at a random row; wraps around the end of the trace.
+    """
+    scale = trace.rate_per_s / rate_per_s
+    rows = trace.rows
+    n = len(rows)
+    i = rng.randrange(n)
+    t = 0.0
+    out: list[tuple[float, TraceRow]] = []
+    while True:
+        j = (i + 1) % n
+        gap = rows[j].offset_s - rows[i].offset_s if j > i else 1.0 / trace.rate_per_s
+        t += max(0.0, gap) * scale
+        if t >= duration_s:
+            return out
+        out.append((t, rows[j]))
+        i = j

@@ -1,0 +1,168 @@
+"""A small OpenAI-compatible server used as the EXTERNAL backend in tests and the bench.
+
+It is a stand-in for llama-server, vLLM or a whisper server: ``/health``, ``/v1/models``,
+``/v1/chat/completions`` and ``/v1/completions`` (both with SSE streaming),
+``/v1/embeddings`` and ``/v1/audio/transcriptions`` (multipart). Test controls: a chat
+message whose content starts with ``sleep:N`` makes the answer wait N seconds;
+``POST /crash`` makes the process exit at once (code 3).
+``--startup-delay`` delays readiness; the argv it was started with is echoed in
+``/v1/models`` (so tests can check ``{ctx_size}``/``{parallel}`` templating), and so is
+``CUDA_VISIBLE_DEVICES``.
+
+Run: python tests/live/upstream_server.py --port 8700
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+
+from aiohttp import web
+
+STARTED = time.monotonic()
+ARGS = argparse.Namespace(startup_delay=0.0)
+
+
+def _reply(text: str) -> str:
+    return f"upstream echo: {text[:40]}"
+
+
+def _last_text(body: dict[str, object]) -> str:
+    messages = body.get("messages")
+    if isinstance(messages, list) and messages and isinstance(messages[-1], dict):
+        return str(messages[-1].get("content", ""))
+    return str(body.get("prompt", ""))
+
+
+async def _maybe_sleep(text: str) -> None:
+    if text.startswith("sleep:"):
+        await asyncio.sleep(float(text.split(":", 1)[1].split(maxsplit=1)[0]))
+
+
+async def health(request: web.Request) -> web.Response:
+    if time.monotonic() - STARTED < ARGS.startup_delay:
+        return web.json_response({"status": "loading"}, status=503)
+    return web.json_response({"status": "ok"})
+
+
+async def models(request: web.Request) -> web.Response:
+    return web.json_response(
+        {
+            "object": "list",
+            "data": [{"id": "upstream-model", "object": "model"}],
+            "argv": sys.argv[1:],
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        }
+    )
+
+
+async def chat(request: web.Request) -> web.StreamResponse:
+    body = await request.json()
+    text = _last_text(body)
+    await _maybe_sleep(text)
+    reply = _reply(text)
+    model = body.get("model", "upstream-model")
+    is_chat = request.path.endswith("/chat/completions")
+    if body.get("stream"):
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for i, word in enumerate(reply.split(" ")):
+            piece = word if i == 0 else " " + word
+            if is_chat:
+                choice = {"index": 0, "delta": {"content": piece}, "finish_reason": None}
+                obj = {"id": "up-1", "object": "chat.completion.chunk", "model": model}
+            else:
+                choice = {"index": 0, "text": piece, "finish_reason": None}
+                obj = {"id": "up-1", "object": "text_completion", "model": model}
+            obj["created"] = 0
+            obj["choices"] = [choice]
+            await resp.write(b"data: " + json.dumps(obj).encode() + b"\n\n")
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+    usage = {"prompt_tokens": 5, "completion_tokens": 4, "total_tokens": 9}
+    if is_chat:
+        return web.json_response(
+            {
+                "id": "up-1",
+                "object": "chat.completion",
+                "created": 0,
+                "model": model,
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": reply},
+                        "finish_reason": "stop",
+                    }
+                ],
+                "usage": usage,
+            }
+        )
+    return web.json_response(
+        {
+            "id": "up-1",
+            "object": "text_completion",
+            "created": 0,
+            "model": model,
+            "choices": [{"index": 0, "text": reply, "finish_reason": "stop"}],
+            "usage": usage,
+        }
+    )
+
+
+async def embeddings(request: web.Request) -> web.Response:
+    body = await request.json()
+    items = body["input"] if isinstance(body["input"], list) else [body["input"]]
+    data = [{"object": "embedding", "index": i, "embedding": [0.5, 0.5]} for i in range(len(items))]
+    return web.json_response({"object": "list", "data": data, "model": body.get("model")})
+
+
+async def transcriptions(request: web.Request) -> web.Response:
+    form = await request.post()
+    audio = form.get("file")
+    if not isinstance(audio, web.FileField):
+        return web.json_response({"error": {"message": "file missing"}}, status=400)
+    size = len(audio.file.read())
+    return web.json_response(
+        {
+            "text": f"upstream heard {audio.filename} ({audio.content_type}, {size} bytes) "
+            f"model={form.get('model')}"
+        }
+    )
+
+
+async def crash(request: web.Request) -> web.Response:
+    os._exit(3)
+
+
+def make_app() -> web.Application:
+    app = web.Application()
+    app.router.add_get("/health", health)
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_post("/v1/completions", chat)
+    app.router.add_post("/v1/embeddings", embeddings)
+    app.router.add_post("/v1/audio/transcriptions", transcriptions)
+    app.router.add_post("/crash", crash)
+    return app
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--startup-delay", type=float, default=0.0)
+    parser.add_argument("--ctx-size", type=int, default=0)
+    parser.add_argument("--parallel", type=int, default=1)
+    args = parser.parse_args()
+    ARGS.startup_delay = args.startup_delay
+    print(f"upstream listening on {args.host}:{args.port} ctx={args.ctx_size}", flush=True)
+    web.run_app(make_app(), host=args.host, port=args.port, print=None, access_log=None)
+
+
+if __name__ == "__main__":
+    main()
