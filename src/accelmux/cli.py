@@ -18,6 +18,7 @@ from accelmux.errors import AccelmuxError, ConfigError
 COMMAND_MODULES = (
     "accelmux.runtime.command",
     "accelmux.runtime.status_cli",
+    "accelmux.runtime.top",
     "accelmux.sim.command",
     "accelmux.config.command",
     "accelmux.jobs.command",
