@@ -15,7 +15,10 @@ from typing import Any
 
 def register(sub: Any) -> None:
     p = sub.add_parser("check", help="validate a config file and report every problem")
-    p.add_argument("file", help="YAML config or scenario file")
+    p.add_argument("file", nargs="?", help="YAML config or scenario file")
+    p.add_argument(
+        "--reference", action="store_true", help="print the configuration reference (Markdown)"
+    )
     p.set_defaults(func=run)
 
 
@@ -30,6 +33,14 @@ def run(args: argparse.Namespace) -> int:
     from accelmux.config.load import load_config_data, parse_yaml, read_text
     from accelmux.errors import ConfigError
 
+    if args.reference:
+        from accelmux.config.reference import render_reference
+
+        print(render_reference(), end="")
+        return 0
+    if not args.file:
+        print("accelmux check: give a FILE to validate (or --reference)", file=sys.stderr)
+        return 2
     path = Path(args.file)
     try:
         data = parse_yaml(read_text(path), str(path))

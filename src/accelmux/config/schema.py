@@ -31,7 +31,11 @@ class StrictModel(BaseModel):
 class DeviceConfig(StrictModel):
     """One pool of accelerator memory."""
 
-    kind: Literal["nvidia", "host", "virtual"] = "virtual"
+    kind: Literal["nvidia", "host", "virtual"] = Field(
+        "virtual",
+        description="nvidia (NVML), host (shared memory measured with psutil) or virtual "
+        "(tests, simulation).",
+    )
     index: int = Field(0, ge=0, description="GPU index (nvidia only)")
     capacity: PositiveBytes | None = Field(
         None, description="Total memory. Required for virtual; detected for nvidia/host."
@@ -48,8 +52,10 @@ class DeviceConfig(StrictModel):
 class MemoryConfig(StrictModel):
     """A service's memory profile. Sizes accept 4.9GiB, 512MiB, 300MB or bytes."""
 
-    weights: Bytes = ByteSize(0)
-    runtime: Bytes = ByteSize(0)
+    weights: Bytes = Field(ByteSize(0), description="Model weights resident while loaded.")
+    runtime: Bytes = Field(
+        ByteSize(0), description="Context, libraries and allocator minimum while loaded."
+    )
     kv_per_token: Bytes = Field(ByteSize(0), description="LLM KV bytes per token.")
     kv_floor: Bytes = Field(ByteSize(0), description="Smallest KV pool (elastic floor).")
     kv_ceiling: Bytes = Field(ByteSize(0), description="Largest KV pool (elastic ceiling).")
@@ -72,30 +78,44 @@ class QueueConfig(StrictModel):
 class SloConfig(StrictModel):
     """Latency objectives, used by the simulator's report and the metrics."""
 
-    latency_s: float | None = Field(None, gt=0)
-    ttft_s: float | None = Field(None, gt=0)
-    tbt_s: float | None = Field(None, gt=0)
+    latency_s: float | None = Field(None, gt=0, description="Whole-request latency objective.")
+    ttft_s: float | None = Field(None, gt=0, description="LLM time to first token objective.")
+    tbt_s: float | None = Field(None, gt=0, description="LLM time between tokens objective.")
 
 
 class ServiceConfig(StrictModel):
-    kind: ServiceKind
+    kind: ServiceKind = Field(description="What the service does; decides its endpoint.")
     service_class: Literal["realtime", "interactive", "batch", "background"] = Field(
-        "interactive", alias="class"
+        "interactive",
+        alias="class",
+        description="Priority: realtime > interactive > batch > background.",
     )
-    residency: Residency = Residency.WARM
+    residency: Residency = Field(
+        Residency.WARM,
+        description="pinned: never evicted; warm: kept for ttl_s after use; on-demand: "
+        "loaded per burst, evicted first.",
+    )
     ttl_s: float = Field(300.0, ge=0, description="Warm: unload after this idle time.")
     device: str | None = Field(None, description="Device name (default: the only device).")
     model: str | None = Field(None, description="Model name clients send (default: service).")
-    aliases: list[str] = Field(default_factory=list)
-    concurrency: int = Field(1, ge=1, le=1024)
+    aliases: list[str] = Field(default_factory=list, description="More model names to accept.")
+    concurrency: int = Field(1, ge=1, le=1024, description="Requests it runs at once.")
     init_s: float = Field(1.0, ge=0, description="Start-up time beyond reading weights.")
-    memory: MemoryConfig = Field(default_factory=MemoryConfig)
-    queue: QueueConfig = Field(default_factory=QueueConfig)
-    slo: SloConfig = Field(default_factory=SloConfig)
+    load_timeout_s: float = Field(
+        600.0,
+        gt=0,
+        le=86_400,
+        description="A load (any backend type) still running after this fails with a timeout.",
+    )
+    memory: MemoryConfig = Field(default_factory=MemoryConfig, description="Memory profile.")
+    queue: QueueConfig = Field(default_factory=QueueConfig, description="Waiting limits.")
+    slo: SloConfig = Field(default_factory=SloConfig, description="Latency objectives.")
     windows: list[str] = Field(
         default_factory=list, description='Maintenance windows, "HH:MM-HH:MM" local time.'
     )
-    backend: BackendConfig | None = None
+    backend: BackendConfig | None = Field(
+        None, description="How it runs: external, inprocess or fake (none: simulation only)."
+    )
 
     @field_validator("windows")
     @classmethod
@@ -111,24 +131,40 @@ class ServiceConfig(StrictModel):
 
 class PolicyConfig(StrictModel):
     name: str = Field("accelmux", description="accelmux or a baseline (simulator).")
-    safety_factor: float = Field(1.2, ge=1.0, le=10.0)
-    calibration_window: int = Field(64, ge=1, le=10_000)
-    on_demand_ttl_s: float = Field(30.0, ge=0)
-    reuse_horizon_s: float = Field(600.0, gt=0)
-    spare_fraction: float = Field(0.25, ge=0, lt=1)
-    crash_backoff_s: float = Field(1.0, gt=0)
-    crash_backoff_max_s: float = Field(60.0, gt=0)
-    balloon_idle_s: float = Field(30.0, ge=0)
-    prewarm: bool = True
+    safety_factor: float = Field(
+        1.2, ge=1.0, le=10.0, description="Multiplier on estimates until calibrated."
+    )
+    calibration_window: int = Field(
+        64, ge=1, le=10_000, description="Observed peaks kept per service for calibration."
+    )
+    on_demand_ttl_s: float = Field(30.0, ge=0, description="Idle time before on-demand unload.")
+    reuse_horizon_s: float = Field(
+        600.0, gt=0, description="Horizon of the reuse probability in the victim score."
+    )
+    spare_fraction: float = Field(
+        0.25,
+        ge=0,
+        lt=1,
+        description="Budget share that must stay free for batch work "
+        "outside its windows and for prewarming.",
+    )
+    crash_backoff_s: float = Field(1.0, gt=0, description="First restart delay after a crash.")
+    crash_backoff_max_s: float = Field(60.0, gt=0, description="Longest restart delay.")
+    balloon_idle_s: float = Field(
+        30.0, ge=0, description="Idle time before a KV pool shrinks back to its floor."
+    )
+    prewarm: bool = Field(True, description="Reload likely-reused services into spare memory.")
 
 
 class AccelmuxConfig(StrictModel):
-    devices: dict[Annotated[str, Field(pattern=NAME_PATTERN)], DeviceConfig] = Field(min_length=1)
-    services: dict[Annotated[str, Field(pattern=NAME_PATTERN)], ServiceConfig] = Field(
-        default_factory=dict
+    devices: dict[Annotated[str, Field(pattern=NAME_PATTERN)], DeviceConfig] = Field(
+        min_length=1, description="Memory pools by name (at least one)."
     )
-    policy: PolicyConfig = Field(default_factory=PolicyConfig)
-    server: ServerConfig = Field(default_factory=ServerConfig)
+    services: dict[Annotated[str, Field(pattern=NAME_PATTERN)], ServiceConfig] = Field(
+        default_factory=dict, description="Services by name."
+    )
+    policy: PolicyConfig = Field(default_factory=PolicyConfig, description="Policy knobs.")
+    server: ServerConfig = Field(default_factory=ServerConfig, description="The daemon.")
 
     def device_of(self, service: str) -> str:
         svc = self.services[service]

@@ -1,0 +1,121 @@
+"""Render the configuration reference (docs/configuration.md) from the schema itself.
+
+The schema's field descriptions are the single source: ``accelmux check --reference``
+prints this page, and a test keeps the committed copy in step with the code.
+"""
+
+from __future__ import annotations
+
+import types
+import typing
+from typing import Any, Union, get_args, get_origin
+
+from pydantic import BaseModel, ByteSize
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticUndefined
+
+from accelmux.config.backends import (
+    ExternalBackendConfig,
+    FakeBackendConfig,
+    InProcessBackendConfig,
+)
+from accelmux.config.schema import (
+    AccelmuxConfig,
+    DeviceConfig,
+    MemoryConfig,
+    PolicyConfig,
+    QueueConfig,
+    ServiceConfig,
+    SloConfig,
+)
+from accelmux.config.server import ServerConfig
+
+#: (heading, key path shown to the reader, model) in page order.
+SECTIONS: tuple[tuple[str, str, type[BaseModel]], ...] = (
+    ("Top level", "", AccelmuxConfig),
+    ("Devices", "devices.NAME", DeviceConfig),
+    ("Services", "services.NAME", ServiceConfig),
+    ("Service memory profile", "services.NAME.memory", MemoryConfig),
+    ("Service queue", "services.NAME.queue", QueueConfig),
+    ("Service latency objectives", "services.NAME.slo", SloConfig),
+    ("Backend: external (supervised server)", "services.NAME.backend", ExternalBackendConfig),
+    ("Backend: inprocess (shared inference host)", "services.NAME.backend", InProcessBackendConfig),
+    ("Backend: fake (test double)", "services.NAME.backend", FakeBackendConfig),
+    ("Policy", "policy", PolicyConfig),
+    ("Server", "server", ServerConfig),
+)
+
+HEADER = """# Configuration reference
+
+Generated from the schema by `accelmux check --reference`; do not edit by hand.
+
+A config is one YAML file. Unknown keys are errors. Sizes accept `4.9GiB`, `512MiB`,
+`300MB` or a number of bytes. `accelmux check FILE` lists every problem with its key
+path and the offending value.
+"""
+
+
+def _type_name(annotation: Any) -> str:
+    if annotation is None or annotation is type(None):
+        return "null"
+    if annotation is ByteSize:
+        return "size"
+    origin = get_origin(annotation)
+    if origin is typing.Annotated:
+        return _type_name(get_args(annotation)[0])
+    if origin in (Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in get_args(annotation))
+    if origin is typing.Literal:
+        return " \\| ".join(f"`{a}`" for a in get_args(annotation))
+    if origin in (list, tuple):
+        args = get_args(annotation)
+        return f"list of {_type_name(args[0])}" if args else "list"
+    if origin is dict:
+        args = get_args(annotation)
+        return f"map of {_type_name(args[1])}" if args else "map"
+    if isinstance(annotation, type):
+        if issubclass(annotation, BaseModel):
+            return "section"
+        if hasattr(annotation, "__members__"):
+            return " \\| ".join(f"`{m.value}`" for m in annotation.__members__.values())
+        return {"str": "string", "int": "integer", "float": "number", "bool": "boolean"}.get(
+            annotation.__name__, annotation.__name__
+        )
+    return str(annotation)
+
+
+def _default(field: FieldInfo) -> str:
+    if field.default_factory is not None:
+        return "(empty)"
+    value = field.default
+    if value is PydanticUndefined:
+        return "required"
+    if value is None:
+        return "none"
+    if isinstance(value, ByteSize):
+        return f"`{value.human_readable()}`"
+    if isinstance(value, bool):
+        return f"`{str(value).lower()}`"
+    if hasattr(value, "value"):
+        return f"`{value.value}`"
+    return f"`{value}`"
+
+
+def render_reference() -> str:
+    lines = [HEADER]
+    for heading, path, model in SECTIONS:
+        lines.append(f"## {heading}\n")
+        doc = (model.__doc__ or "").strip().splitlines()
+        if doc and not doc[0].startswith("Usage docs"):
+            lines.append(doc[0] + "\n")
+        lines.append("| key | type | default | meaning |")
+        lines.append("|---|---|---|---|")
+        for name, field in model.model_fields.items():
+            key = field.alias or name
+            full = f"{path}.{key}" if path else key
+            desc = (field.description or "").replace("|", "\\|")
+            lines.append(
+                f"| `{full}` | {_type_name(field.annotation)} | {_default(field)} | {desc} |"
+            )
+        lines.append("")
+    return "\n".join(lines)
