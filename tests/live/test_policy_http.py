@@ -375,11 +375,6 @@ def test_batch_work_is_preempted_for_interactive_and_rerun(tmp_path: Path) -> No
     run(body())
 
 
-@pytest.mark.xfail(
-    reason="core policy: prewarm reloads the evicted warm service, which evicts itself "
-    "again for its own preload (load/unload loop); reported to the core's owner",
-    strict=False,
-)
 def test_no_load_unload_loop_after_an_eviction(tmp_path: Path) -> None:
     mem = {"weights": "2GiB"}
     cfg = base_config(

@@ -151,6 +151,9 @@ class World:
         self.admin_unload: set[str] = set()
         self._actions: list[Action] = []
         self._seq = 0
+        #: Bumped by every recorded action: within one decide round, an unchanged
+        #: version means no mutator ran, so per-device aggregates may be reused.
+        self.version = 0
         self.finished_requests: deque[RequestState] = deque(maxlen=1000)
 
     # ---- time ---------------------------------------------------------------
@@ -165,6 +168,7 @@ class World:
     # ---- actions ------------------------------------------------------------
     def record(self, action: Action) -> None:
         self._actions.append(action)
+        self.version += 1
 
     def drain(self) -> list[Action]:
         out, self._actions = self._actions, []

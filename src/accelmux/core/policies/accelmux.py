@@ -29,6 +29,7 @@ request does not fit the device, it runs on its raw estimate (the headroom cover
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from accelmux.core.state import RequestState, ServiceState, World, reuse_rate
@@ -58,6 +59,19 @@ class AccelmuxPolicy:
     def __init__(self) -> None:
         #: Largest projected activation of each realtime service's requests so far.
         self._rt_peak: dict[str, int] = {}
+        #: Per-round memo of per-device aggregates: key -> (world.version, value).
+        #: Cleared at the start of every decide(); valid while no mutator has run.
+        self._memo: dict[tuple[str, str], tuple[int, int]] = {}
+        #: Per-round memo of make_room failures: (device, class) -> (version, need).
+        self._room_failed: dict[tuple[str, ServiceClass, bool], tuple[int, int]] = {}
+
+    def _cached(self, world: World, key: tuple[str, str], compute: Callable[[], int]) -> int:
+        hit = self._memo.get(key)
+        if hit is not None and hit[0] == world.version:
+            return hit[1]
+        value = compute()
+        self._memo[key] = (world.version, value)
+        return value
 
     # ---- Protocol -------------------------------------------------------------
     def start(self, world: World, now: float) -> None:
@@ -81,6 +95,8 @@ class AccelmuxPolicy:
                 world.load(svc, reason=Reason.PRELOAD, detail="warm at start")
 
     def decide(self, world: World, now: float) -> None:
+        self._memo.clear()
+        self._room_failed.clear()
         self._admin_unloads(world)
         self._relieve_pressure(world)
         self._keep_pinned_loaded(world)
@@ -158,6 +174,13 @@ class AccelmuxPolicy:
         chat or batch work holds. Sized by the largest activation seen per service
         (its workspace estimate before any request), minus what its requests hold now.
         """
+        return self._cached(
+            world,
+            ("realtime_reserve", device),
+            lambda: self._compute_realtime_reserve(world, device),
+        )
+
+    def _compute_realtime_reserve(self, world: World, device: str) -> int:
         total = 0
         for s in world.services_by_device[device]:
             if s.spec.cls is not ServiceClass.REALTIME or not s.holds_memory:
@@ -191,14 +214,22 @@ class AccelmuxPolicy:
         return svc.resident_bytes + reserved
 
     def _pending_free(self, world: World, device: str) -> int:
-        return sum(
-            self.unload_frees(world, s)
-            for s in world.services_by_device[device]
-            if s.status is ServiceStatus.UNLOADING
+        return self._cached(
+            world,
+            ("pending_free", device),
+            lambda: sum(
+                self.unload_frees(world, s)
+                for s in world.services_by_device[device]
+                if s.status is ServiceStatus.UNLOADING
+            ),
         )
 
     def _evictable(
-        self, svc: ServiceState, cls: ServiceClass, exclude: ServiceState | None
+        self,
+        svc: ServiceState,
+        cls: ServiceClass,
+        exclude: ServiceState | None,
+        strict: bool = False,
     ) -> bool:
         return (
             svc is not exclude
@@ -206,7 +237,7 @@ class AccelmuxPolicy:
             and svc.idle
             and not self._keep(svc)
             and (svc.waiting_count == 0 or svc.spec.cls > cls)
-            and svc.spec.cls >= cls
+            and (svc.spec.cls > cls if strict else svc.spec.cls >= cls)
         )
 
     def make_room(
@@ -217,8 +248,13 @@ class AccelmuxPolicy:
         cls: ServiceClass,
         exclude: ServiceState | None,
         reason: Reason,
+        *,
+        strict: bool = False,
     ) -> bool:
         """Free memory for ``need`` bytes on behalf of class ``cls``.
+
+        ``strict``: only strictly lower classes are evicted (for restores, so that two
+        services of one class never evict each other in turn).
 
         Returns True when ``need`` fits now. Evictions free memory only once the
         backend confirms the unload, so after issuing them this returns False and the
@@ -230,6 +266,12 @@ class AccelmuxPolicy:
             return True
         pending = self._pending_free(world, device)
         if available + pending >= need:
+            return False
+        # What can be freed does not depend on a requester that holds no memory, so a
+        # failure for ``need`` at this class answers every larger need until a mutator runs.
+        independent = exclude is None or exclude.status is not ServiceStatus.LOADED
+        failed = self._room_failed.get((device, cls, strict)) if independent else None
+        if failed is not None and failed[0] == world.version and need >= failed[1]:
             return False
         services = world.services_by_device[device]
         # One pass collects what could be freed; sorting waits until it is enough.
@@ -246,7 +288,7 @@ class AccelmuxPolicy:
             target = max(svc.spec.profile.kv_floor, svc.kv_in_use)
             if svc.kv_pool > target:
                 shrinks.append((svc, target))
-            if self._evictable(svc, cls, exclude):
+            if self._evictable(svc, cls, exclude, strict):
                 victims.append(svc)
 
         # KV freed by a preemption comes back only as far as its pool can shrink.
@@ -259,6 +301,8 @@ class AccelmuxPolicy:
             gain_now += max(0, svc.kv_pool - low)
         gain_later = sum(self.unload_frees(world, s) for s in victims)
         if available + pending + gain_now + gain_later < need:
+            if independent:
+                self._room_failed[(device, cls, strict)] = (world.version, need)
             return False
         shrinks.sort(key=lambda st: -int(st[0].spec.cls))  # stable: lowest class first
         preempts.sort(key=lambda r: (-int(r.cls), -(r.dispatched_at or 0.0)))
@@ -303,14 +347,21 @@ class AccelmuxPolicy:
             )
         return False
 
+    @staticmethod
+    def _kept_floor(s: ServiceState) -> int:
+        """Memory a kept (pinned or admin-loaded) service holds at its KV floor."""
+        if (s.pinned or s.admin_wants_loaded) and s.holds_memory:
+            return s.resident_bytes - s.kv_pool + s.spec.profile.kv_floor
+        return 0
+
     def _max_possible(self, world: World, device: str, exclude: ServiceState) -> int:
         dev = world.devices[device]
-        held = sum(
-            s.resident_bytes - s.kv_pool + s.spec.profile.kv_floor
-            for s in world.services_by_device[device]
-            if (s.pinned or s.admin_wants_loaded) and s is not exclude and s.holds_memory
+        held = self._cached(
+            world,
+            ("kept_floor", device),
+            lambda: sum(self._kept_floor(s) for s in world.services_by_device[device]),
         )
-        return dev.usable_bytes - held
+        return dev.usable_bytes - (held - self._kept_floor(exclude))
 
     def _retry_after(self, svc: ServiceState) -> float:
         return float(
@@ -632,7 +683,11 @@ class AccelmuxPolicy:
             if not fits and svc.spec.cls < ServiceClass.BATCH:
                 # An interactive service outranks batch and background work: take its
                 # memory back from them (they are preempted or evicted) to restore it.
-                fits = self.make_room(world, dev, need + spare, svc.spec.cls, svc, Reason.PRELOAD)
+                # Only strictly lower classes yield: two services of one class that cannot
+                # both fit must never restore each other in turn (a load/unload loop).
+                fits = self.make_room(
+                    world, dev, need + spare, svc.spec.cls, svc, Reason.PRELOAD, strict=True
+                )
             if fits:
                 world.load(svc, reason=Reason.PRELOAD, detail="likely reused soon")
                 svc.last_evicted_at = None
