@@ -7,7 +7,6 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-import pytest
 from tests.live.support import base_config, fake, live, run, settle
 
 from accelmux.core.types import ServiceStatus
