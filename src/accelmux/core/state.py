@@ -144,6 +144,11 @@ class World:
         self.services_by_device: dict[str, list[ServiceState]] = {d: [] for d in self.devices}
         for svc in self.services.values():
             self.services_by_device[svc.spec.device].append(svc)
+        #: Realtime services per device (classes never change at run time).
+        self.realtime_by_device: dict[str, list[ServiceState]] = {
+            d: [s for s in svcs if s.spec.cls is ServiceClass.REALTIME]
+            for d, svcs in self.services_by_device.items()
+        }
         self.waiting: dict[str, RequestState] = {}
         self.inflight: dict[str, RequestState] = {}
         self.now = 0.0

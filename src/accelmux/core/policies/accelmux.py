@@ -182,8 +182,8 @@ class AccelmuxPolicy:
 
     def _compute_realtime_reserve(self, world: World, device: str) -> int:
         total = 0
-        for s in world.services_by_device[device]:
-            if s.spec.cls is not ServiceClass.REALTIME or not s.holds_memory:
+        for s in world.realtime_by_device[device]:
+            if not s.holds_memory:
                 continue
             typical = self._rt_peak.get(s.name)
             if typical is None:
