@@ -17,6 +17,11 @@ def test_reference_doc_is_current() -> None:
 
 def test_reference_names_every_section() -> None:
     text = render_reference()
-    for key in ("services.NAME.memory.kv_ceiling", "devices.NAME.headroom", "server.admin_key",
-                "policy.safety_factor", "services.NAME.backend.argv"):
+    for key in (
+        "services.NAME.memory.kv_ceiling",
+        "devices.NAME.headroom",
+        "server.admin_key",
+        "policy.safety_factor",
+        "services.NAME.backend.argv",
+    ):
         assert f"`{key}`" in text

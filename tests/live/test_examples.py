@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import base64
 from pathlib import Path
 
 import pytest
 import yaml
 from tests.live.support import live, run
 
+from accelmux.backends.fake_outputs import png_b64
 from accelmux.config.load import load_config
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -35,7 +35,7 @@ def test_fake_stack_serves_every_modality(tmp_path: Path) -> None:
                 ("/v1/images/generations", {"model": "image", "prompt": "x", "size": "64x64"}),
                 (
                     "/v1/detections",
-                    {"model": "detect", "image": base64.b64encode(b"\x89PNG\r\n\x1a\n").decode()},
+                    {"model": "detect", "image": png_b64(b"seed", 8, 8)},
                 ),
             ]
             for path, payload in calls:

@@ -7,18 +7,23 @@ from pathlib import Path
 from accelmux.backends.base import Backend
 from accelmux.backends.external import ExternalBackend
 from accelmux.backends.fake import FakeBackend
-from accelmux.backends.inprocess import InProcessBackend
 from accelmux.config.backends import (
     ExternalBackendConfig,
     FakeBackendConfig,
     InProcessBackendConfig,
 )
 from accelmux.config.schema import AccelmuxConfig
+from accelmux.host.backend import HostPool
 
 
 def build_backends(cfg: AccelmuxConfig, data_dir: Path) -> dict[str, Backend]:
-    """One backend per service; a service without a backend section gets the fake."""
+    """One backend per service; a service without a backend section gets the fake.
+
+    ``inprocess`` services are hosted by accelmux's inference worker process (one shared
+    worker, or one of its own with ``isolated: true``): see :mod:`accelmux.host`.
+    """
     out: dict[str, Backend] = {}
+    hosts: HostPool | None = None
     for name, svc in cfg.services.items():
         section = svc.backend or FakeBackendConfig(type="fake")
         model = svc.model or name
@@ -42,5 +47,7 @@ def build_backends(cfg: AccelmuxConfig, data_dir: Path) -> dict[str, Backend]:
                 data_dir=data_dir,
             )
         elif isinstance(section, InProcessBackendConfig):
-            out[name] = InProcessBackend(name, svc.kind, section)
+            if hosts is None:
+                hosts = HostPool(data_dir)
+            out[name] = hosts.backend(name, svc.kind, section)
     return out

@@ -6,6 +6,12 @@ and the process RSS shows it): the granted weights + runtime + KV pool at load, 
 request's lease (times ``peak_factor``) while the request runs. ``scale`` shrinks what is
 really allocated; reports are scaled back so the ledger sees the configured sizes.
 Outputs are deterministic per input (see :mod:`.fake_outputs`).
+
+Fault injection (test-double options of :class:`FakeBackendConfig`): ``fail_load``,
+``hang_load`` (a load that never ends, for the runtime's load timeout),
+``crash_after_requests`` (crash once, as the Nth non-streamed request ends, failing those
+in flight), ``request_bytes`` (every request really uses that much, whatever its lease:
+calibration) and ``peak_factor``.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from accelmux.backends import fake_outputs as out
 from accelmux.backends.base import BackendRequest, BackendResponse, CrashCallback, LoadReport
 from accelmux.config.backends import FakeBackendConfig
 from accelmux.core.types import ServiceKind
-from accelmux.errors import BackendError
+from accelmux.errors import BackendCrashedError, BackendError
 
 
 def _allocate(nbytes: int) -> bytearray:
@@ -62,6 +68,8 @@ class FakeBackend:
         self._kv_reported = 0
         self._requests_reported = 0
         self._on_crash: CrashCallback | None = None
+        #: Bumped by every load and crash: a request started under an older one failed.
+        self._generation = 0
 
     # ---- lifecycle ---------------------------------------------------------------
     def _real(self, nbytes: int) -> int:
@@ -74,6 +82,8 @@ class FakeBackend:
             await self.sleep(self.cfg.load_s)
         if self.cfg.fail_load:
             raise BackendError(f"{self.service}: fake backend configured to fail its load")
+        if self.cfg.hang_load:
+            await asyncio.Event().wait()  # never set: only a timeout or a cancel ends it
         weights, runtime = self.profile or (weights_bytes, runtime_bytes)
         self._resident = _allocate(self._real(weights + runtime))
         self._kv = _allocate(self._real(kv_pool_bytes))
@@ -81,6 +91,7 @@ class FakeBackend:
         self._kv_reported = kv_pool_bytes
         self.loaded = True
         self.loads += 1
+        self._generation += 1
         return LoadReport(weights_bytes=weights, runtime_bytes=runtime)
 
     async def unload(self) -> None:
@@ -100,6 +111,7 @@ class FakeBackend:
         self._kv = bytearray()
         self._resident_reported = self._kv_reported = 0
         self.loaded = False
+        self._generation += 1
         if self._on_crash is not None:
             self._on_crash(error)
 
@@ -132,7 +144,9 @@ class FakeBackend:
         if not self.loaded:
             raise BackendError(f"{self.service}: fake backend is not loaded")
         self.requests += 1
-        peak = int(request.lease_bytes * self.cfg.peak_factor)
+        crasher = self.requests == self.cfg.crash_after_requests
+        generation = self._generation
+        peak = self._peak(request)
         if request.stream and self.kind.is_llm:
             return BackendResponse(
                 content_type="text/event-stream", stream=self._stream(request, peak)
@@ -143,6 +157,12 @@ class FakeBackend:
         try:
             if self.cfg.latency_s:
                 await self.sleep(self.cfg.latency_s)
+            if crasher and generation == self._generation:
+                self.crash(f"test double: crash_after_requests={self.requests}")
+                for _ in range(2):  # the runtime hears of it first, as from a dead process
+                    await asyncio.sleep(0)
+            if generation != self._generation:
+                raise BackendCrashedError(f"{self.service}: fake backend crashed mid-request")
             response = self._respond(request)
         finally:
             self._request_bytes -= len(scratch)
@@ -150,6 +170,13 @@ class FakeBackend:
             del scratch
         response.peak_bytes = peak
         return response
+
+    def _peak(self, request: BackendRequest) -> int:
+        """What a request really uses: ``request_bytes`` when set, else its lease x
+        ``peak_factor``."""
+        if self.cfg.request_bytes is not None:
+            return int(self.cfg.request_bytes)
+        return int(request.lease_bytes * self.cfg.peak_factor)
 
     def _respond(self, request: BackendRequest) -> BackendResponse:
         body = request.body

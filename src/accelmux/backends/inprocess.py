@@ -1,12 +1,13 @@
-"""The in-process model interface: models hosted inside accelmux's inference worker.
+"""Models run on a thread of the daemon's own process (tests and embedding only).
 
 A model implements :class:`InProcessModel` with plain blocking methods; the
 :class:`InProcessBackend` adapter runs them on one worker thread per model (so the event
-loop never blocks) and turns them into the async :class:`~.base.Backend`. The real
-model wrappers (llama.cpp chat, ONNX embeddings, Piper TTS, PocketSphinx ASR, OpenCV
-detection) plug in through :func:`register_model_factory`; until a factory is registered
-for a service, its load fails with a clear message (the Manager then rejects its requests
-with ``load_failed``).
+loop never blocks) and turns them into the async :class:`~.base.Backend`. Models plug in
+through :func:`register_model_factory`.
+
+Config ``backend: {type: inprocess}`` does NOT use this: the real models run in
+accelmux's inference worker process (:mod:`accelmux.host`), so a crashing model cannot
+take the daemon down.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ByteSize, ConfigDict, Field
 
 
 class _Backend(BaseModel):
@@ -35,7 +35,23 @@ class FakeBackendConfig(_Backend):
     )
     embedding_dim: int = Field(64, ge=1, le=8192)
     stream_chunk_s: float = Field(0.0, ge=0, le=60, description="Pause between stream chunks.")
-    fail_load: bool = Field(False, description="Make every load fail (tests the error path).")
+    # ---- fault injection (test-double options; they exist to test accelmux itself) ----
+    fail_load: bool = Field(False, description="Test double: make every load fail.")
+    hang_load: bool = Field(
+        False, description="Test double: a load never finishes (tests the load timeout)."
+    )
+    request_bytes: ByteSize | None = Field(
+        None,
+        description="Test double: every request really uses this many bytes, whatever its "
+        "lease (a request that needs more than estimated; calibration must catch up).",
+    )
+    crash_after_requests: int | None = Field(
+        None,
+        ge=1,
+        description="Test double: the backend crashes (drops its memory, fails the requests "
+        "in flight, reports a crash) at the end of the service time of this request (the "
+        "Nth since start), once.",
+    )
 
 
 class ExternalBackendConfig(_Backend):

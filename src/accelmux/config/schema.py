@@ -47,6 +47,11 @@ class DeviceConfig(StrictModel):
     load_bandwidth: PositiveBytes = Field(
         ByteSize(2 * 10**9), description="Bytes per second when loading weights."
     )
+    foreign_pid_dir: str | None = Field(
+        None,
+        description="virtual only (tests, demos): a directory of *.pid files; the memory of "
+        "those processes (and their children) is measured and counted as foreign usage.",
+    )
 
 
 class MemoryConfig(StrictModel):
@@ -152,6 +157,13 @@ class PolicyConfig(StrictModel):
     crash_backoff_max_s: float = Field(60.0, gt=0, description="Longest restart delay.")
     balloon_idle_s: float = Field(
         30.0, ge=0, description="Idle time before a KV pool shrinks back to its floor."
+    )
+    realtime_grace_s: float = Field(
+        0.0,
+        ge=0,
+        le=60,
+        description="After a realtime request ends, batch and background work stay held "
+        "this long (the next step of a voice chain follows within it).",
     )
     prewarm: bool = Field(True, description="Reload likely-reused services into spare memory.")
 

@@ -7,6 +7,15 @@ from typing import Literal
 from pydantic import BaseModel, ByteSize, ConfigDict, Field
 
 
+class RateLimitConfig(BaseModel):
+    """A token bucket per API key (per client address when no keys are configured)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    requests_per_s: float = Field(gt=0, le=1_000_000, description="Sustained request rate.")
+    burst: int = Field(ge=1, le=1_000_000, description="Requests allowed at once (bucket size).")
+
+
 class ServerConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -15,6 +24,11 @@ class ServerConfig(BaseModel):
     api_keys: list[str] = Field(default_factory=list, description="Bearer keys for /v1.")
     admin_key: str | None = Field(None, description="Bearer key for /admin and the dashboard.")
     max_body: ByteSize = Field(ByteSize(25 * 1024**2), description="Largest request body.")
+    rate_limit: RateLimitConfig | None = Field(
+        None,
+        description="Per-key token bucket on /v1, {requests_per_s: 5, burst: 10} (per client "
+        "address without api_keys); beyond it 429 with Retry-After. None by default.",
+    )
     data_dir: str = Field("./accelmux-data", description="SQLite jobs and logs.")
     sample_interval_s: float = Field(1.0, gt=0, description="Memory sampling period.")
     drain_s: float = Field(

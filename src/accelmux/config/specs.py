@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from accelmux.config.schema import AccelmuxConfig, parse_window
+from accelmux.config.schema import AccelmuxConfig, MemoryConfig, parse_window
 from accelmux.core.specs import DeviceSpec, ManagerSpec, MemoryProfile, PolicyKnobs, ServiceSpec
 from accelmux.errors import ConfigError
 
@@ -41,7 +41,10 @@ def to_manager_spec(
     services = []
     for name, svc in cfg.services.items():
         mem = svc.memory
-        profile = (gguf_profiles or {}).get(name) or MemoryProfile(
+        profile = (gguf_profiles or {}).get(name)
+        if profile is None and mem.gguf:
+            profile = gguf_memory_profile(mem)
+        profile = profile or MemoryProfile(
             weights=int(mem.weights),
             runtime=int(mem.runtime),
             kv_bytes_per_token=int(mem.kv_per_token),
@@ -77,6 +80,7 @@ def to_manager_spec(
         crash_backoff_s=p.crash_backoff_s,
         crash_backoff_max_s=p.crash_backoff_max_s,
         balloon_idle_s=p.balloon_idle_s,
+        realtime_grace_s=p.realtime_grace_s,
         prewarm=p.prewarm,
     )
     return ManagerSpec(
@@ -84,4 +88,29 @@ def to_manager_spec(
         services=tuple(services),
         knobs=knobs,
         clock_origin_s_of_day=clock_origin_s_of_day,
+    )
+
+
+#: KV pool bounds (tokens) of an LLM whose profile comes from its GGUF file alone.
+GGUF_KV_FLOOR_TOKENS = 512
+GGUF_KV_CEILING_TOKENS = 4096
+
+
+def gguf_memory_profile(mem: MemoryConfig) -> MemoryProfile:
+    """``memory.gguf``: weights and KV bytes per token from the GGUF header; runtime from
+    llama.cpp's estimate; KV floor/ceiling 512/4096 tokens. Sizes set in the config win."""
+    from accelmux.models.gguf_profile import gguf_profile, llama_memory_estimate
+
+    assert mem.gguf is not None
+    gguf = gguf_profile(mem.gguf)
+    est = llama_memory_estimate(gguf, GGUF_KV_FLOOR_TOKENS)
+    per_token = int(mem.kv_per_token) or gguf.kv_bytes_per_token
+    return MemoryProfile(
+        weights=int(mem.weights) or gguf.weights_bytes,
+        runtime=int(mem.runtime) or est.runtime_bytes + est.output_bytes,
+        kv_bytes_per_token=per_token,
+        kv_floor=int(mem.kv_floor) or per_token * GGUF_KV_FLOOR_TOKENS,
+        kv_ceiling=int(mem.kv_ceiling) or per_token * GGUF_KV_CEILING_TOKENS,
+        workspace=int(mem.workspace),
+        per_unit=float(mem.per_unit),
     )

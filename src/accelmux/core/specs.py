@@ -146,6 +146,9 @@ class PolicyKnobs:
     crash_backoff_s: float = 1.0
     crash_backoff_max_s: float = 60.0
     balloon_idle_s: float = 30.0
+    #: After a realtime request ends, batch and background work stay held this long on its
+    #: device: the next step of a voice chain (ASR -> chat -> TTS) follows within it.
+    realtime_grace_s: float = 0.0
     class_weights: tuple[float, float, float, float] = (16.0, 4.0, 1.0, 1.0)
     prewarm: bool = True
     max_decision_log: int = 2000
@@ -154,6 +157,7 @@ class PolicyKnobs:
         _require(self.safety_factor >= 1.0, "safety_factor must be >= 1")
         _require(self.calibration_window >= 1, "calibration_window must be >= 1")
         _require(0 <= self.spare_fraction < 1, "spare_fraction must be in [0, 1)")
+        _require(self.realtime_grace_s >= 0, "realtime_grace_s must be >= 0")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

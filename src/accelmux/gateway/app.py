@@ -6,7 +6,7 @@ from aiohttp import web
 
 from accelmux.gateway import admin, openai_api
 from accelmux.gateway.keys import RUNTIME
-from accelmux.gateway.middleware import auth_middleware, error_middleware
+from accelmux.gateway.middleware import auth_middleware, error_middleware, rate_limit_middleware
 from accelmux.gateway.openapi import document
 from accelmux.runtime.daemon import Runtime
 
@@ -23,13 +23,13 @@ async def openapi(request: web.Request) -> web.Response:
 def build_app(runtime: Runtime, *, host: str | None = None) -> web.Application:
     server = runtime.cfg.server
     max_body = int(server.max_body)
-    app = web.Application(
-        client_max_size=max_body,
-        middlewares=[
-            error_middleware(max_body),
-            auth_middleware(server, host if host is not None else server.host),
-        ],
-    )
+    middlewares = [
+        error_middleware(max_body),
+        auth_middleware(server, host if host is not None else server.host),
+    ]
+    if server.rate_limit is not None:
+        middlewares.append(rate_limit_middleware(server.rate_limit))
+    app = web.Application(client_max_size=max_body, middlewares=middlewares)
     app[RUNTIME] = runtime
     app.router.add_get("/health", health)
     app.router.add_get("/openapi.json", openapi)

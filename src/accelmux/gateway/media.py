@@ -55,3 +55,24 @@ def megapixels(data: bytes) -> tuple[float, int, int]:
     if size is None or size[0] <= 0 or size[1] <= 0:
         return FALLBACK_MEGAPIXELS, 0, 0
     return size[0] * size[1] / 1e6, size[0], size[1]
+
+
+#: Leading bytes of the audio containers accepted for transcription.
+_AUDIO_MAGIC = (b"ID3", b"fLaC", b"OggS", b"\x1a\x45\xdf\xa3", b"#!AMR", b"FORM")
+
+
+def looks_like_audio(data: bytes) -> bool:
+    """True for WAV, MP3, FLAC, Ogg, WebM/Matroska, MP4/M4A, AMR or AIFF data."""
+    if data[:4] == b"RIFF":
+        return data[8:12] == b"WAVE"
+    if data.startswith(_AUDIO_MAGIC) or data[4:8] == b"ftyp":
+        return True
+    return len(data) >= 2 and data[0] == 0xFF and data[1] & 0xE0 == 0xE0  # MPEG frame
+
+
+def looks_like_image(data: bytes) -> bool:
+    """True for data whose header reads as PNG, JPEG or GIF, or that is WebP or BMP."""
+    if (data[:4] == b"RIFF" and data[8:12] == b"WEBP") or (data[:2] == b"BM" and len(data) > 26):
+        return True
+    size = image_size(data)
+    return size is not None and size[0] > 0 and size[1] > 0

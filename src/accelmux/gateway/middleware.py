@@ -1,22 +1,35 @@
-"""Middlewares: OpenAI-shaped errors, body size limit and bearer-key checks.
+"""Middlewares: OpenAI-shaped errors, body size limit, bearer-key checks, rate limits.
 
 ``/v1/*`` needs one of ``server.api_keys`` when any is set. ``/admin/*`` and ``/metrics``
 need ``server.admin_key`` when set; without it they are open only while the daemon
-listens on a loopback address (otherwise 403). Keys are compared in constant time
+listens on a loopback address (otherwise 403). Off loopback the dashboard (``/``,
+``/dashboard/*``) is refused the same way; a browser may give the admin key as the
+password of HTTP Basic auth (it is asked for with ``WWW-Authenticate``), which ``/admin``
+accepts too. Keys are compared in constant time
 (``hmac.compare_digest``) and never logged.
+
+``server.rate_limit`` puts a token bucket in front of ``/v1/*`` per API key (per client
+address when no keys are set); an empty bucket answers 429 ``rate_limited`` with
+Retry-After. Buckets are keyed by a digest of the key, never the key itself.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import hashlib
 import hmac
 import ipaddress
 import logging
+import math
+import time
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.typedefs import Middleware
 
-from accelmux.config.server import ServerConfig
+from accelmux.config.server import RateLimitConfig, ServerConfig
 from accelmux.gateway.errors import ApiError
 
 log = logging.getLogger("accelmux.gateway")
@@ -40,6 +53,26 @@ def _bearer(request: web.Request) -> bytes | None:
     if scheme.lower() != "bearer" or not token:
         return None
     return token.strip().encode()
+
+
+def _admin_token(request: web.Request) -> bytes | None:
+    """The bearer token, or the password of HTTP Basic auth (what a browser can send)."""
+    token = _bearer(request)
+    if token is not None:
+        return token
+    scheme, _, encoded = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() != "basic" or not encoded:
+        return None
+    try:
+        decoded = base64.b64decode(encoded.strip(), validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    password = decoded.partition(b":")[2]
+    return password or None
+
+
+def _is_dashboard(path: str) -> bool:
+    return path in ("/", "/dashboard") or path.startswith("/dashboard/")
 
 
 def _matches(token: bytes | None, keys: list[bytes]) -> bool:
@@ -75,6 +108,9 @@ def error_middleware(max_body: int) -> Middleware:
             return ApiError(
                 exc.status, exc.reason, type="invalid_request_error", code=str(exc.status)
             ).response()
+        except HttpProcessingError as exc:  # a malformed body found while reading it
+            status = exc.code if 400 <= exc.code < 500 else 400
+            return ApiError(status, f"malformed request: {exc.message}").response()
         except ConnectionError:
             raise
         except Exception:
@@ -99,15 +135,82 @@ def auth_middleware(cfg: ServerConfig, host: str) -> Middleware:
                     "missing or invalid API key (Authorization: Bearer ...)",
                     code="invalid_api_key",
                 )
+        elif _is_dashboard(path) and not is_loopback(host):
+            if not admin_keys:
+                raise ApiError(
+                    403,
+                    "the dashboard needs server.admin_key when listening on a non-loopback address",
+                    code="admin_key_required",
+                )
+            if not _matches(_admin_token(request), admin_keys):
+                resp = ApiError(401, "missing or invalid admin key", code="invalid_admin_key")
+                out = resp.response()
+                out.headers["WWW-Authenticate"] = 'Basic realm="accelmux admin"'
+                return out
         elif path.startswith("/admin") or path == "/metrics":
             if admin_keys:
-                if not _matches(_bearer(request), admin_keys):
+                if not _matches(_admin_token(request), admin_keys):
                     raise ApiError(401, "missing or invalid admin key", code="invalid_admin_key")
             elif not admin_open:
                 raise ApiError(
                     403,
                     "the admin API needs server.admin_key when listening on a non-loopback address",
                     code="admin_key_required",
+                )
+        return await handler(request)
+
+    return middleware
+
+
+class TokenBuckets:
+    """Token buckets by caller; ``take`` returns 0 when allowed, else seconds to wait."""
+
+    #: Buckets kept at most; the oldest untouched ones are dropped beyond it.
+    MAX_BUCKETS = 10_000
+
+    def __init__(self, cfg: RateLimitConfig, clock: Callable[[], float] = time.monotonic) -> None:
+        self.rate = cfg.requests_per_s
+        self.burst = float(cfg.burst)
+        self._clock = clock
+        self._buckets: dict[str, tuple[float, float]] = {}  # caller -> (tokens, updated)
+
+    def take(self, caller: str) -> float:
+        now = self._clock()
+        tokens, updated = self._buckets.pop(caller, (self.burst, now))
+        tokens = min(self.burst, tokens + (now - updated) * self.rate)
+        wait = 0.0
+        if tokens >= 1.0:
+            tokens -= 1.0
+        else:
+            wait = (1.0 - tokens) / self.rate
+        self._buckets[caller] = (tokens, now)  # re-inserted last: dicts keep LRU order
+        if len(self._buckets) > self.MAX_BUCKETS:
+            del self._buckets[next(iter(self._buckets))]
+        return wait
+
+
+def _caller(request: web.Request) -> str:
+    token = _bearer(request)
+    if token is not None:
+        return "key:" + hashlib.sha256(token).hexdigest()[:32]
+    return "addr:" + (request.remote or "")
+
+
+def rate_limit_middleware(cfg: RateLimitConfig) -> Middleware:
+    buckets = TokenBuckets(cfg)
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path.startswith("/v1/"):
+            wait = buckets.take(_caller(request))
+            if wait > 0:
+                raise ApiError(
+                    429,
+                    f"rate limit of {cfg.requests_per_s:g} requests/s (burst {cfg.burst}) "
+                    "exceeded for this key",
+                    type="rate_limit_error",
+                    code="rate_limited",
+                    retry_after_s=max(1.0, math.ceil(wait)),
                 )
         return await handler(request)
 

@@ -470,6 +470,12 @@ def document() -> dict[str, Any]:
                 "responses": {"200": {"description": "OK", "content": {"application/json": _OBJ}}},
             }
         },
+        "/openapi.json": {
+            "get": {
+                "summary": "This document (OpenAPI 3.0).",
+                "responses": {"200": {"description": "OK", "content": {"application/json": _OBJ}}},
+            }
+        },
     }
     return {
         "openapi": "3.0.3",

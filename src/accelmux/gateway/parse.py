@@ -21,11 +21,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from accelmux.core.events import Demand
 from accelmux.core.types import ServiceKind
 from accelmux.gateway.errors import ApiError, bad_field
-from accelmux.gateway.media import audio_seconds, megapixels
+from accelmux.gateway.media import audio_seconds, looks_like_audio, looks_like_image, megapixels
 
 CHARS_PER_TOKEN = 3.5
 TOKENS_PER_MESSAGE = 4
@@ -80,7 +81,7 @@ async def read_form(
         raise ApiError(400, "expected multipart/form-data", param="file")
     try:
         form = await request.post()
-    except ValueError as exc:
+    except (ValueError, HttpProcessingError) as exc:  # a bad part header, a bad boundary
         raise ApiError(400, f"malformed multipart body: {exc}") from None
     fields: dict[str, Any] = {}
     files: dict[str, bytes] = {}
@@ -277,6 +278,10 @@ def transcription(
     audio = files.get("file")
     if not audio:
         raise bad_field("file", "'file' (the audio) is required")
+    if not looks_like_audio(audio):
+        raise bad_field(
+            "file", "'file' is not audio (WAV, MP3, FLAC, Ogg, WebM, M4A, AMR or AIFF expected)"
+        )
     fmt = fields.get("response_format")
     if fmt is not None and fmt not in ("json", "text", "verbose_json", "srt", "vtt"):
         raise bad_field("response_format", "'response_format' is not supported")
@@ -305,6 +310,8 @@ def detection(body: dict[str, Any], files: dict[str, bytes], raw: bytes) -> Pars
             raise bad_field("image", "'image' is not valid base64") from None
         if not image:
             raise bad_field("image", "'image' is empty")
+    if not looks_like_image(image):
+        raise bad_field("image", "'image' is not a PNG, JPEG, GIF, WebP or BMP image")
     mp, w, h = megapixels(image)
     out = dict(body)
     out.pop("image", None)

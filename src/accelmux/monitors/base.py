@@ -15,6 +15,9 @@ class ServiceProcesses:
     service: str
     pids: list[int] = field(default_factory=list)
     inprocess_bytes: int | None = None
+    #: Bytes measured in a process accelmux runs models in (its inference worker), already
+    #: attributed to this service; unlike ``inprocess_bytes`` they are not accelmux's own.
+    hosted_bytes: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

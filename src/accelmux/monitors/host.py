@@ -36,6 +36,7 @@ class HostSampler:
             if svc.inprocess_bytes:
                 n += svc.inprocess_bytes
                 inprocess += svc.inprocess_bytes
+            n += svc.hosted_bytes or 0
             for pid in svc.pids:
                 n += tree_memory(pid)
             per_service[svc.service] = n

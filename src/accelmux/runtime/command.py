@@ -1,7 +1,9 @@
 """``accelmux serve``: run the daemon (gateway + Manager + backends + monitors).
 
-Without ``-c`` it stops with a message: the embedded real stack will become the default
-later; today a config is required (``examples/fake-stack.yaml`` runs anywhere).
+Without ``-c`` it runs the default stack (:mod:`accelmux.defaults.stack`): real models
+for every modality in one shared inference worker, on this machine's RAM, with a budget
+and headroom chosen from the RAM and printed at start. ``--show-config`` prints that
+config as YAML instead (a starting point for your own file).
 """
 
 from __future__ import annotations
@@ -10,12 +12,13 @@ import argparse
 import asyncio
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-NO_CONFIG = (
-    "accelmux serve: a config file is required for now (-c FILE).\n"
-    "  Try the fake stack, which needs no model: accelmux serve -c examples/fake-stack.yaml\n"
-    "  (in a source checkout; every example in examples/ is documented)."
+NO_MODELS = (
+    "accelmux serve: the default stack needs the real models: {error}\n"
+    "  Install them with scripts/setup-models.sh (in a source checkout), or run a config\n"
+    "  that needs none: accelmux serve -c examples/fake-stack.yaml"
 )
 
 
@@ -25,6 +28,11 @@ def register(sub: Any) -> None:
     p.add_argument("--host", help="listen address (default: server.host, 127.0.0.1)")
     p.add_argument("--port", type=int, help="listen port (default: server.port, 8600)")
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
+    p.add_argument(
+        "--show-config",
+        action="store_true",
+        help="print the config that would run (the default stack without -c) and exit",
+    )
     p.set_defaults(func=run)
 
 
@@ -33,10 +41,16 @@ def run(args: argparse.Namespace) -> int:
 
     from accelmux.config.load import load_config
 
-    if not args.config:
-        print(NO_CONFIG, file=sys.stderr)
-        return 2
-    cfg = load_config(args.config)
+    if args.config:
+        cfg = load_config(args.config)
+        if args.show_config:
+            print(Path(args.config).read_text(encoding="utf-8"), end="")
+            return 0
+    else:
+        loaded, code = default_stack(show=args.show_config)
+        if loaded is None:
+            return code
+        cfg = loaded
     update: dict[str, Any] = {}
     if args.host:
         update["host"] = args.host
@@ -57,6 +71,32 @@ def run(args: argparse.Namespace) -> int:
     with asyncio.Runner(loop_factory=loop_factory(cfg.server.event_loop)) as runner:
         runner.run(serve(cfg))
     return 0
+
+
+def default_stack(*, show: bool) -> tuple[Any, int]:
+    """(the default stack's config, 0) after printing its summary line, or (None, exit
+    code) after printing its YAML (``show``: 0) or why it cannot run (2)."""
+    import json
+
+    import psutil
+    import yaml
+
+    from accelmux.config.load import load_config_data
+    from accelmux.defaults.stack import default_config_data, summary
+    from accelmux.errors import BackendError
+
+    total = int(psutil.virtual_memory().total)
+    try:
+        data = default_config_data(total_ram=total)
+    except BackendError as exc:
+        print(NO_MODELS.format(error=exc), file=sys.stderr)
+        return None, 2
+    if show:
+        plain = json.loads(json.dumps(data))  # no shared objects: no YAML anchors
+        print(yaml.safe_dump(plain, sort_keys=False), end="")
+        return None, 0
+    print(summary(data, total), flush=True)
+    return load_config_data(data, "default stack"), 0
 
 
 def loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:

@@ -51,7 +51,7 @@ from accelmux.core.events import (
 from accelmux.core.manager import Decision, Manager
 from accelmux.core.policies import make_policy
 from accelmux.core.types import Reason
-from accelmux.errors import BackendError, ConfigError
+from accelmux.errors import BackendError, BackendTimeoutError, ConfigError
 from accelmux.gateway.metrics import Metrics
 from accelmux.monitors.base import DeviceSample, DeviceSampler, ServiceProcesses
 from accelmux.runtime.bus import DecisionBus
@@ -112,7 +112,9 @@ def build_samplers(manager: Manager, cfg: AccelmuxConfig) -> dict[str, DeviceSam
                 spec.name, index=dev.index, capacity=spec.capacity_bytes, budget=spec.budget_bytes
             )
         else:
-            out[spec.name] = VirtualSampler(spec.name, capacity=spec.capacity_bytes)
+            out[spec.name] = VirtualSampler(
+                spec.name, capacity=spec.capacity_bytes, foreign_pid_dir=dev.foreign_pid_dir
+            )
     return out
 
 
@@ -162,6 +164,8 @@ class Runtime:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._sampler_task: asyncio.Task[None] | None = None
         self._load_started: dict[str, float] = {}
+        #: The last load failure or crash of each service, shown by /admin/status.
+        self.last_errors: dict[str, str] = {}
         self._idle = asyncio.Event()
 
     # ---- lifecycle ---------------------------------------------------------------
@@ -178,9 +182,18 @@ class Runtime:
     ) -> Callable[[str], None]:
         def report(error: str) -> None:
             log.warning("backend of %s crashed: %s", service, error)
-            loop.call_soon_threadsafe(
-                self.driver.submit, BackendCrashed(service=service, error=error)
-            )
+            self.last_errors[service] = f"crashed: {error}"
+            event = BackendCrashed(service=service, error=error)
+            try:
+                on_loop = asyncio.get_running_loop() is loop
+            except RuntimeError:
+                on_loop = False
+            if on_loop:
+                # At once: a request that frees a slot in the meantime must not let the
+                # Manager dispatch a queued one to the dead backend.
+                self.driver.submit(event)
+            else:
+                loop.call_soon_threadsafe(self.driver.submit, event)
 
         return report
 
@@ -264,6 +277,12 @@ class Runtime:
                 if not isinstance(action, Dispatch):
                     assert isinstance(action, (Reject, Fail))
                     raise Refused(action)
+                early = ticket.interrupt
+                if early is not None:  # failed or preempted before the attempt started
+                    ticket.interrupt = None
+                    if isinstance(early, Preempt):
+                        continue
+                    raise Refused(early)
                 ticket.dispatch = action
                 if on_dispatch is not None:
                     on_dispatch(ticket)
@@ -358,16 +377,27 @@ class Runtime:
     async def _load(self, action: Load) -> None:
         backend = self.backends[action.service]
         started = time.monotonic()
+        svc_cfg = self.cfg.services.get(action.service)
+        limit = svc_cfg.load_timeout_s if svc_cfg is not None else None
         try:
-            report = await backend.load(
-                weights_bytes=action.weights_bytes,
-                runtime_bytes=action.runtime_bytes,
-                kv_pool_bytes=action.kv_pool_bytes,
-            )
+            async with asyncio.timeout(limit):
+                report = await backend.load(
+                    weights_bytes=action.weights_bytes,
+                    runtime_bytes=action.runtime_bytes,
+                    kv_pool_bytes=action.kv_pool_bytes,
+                )
         except asyncio.CancelledError:
             raise
         except Exception as exc:
+            if isinstance(exc, TimeoutError):
+                exc = BackendTimeoutError(
+                    f"{action.service}: load timed out after {limit:g}s (load_timeout_s)"
+                )
+                with contextlib.suppress(Exception):  # free what the half-done load holds
+                    async with asyncio.timeout(30):
+                        await backend.unload()
             log.warning("load of %s failed: %s", action.service, exc)
+            self.last_errors[action.service] = f"load failed: {exc}"
             self.metrics.load_seconds.labels(action.service, "failed").observe(
                 time.monotonic() - started
             )
@@ -409,9 +439,13 @@ class Runtime:
             backend = self.backends.get(svc.name)
             if backend is None or svc.device not in groups:
                 continue
+            hosted = getattr(backend, "hosted_bytes", None)  # inference-worker backends
             groups[svc.device].append(
                 ServiceProcesses(
-                    service=svc.name, pids=backend.pids(), inprocess_bytes=backend.memory_bytes()
+                    service=svc.name,
+                    pids=backend.pids(),
+                    inprocess_bytes=backend.memory_bytes(),
+                    hosted_bytes=hosted() if callable(hosted) else None,
                 )
             )
         return groups
@@ -466,6 +500,7 @@ class Runtime:
         for svc in snap["services"]:
             backend = self.backends.get(svc["name"])
             svc["backend"] = backend.describe() if backend is not None else None
+            svc["last_error"] = self.last_errors.get(svc["name"])
         snap["server"] = {
             "version": __version__,
             "policy": self.manager.policy.name,

@@ -73,3 +73,8 @@ class Ticket:
                     self.future = asyncio.get_running_loop().create_future()
             elif isinstance(action, Fail) and not self.future.done():
                 self.future.set_result(action)
+            elif task is None and self.future.done() and self.interrupt is None:
+                # Dispatched, but the attempt has not started yet: it must not start.
+                self.interrupt = action
+                if isinstance(action, Preempt):
+                    self.future = asyncio.get_running_loop().create_future()

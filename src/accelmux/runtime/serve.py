@@ -13,7 +13,7 @@ from aiohttp import web
 from accelmux.config.schema import AccelmuxConfig
 from accelmux.gateway.app import build_app
 from accelmux.runtime.daemon import Runtime
-from accelmux.runtime.wiring import mount_dashboard, mount_jobs
+from accelmux.runtime.wiring import mount_cameras, mount_dashboard, mount_jobs
 
 log = logging.getLogger("accelmux")
 
@@ -32,6 +32,7 @@ async def serve(cfg: AccelmuxConfig, *, stop: asyncio.Event | None = None) -> No
     jobs = mount_jobs(app, runtime, data_dir) if server.jobs else None
     if server.dashboard:
         mount_dashboard(app, runtime)
+    cameras = mount_cameras(app, runtime, data_dir)
     await runtime.start()
     access = logging.getLogger("aiohttp.access") if server.access_log else None
     runner = web.AppRunner(app, handler_cancellation=True, access_log=access)
@@ -42,11 +43,15 @@ async def serve(cfg: AccelmuxConfig, *, stop: asyncio.Event | None = None) -> No
     except OSError as exc:
         if jobs is not None:
             await jobs.stop()
+        if cameras is not None:
+            cameras.store.close()
         await runtime.shutdown()
         await runner.cleanup()
         raise SystemExit(f"accelmux: cannot listen on {server.host}:{server.port}: {exc}") from None
     if jobs is not None:
         await jobs.start()
+    if cameras is not None:
+        await cameras.start()
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -64,6 +69,8 @@ async def serve(cfg: AccelmuxConfig, *, stop: asyncio.Event | None = None) -> No
         # are stopped: the handlers stay installed (setting an already set event).
         log.info("shutting down")
         try:
+            if cameras is not None:
+                await cameras.stop()
             if jobs is not None:
                 await jobs.stop()  # batches in flight are given back, untried
             await runtime.shutdown()

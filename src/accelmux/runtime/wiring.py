@@ -4,6 +4,9 @@
   ``/v1/jobs``; its runner sends each batch of inputs through the SAME path as an HTTP
   request (:meth:`Runtime.run_request`: batch class, maintenance windows, preemption),
   via :func:`submit_embeddings`, and pauses a model's jobs outside its windows.
+* Cameras (:mod:`accelmux.cameras`): one analysis loop per camera service (background
+  requests through the Manager), events in SQLite under ``server.data_dir``, served at
+  ``/v1/cameras``.
 * Dashboard (:mod:`accelmux.dashboard`): ``/`` (static page), ``/admin/history``.
 
 Both are optional (``server.jobs``, ``server.dashboard``).
@@ -39,11 +42,25 @@ def embedding_models(runtime: Runtime) -> list[str]:
 
 
 def window_open(runtime: Runtime, model: str) -> bool:
+    """Whether a model's jobs may start batches now: inside one of its maintenance windows,
+    or outside them while its device has spare memory (``policy.spare_fraction`` of the
+    budget free) and no request of a higher class waits there. This only spares the
+    Manager batches it would hold back anyway; the Manager still decides each one."""
     service = runtime.models.get(model)
     if service is None:
         return True  # let the submit report the unknown model
     world = runtime.manager.world
-    return world.services[service].spec.in_window(world.time_of_day())
+    spec = world.services[service].spec
+    if spec.in_window(world.time_of_day()):
+        return True
+    dev = spec.device
+    if world.ledger.available(dev) < world.knobs.spare_fraction * world.devices[dev].usable_bytes:
+        return False
+    return not any(
+        req.cls < spec.cls
+        for req in world.waiting.values()
+        if world.services[req.service].spec.device == dev
+    )
 
 
 async def submit_embeddings(runtime: Runtime, model: str, texts: list[str]) -> list[Any]:
@@ -122,6 +139,33 @@ def mount_jobs(app: web.Application, runtime: Runtime, data_dir: Path) -> Jobs:
     runner = JobRunner(store, submit, window_open=lambda model: window_open(runtime, model))
     app.add_routes(job_routes(store, runner, models=lambda: embedding_models(runtime)))
     return Jobs(store, runner)
+
+
+@dataclass
+class Cameras:
+    store: Any
+    runner: Any
+
+    async def start(self) -> None:
+        await self.runner.start()
+
+    async def stop(self) -> None:
+        await self.runner.stop()
+        self.store.close()
+
+
+def mount_cameras(app: web.Application, runtime: Runtime, data_dir: Path) -> Cameras | None:
+    """One analysis loop per camera service, and ``/v1/cameras``; None without cameras."""
+    from accelmux.cameras import CameraRunner, EventStore
+    from accelmux.cameras.http import camera_routes
+    from accelmux.cameras.runner import camera_services
+
+    if not camera_services(runtime):
+        return None
+    store = EventStore.open(data_dir / "cameras" / "events.sqlite")
+    runner = CameraRunner(runtime, store)
+    app.add_routes(camera_routes(runner))
+    return Cameras(store, runner)
 
 
 def mount_dashboard(app: web.Application, runtime: Runtime) -> None:

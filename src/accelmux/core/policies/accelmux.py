@@ -11,7 +11,8 @@ estimates. When a request does not fit, memory is taken back in order of cost:
 If that cannot make room the request waits (bounded queue, deadline) or is rejected with
 a reason and Retry-After. Realtime work is protected three times: requests are scheduled
 in class order; while a realtime request runs or waits on a device, no new batch or
-background work starts there (it would steal compute); and a *realtime reserve* (the
+background work starts there (it would steal compute), nor for ``realtime_grace_s``
+after one ends (the next step of a voice chain follows at once); and a *realtime reserve* (the
 largest activation seen per loaded realtime service) is kept free of resident memory
 and of non-preemptible leases of lower classes, while on-demand non-LLM jobs (an image)
 may overlap it because realtime work preempts them. Batch work also yields compute to
@@ -118,6 +119,8 @@ class AccelmuxPolicy:
                 times.append(svc.backoff_until)
             if svc.spec.windows and svc.waiting_count:
                 times.append(now + min(w.seconds_until_edge(tod) for w in svc.spec.windows))
+            if svc.spec.cls is ServiceClass.REALTIME and world.knobs.realtime_grace_s > 0:
+                times.append(svc.last_used + world.knobs.realtime_grace_s)  # held work resumes
         future = [t for t in times if t > now]
         return min(future) if future else None
 
@@ -419,8 +422,11 @@ class AccelmuxPolicy:
 
     def _schedule(self, world: World) -> None:
         rnd = _Round()
+        grace = world.knobs.realtime_grace_s
         for svc in world.services.values():
-            if svc.spec.cls is ServiceClass.REALTIME and svc.inflight:
+            if svc.spec.cls is ServiceClass.REALTIME and (
+                svc.inflight or world.now < svc.last_used + grace
+            ):
                 rnd.realtime_active.add(svc.spec.device)
             if svc.spec.cls is ServiceClass.INTERACTIVE and svc.inflight:
                 rnd.interactive_active.add(svc.spec.device)

@@ -1,0 +1,1 @@
+"""Built-in configurations: the default real-model stack (:mod:`accelmux.defaults.stack`)."""

@@ -1,0 +1,16 @@
+"""The inference host: one worker process that hosts several models for the daemon.
+
+The daemon (manager + gateway) never runs a model itself. Services with an ``inprocess``
+backend are hosted by a worker process (:mod:`accelmux.host.worker`) that the daemon
+starts and supervises; a model that crashes takes the worker down, never the manager.
+
+* :mod:`~accelmux.host.protocol`: length-prefixed frames over a Unix socket pair
+  (a JSON header and one optional binary blob per frame);
+* :mod:`~accelmux.host.components`: the real models adapted to OpenAI requests, and
+  their memory accounting (weights, runtime, KV, active);
+* :mod:`~accelmux.host.worker`: the worker's main loop; it shares one loaded copy of a
+  model file between the services that name it (refcounted);
+* :mod:`~accelmux.host.client`: the daemon's side of the connection (async, streams);
+* :mod:`~accelmux.host.backend`: the :class:`~accelmux.backends.base.Backend` each
+  hosted service gets; ``isolated: true`` gives a service a worker of its own.
+"""

@@ -1,0 +1,239 @@
+"""The Backend of a hosted service, and the pool of inference workers behind them.
+
+Every service with ``backend: {type: inprocess}`` is hosted by the one shared worker of
+a :class:`HostPool`; ``isolated: true`` gives a service a worker of its own (same code,
+its own process: a crash there takes only that service down, and nothing is shared).
+
+Memory seen by the daemon's monitors: an isolated service is measured as its worker's
+process tree (PSS). A shared worker's PSS is split between its services in proportion
+to what the worker attributes to each (weights, runtime, KV, active; a shared model is
+carried by the service that loaded it first), so the per-service figures add up to the
+worker's measured memory and none of it shows as foreign.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from accelmux.backends.base import BackendRequest, BackendResponse, CrashCallback, LoadReport
+from accelmux.config.backends import InProcessBackendConfig
+from accelmux.core.types import ServiceKind
+from accelmux.errors import BackendCrashedError, RequestError
+from accelmux.host import protocol
+from accelmux.host.client import HostClient
+
+LOAD_TIMEOUT_S = 300.0
+REQUEST_TIMEOUT_S = 600.0
+
+
+def _error_response(exc: RequestError) -> BackendResponse:
+    body = {
+        "error": {
+            "message": str(exc),
+            "type": "invalid_request_error",
+            "param": exc.field,
+            "code": "invalid_request" if exc.status < 500 else "backend_error",
+        }
+    }
+    return BackendResponse(status=exc.status, body=json.dumps(body).encode())
+
+
+class HostPool:
+    """The shared worker and the isolated ones; builds each hosted service's backend."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir
+        self.shared = HostClient("shared", data_dir)
+        self.clients: dict[str, HostClient] = {"shared": self.shared}
+        self.backends: dict[str, HostedBackend] = {}
+
+    def backend(
+        self, service: str, kind: ServiceKind, cfg: InProcessBackendConfig
+    ) -> HostedBackend:
+        if cfg.isolated:
+            client = HostClient(service, self.data_dir)
+            self.clients[service] = client
+        else:
+            client = self.shared
+        backend = HostedBackend(service, kind, cfg, client, self)
+        self.backends[service] = backend
+        return backend
+
+    def hosted_on(self, client: HostClient) -> list[str]:
+        return [name for name, b in self.backends.items() if b.client is client]
+
+
+class HostedBackend:
+    """A service whose model runs in an inference worker."""
+
+    def __init__(
+        self,
+        service: str,
+        kind: ServiceKind,
+        cfg: InProcessBackendConfig,
+        client: HostClient,
+        pool: HostPool,
+    ) -> None:
+        self.service = service
+        self.kind = kind
+        self.cfg = cfg
+        self.client = client
+        self.pool = pool
+        self.loaded = False
+        self.last_load: dict[str, Any] = {}
+        self._on_crash: CrashCallback | None = None
+        client.add_death_listener(self._worker_died)
+
+    @property
+    def isolated(self) -> bool:
+        return self.client is not self.pool.shared
+
+    def _worker_died(self, reason: str) -> None:
+        if self.loaded:
+            self.loaded = False
+            if self._on_crash is not None:
+                self._on_crash(reason)
+
+    # -- lifecycle ------------------------------------------------------------------------
+    async def load(
+        self, *, weights_bytes: int, runtime_bytes: int, kv_pool_bytes: int
+    ) -> LoadReport:
+        await self.client.ensure_started()
+        header = {
+            "op": "load",
+            "service": self.service,
+            "kind": self.kind.value,
+            "options": dict(self.cfg.options),
+            "model_path": self.cfg.model_path,
+            "kv_pool_bytes": kv_pool_bytes,
+        }
+        reply, _ = await self.client.call(header, timeout=LOAD_TIMEOUT_S)
+        self.loaded = True
+        self.last_load = {k: v for k, v in reply.items() if k not in ("id", "type")}
+        if reply.get("shared"):
+            return LoadReport()  # the model was already loaded (and counted) for another
+        runtime = int(reply["runtime_bytes"])
+        if self.isolated:
+            runtime += int(reply.get("base_bytes", 0))  # a whole interpreter of its own
+        return LoadReport(weights_bytes=int(reply["weights_bytes"]), runtime_bytes=runtime)
+
+    async def unload(self) -> None:
+        was, self.loaded = self.loaded, False
+        if was and self.client.alive:
+            with contextlib.suppress(BackendCrashedError):
+                await self.client.call(
+                    {"op": "unload", "service": self.service}, timeout=LOAD_TIMEOUT_S
+                )
+        if self.isolated and self.client.alive:
+            await self.client.close()  # its own worker: give the whole process back
+
+    async def resize(self, kv_pool_bytes: int) -> bool:
+        if not self.loaded or not self.client.alive:
+            return False
+        reply, _ = await self.client.call(
+            {"op": "resize", "service": self.service, "kv_pool_bytes": kv_pool_bytes},
+            timeout=LOAD_TIMEOUT_S,
+        )
+        return bool(reply.get("applied"))
+
+    # -- requests -------------------------------------------------------------------------
+    async def handle(self, request: BackendRequest) -> BackendResponse:
+        if not self.loaded:
+            raise BackendCrashedError(f"{self.service}: model is not loaded")
+        index, blob = protocol.pack_files(request.files)
+        header = {
+            "op": "infer",
+            "service": self.service,
+            "endpoint": request.endpoint,
+            "body": request.body,
+            "files": index,
+        }
+        try:
+            if request.stream and self.kind.is_llm:
+                return await self._stream(header, blob)
+            reply, data = await self.client.call(header, blob, timeout=REQUEST_TIMEOUT_S)
+        except RequestError as exc:
+            return _error_response(exc)
+        return BackendResponse(
+            status=int(reply.get("status", 200)),
+            content_type=str(reply.get("content_type", "application/json")),
+            body=data,
+            peak_bytes=int(reply["peak_bytes"]) if reply.get("peak_bytes") is not None else None,
+        )
+
+    async def _stream(self, header: dict[str, Any], blob: bytes) -> BackendResponse:
+        chunks, final = await self.client.open_stream(header, blob)
+        response = BackendResponse(content_type="text/event-stream")
+
+        async def relay() -> AsyncIterator[bytes]:
+            async for chunk in chunks:
+                yield chunk
+            if final.done() and not final.cancelled():
+                peak = final.result().get("peak_bytes")
+                response.peak_bytes = int(peak) if peak is not None else None
+
+        response.stream = relay()
+        return response
+
+    # -- facts ----------------------------------------------------------------------------
+    def report(self) -> dict[str, Any]:
+        """What the worker attributes to this service now (bytes by category)."""
+        services = self.client.memory.get("services") or {}
+        return dict(services.get(self.service) or {})
+
+    def hosted_bytes(self) -> int | None:
+        """This service's share of its shared worker's measured memory (None: isolated)."""
+        if self.isolated:
+            return None
+        memory = self.client.memory
+        services: dict[str, Any] = memory.get("services") or {}
+        mine = services.get(self.service)
+        if not mine or not self.loaded:
+            return 0
+        total_pss = int(memory.get("pss_bytes", 0))
+
+        def attributed(entry: dict[str, Any]) -> int:
+            return sum(int(entry.get(k, 0)) for k in ("weights", "runtime", "kv", "active"))
+
+        everyone = sum(attributed(e) for e in services.values())
+        if everyone <= 0:
+            return total_pss // max(1, len(services))
+        return total_pss * attributed(mine) // everyone
+
+    def memory_bytes(self) -> int | None:
+        return None
+
+    def pids(self) -> list[int]:
+        if self.isolated and self.client.pid is not None:
+            return [self.client.pid]
+        return []
+
+    def set_crash_callback(self, callback: CrashCallback) -> None:
+        self._on_crash = callback
+
+    def describe(self) -> dict[str, Any]:
+        report = self.report()
+        return {
+            "type": "inprocess",
+            "worker": self.client.name,
+            "isolated": self.isolated,
+            "pid": self.client.pid,
+            "worker_starts": self.client.starts,
+            "worker_pss_bytes": self.client.memory.get("pss_bytes"),
+            "loaded": self.loaded,
+            "component": report.get("component") or self.last_load.get("key"),
+            "shared_with": report.get("shared_with", []),
+            "memory": {k: report.get(k) for k in ("weights", "runtime", "kv", "active")},
+            "last_load": self.last_load,
+            "last_exit": self.client.last_exit,
+        }
+
+    async def close(self) -> None:
+        self.loaded = False
+        if not self.isolated and self.pool.hosted_on(self.client)[-1:] != [self.service]:
+            return  # the shared worker stops with the last of its services
+        await self.client.close()

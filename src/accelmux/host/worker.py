@@ -1,0 +1,355 @@
+"""The inference worker process: ``python -m accelmux.host.worker --fd N --data-dir D``.
+
+It reads frames from the socket ``N`` (see :mod:`accelmux.host.protocol`) on its main
+thread and runs every model call on the thread of the component it concerns, so a long
+generation never delays a load, a cancel or a memory report. Replies are written under
+one lock. Components are shared by key and refcounted: the first service to load a
+model file loads it, later ones only take a reference, and the last to let go unloads
+it. The worker exits when the daemon closes the socket.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import gc
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from accelmux.core.types import ServiceKind
+from accelmux.errors import BackendError, RequestError
+from accelmux.host import protocol
+from accelmux.host.components import Component, Slot, component_key, make_component, rss_bytes
+
+#: RSS sampling period while requests run (their peak = highest sample - RSS at start).
+SAMPLE_S = 0.01
+
+
+def _trim() -> None:
+    """Give freed heap pages back to the system (glibc keeps them otherwise)."""
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def pss_bytes() -> int:
+    try:
+        with open("/proc/self/smaps_rollup") as fh:
+            for line in fh:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return rss_bytes()
+
+
+class Held:
+    """A loaded component, its thread, and the services holding it (first = owner)."""
+
+    def __init__(self, component: Component) -> None:
+        self.component = component
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=component.ctype)
+        self.slots: list[Slot] = []
+
+    def run(self, func: Callable[[], Any]) -> Any:
+        return self.pool.submit(func).result()
+
+
+class PeakSampler:
+    """Tracks the highest RSS while at least one request runs."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._active: dict[int, list[int]] = {}  # token -> [start, peak]
+        self._wake = threading.Event()
+        self._next = 0
+        threading.Thread(target=self._loop, daemon=True, name="rss-sampler").start()
+
+    def begin(self) -> int:
+        rss = rss_bytes()
+        with self._lock:
+            self._next += 1
+            self._active[self._next] = [rss, rss]
+            token = self._next
+        self._wake.set()
+        return token
+
+    def end(self, token: int) -> int:
+        rss = rss_bytes()
+        with self._lock:
+            start, peak = self._active.pop(token)
+        return max(0, max(peak, rss) - start)
+
+    def current(self, token: int) -> int:
+        with self._lock:
+            start, peak = self._active.get(token, [0, 0])
+        return max(0, peak - start)
+
+    def _loop(self) -> None:
+        while True:
+            self._wake.wait()
+            while True:
+                with self._lock:
+                    if not self._active:
+                        self._wake.clear()
+                        break
+                rss = rss_bytes()
+                with self._lock:
+                    for span in self._active.values():
+                        span[1] = max(span[1], rss)
+                time.sleep(SAMPLE_S)
+
+
+class Worker:
+    def __init__(self, sock: socket.socket, data_dir: Path) -> None:
+        self.sock = sock
+        self.data_dir = data_dir
+        self.send_lock = threading.Lock()
+        self.held: dict[str, Held] = {}  # component key -> held
+        self.slots: dict[str, tuple[Slot, Held]] = {}  # service -> its slot
+        self.control = ThreadPoolExecutor(max_workers=1, thread_name_prefix="control")
+        self.cancels: dict[int, threading.Event] = {}
+        self.active: dict[int, tuple[str, int]] = {}  # request id -> (service, sampler token)
+        self.sampler = PeakSampler()
+        self.base_rss = rss_bytes()
+
+    # -- wire -------------------------------------------------------------------------
+    def send(self, header: dict[str, Any], blob: bytes = b"") -> None:
+        frame = protocol.encode(header, blob)
+        with self.send_lock:
+            self.sock.sendall(frame)
+
+    def reply_error(self, rid: int, exc: BaseException) -> None:
+        if isinstance(exc, RequestError):
+            self.send(
+                {
+                    "id": rid,
+                    "type": "error",
+                    "error_type": "request",
+                    "error": str(exc),
+                    "status": exc.status,
+                    "field": exc.field,
+                }
+            )
+        else:
+            message = str(exc) if isinstance(exc, BackendError) else f"{type(exc).__name__}: {exc}"
+            self.send({"id": rid, "type": "error", "error_type": "backend", "error": message})
+
+    def run(self) -> None:
+        self.send({"id": 0, "type": "hello", "pid": os.getpid()})
+        while True:
+            try:
+                header, blob = protocol.recv_frame(self.sock)
+            except (EOFError, OSError):
+                return
+            self.dispatch(header, blob)
+
+    def dispatch(self, header: dict[str, Any], blob: bytes) -> None:
+        rid = int(header.get("id", 0))
+        op = header.get("op")
+        if op == "memory":
+            self.send({"id": rid, "type": "ok", **self.memory()})
+        elif op == "cancel":
+            event = self.cancels.get(int(header.get("target", -1)))
+            if event is not None:
+                event.set()
+        elif op in ("load", "unload"):
+            self.control.submit(self._guarded, rid, getattr(self, f"op_{op}"), header)
+        elif op == "resize":
+            # straight onto the model's thread, in arrival order: a request sent after a
+            # grow must find the bigger context
+            entry = self.slots.get(str(header.get("service")))
+            if entry is None:
+                self.send({"id": rid, "type": "ok", "applied": False})
+            else:
+                entry[1].pool.submit(self._guarded, rid, self.op_resize, header)
+        elif op == "infer":
+            self.op_infer(rid, header, blob)
+        else:
+            self.send({"id": rid, "type": "error", "error_type": "backend", "error": f"op {op}"})
+
+    def _guarded(self, rid: int, func: Callable[[dict[str, Any]], dict[str, Any]], h: Any) -> None:
+        try:
+            result = func(h)
+        except BaseException as exc:
+            if not isinstance(exc, (BackendError, RequestError)):
+                traceback.print_exc(file=sys.stderr)
+            self.reply_error(rid, exc)
+            return
+        self.send({"id": rid, "type": "ok", **result})
+
+    # -- lifecycle ops (on the control thread; model calls on the component's thread) -----
+    def op_load(self, h: dict[str, Any]) -> dict[str, Any]:
+        service = str(h["service"])
+        if service in self.slots:
+            self.op_unload({"service": service})
+        kind = ServiceKind(str(h["kind"]))
+        options = dict(h.get("options") or {})
+        model_path = h.get("model_path")
+        slot = Slot(service, kind, options, kv_pool_bytes=int(h.get("kv_pool_bytes", 0)))
+        key = component_key(kind, options, model_path)
+        held = self.held.get(key)
+        shared = held is not None
+        if held is None:
+            component = make_component(kind, options, model_path, self.data_dir)
+            held = Held(component)
+            try:
+                held.run(lambda: component.load(slot))
+            except BaseException:
+                held.pool.shutdown(wait=False)
+                _trim()
+                raise
+            self.held[key] = held
+        held.slots.append(slot)
+        self.slots[service] = (slot, held)
+        if shared:
+            held.run(lambda: held.component.resize(held.slots))
+        c = held.component
+        return {
+            "key": key,
+            "shared": shared,
+            "owner": held.slots[0].service,
+            "weights_bytes": 0 if shared else c.weights_bytes,
+            "runtime_bytes": 0 if shared else c.runtime_bytes,
+            "kv_bytes": c.kv_bytes(),
+            "load_rss_bytes": 0 if shared else c.load_rss_bytes,
+            "load_seconds": round(c.load_seconds, 4),
+            "base_bytes": self.base_rss,
+        }
+
+    def op_unload(self, h: dict[str, Any]) -> dict[str, Any]:
+        service = str(h["service"])
+        entry = self.slots.pop(service, None)
+        if entry is None:
+            return {"unloaded": False}
+        slot, held = entry
+        held.run(lambda: held.component.release(slot))
+        held.slots.remove(slot)
+        if held.slots:
+            held.run(lambda: held.component.resize(held.slots))
+            return {"unloaded": True, "still_held_by": [s.service for s in held.slots]}
+        del self.held[held.component.key]
+        held.run(held.component.unload)
+        held.pool.shutdown(wait=True)
+        _trim()
+        return {"unloaded": True, "still_held_by": []}
+
+    def op_resize(self, h: dict[str, Any]) -> dict[str, Any]:
+        entry = self.slots.get(str(h["service"]))
+        if entry is None:
+            return {"applied": False}
+        slot, held = entry  # runs on the component's own thread
+        slot.kv_pool_bytes = int(h.get("kv_pool_bytes", 0))
+        applied = bool(held.component.resize(held.slots))
+        return {"applied": applied, "kv_bytes": held.component.kv_bytes()}
+
+    # -- requests ------------------------------------------------------------------------
+    def op_infer(self, rid: int, h: dict[str, Any], blob: bytes) -> None:
+        entry = self.slots.get(str(h.get("service")))
+        if entry is None:
+            self.send(
+                {"id": rid, "type": "error", "error_type": "crashed", "error": "not loaded here"}
+            )
+            return
+        slot, held = entry
+        cancelled = threading.Event()
+        self.cancels[rid] = cancelled
+        endpoint = str(h.get("endpoint"))
+        body = h.get("body") or {}
+        files = protocol.unpack_files(h.get("files"), blob)
+        stream = bool(h.get("stream"))
+
+        def work() -> None:
+            token = self.sampler.begin()
+            self.active[rid] = (slot.service, token)
+            extra: dict[str, int] = {"kv": 0}
+            try:
+                if stream:
+                    for chunk in held.component.stream(slot, endpoint, body, cancelled, extra):
+                        self.send({"id": rid, "type": "chunk"}, chunk)
+                    status, ctype, data = 200, "text/event-stream", b""
+                else:
+                    status, ctype, data, extra["kv"] = held.component.infer(
+                        slot, endpoint, body, files
+                    )
+            except BaseException as exc:
+                self.sampler.end(token)
+                if not isinstance(exc, (BackendError, RequestError)):
+                    traceback.print_exc(file=sys.stderr)
+                self.reply_error(rid, exc)
+                return
+            finally:
+                self.active.pop(rid, None)
+                self.cancels.pop(rid, None)
+            peak = self.sampler.end(token) + extra["kv"]
+            self.send(
+                {
+                    "id": rid,
+                    "type": "ok",
+                    "status": status,
+                    "content_type": ctype,
+                    "peak_bytes": peak,
+                },
+                data,
+            )
+
+        future: Future[None] = held.pool.submit(work)
+        del future
+
+    # -- memory --------------------------------------------------------------------------
+    def memory(self) -> dict[str, Any]:
+        """Per service: weights, runtime, kv, active (owners carry shared components)."""
+        services: dict[str, dict[str, Any]] = {}
+        active: dict[str, int] = {}
+        for service, token in list(self.active.values()):
+            active[service] = active.get(service, 0) + self.sampler.current(token)
+        for service, (slot, held) in self.slots.items():
+            c = held.component
+            owner = held.slots[0] is slot
+            services[service] = {
+                "component": c.key,
+                "owner": owner,
+                "shared_with": [s.service for s in held.slots if s is not slot],
+                "weights": c.weights_bytes if owner else 0,
+                "runtime": c.runtime_bytes if owner else 0,
+                "kv": c.kv_bytes() if owner else 0,
+                "active": active.get(service, 0),
+            }
+        return {
+            "pid": os.getpid(),
+            "rss_bytes": rss_bytes(),
+            "pss_bytes": pss_bytes(),
+            "base_bytes": self.base_rss,
+            "services": services,
+        }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="accelmux-host-worker")
+    parser.add_argument("--fd", type=int, required=True)
+    parser.add_argument("--data-dir", default=".")
+    args = parser.parse_args(argv)
+    # The daemon owns the lifecycle: Ctrl-C in the terminal goes to the daemon, which
+    # stops the worker by closing the socket.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sock = socket.socket(fileno=args.fd)
+    worker = Worker(sock, Path(args.data_dir))
+    try:
+        worker.run()
+    finally:
+        sock.close()
+    os._exit(0)  # do not wait for model threads still running: the daemon is gone
+
+
+if __name__ == "__main__":
+    sys.exit(main())
