@@ -360,20 +360,21 @@ class LlamaComponent(Component):
         yield out.DONE
 
 
-class MiniLmComponent(Component):
-    ctype = "minilm"
+class _ModelComponent(Component):
+    """One model object with ``load()`` and ``unload()``, serving one endpoint."""
+
+    #: The endpoint :meth:`_serve` answers; others go to :meth:`Component.infer`.
+    endpoint = ""
 
     def __init__(self, key: str, model_path: str | None, options: dict[str, Any]) -> None:
         super().__init__(key, model_path, options)
         self.model: Any = None
 
-    def _load(self, slot: Slot) -> None:
-        from accelmux.models.embed import MiniLmEmbedder
+    def _make_model(self) -> Any:
+        raise NotImplementedError
 
-        threads = self.options.get("n_threads")
-        model = MiniLmEmbedder(
-            model_path=self.model_path, n_threads=int(threads) if threads else None
-        )
+    def _load(self, slot: Slot) -> None:
+        model = self._make_model()
         model.load()
         self.model = model
 
@@ -385,8 +386,31 @@ class MiniLmComponent(Component):
     def infer(
         self, slot: Slot, endpoint: str, body: dict[str, Any], files: dict[str, bytes]
     ) -> tuple[int, str, bytes, int]:
-        if endpoint != "/v1/embeddings":
+        if endpoint != self.endpoint:
             return super().infer(slot, endpoint, body, files)
+        return self._serve(slot, body, files)
+
+    def _serve(
+        self, slot: Slot, body: dict[str, Any], files: dict[str, bytes]
+    ) -> tuple[int, str, bytes, int]:
+        raise NotImplementedError
+
+
+class MiniLmComponent(_ModelComponent):
+    ctype = "minilm"
+    endpoint = "/v1/embeddings"
+
+    def _make_model(self) -> Any:
+        from accelmux.models.embed import MiniLmEmbedder
+
+        threads = self.options.get("n_threads")
+        return MiniLmEmbedder(
+            model_path=self.model_path, n_threads=int(threads) if threads else None
+        )
+
+    def _serve(
+        self, slot: Slot, body: dict[str, Any], files: dict[str, bytes]
+    ) -> tuple[int, str, bytes, int]:
         value = body.get("input")
         texts = [value] if isinstance(value, str) else value
         if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
@@ -411,30 +435,18 @@ class MiniLmComponent(Component):
         return 200, "application/json", _json(obj), 0
 
 
-class PiperComponent(Component):
+class PiperComponent(_ModelComponent):
     ctype = "piper"
+    endpoint = "/v1/audio/speech"
 
-    def __init__(self, key: str, model_path: str | None, options: dict[str, Any]) -> None:
-        super().__init__(key, model_path, options)
-        self.model: Any = None
-
-    def _load(self, slot: Slot) -> None:
+    def _make_model(self) -> Any:
         from accelmux.models.tts import PiperSpeaker
 
-        model = PiperSpeaker(model_path=self.model_path)
-        model.load()
-        self.model = model
+        return PiperSpeaker(model_path=self.model_path)
 
-    def unload(self) -> None:
-        if self.model is not None:
-            self.model.unload()
-        self.model = None
-
-    def infer(
-        self, slot: Slot, endpoint: str, body: dict[str, Any], files: dict[str, bytes]
+    def _serve(
+        self, slot: Slot, body: dict[str, Any], files: dict[str, bytes]
     ) -> tuple[int, str, bytes, int]:
-        if endpoint != "/v1/audio/speech":
-            return super().infer(slot, endpoint, body, files)
         fmt = body.get("response_format") or "wav"
         if fmt not in ("wav", "pcm"):
             raise RequestError(
@@ -446,30 +458,18 @@ class PiperComponent(Component):
         return 200, "audio/wav", speech.wav, 0
 
 
-class SphinxComponent(Component):
+class SphinxComponent(_ModelComponent):
     ctype = "pocketsphinx"
+    endpoint = "/v1/audio/transcriptions"
 
-    def __init__(self, key: str, model_path: str | None, options: dict[str, Any]) -> None:
-        super().__init__(key, model_path, options)
-        self.model: Any = None
-
-    def _load(self, slot: Slot) -> None:
+    def _make_model(self) -> Any:
         from accelmux.models.asr import PocketsphinxRecognizer
 
-        model = PocketsphinxRecognizer()
-        model.load()
-        self.model = model
+        return PocketsphinxRecognizer()
 
-    def unload(self) -> None:
-        if self.model is not None:
-            self.model.unload()
-        self.model = None
-
-    def infer(
-        self, slot: Slot, endpoint: str, body: dict[str, Any], files: dict[str, bytes]
+    def _serve(
+        self, slot: Slot, body: dict[str, Any], files: dict[str, bytes]
     ) -> tuple[int, str, bytes, int]:
-        if endpoint != "/v1/audio/transcriptions":
-            return super().infer(slot, endpoint, body, files)
         audio = files.get("file")
         if not audio:
             raise RequestError("file (a WAV) is required", field="file")
@@ -483,27 +483,20 @@ class SphinxComponent(Component):
         return 200, "application/json", _json(obj), 0
 
 
-class OpenCvComponent(Component):
+class OpenCvComponent(_ModelComponent):
     """Face + person detection; also reads camera frames for camera services."""
 
     ctype = "opencv"
+    endpoint = "/v1/detections"
 
     def __init__(self, key: str, model_path: str | None, options: dict[str, Any]) -> None:
         super().__init__(key, model_path, options)
-        self.model: Any = None
         self.data_dir: Path = Path(".")
 
-    def _load(self, slot: Slot) -> None:
+    def _make_model(self) -> Any:
         from accelmux.models.detect import OpenCvDetector
 
-        model = OpenCvDetector(cascade_path=self.model_path)
-        model.load()
-        self.model = model
-
-    def unload(self) -> None:
-        if self.model is not None:
-            self.model.unload()
-        self.model = None
+        return OpenCvDetector(cascade_path=self.model_path)
 
     def release(self, slot: Slot) -> None:
         reader = slot.state.pop("reader", None)
@@ -529,8 +522,11 @@ class OpenCvComponent(Component):
     ) -> tuple[int, str, bytes, int]:
         if endpoint == "/camera/frame":
             return self._camera_frame(slot, body)
-        if endpoint != "/v1/detections":
-            return super().infer(slot, endpoint, body, files)
+        return super().infer(slot, endpoint, body, files)
+
+    def _serve(
+        self, slot: Slot, body: dict[str, Any], files: dict[str, bytes]
+    ) -> tuple[int, str, bytes, int]:
         image = files.get("image") or b""
         decoded = self.model.decode(image)
         found = self.model.detect_array(decoded, self._labels(body))

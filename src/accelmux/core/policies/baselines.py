@@ -86,79 +86,122 @@ def _queue_full(world: World, req: RequestState, seen: set[str], limit: int, cou
     return False
 
 
-def _restart_crashed(world: World, svc: ServiceState, kv_pool: int) -> None:
+def _load_whole(world: World, svc: ServiceState, *, reason: Reason, detail: str) -> None:
+    """Load ``svc`` with its KV pool at the ceiling, unchecked by the ledger."""
+    world.load(
+        svc,
+        reason=reason,
+        kv_pool=svc.spec.profile.kv_ceiling,
+        enforce=False,
+        detail=detail,
+    )
+
+
+def _resident_whole(svc: ServiceState) -> int:
+    """Weights, runtime and the KV pool at its ceiling."""
+    p = svc.spec.profile
+    return p.weights + p.runtime + p.kv_ceiling
+
+
+def _restart_crashed(world: World, svc: ServiceState) -> None:
     if svc.status is ServiceStatus.CRASHED and world.now >= svc.backoff_until:
-        world.load(
-            svc,
-            reason=Reason.RELOAD_AFTER_CRASH,
-            kv_pool=kv_pool,
-            enforce=False,
-            detail="supervisor restart",
-        )
+        _load_whole(world, svc, reason=Reason.RELOAD_AFTER_CRASH, detail="supervisor restart")
+
+
+def _earliest_after(times: list[float], now: float) -> float | None:
+    future = [t for t in times if t > now]
+    return min(future) if future else None
 
 
 def _backoff_wakeup(world: World, now: float) -> float | None:
-    times = [
-        s.backoff_until
-        for s in world.services.values()
-        if s.status is ServiceStatus.CRASHED and s.backoff_until > now
-    ]
-    return min(times) if times else None
+    times = [s.backoff_until for s in world.services.values() if s.status is ServiceStatus.CRASHED]
+    return _earliest_after(times, now)
 
 
-def _serve_fifo_per_service(
-    world: World, seen: set[str], *, projected: bool, reason: Reason
-) -> None:
-    """Each service serves its own FIFO up to its concurrency, without coordination."""
-    counts: dict[str, int] = {}
-    for req in _fifo(world):
-        svc = world.services[req.service]
-        if _too_large_for_pool(world, req):
-            continue
-        if _queue_full(world, req, seen, svc.spec.queue_limit, counts.get(svc.name, 0)):
-            continue
-        counts[svc.name] = counts.get(svc.name, 0) + 1
-        if svc.status is ServiceStatus.LOADING:
-            world.enqueue(req, reason=Reason.LOADING, detail="runtime starting")
-        elif svc.status is not ServiceStatus.LOADED:
-            world.enqueue(req, reason=Reason.BACKOFF, detail="runtime down, restarting")
-        elif len(svc.inflight) >= svc.spec.concurrency:
-            world.enqueue(req, reason=Reason.CONCURRENCY_LIMIT, detail="all slots busy")
-        else:
-            active = world.projected_active(req) if projected else 0
-            if world.dispatch(req, reason=reason, active_bytes=active, enforce=False):
-                counts[svc.name] -= 1
-            else:
-                world.enqueue(req, reason=Reason.NO_MEMORY, detail="KV pool full")
+def _admit(
+    world: World, req: RequestState, svc: ServiceState, seen: set[str], counts: dict[str, int]
+) -> bool:
+    """Count ``req`` in its service's queue (True), or reject it when that queue is full."""
+    if _queue_full(world, req, seen, svc.spec.queue_limit, counts.get(svc.name, 0)):
+        return False
+    counts[svc.name] = counts.get(svc.name, 0) + 1
+    return True
 
 
-class IndependentPolicy:
-    """Every service in its own runtime, loaded at start, never coordinated."""
+def _dispatch_or_wait(
+    world: World,
+    req: RequestState,
+    svc: ServiceState,
+    *,
+    reason: Reason,
+    active_bytes: int,
+    busy: str,
+) -> bool:
+    """Dispatch ``req`` on its own runtime when it is up with a free slot (True), else queue it."""
+    if svc.status is ServiceStatus.LOADING:
+        world.enqueue(req, reason=Reason.LOADING, detail="runtime starting")
+    elif svc.status is not ServiceStatus.LOADED:
+        world.enqueue(req, reason=Reason.BACKOFF, detail="runtime down, restarting")
+    elif len(svc.inflight) >= svc.spec.concurrency:
+        world.enqueue(req, reason=Reason.CONCURRENCY_LIMIT, detail=busy)
+    elif world.dispatch(req, reason=reason, active_bytes=active_bytes, enforce=False):
+        return True
+    else:
+        world.enqueue(req, reason=Reason.NO_MEMORY, detail="KV pool full")
+    return False
 
-    name = "independent"
-    infinite_memory = False
-    enforces_budget = False
+
+class _WarmPerServicePolicy:
+    """Everything loaded at start; each service serves its own FIFO, uncoordinated."""
+
+    #: ``detail`` of the preload actions.
+    preload_detail = ""
+    #: Dispatch with the calibrated active bytes (else 0: no reservation).
+    projected = False
+    #: Reason recorded on each dispatch.
+    dispatch_reason = Reason.UNCOORDINATED
 
     def __init__(self) -> None:
         self._seen: set[str] = set()
 
     def start(self, world: World, now: float) -> None:
         for svc in world.services.values():
-            world.load(
-                svc,
-                reason=Reason.PRELOAD,
-                kv_pool=svc.spec.profile.kv_ceiling,
-                enforce=False,
-                detail="starts with the server",
-            )
+            _load_whole(world, svc, reason=Reason.PRELOAD, detail=self.preload_detail)
 
     def decide(self, world: World, now: float) -> None:
         for svc in world.services.values():
-            _restart_crashed(world, svc, svc.spec.profile.kv_ceiling)
-        _serve_fifo_per_service(world, self._seen, projected=False, reason=Reason.UNCOORDINATED)
+            _restart_crashed(world, svc)
+        counts: dict[str, int] = {}
+        for req in _fifo(world):
+            svc = world.services[req.service]
+            if _too_large_for_pool(world, req):
+                continue
+            if not _admit(world, req, svc, self._seen, counts):
+                continue
+            active = world.projected_active(req) if self.projected else 0
+            if _dispatch_or_wait(
+                world,
+                req,
+                svc,
+                reason=self.dispatch_reason,
+                active_bytes=active,
+                busy="all slots busy",
+            ):
+                counts[svc.name] -= 1
 
     def next_wakeup(self, world: World, now: float) -> float | None:
         return _backoff_wakeup(world, now)
+
+
+class IndependentPolicy(_WarmPerServicePolicy):
+    """Every service in its own runtime, loaded at start, never coordinated."""
+
+    name = "independent"
+    infinite_memory = False
+    enforces_budget = False
+    preload_detail = "starts with the server"
+    projected = False
+    dispatch_reason = Reason.UNCOORDINATED
 
 
 class StaticPolicy:
@@ -180,9 +223,7 @@ class StaticPolicy:
         return math.ceil((p.workspace + p.per_unit * units) * world.knobs.safety_factor)
 
     def slice_bytes(self, world: World, svc: ServiceState) -> int:
-        p = svc.spec.profile
-        resident = p.weights + p.runtime + p.kv_ceiling
-        return resident + svc.spec.concurrency * self.worst_request(world, svc)
+        return _resident_whole(svc) + svc.spec.concurrency * self.worst_request(world, svc)
 
     def start(self, world: World, now: float) -> None:
         order = sorted(world.services.values(), key=lambda s: int(s.spec.cls))
@@ -195,19 +236,13 @@ class StaticPolicy:
             used[dev] += size
             self.admitted.add(svc.name)
             self.slot_bytes[svc.name] = self.worst_request(world, svc)
-            world.load(
-                svc,
-                reason=Reason.PRELOAD,
-                kv_pool=svc.spec.profile.kv_ceiling,
-                enforce=False,
-                detail=f"static slice {size} B",
-            )
+            _load_whole(world, svc, reason=Reason.PRELOAD, detail=f"static slice {size} B")
 
     def decide(self, world: World, now: float) -> None:
         counts: dict[str, int] = {}
         for svc in world.services.values():
             if svc.name in self.admitted:
-                _restart_crashed(world, svc, svc.spec.profile.kv_ceiling)
+                _restart_crashed(world, svc)
         for req in _fifo(world):
             svc = world.services[req.service]
             if svc.name not in self.admitted:
@@ -229,19 +264,12 @@ class StaticPolicy:
                     detail=f"needs {active} B, slot is {self.slot_bytes[svc.name]} B",
                 )
                 continue
-            if _queue_full(world, req, self._seen, svc.spec.queue_limit, counts.get(svc.name, 0)):
+            if not _admit(world, req, svc, self._seen, counts):
                 continue
-            counts[svc.name] = counts.get(svc.name, 0) + 1
-            if svc.status is ServiceStatus.LOADING:
-                world.enqueue(req, reason=Reason.LOADING, detail="runtime starting")
-            elif svc.status is not ServiceStatus.LOADED:
-                world.enqueue(req, reason=Reason.BACKOFF, detail="runtime down, restarting")
-            elif len(svc.inflight) >= svc.spec.concurrency:
-                world.enqueue(req, reason=Reason.CONCURRENCY_LIMIT, detail="slice slots busy")
-            elif world.dispatch(req, reason=Reason.FITS, active_bytes=active, enforce=False):
+            if _dispatch_or_wait(
+                world, req, svc, reason=Reason.FITS, active_bytes=active, busy="slice slots busy"
+            ):
                 counts[svc.name] -= 1
-            else:
-                world.enqueue(req, reason=Reason.NO_MEMORY, detail="KV pool full")
 
     def next_wakeup(self, world: World, now: float) -> float | None:
         return _backoff_wakeup(world, now)
@@ -264,11 +292,6 @@ class OllamaLikePolicy:
     def _free(world: World, device: str) -> int:
         dev = world.devices[device]
         return dev.budget_bytes - world.ledger.foreign(device) - world.ledger.committed(device)
-
-    @staticmethod
-    def _resident(svc: ServiceState) -> int:
-        p = svc.spec.profile
-        return p.weights + p.runtime + p.kv_ceiling
 
     def decide(self, world: World, now: float) -> None:
         for svc in world.services.values():
@@ -312,7 +335,7 @@ class OllamaLikePolicy:
     def _load_for(self, world: World, req: RequestState, svc: ServiceState) -> bool:
         """Load ``svc`` now if it fits (True); else evict idle models and block (False)."""
         dev = svc.spec.device
-        need = self._resident(svc)
+        need = _resident_whole(svc)
         holders = [s for s in world.services_by_device[dev] if s.holds_memory]
         # With nothing left to evict it loads anyway (Ollama then offloads layers to
         # the CPU; here the model is loaded whole and the physical model decides).
@@ -320,13 +343,7 @@ class OllamaLikePolicy:
             len(holders) < OLLAMA_MAX_LOADED
             and need <= OLLAMA_FIT_FRACTION * self._free(world, dev)
         ):
-            world.load(
-                svc,
-                reason=Reason.DEMAND,
-                kv_pool=svc.spec.profile.kv_ceiling,
-                enforce=False,
-                detail=f"for {req.request_id}",
-            )
+            _load_whole(world, svc, reason=Reason.DEMAND, detail=f"for {req.request_id}")
             world.enqueue(req, reason=Reason.LOADING, detail="cold start")
             return True
         if any(s.status is ServiceStatus.UNLOADING for s in holders):
@@ -353,8 +370,7 @@ class OllamaLikePolicy:
             for s in world.services.values()
             if s.status is ServiceStatus.LOADED and s.idle
         ]
-        future = [t for t in times if t > now]
-        return min(future) if future else None
+        return _earliest_after(times, now)
 
 
 class SwapPolicy:
@@ -379,22 +395,14 @@ class SwapPolicy:
             svc = world.services[req.service]
             if _too_large_for_pool(world, req):
                 continue
-            if _queue_full(world, req, self._seen, svc.spec.queue_limit, counts.get(svc.name, 0)):
-                continue
-            counts[svc.name] = counts.get(svc.name, 0) + 1
-            live.append(req)
+            if _admit(world, req, svc, self._seen, counts):
+                live.append(req)
         holders = [s for s in world.services.values() if s.holds_memory]
         current = holders[0] if holders else None
         for req in live:
             svc = world.services[req.service]
             if current is None:
-                world.load(
-                    svc,
-                    reason=Reason.SWAP,
-                    kv_pool=svc.spec.profile.kv_ceiling,
-                    enforce=False,
-                    detail=f"swap in for {req.request_id}",
-                )
+                _load_whole(world, svc, reason=Reason.SWAP, detail=f"swap in for {req.request_id}")
                 current = svc
                 world.enqueue(req, reason=Reason.LOADING, detail="swapping in")
                 continue
@@ -429,37 +437,18 @@ class SwapPolicy:
             for s in world.services.values()
             if s.status is ServiceStatus.LOADED and s.idle and s.spec.ttl_s > 0
         ]
-        future = [t for t in times if t > now]
-        return min(future) if future else None
+        return _earliest_after(times, now)
 
 
-class OraclePolicy:
+class OraclePolicy(_WarmPerServicePolicy):
     """Infinite memory, everything warm: the upper bound on what any policy can reach."""
 
     name = "oracle"
     infinite_memory = True
     enforces_budget = False
-
-    def __init__(self) -> None:
-        self._seen: set[str] = set()
-
-    def start(self, world: World, now: float) -> None:
-        for svc in world.services.values():
-            world.load(
-                svc,
-                reason=Reason.PRELOAD,
-                kv_pool=svc.spec.profile.kv_ceiling,
-                enforce=False,
-                detail="all warm",
-            )
-
-    def decide(self, world: World, now: float) -> None:
-        for svc in world.services.values():
-            _restart_crashed(world, svc, svc.spec.profile.kv_ceiling)
-        _serve_fifo_per_service(world, self._seen, projected=True, reason=Reason.FITS)
-
-    def next_wakeup(self, world: World, now: float) -> float | None:
-        return _backoff_wakeup(world, now)
+    preload_detail = "all warm"
+    projected = True
+    dispatch_reason = Reason.FITS
 
 
 BASELINES: dict[str, Callable[[], Policy]] = {
