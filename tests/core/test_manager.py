@@ -351,10 +351,13 @@ def test_sample_flags_a_service_far_above_its_limit() -> None:
     running_img(m)
     m.handle(MemorySampled(device="gpu", used_bytes=9 * GIB, per_service={"img": 9 * GIB}), 1.0)
     assert m.world.services["img"].over_limit
-    m.handle(done("r1"), 2.0)
-    out = m.handle(arrive("r2", "img"), 3.0)
+    # while it serves, it may not take more: a second request waits
+    out = m.handle(arrive("r2", "img"), 1.5)
     assert enqueued(out)["r2"].reason is Reason.NO_MEMORY
     assert "limit" in enqueued(out)["r2"].detail
+    # it is never blocked for good: once idle it serves again, one request at a time
+    out = m.handle(done("r1"), 2.0)
+    assert dispatched(out) == ["r2"]
 
 
 def test_sample_of_unknown_device_or_foreign_service_is_ignored() -> None:

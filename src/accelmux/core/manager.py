@@ -297,6 +297,9 @@ class Manager:
             per_request = max(p.workspace, svc.peak_active_bytes)
             ceiling = p.weights + p.runtime + p.kv_ceiling + svc.spec.concurrency * per_request
             svc.over_limit = measured > max(accounted, ceiling) * 1.5
+            if svc.over_limit and svc.idle and svc.is_up:
+                # Idle, what it holds is its resident size: the next load is sized by it.
+                svc.calibration.observe_load(p.weights + p.runtime, measured - svc.kv_pool)
         ledger.set_foreign(event.device, event.used_bytes - managed - event.baseline_bytes)
 
     def _admin(self, event: AdminCommand) -> None:

@@ -504,8 +504,13 @@ class AccelmuxPolicy:
                 return
             self._load_for(world, req, svc, rnd, outside)
             return
-        if svc.over_limit:
-            self._queue_or_reject(world, req, Reason.NO_MEMORY, "service above its memory limit")
+        if svc.over_limit and svc.inflight:
+            # Measured far above its profile: it may not grow further while it serves,
+            # so it runs one request at a time (its measured bytes are already in the
+            # ledger as reserved, so admission stays safe) until a reload recalibrates it.
+            self._queue_or_reject(
+                world, req, Reason.NO_MEMORY, "service above its memory limit: one at a time"
+            )
             return
         if len(svc.inflight) >= spec.concurrency:
             self._queue_or_reject(
