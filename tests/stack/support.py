@@ -6,7 +6,6 @@ import contextlib
 import importlib.util
 import json
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -163,24 +162,6 @@ def run_daemon(
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-
-
-def words(text: str) -> list[str]:
-    return re.findall(r"[a-z0-9']+", text.lower())
-
-
-def wer(reference: str, hypothesis: str) -> float:
-    """Word error rate: word-level edit distance / number of reference words."""
-    ref, hyp = words(reference), words(hypothesis)
-    if not ref:
-        return 0.0 if not hyp else 1.0
-    previous = list(range(len(hyp) + 1))
-    for i, r in enumerate(ref, 1):
-        current = [i]
-        for j, h in enumerate(hyp, 1):
-            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (r != h)))
-        previous = current
-    return previous[-1] / len(ref)
 
 
 def astronaut_jpeg() -> bytes:

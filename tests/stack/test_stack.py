@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.real.support import wer
 
-from .support import Daemon, astronaut_jpeg, missing_packages, run_daemon, stack_config, wer
+from .support import Daemon, astronaut_jpeg, missing_packages, run_daemon, stack_config
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 
@@ -39,8 +40,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     services = config["services"]
     # The same detector in a worker of its own, with a deliberately low estimate (the
     # process really takes about 56 MiB: an interpreter, OpenCV, the detector) that
-    # calibration corrects. (Far lower would mark the service over its limit, which holds
-    # its requests until it is reloaded.)
+    # calibration corrects. (Far lower would mark the service over its limit, which runs
+    # its requests one at a time until it is reloaded.)
     services["detect-iso"] = {
         **services["detect"],
         "model": "detect-iso",
