@@ -114,7 +114,9 @@ async def submit_embeddings(runtime: Runtime, model: str, texts: list[str]) -> l
 
 
 @dataclass
-class Jobs:
+class StoreAndRunner:
+    """A SQLite store and the background runner that writes to it (jobs, cameras)."""
+
     store: Any
     runner: Any
 
@@ -126,8 +128,8 @@ class Jobs:
         self.store.close()
 
 
-def mount_jobs(app: web.Application, runtime: Runtime, data_dir: Path) -> Jobs:
-    """Open the job store, add ``/v1/jobs`` to ``app``; start it with ``Jobs.start``."""
+def mount_jobs(app: web.Application, runtime: Runtime, data_dir: Path) -> StoreAndRunner:
+    """Open the job store, add ``/v1/jobs`` to ``app``; start it with ``start()``."""
     from accelmux.jobs import JobRunner, JobStore
     from accelmux.jobs.http import job_routes
 
@@ -138,23 +140,10 @@ def mount_jobs(app: web.Application, runtime: Runtime, data_dir: Path) -> Jobs:
 
     runner = JobRunner(store, submit, window_open=lambda model: window_open(runtime, model))
     app.add_routes(job_routes(store, runner, models=lambda: embedding_models(runtime)))
-    return Jobs(store, runner)
+    return StoreAndRunner(store, runner)
 
 
-@dataclass
-class Cameras:
-    store: Any
-    runner: Any
-
-    async def start(self) -> None:
-        await self.runner.start()
-
-    async def stop(self) -> None:
-        await self.runner.stop()
-        self.store.close()
-
-
-def mount_cameras(app: web.Application, runtime: Runtime, data_dir: Path) -> Cameras | None:
+def mount_cameras(app: web.Application, runtime: Runtime, data_dir: Path) -> StoreAndRunner | None:
     """One analysis loop per camera service, and ``/v1/cameras``; None without cameras."""
     from accelmux.cameras import CameraRunner, EventStore
     from accelmux.cameras.http import camera_routes
@@ -165,7 +154,7 @@ def mount_cameras(app: web.Application, runtime: Runtime, data_dir: Path) -> Cam
     store = EventStore.open(data_dir / "cameras" / "events.sqlite")
     runner = CameraRunner(runtime, store)
     app.add_routes(camera_routes(runner))
-    return Cameras(store, runner)
+    return StoreAndRunner(store, runner)
 
 
 def mount_dashboard(app: web.Application, runtime: Runtime) -> None:
