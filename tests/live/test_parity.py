@@ -19,8 +19,6 @@ import math
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from accelmux.config.backends import FakeBackendConfig
 from accelmux.config.load import load_config_data
 from accelmux.config.schema import AccelmuxConfig
@@ -37,6 +35,7 @@ from accelmux.core.events import (
 )
 from accelmux.core.manager import Manager
 from accelmux.core.policies import make_policy
+from accelmux.sim import parity
 from accelmux.runtime.clock import ManualClock
 from accelmux.runtime.driver import WAKE_EPSILON_S, Driver
 from accelmux.runtime.replay import Arrival, live_decision_log
@@ -208,10 +207,7 @@ def test_live_driver_replays_the_simulators_inputs_to_the_same_decisions() -> No
     """The simulator's exact (time, event) inputs, fed through the live Driver on a
     manual clock (its own wakeup timers armed, as in the daemon), give the simulator's
     decision log: the live loop adds, drops and reorders nothing."""
-    parity = pytest.importorskip("accelmux.sim.parity")
     scenario = str(Path(__file__).resolve().parents[2] / "scenarios" / "burst.yaml")
-    if not Path(scenario).is_file():
-        pytest.skip("scenarios/burst.yaml is not there")
     spec, events = parity.event_log(scenario, 7, duration_s=300.0)
     expected = parity.decision_log(scenario, 7, duration_s=300.0)
     manager = Manager(spec, make_policy("accelmux"))

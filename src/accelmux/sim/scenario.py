@@ -35,7 +35,8 @@ from accelmux.core.specs import ManagerSpec
 from accelmux.core.types import GIB
 from accelmux.errors import ConfigError
 
-DEFAULT_TRACE = "../shared/traces/azure_llm_2023_conv.csv"
+#: The Azure LLM trace 2023 (conversations), shipped inside the package (see traces/README.md).
+DEFAULT_TRACE = str(Path(__file__).resolve().parent / "traces" / "azure_llm_2023_conv.csv")
 _CLOCK = re.compile(r"^\s*(\d{1,2}):(\d{2})\s*$")
 
 

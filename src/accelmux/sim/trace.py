@@ -1,8 +1,8 @@
 """Replay of the Azure LLM inference trace 2023 (conversation part), scaled to home rates.
 
 The CSV (columns TIMESTAMP, ContextTokens, GeneratedTokens) is read from where the
-scenario points (by default ``../shared/traces/`` next to the repository) or from
-``--trace PATH``; it is never copied into the repository. A home server sees far fewer
+scenario points (by default the copy shipped in ``accelmux/sim/traces/``, with its
+CC-BY attribution beside it) or from ``--trace PATH``. A home server sees far fewer
 requests than Azure: the inter-arrival gaps are stretched by ``trace_rate / home_rate``,
 which keeps the trace's burstiness (its inter-arrival CV) and its token mix, and a
 random starting row per seed picks a different stretch of the trace.
@@ -57,8 +57,9 @@ def load_trace(path: str) -> Trace:
     p = Path(path)
     if not p.is_file():
         raise TraceError(
-            f"trace not found: {p} (the Azure LLM trace 2023 CSV; pass --trace PATH or "
-            "place it at ../shared/traces/azure_llm_2023_conv.csv next to the repository)"
+            f"trace not found: {p} (a CSV with columns TIMESTAMP, ContextTokens, "
+            "GeneratedTokens; pass --trace PATH, or leave the workload's path out to use "
+            "the Azure trace shipped with accelmux)"
         )
     rows: list[TraceRow] = []
     try:

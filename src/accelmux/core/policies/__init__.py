@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from accelmux.core.policies.accelmux import AccelmuxPolicy
+from accelmux.core.policies.baselines import BASELINES
 from accelmux.core.policy import Policy
 
-_REGISTRY: dict[str, Callable[[], Policy]] = {"accelmux": AccelmuxPolicy}
+_REGISTRY: dict[str, Callable[[], Policy]] = {"accelmux": AccelmuxPolicy, **BASELINES}
 
 
 def register(name: str, factory: Callable[[], Policy]) -> None:
@@ -15,25 +16,12 @@ def register(name: str, factory: Callable[[], Policy]) -> None:
 
 
 def policy_names() -> list[str]:
-    _load_baselines()
     return list(_REGISTRY)
 
 
 def make_policy(name: str) -> Policy:
-    _load_baselines()
     try:
         return _REGISTRY[name]()
     except KeyError:
         known = ", ".join(sorted(_REGISTRY))
         raise ValueError(f"unknown policy {name!r} (known: {known})") from None
-
-
-def _load_baselines() -> None:
-    import importlib
-
-    try:
-        baselines = importlib.import_module("accelmux.core.policies.baselines")
-    except ModuleNotFoundError:  # until the baselines module exists
-        return
-    for pname, factory in baselines.BASELINES.items():
-        _REGISTRY.setdefault(pname, factory)
