@@ -35,10 +35,10 @@ from accelmux.core.events import (
 )
 from accelmux.core.manager import Manager
 from accelmux.core.policies import make_policy
-from accelmux.sim import parity
 from accelmux.runtime.clock import ManualClock
 from accelmux.runtime.driver import WAKE_EPSILON_S, Driver
 from accelmux.runtime.replay import Arrival, live_decision_log
+from accelmux.sim import parity
 
 
 def _fake(latency: float, load: float) -> dict[str, Any]:
