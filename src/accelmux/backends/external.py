@@ -39,6 +39,7 @@ from yarl import URL
 from accelmux.backends.base import BackendRequest, BackendResponse, CrashCallback, LoadReport
 from accelmux.config.backends import ExternalBackendConfig
 from accelmux.errors import BackendCrashedError, BackendError, BackendTimeoutError
+from accelmux.redact import redact
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -329,12 +330,16 @@ class ExternalBackend:
             return
         try:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
-            self._log_file = self.log_path.open("a", encoding="utf-8", buffering=1)
+            fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            self._log_file = os.fdopen(fd, "a", encoding="utf-8", buffering=1)
         except OSError:
             self._log_file = None
 
     def _log(self, line: str) -> None:
-        self.logs.append(line)
+        # What is kept in memory reaches /admin/status (log_tail) and error messages: a
+        # child may print its environment, so secrets are masked there. The log file
+        # under data_dir (readable by the daemon's user only) keeps the raw output.
+        self.logs.append(redact(line))
         if self._log_file is not None:
             with contextlib.suppress(OSError, ValueError):
                 self._log_file.write(line + "\n")

@@ -1,5 +1,9 @@
 """``GET /v1/cameras`` and ``GET /v1/cameras/{name}/events``.
 
+A camera's ``source`` is shown with its credentials masked (``rtsp://***@host/...``,
+``?password=***``: :func:`accelmux.redact.redact`); ``last_error`` is the last reason its
+frames failed (a read error, or the load failure or crash of its model).
+
 Events query parameters: ``after`` (an event id: only newer ones), ``since`` (Unix
 seconds), ``label`` (``face`` or ``person``), ``limit`` (1..1000, default 100). The answer
 is ``{"object": "list", "camera", "data": [event...], "last_id", "has_more"}``, each event

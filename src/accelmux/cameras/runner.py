@@ -14,8 +14,9 @@ from accelmux.backends.base import BackendRequest, BackendResponse
 from accelmux.cameras.store import EventStore
 from accelmux.core.actions import Dispatch
 from accelmux.core.events import Demand
-from accelmux.core.types import ServiceKind
+from accelmux.core.types import Reason, ServiceKind
 from accelmux.errors import BackendError
+from accelmux.redact import redact
 from accelmux.runtime.daemon import Runtime
 from accelmux.runtime.requests import Refused
 
@@ -25,9 +26,14 @@ log = logging.getLogger("accelmux.cameras")
 FRAME_ENDPOINT = "/camera/frame"
 
 
+#: Refusals that say the camera's model cannot run (not that the device is busy).
+FAILURE_REASONS = frozenset({Reason.LOAD_FAILED, Reason.BACKEND_CRASHED})
+
+
 @dataclass
 class CameraState:
-    """What ``GET /v1/cameras`` shows of one camera."""
+    """What ``GET /v1/cameras`` shows of one camera (credentials in its source are masked
+    by :func:`~accelmux.redact.redact`; the real source goes only to the backend)."""
 
     name: str
     source: str
@@ -46,7 +52,7 @@ class CameraState:
         return {
             "object": "camera",
             "name": self.name,
-            "source": self.source,
+            "source": redact(self.source),
             "fps": self.fps,
             "frames_analysed": self.frames,
             "events": self.events,
@@ -130,6 +136,17 @@ class CameraRunner:
         state.latencies = [*state.latencies[-99:], time.monotonic() - started]
         return frame
 
+    @staticmethod
+    def _failed(state: CameraState, error: str) -> None:
+        state.errors += 1
+        state.failures += 1
+        state.last_error = redact(error)
+        log.warning("camera %s: %s", state.name, state.last_error)
+
+    @staticmethod
+    def _backoff(state: CameraState) -> float:
+        return min(30.0, 2.0 ** min(state.failures, 5))
+
     async def _loop(self, state: CameraState) -> None:
         period = 1.0 / max(state.fps, 1e-3)
         while True:
@@ -143,10 +160,11 @@ class CameraRunner:
             except Refused as exc:
                 state.refused += 1
                 delay = max(0.0, float(exc.retry_after_s or 0.0))
+                if exc.reason in FAILURE_REASONS:  # its model cannot load or crashed
+                    cause = self.runtime.last_errors.get(state.name) or str(exc)
+                    self._failed(state, f"{exc.reason.value}: {cause}")
+                    delay = max(delay, self._backoff(state))
             except Exception as exc:  # a camera must never stop the daemon
-                state.errors += 1
-                state.failures += 1
-                state.last_error = str(exc)
-                log.warning("camera %s: %s", state.name, exc)
-                delay = min(30.0, 2.0 ** min(state.failures, 5))
+                self._failed(state, str(exc))
+                delay = self._backoff(state)
             await asyncio.sleep(max(delay, period - (time.monotonic() - started)))

@@ -29,6 +29,7 @@ from typing import Any
 
 from accelmux.errors import BackendError
 from accelmux.models._deps import require
+from accelmux.redact import redact
 
 IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".ppm"})
 STREAM_SCHEMES = ("rtsp://", "rtsps://", "http://", "https://", "rtmp://", "udp://", "tcp://")
@@ -160,10 +161,11 @@ class FrameReader:
         try:
             cap = cv2.VideoCapture(self.source, cv2.CAP_ANY, params)
         except cv2.error as exc:
-            raise BackendError(f"cannot open camera source {self.source!r}: {exc}") from exc
+            shown = redact(self.source)
+            raise BackendError(f"cannot open camera source {shown!r}: {redact(str(exc))}") from exc
         if not cap.isOpened():
             cap.release()
-            raise BackendError(f"cannot open camera source {self.source!r}")
+            raise BackendError(f"cannot open camera source {redact(self.source)!r}")
         with self._lock:
             self._cap = cap
         return cap

@@ -54,6 +54,7 @@ from accelmux.core.types import Reason
 from accelmux.errors import BackendError, BackendTimeoutError, ConfigError
 from accelmux.gateway.metrics import Metrics
 from accelmux.monitors.base import DeviceSample, DeviceSampler, ServiceProcesses
+from accelmux.redact import redact
 from accelmux.runtime.bus import DecisionBus
 from accelmux.runtime.clock import Clock, LoopClock, seconds_of_day_now
 from accelmux.runtime.driver import Driver
@@ -181,9 +182,10 @@ class Runtime:
         self, loop: asyncio.AbstractEventLoop, service: str
     ) -> Callable[[str], None]:
         def report(error: str) -> None:
-            log.warning("backend of %s crashed: %s", service, error)
-            self.last_errors[service] = f"crashed: {error}"
-            event = BackendCrashed(service=service, error=error)
+            shown = redact(error)
+            log.warning("backend of %s crashed: %s", service, shown)
+            self.last_errors[service] = f"crashed: {shown}"
+            event = BackendCrashed(service=service, error=shown)
             try:
                 on_loop = asyncio.get_running_loop() is loop
             except RuntimeError:
@@ -396,12 +398,13 @@ class Runtime:
                 with contextlib.suppress(Exception):  # free what the half-done load holds
                     async with asyncio.timeout(30):
                         await backend.unload()
-            log.warning("load of %s failed: %s", action.service, exc)
-            self.last_errors[action.service] = f"load failed: {exc}"
+            shown = redact(str(exc))
+            log.warning("load of %s failed: %s", action.service, shown)
+            self.last_errors[action.service] = f"load failed: {shown}"
             self.metrics.load_seconds.labels(action.service, "failed").observe(
                 time.monotonic() - started
             )
-            self.driver.submit(LoadFailed(service=action.service, error=str(exc)))
+            self.driver.submit(LoadFailed(service=action.service, error=shown))
             return
         self.metrics.load_seconds.labels(action.service, "ok").observe(time.monotonic() - started)
         self.driver.submit(
