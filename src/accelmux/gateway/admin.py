@@ -1,4 +1,8 @@
-"""The admin API (``/admin``) and ``/metrics``: separate from inference, own bearer key."""
+"""The admin API (``/admin``) and ``/metrics``: separate from inference, own bearer key.
+
+``POST /admin/services/{name}/unload`` on a pinned service (by config or by ``pin``) is
+refused with 409 ``service_pinned``: unpin it first. The other operations always apply.
+"""
 
 from __future__ import annotations
 
@@ -24,11 +28,22 @@ async def service_op(request: web.Request) -> web.Response:
     name = request.match_info["name"]
     op = request.match_info["op"]
     if op not in ADMIN_OPS:
-        raise ApiError(404, f"unknown operation {op!r} (known: {', '.join(ADMIN_OPS)})")
+        raise ApiError(
+            404, f"unknown operation {op!r} (known: {', '.join(ADMIN_OPS)})", code="not_found"
+        )
     if name not in rt.manager.world.services:
         raise ApiError(404, f"unknown service {name!r}", param="name", code="service_not_found")
     if rt.stopping:
         raise ApiError(503, "accelmux is shutting down", code="shutting_down", retry_after_s=30)
+    if op == "unload" and rt.manager.world.services[name].pinned:
+        # An unload never lifts a pin behind the operator's back: unpin is its own step.
+        raise ApiError(
+            409,
+            f"service {name!r} is pinned (never evicted); POST /admin/services/{name}/unpin "
+            "first, then unload",
+            param="name",
+            code="service_pinned",
+        )
     rt.admin(name, op)
     svc = rt.manager.world.services[name]
     return web.json_response(
@@ -46,7 +61,9 @@ async def explain(request: web.Request) -> web.Response:
     rid = request.match_info["request_id"]
     lines = request.app[RUNTIME].explain(rid)
     if lines is None:
-        raise ApiError(404, f"no record of request {rid!r}", param="request_id")
+        raise ApiError(
+            404, f"no record of request {rid!r}", param="request_id", code="request_not_found"
+        )
     return web.json_response({"request_id": rid, "lines": lines})
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from accelmux.gateway import admin, openai_api
-from accelmux.gateway.keys import RUNTIME
+from accelmux.gateway.keys import RUNTIME, add_request_id
 from accelmux.gateway.middleware import auth_middleware, error_middleware, rate_limit_middleware
 from accelmux.gateway.openapi import document
 from accelmux.runtime.daemon import Runtime
@@ -31,6 +31,7 @@ def build_app(runtime: Runtime, *, host: str | None = None) -> web.Application:
         middlewares.append(rate_limit_middleware(server.rate_limit))
     app = web.Application(client_max_size=max_body, middlewares=middlewares)
     app[RUNTIME] = runtime
+    app.on_response_prepare.append(add_request_id)
     app.router.add_get("/health", health)
     app.router.add_get("/openapi.json", openapi)
     openai_api.add_routes(app)

@@ -62,13 +62,14 @@ def bad_field(param: str, message: str) -> ApiError:
     return ApiError(400, message, param=param, code="invalid_value")
 
 
-def refusal(exc: Refused) -> ApiError:
-    """The HTTP form of a Manager's Reject or Fail."""
+def refusal(exc: Refused, param: str | None = None) -> ApiError:
+    """The HTTP form of a Manager's Reject or Fail; ``param``: the request field whose size
+    made the demand (named by a 413 ``too_large``)."""
     reason = exc.reason
     detail = exc.action.detail
     message = f"{reason.value}: {detail}" if detail else reason.value
     if reason is Reason.TOO_LARGE:
-        return ApiError(413, message, code=reason.value, param="messages")
+        return ApiError(413, message, code=reason.value, param=param)
     if reason is Reason.QUEUE_FULL:
         return ApiError(
             429,

@@ -23,7 +23,8 @@ import ipaddress
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
@@ -33,6 +34,17 @@ from accelmux.config.server import RateLimitConfig, ServerConfig
 from accelmux.gateway.errors import ApiError
 
 log = logging.getLogger("accelmux.gateway")
+
+#: ``error.code`` of the HTTP errors aiohttp raises itself (unknown path, wrong method...).
+HTTP_ERROR_CODES = {
+    400: "bad_request",
+    404: "not_found",
+    405: "method_not_allowed",
+    411: "length_required",
+    413: "body_too_large",
+    415: "unsupported_media_type",
+    431: "headers_too_large",
+}
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 PUBLIC = ("/health", "/openapi.json")
@@ -105,17 +117,20 @@ def error_middleware(max_body: int) -> Middleware:
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise
-            return ApiError(
-                exc.status, exc.reason, type="invalid_request_error", code=str(exc.status)
-            ).response()
+            code = HTTP_ERROR_CODES.get(exc.status, "http_error")
+            return ApiError(exc.status, exc.reason, code=code).response()
         except HttpProcessingError as exc:  # a malformed body found while reading it
             status = exc.code if 400 <= exc.code < 500 else 400
-            return ApiError(status, f"malformed request: {exc.message}").response()
+            return ApiError(
+                status, f"malformed request: {exc.message}", code="malformed_request"
+            ).response()
         except ConnectionError:
             raise
         except Exception:
             log.exception("unhandled error on %s %s", request.method, request.path)
-            return ApiError(500, "internal error", type="server_error").response()
+            return ApiError(
+                500, "internal error", type="server_error", code="internal_error"
+            ).response()
 
     return middleware
 
@@ -160,6 +175,38 @@ def auth_middleware(cfg: ServerConfig, host: str) -> Middleware:
         return await handler(request)
 
     return middleware
+
+
+class ProtocolLogger(logging.Logger):
+    """aiohttp's connection-level logger (``aiohttp.server``), given to the AppRunner.
+
+    aiohttp answers a request it cannot parse (a bare CR in a header, a duplicate
+    Content-Length, a bad request line) with 400 before any handler runs, and logs the
+    parser's exception with a traceback at ERROR. Such requests are the client's fault and
+    anyone can send them: here they are one INFO line naming the peer and the problem.
+    Every other exception keeps its traceback at ERROR.
+    """
+
+    def __init__(self) -> None:
+        super().__init__("aiohttp.server")
+        self.parent = logging.getLogger("aiohttp")
+
+    def exception(
+        self,
+        msg: object,
+        *args: object,
+        exc_info: Any = True,
+        stack_info: bool = False,
+        stacklevel: int = 1,
+        extra: Mapping[str, object] | None = None,
+    ) -> None:
+        if isinstance(exc_info, HttpProcessingError):
+            peer = args[0] if args else "?"
+            self.info("malformed HTTP request from %s: %s", peer, exc_info.message)
+            return
+        super().exception(
+            msg, *args, exc_info=exc_info, stack_info=stack_info, stacklevel=stacklevel, extra=extra
+        )
 
 
 class TokenBuckets:

@@ -19,7 +19,7 @@ from accelmux.core.actions import Dispatch
 from accelmux.errors import BackendError
 from accelmux.gateway import parse
 from accelmux.gateway.errors import ApiError, refusal
-from accelmux.gateway.keys import RUNTIME
+from accelmux.gateway.keys import RUNTIME, request_id
 from accelmux.runtime.daemon import Runtime
 from accelmux.runtime.requests import Refused, Ticket
 
@@ -57,7 +57,7 @@ async def serve(request: web.Request, parsed: parse.Parsed) -> web.StreamRespons
     service = _route(rt, parsed)
     backend = rt.backends[service]
     kind = rt.manager.world.services[service].spec.kind
-    rid = rt.new_request_id()
+    rid = request_id(request)
     started = time.perf_counter()
     metrics = rt.metrics
 
@@ -119,7 +119,7 @@ async def serve(request: web.Request, parsed: parse.Parsed) -> web.StreamRespons
         )
     except Refused as exc:
         outcome = exc.reason.value
-        err = refusal(exc)
+        err = refusal(exc, parse.DEMAND_PARAM[parsed.endpoint])
         return await _fail(request, stream_resp, err, rid)
     except BackendError as exc:
         outcome = "backend_error"

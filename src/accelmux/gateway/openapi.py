@@ -295,6 +295,8 @@ def document() -> dict[str, Any]:
         "/admin/services/{name}/{op}": {
             "post": {
                 "summary": "Operator command: load, unload, pin or unpin a service.",
+                "description": "unload of a pinned service is refused (409 service_pinned): "
+                "unpin it first.",
                 "parameters": [
                     {"name": "name", "in": "path", "required": True, "schema": {"type": "string"}},
                     {
@@ -307,6 +309,7 @@ def document() -> dict[str, Any]:
                 "responses": {
                     "200": {"description": "Accepted", "content": {"application/json": _OBJ}},
                     "404": _err("Unknown service or operation."),
+                    "409": _err("unload of a pinned service: unpin it first."),
                     "503": _retry("Shutting down."),
                     **_ADMIN_ERR,
                 },

@@ -43,6 +43,19 @@ ENDPOINT_KINDS: dict[str, tuple[ServiceKind, ...]] = {
     "/v1/detections": (ServiceKind.DETECT, ServiceKind.CAMERA),
 }
 
+#: The request field that sizes each endpoint's demand (named by a 413 ``too_large``).
+DEMAND_PARAM: dict[str, str] = {
+    "/v1/chat/completions": "messages",
+    "/v1/completions": "prompt",
+    "/v1/embeddings": "input",
+    "/v1/audio/transcriptions": "file",
+    "/v1/audio/speech": "input",
+    "/v1/images/generations": "size",
+    "/v1/detections": "image",
+}
+#: How deeply a JSON body may nest (arrays and objects) before it is refused.
+MAX_JSON_DEPTH = 64
+
 
 @dataclass(slots=True, kw_only=True)
 class Parsed:
@@ -64,13 +77,17 @@ def tokens_of(chars: int) -> int:
 async def read_json(request: web.Request) -> tuple[dict[str, Any], bytes]:
     raw = await request.read()
     if not raw:
-        raise ApiError(400, "request body is empty; expected a JSON object")
+        raise ApiError(400, "request body is empty; expected a JSON object", code="invalid_json")
     try:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
-        raise ApiError(400, f"request body is not valid JSON: {exc}") from None
+        raise ApiError(400, f"request body is not valid JSON: {exc}", code="invalid_json") from None
+    except RecursionError:  # deeper than the parser's own stack allows
+        raise _too_deep() from None
+    if _depth_over(body, MAX_JSON_DEPTH):
+        raise _too_deep()
     if not isinstance(body, dict):
-        raise ApiError(400, "request body must be a JSON object")
+        raise ApiError(400, "request body must be a JSON object", code="invalid_json")
     return body, raw
 
 
@@ -78,11 +95,11 @@ async def read_form(
     request: web.Request,
 ) -> tuple[dict[str, Any], dict[str, bytes], dict[str, tuple[str, str]]]:
     if not request.content_type.startswith("multipart/"):
-        raise ApiError(400, "expected multipart/form-data", param="file")
+        raise ApiError(400, "expected multipart/form-data", param="file", code="invalid_multipart")
     try:
         form = await request.post()
     except (ValueError, HttpProcessingError) as exc:  # a bad part header, a bad boundary
-        raise ApiError(400, f"malformed multipart body: {exc}") from None
+        raise ApiError(400, f"malformed multipart body: {exc}", code="invalid_multipart") from None
     fields: dict[str, Any] = {}
     files: dict[str, bytes] = {}
     info: dict[str, tuple[str, str]] = {}
@@ -93,6 +110,32 @@ async def read_form(
         else:
             fields[key] = str(value)
     return fields, files, info
+
+
+def _too_deep() -> ApiError:
+    return ApiError(
+        400,
+        f"request body nests arrays/objects deeper than {MAX_JSON_DEPTH} levels",
+        code="json_too_deep",
+    )
+
+
+def _depth_over(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests lists/dicts more than ``limit`` levels (iteratively: a
+    hostile body must not exhaust the stack here either)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+    return False
 
 
 def _model(body: dict[str, Any]) -> str:

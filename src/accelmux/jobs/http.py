@@ -138,7 +138,10 @@ def _answers_errors(handler: Handler) -> Handler:
         except Exception:
             log.exception("jobs API: %s %s failed", request.method, request.path)
             return ApiError(
-                500, "internal error; see the daemon log", type_="server_error"
+                500,
+                "internal error; see the daemon log",
+                type_="server_error",
+                code="internal_error",
             ).response()
 
     return wrapped
@@ -324,6 +327,8 @@ def _parse_json_body(body: bytes, limits: JobLimits) -> tuple[Any, list[str], di
         data = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ApiError(400, f"the body is not valid JSON: {exc}", code="invalid_json") from None
+    except RecursionError:
+        raise ApiError(400, "the body nests too deeply", code="json_too_deep") from None
     if not isinstance(data, dict):
         raise ApiError(400, "the body must be a JSON object", code="invalid_json")
     unknown = sorted(set(data) - {"model", "inputs", "metadata"})
@@ -358,6 +363,10 @@ def _parse_json_lines(body: bytes, limits: JobLimits) -> list[str]:
         except json.JSONDecodeError as exc:
             raise ApiError(
                 400, f"line {number} is not valid JSON: {exc}", param="inputs", code="invalid_json"
+            ) from None
+        except RecursionError:
+            raise ApiError(
+                400, f"line {number} nests too deeply", param="inputs", code="json_too_deep"
             ) from None
         if isinstance(value, dict) and set(value) == {"input"}:
             value = value["input"]
