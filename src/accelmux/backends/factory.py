@@ -12,20 +12,26 @@ from accelmux.config.backends import (
     FakeBackendConfig,
     InProcessBackendConfig,
 )
+from accelmux.config.machine import missing_backends
 from accelmux.config.schema import AccelmuxConfig
+from accelmux.errors import ConfigError
 from accelmux.host.backend import HostPool
 
 
 def build_backends(cfg: AccelmuxConfig, data_dir: Path) -> dict[str, Backend]:
-    """One backend per service; a service without a backend section gets the fake.
+    """One backend per service; a service without a backend section is a ConfigError (the
+    fake test double is never chosen silently: ``backend: {type: fake}`` asks for it).
 
     ``inprocess`` services are hosted by accelmux's inference worker process (one shared
     worker, or one of its own with ``isolated: true``): see :mod:`accelmux.host`.
     """
+    problems = missing_backends(cfg)
+    if problems:
+        raise ConfigError("config", problems)
     out: dict[str, Backend] = {}
     hosts: HostPool | None = None
     for name, svc in cfg.services.items():
-        section = svc.backend or FakeBackendConfig(type="fake")
+        section = svc.backend
         model = svc.model or name
         device = cfg.devices[cfg.device_of(name)]
         if isinstance(section, FakeBackendConfig):

@@ -7,9 +7,29 @@
 
 from __future__ import annotations
 
+import string
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ByteSize, ConfigDict, Field
+
+#: The ``{name}`` placeholders an external backend's argv may use.
+ARGV_PLACEHOLDERS = ("port", "host", "ctx_size", "parallel", "kv_pool_bytes", "model", "gpu")
+
+
+def argv_placeholder_problem(arg: str) -> str | None:
+    """Why ``arg`` cannot be templated (an unknown or malformed placeholder), or None."""
+    try:
+        fields = [name for _, name, _, _ in string.Formatter().parse(arg) if name is not None]
+    except ValueError as exc:
+        return f"malformed placeholder in {arg!r} ({exc}; write {{{{ for a literal brace)"
+    for name in fields:
+        base = name.split(".")[0].split("[")[0]
+        if base not in ARGV_PLACEHOLDERS:
+            return (
+                f"unknown placeholder {{{name}}} in {arg!r} "
+                f"(known: {', '.join('{' + p + '}' for p in ARGV_PLACEHOLDERS)})"
+            )
+    return None
 
 
 class _Backend(BaseModel):

@@ -1,5 +1,10 @@
 """``accelmux check FILE``: validate a config (or a scenario) and list every problem.
 
+A config is also checked against this machine (:mod:`accelmux.config.machine`): a
+``server.data_dir`` it cannot write, an external backend's program that is not there, a
+host device's budget above the RAM. A service without a ``backend`` is a problem too:
+``serve`` refuses it (such a config is for the simulator only).
+
 A file with a top-level ``workloads`` key is a simulator scenario: it is validated
 against the scenario schema (the config keys plus ``workloads`` and ``simulation``),
 and the trace files its workloads name must exist.
@@ -11,6 +16,9 @@ import argparse
 import sys
 from pathlib import Path
 from typing import Any
+
+from accelmux.config.machine import machine_problems, missing_backends
+from accelmux.errors import ConfigError
 
 
 def register(sub: Any) -> None:
@@ -31,7 +39,6 @@ def _report(exc: Any) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from accelmux.config.load import load_config_data, parse_yaml, read_text
-    from accelmux.errors import ConfigError
 
     if args.reference:
         from accelmux.config.reference import render_reference
@@ -47,6 +54,9 @@ def run(args: argparse.Namespace) -> int:
         if isinstance(data, dict) and "workloads" in data:
             return _check_scenario(data, path)
         cfg = load_config_data(data, str(path), path.parent)
+        problems = [*missing_backends(cfg), *machine_problems(cfg)]
+        if problems:
+            raise ConfigError(str(path), problems)
     except ConfigError as exc:
         return _report(exc)
     print(f"{args.file}: OK ({len(cfg.devices)} device(s), {len(cfg.services)} service(s))")
@@ -54,7 +64,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _check_scenario(data: dict[str, Any], path: Path) -> int:
-    from accelmux.errors import ConfigError
     from accelmux.sim.scenario import load_scenario_data, trace_problems
 
     scn = load_scenario_data(data, str(path), path.parent.resolve())

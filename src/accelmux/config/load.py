@@ -8,7 +8,11 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from accelmux.config.backends import ExternalBackendConfig, InProcessBackendConfig
+from accelmux.config.backends import (
+    ExternalBackendConfig,
+    InProcessBackendConfig,
+    argv_placeholder_problem,
+)
 from accelmux.config.schema import AccelmuxConfig
 from accelmux.errors import ConfigError
 
@@ -192,6 +196,11 @@ def semantic_problems(cfg: AccelmuxConfig, base_dir: Path | None = None) -> list
 
     ports: dict[int, str] = {cfg.server.port: "server.port"}
     for name, svc in cfg.services.items():
+        if isinstance(svc.backend, ExternalBackendConfig):
+            for i, arg in enumerate(svc.backend.argv):
+                why = argv_placeholder_problem(arg)
+                if why is not None:
+                    problems.append(f"services.{name}.backend.argv[{i}]: {why}")
         if isinstance(svc.backend, ExternalBackendConfig) and svc.backend.port is not None:
             where = f"services.{name}.backend.port"
             if svc.backend.port in ports:

@@ -23,6 +23,11 @@ class ServerConfig(BaseModel):
     port: int = Field(8600, ge=1, le=65535)
     api_keys: list[str] = Field(default_factory=list, description="Bearer keys for /v1.")
     admin_key: str | None = Field(None, description="Bearer key for /admin and the dashboard.")
+    allow_unauthenticated: bool = Field(
+        False,
+        description="Serve /v1 without api_keys on a non-loopback host (open to the network); "
+        "without it serve refuses to start there (serve --allow-open sets it).",
+    )
     max_body: ByteSize = Field(ByteSize(25 * 1024**2), description="Largest request body.")
     rate_limit: RateLimitConfig | None = Field(
         None,

@@ -27,6 +27,11 @@ def register(sub: Any) -> None:
     p.add_argument("-c", "--config", help="YAML config file")
     p.add_argument("--host", help="listen address (default: server.host, 127.0.0.1)")
     p.add_argument("--port", type=int, help="listen port (default: server.port, 8600)")
+    p.add_argument(
+        "--allow-open",
+        action="store_true",
+        help="serve /v1 without API keys on a non-loopback --host (server.allow_unauthenticated)",
+    )
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
     p.add_argument(
         "--show-config",
@@ -54,6 +59,8 @@ def run(args: argparse.Namespace) -> int:
     update: dict[str, Any] = {}
     if args.host:
         update["host"] = args.host
+    if args.allow_open:
+        update["allow_unauthenticated"] = True
     if args.port is not None:
         if not 0 < args.port < 65536:
             print(f"accelmux serve: --port must be 1..65535 (got {args.port})", file=sys.stderr)

@@ -10,16 +10,35 @@ from pathlib import Path
 
 from aiohttp import web
 
+from accelmux.config.machine import host_memory_problems, prepare_data_dir
 from accelmux.config.schema import AccelmuxConfig
+from accelmux.config.server import ServerConfig
 from accelmux.gateway.app import build_app
+from accelmux.gateway.middleware import ProtocolLogger, is_loopback
+from accelmux.monitors.host import host_total
 from accelmux.runtime.daemon import Runtime
 from accelmux.runtime.wiring import mount_cameras, mount_dashboard, mount_jobs
 
 log = logging.getLogger("accelmux")
 
 
+def refuse_open_host(server: ServerConfig) -> None:
+    """Exit unless /v1 is guarded: API keys, a loopback host, or an explicit opt-out."""
+    if is_loopback(server.host) or server.api_keys or server.allow_unauthenticated:
+        return
+    raise SystemExit(
+        f"accelmux: refusing to listen on {server.host or 'every address'} without API keys: "
+        "/v1 would be open to the network. Set server.api_keys, listen on 127.0.0.1, or "
+        "accept it with server.allow_unauthenticated: true (serve --allow-open)"
+    )
+
+
 async def serve(cfg: AccelmuxConfig, *, stop: asyncio.Event | None = None) -> None:
     """Run until ``stop`` is set or a SIGTERM/SIGINT arrives.
+
+    It refuses to start (one line, exit status 1) on a non-loopback host without API keys
+    unless ``server.allow_unauthenticated``, and when ``server.data_dir`` cannot be
+    created or written. A host device's budget above the RAM is logged (it is clamped).
 
     Shutdown: the Manager stops admitting (waiting requests get 503 shutting_down),
     in-flight requests get ``server.drain_s`` to finish, the rest fail with a clear
@@ -27,6 +46,12 @@ async def serve(cfg: AccelmuxConfig, *, stop: asyncio.Event | None = None) -> No
     """
     server = cfg.server
     data_dir = Path(server.data_dir)
+    refuse_open_host(server)
+    why = prepare_data_dir(data_dir)
+    if why is not None:
+        raise SystemExit(f"accelmux: cannot use server.data_dir {data_dir.absolute()}: {why}")
+    for problem in host_memory_problems(cfg, host_total()):
+        log.warning("%s", problem)
     runtime = Runtime(cfg, data_dir=data_dir)
     app = build_app(runtime)
     jobs = mount_jobs(app, runtime, data_dir) if server.jobs else None
@@ -35,7 +60,9 @@ async def serve(cfg: AccelmuxConfig, *, stop: asyncio.Event | None = None) -> No
     cameras = mount_cameras(app, runtime, data_dir)
     await runtime.start()
     access = logging.getLogger("aiohttp.access") if server.access_log else None
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=access)
+    runner = web.AppRunner(
+        app, handler_cancellation=True, access_log=access, logger=ProtocolLogger()
+    )
     await runner.setup()
     site = web.TCPSite(runner, server.host, server.port, reuse_address=True)
     try:
