@@ -251,13 +251,24 @@ def test_camera_credentials_are_masked_and_its_last_error_is_reported(
         f"rtsp://{CAMERA_USER}:{CAMERA_PASSWORD}@127.0.0.1:{port}/stream"
         f"?password={CAMERA_PASSWORD}&token={CAMERA_TOKEN}&channel=1"
     )
+    junk_model = tmp_path / "broken-cascade.xml"
+    junk_model.write_text("not a model")
+    camera = {"kind": "camera", "class": "background", "memory": {"weights": "64MiB"}}
     cfg = base_config(
         cam={
-            "kind": "camera",
-            "class": "background",
-            "memory": {"weights": "64MiB"},
+            **camera,
             "backend": {"type": "inprocess", "options": {"source": source, "fps": 2.0}},
-        }
+        },
+        # a second camera whose model never loads: every frame is refused load_failed
+        broken={
+            **camera,
+            "backend": {
+                "type": "inprocess",
+                "model_path": str(junk_model),
+                "isolated": True,
+                "options": {"source": source, "fps": 2.0},
+            },
+        },
     )
     path = write_config(cfg, tmp_path)
     with running(path, log_name="camera", timeout=60) as d:
@@ -265,13 +276,13 @@ def test_camera_credentials_are_masked_and_its_last_error_is_reported(
         def cameras() -> Any:
             status, out, _ = http("GET", d.url + "/v1/cameras")
             assert status == 200, out
-            cam = out["data"][0]
-            return out if cam["last_error"] else None
+            return out if all(c["last_error"] for c in out["data"]) else None
 
         listed = wait_for(cameras, timeout=90, every=0.5)
         status_body = http("GET", d.url + "/admin/status")[1]
         page = http("GET", d.url + "/")[1]
-    cam = listed["data"][0]
+    cam, broken = sorted(listed["data"], key=lambda c: c["name"] != "cam")
+    assert broken["last_error"].startswith("load failed: "), broken
     texts = {
         "/v1/cameras": json.dumps(listed),
         "/admin/status": json.dumps(status_body),
@@ -293,6 +304,7 @@ def test_camera_credentials_are_masked_and_its_last_error_is_reported(
         expected="credentials masked in /v1/cameras, /admin/status, the log and the "
         "dashboard; last_error tells why frames fail",
         happened=f"source shown as {cam['source']!r}; last_error {cam['last_error'][:80]!r}; "
+        f"a camera whose model cannot load: last_error {broken['last_error'][:60]!r}; "
         f"no secret in {', '.join(texts)}",
     )
 
@@ -595,7 +607,7 @@ def test_check_reports_what_serve_could_not_run(tmp_path: Path, record: Record) 
     assert _cli("check", str(ok)).returncode == 0
     record(
         area="bad input",
-        case=f"configs check used to pass ({', '.join(cases)})",
+        case=f"configs serve could not run, that check used to pass ({', '.join(cases)})",
         expected="accelmux check names each problem with its key path",
         happened="exit 2; " + "; ".join(shown.values()),
     )

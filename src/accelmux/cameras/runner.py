@@ -161,8 +161,8 @@ class CameraRunner:
                 state.refused += 1
                 delay = max(0.0, float(exc.retry_after_s or 0.0))
                 if exc.reason in FAILURE_REASONS:  # its model cannot load or crashed
-                    cause = self.runtime.last_errors.get(state.name) or str(exc)
-                    self._failed(state, f"{exc.reason.value}: {cause}")
+                    # "load failed: ..." / "crashed: ...", else the refusal itself
+                    self._failed(state, self.runtime.last_errors.get(state.name) or str(exc))
                     delay = max(delay, self._backoff(state))
             except Exception as exc:  # a camera must never stop the daemon
                 self._failed(state, str(exc))
