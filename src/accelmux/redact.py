@@ -21,7 +21,7 @@ MASK = "***"
 
 _WORD = r"(?:token(?!s)|key|secret|passw(?:or)?d|pwd|credential|auth)"
 _URL_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s?#]+@")
-_BEARER = re.compile(r"(?P<head>\bbearer\s+)[A-Za-z0-9._~+/=-]+", re.IGNORECASE)
+_BEARER = re.compile(r"(?P<head>\bbearer\s+)\S+", re.IGNORECASE)
 _OPTION = re.compile(
     r"(?P<head>(?<![\w-])--?[\w-]*" + _WORD + r"[\w-]*(?:=|\s+))(?P<value>[^\s\"'&]+)",
     re.IGNORECASE,

@@ -287,10 +287,12 @@ function renderServices(st) {
       ? '<div class="sub" title="measured">meas. ' + bytes(s.measured_bytes) + "</div>" : "";
     const model = s.model && s.model !== s.name ? '<span class="sub">' + esc(s.model) + "</span>" : "";
     const canLoad = s.state === "unloaded" || s.state === "crashed";
-    const canUnload = s.state === "loaded" || s.state === "loading";
+    // a pinned service is never unloaded by the API (409 service_pinned): unpin first
+    const canUnload = (s.state === "loaded" || s.state === "loading") && !s.pinned;
+    const unloadTitle = s.pinned ? ' title="pinned: unpin first"' : "";
     const ops = [
       '<button data-op="load" ' + (canLoad ? "" : "disabled") + ">load</button>",
-      '<button data-op="unload" class="danger" ' + (canUnload ? "" : "disabled") + ">unload</button>",
+      '<button data-op="unload" class="danger"' + unloadTitle + " " + (canUnload ? "" : "disabled") + ">unload</button>",
       s.pinned ? '<button data-op="unpin">unpin</button>' : '<button data-op="pin">pin</button>',
     ];
     return '<tr data-service="' + esc(s.name) + '" data-state="' + esc(s.state) + '">' +
