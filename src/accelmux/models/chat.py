@@ -17,6 +17,7 @@ full reload and says so in :class:`ResizeResult`.
 from __future__ import annotations
 
 import gc
+import json
 import os
 import threading
 import time
@@ -70,6 +71,7 @@ class _Prompt:
     tokens: list[int]
     stop: list[str]
     stopping_criteria: Any
+    grammar: Any = None  # a llama_cpp.LlamaGrammar the output must follow
 
 
 class LlamaTextModel:
@@ -253,14 +255,17 @@ class LlamaTextModel:
             )
         return self._formatter
 
-    def _chat_prompt(self, llm: Any, messages: Sequence[Message]) -> _Prompt:
+    def _chat_prompt(
+        self, llm: Any, messages: Sequence[Message], schema: Mapping[str, Any] | None = None
+    ) -> _Prompt:
         result = self._chat_formatter()(messages=_check_messages(messages))
         tokens = llm.tokenize(
             str(result.prompt).encode("utf-8"), add_bos=not result.added_special, special=True
         )
         stop = result.stop
         stops = [] if stop is None else [stop] if isinstance(stop, str) else list(stop)
-        return _Prompt([int(t) for t in tokens], stops, result.stopping_criteria)
+        grammar = None if schema is None else json_grammar(schema)
+        return _Prompt([int(t) for t in tokens], stops, result.stopping_criteria, grammar)
 
     def _text_prompt(self, llm: Any, prompt: str) -> _Prompt:
         if not isinstance(prompt, str):
@@ -288,10 +293,15 @@ class LlamaTextModel:
         top_p: float = 0.95,
         stop: Sequence[str] = (),
         seed: int | None = None,
+        schema: Mapping[str, Any] | None = None,
     ) -> Generation:
-        """Reply to ``messages`` (OpenAI-style dicts) with the model's chat template."""
+        """Reply to ``messages`` (OpenAI-style dicts) with the model's chat template.
+
+        With ``schema`` (a JSON schema) a llama.cpp grammar keeps the output valid JSON
+        of that schema (until ``max_tokens`` cuts it short).
+        """
         with self._exclusive() as llm:
-            prompt = self._chat_prompt(llm, messages)
+            prompt = self._chat_prompt(llm, messages, schema)
             return self._generate(
                 llm, prompt, "messages", max_tokens, temperature, top_p, stop, seed
             )
@@ -305,10 +315,11 @@ class LlamaTextModel:
         top_p: float = 0.95,
         stop: Sequence[str] = (),
         seed: int | None = None,
+        schema: Mapping[str, Any] | None = None,
     ) -> Iterator[str]:
         """Like :meth:`chat`, yielding text deltas as they are generated."""
         with self._exclusive() as llm:
-            prompt = self._chat_prompt(llm, messages)
+            prompt = self._chat_prompt(llm, messages, schema)
             yield from self._stream(
                 llm, prompt, "messages", max_tokens, temperature, top_p, stop, seed
             )
@@ -366,6 +377,8 @@ class LlamaTextModel:
         }
         if prompt.stopping_criteria is not None:
             kwargs["stopping_criteria"] = prompt.stopping_criteria
+        if prompt.grammar is not None:
+            kwargs["grammar"] = prompt.grammar
         return kwargs
 
     def _generate(
@@ -456,6 +469,26 @@ class LlamaTextModel:
             return ResizeResult(
                 old, int(llm.n_ctx()), reloaded_weights=False, seconds=time.perf_counter() - start
             )
+
+
+#: What llama-cpp-python's JSON-schema-to-grammar converter raises for a schema it cannot do.
+_SCHEMA_ERRORS = (ValueError, KeyError, TypeError, IndexError, NotImplementedError, RecursionError)
+
+
+def json_grammar(schema: Mapping[str, Any]) -> Any:
+    """A llama.cpp grammar (``LlamaGrammar``) for JSON that follows ``schema``.
+
+    llama-cpp-python ships the converter (the port of llama.cpp's
+    ``json_schema_to_grammar``); a schema it cannot convert is the client's error.
+    """
+    llama_cpp = require("llama_cpp", LLAMA_PACKAGE)
+    try:
+        return llama_cpp.LlamaGrammar.from_json_schema(json.dumps(schema), verbose=False)
+    except _SCHEMA_ERRORS as exc:
+        raise RequestError(
+            f"this JSON schema cannot be turned into a llama.cpp grammar: {exc}",
+            field="response_format",
+        ) from exc
 
 
 def _check_messages(messages: Sequence[Message]) -> list[dict[str, str]]:
