@@ -36,6 +36,8 @@ log = logging.getLogger("accelmux.gateway")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 PUBLIC = ("/health", "/openapi.json")
+#: Inference paths (OpenAI's and Ollama's): API keys and rate limits apply to them.
+INFERENCE = ("/v1/", "/api/")
 
 
 def is_loopback(host: str) -> bool:
@@ -128,7 +130,7 @@ def auth_middleware(cfg: ServerConfig, host: str) -> Middleware:
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         path = request.path
-        if path.startswith("/v1/"):
+        if path.startswith(INFERENCE):
             if api_keys and not _matches(_bearer(request), api_keys):
                 raise ApiError(
                     401,
@@ -201,7 +203,7 @@ def rate_limit_middleware(cfg: RateLimitConfig) -> Middleware:
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path.startswith("/v1/"):
+        if request.path.startswith(INFERENCE):
             wait = buckets.take(_caller(request))
             if wait > 0:
                 raise ApiError(
