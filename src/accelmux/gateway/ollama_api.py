@@ -50,11 +50,24 @@ LLM_KINDS = (ServiceKind.CHAT, ServiceKind.COMPLETION)
 LISTED_KINDS = (*LLM_KINDS, ServiceKind.EMBEDDINGS)
 #: ``expires_at`` of a model that stays loaded until memory is needed.
 NEVER = datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC)
+#: Longer keep_alive values are shown as NEVER (a date that far is all the same).
+LONGEST_S = 100 * 365 * 86400.0
 _DURATION = re.compile(r"(-?\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
 _UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 #: Ollama ``options`` that map onto OpenAI fields; the others are accepted and unused,
 #: as Ollama itself does with options a model does not know.
-OPTION_FIELDS = {"temperature": "temperature", "top_p": "top_p", "seed": "seed", "stop": "stop"}
+OPTION_FIELDS = {
+    key: key
+    for key in (
+        "temperature",
+        "top_p",
+        "seed",
+        "stop",
+        "frequency_penalty",
+        "presence_penalty",
+        "repeat_penalty",
+    )
+}
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -177,20 +190,31 @@ def _messages(raw: Any) -> list[dict[str, Any]]:
         if role == "tool" and msg.get("tool_name"):
             item["name"] = msg["tool_name"]
         calls = msg.get("tool_calls")
-        if isinstance(calls, list) and calls:
-            item["tool_calls"] = [
-                {
-                    "id": f"call_{i}_{j}",
-                    "type": "function",
-                    "function": {
-                        "name": (c.get("function") or {}).get("name"),
-                        "arguments": json.dumps((c.get("function") or {}).get("arguments") or {}),
-                    },
-                }
-                for j, c in enumerate(calls)
-                if isinstance(c, dict)
-            ]
+        if calls:
+            item["tool_calls"] = _openai_calls(calls, f"messages[{i}].tool_calls")
         out.append(item)
+    return out
+
+
+def _openai_calls(calls: Any, where: str) -> list[dict[str, Any]]:
+    """Ollama's tool calls of an assistant message (arguments as an object) in OpenAI's shape."""
+    if not isinstance(calls, list):
+        raise bad_field(where, f"'{where}' must be an array")
+    out = []
+    for j, call in enumerate(calls):
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise bad_field(f"{where}[{j}]", f"'{where}[{j}]' must be a function with a name")
+        out.append(
+            {
+                "id": f"call_{j}",
+                "type": "function",
+                "function": {
+                    "name": fn["name"],
+                    "arguments": json.dumps(fn.get("arguments") or {}),
+                },
+            }
+        )
     return out
 
 
@@ -522,7 +546,7 @@ def _expires_at(rt: Runtime, service: str) -> datetime:
     ttl = svc.ttl_s
     if svc.spec.residency is Residency.ON_DEMAND:
         ttl = min(ttl, rt.manager.world.knobs.on_demand_ttl_s)
-    if not math.isfinite(ttl):
+    if not ttl < LONGEST_S:
         return NEVER
     if svc.inflight:  # busy: its idle time starts when the last request ends
         return datetime.now(UTC) + timedelta(seconds=ttl)
@@ -533,10 +557,12 @@ def _expires_at(rt: Runtime, service: str) -> datetime:
 async def ps(request: web.Request) -> web.Response:
     rt = request.app[RUNTIME]
     models = []
-    for model, service in _listed(rt):
+    seen: set[str] = set()
+    for model, service in _listed(rt):  # one entry per service, by its model name
         svc = rt.manager.world.services[service]
-        if svc.status is not ServiceStatus.LOADED:
+        if svc.status is not ServiceStatus.LOADED or service in seen:
             continue
+        seen.add(service)
         entry = _entry(rt, model, service)
         entry.pop("modified_at")
         size = svc.resident_bytes

@@ -42,6 +42,8 @@ RUNTIME_MODULES: dict[str, tuple[str, ...]] = {
 DEFAULT_LLM = {ServiceKind.CHAT: "smollm2", ServiceKind.COMPLETION: "gemma3"}
 MIN_CTX = 512
 DEFAULT_MAX_TOKENS = 256
+#: Sampling penalties passed to llama.cpp (OpenAI's two, and llama.cpp's repeat_penalty).
+PENALTIES = ("frequency_penalty", "presence_penalty", "repeat_penalty")
 
 
 def rss_bytes() -> int:
@@ -208,6 +210,9 @@ def _gen_kwargs(body: dict[str, Any]) -> dict[str, Any]:
     }
     if body.get("seed") is not None:
         kwargs["seed"] = int(body["seed"])
+    penalties = {k: _number(body, k, 0.0) for k in PENALTIES if body.get(k) is not None}
+    if penalties:
+        kwargs["penalties"] = penalties
     return kwargs
 
 

@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +72,7 @@ class _Prompt:
     stop: list[str]
     stopping_criteria: Any
     grammar: Any = None  # a llama_cpp.LlamaGrammar the output must follow
+    penalties: Mapping[str, float] = field(default_factory=dict)
 
 
 class LlamaTextModel:
@@ -256,7 +257,11 @@ class LlamaTextModel:
         return self._formatter
 
     def _chat_prompt(
-        self, llm: Any, messages: Sequence[Message], schema: Mapping[str, Any] | None = None
+        self,
+        llm: Any,
+        messages: Sequence[Message],
+        schema: Mapping[str, Any] | None = None,
+        penalties: Mapping[str, float] | None = None,
     ) -> _Prompt:
         result = self._chat_formatter()(messages=_check_messages(messages))
         tokens = llm.tokenize(
@@ -265,13 +270,21 @@ class LlamaTextModel:
         stop = result.stop
         stops = [] if stop is None else [stop] if isinstance(stop, str) else list(stop)
         grammar = None if schema is None else json_grammar(schema)
-        return _Prompt([int(t) for t in tokens], stops, result.stopping_criteria, grammar)
+        return _Prompt(
+            [int(t) for t in tokens],
+            stops,
+            result.stopping_criteria,
+            grammar,
+            _penalties(penalties),
+        )
 
-    def _text_prompt(self, llm: Any, prompt: str) -> _Prompt:
+    def _text_prompt(
+        self, llm: Any, prompt: str, penalties: Mapping[str, float] | None = None
+    ) -> _Prompt:
         if not isinstance(prompt, str):
             raise RequestError("prompt must be a string", field="prompt")
         tokens = llm.tokenize(prompt.encode("utf-8"), add_bos=True, special=False)
-        return _Prompt([int(t) for t in tokens], [], None)
+        return _Prompt([int(t) for t in tokens], [], None, None, _penalties(penalties))
 
     def _check_fits(self, llm: Any, prompt: _Prompt, field: str) -> None:
         n_ctx = int(llm.n_ctx())
@@ -294,14 +307,17 @@ class LlamaTextModel:
         stop: Sequence[str] = (),
         seed: int | None = None,
         schema: Mapping[str, Any] | None = None,
+        penalties: Mapping[str, float] | None = None,
     ) -> Generation:
         """Reply to ``messages`` (OpenAI-style dicts) with the model's chat template.
 
         With ``schema`` (a JSON schema) a llama.cpp grammar keeps the output valid JSON
-        of that schema (until ``max_tokens`` cuts it short).
+        of that schema (until ``max_tokens`` cuts it short). ``penalties``: any of
+        ``frequency_penalty``, ``presence_penalty``, ``repeat_penalty`` (llama.cpp's
+        samplers; a small model held to a grammar may otherwise repeat itself).
         """
         with self._exclusive() as llm:
-            prompt = self._chat_prompt(llm, messages, schema)
+            prompt = self._chat_prompt(llm, messages, schema, penalties)
             return self._generate(
                 llm, prompt, "messages", max_tokens, temperature, top_p, stop, seed
             )
@@ -316,10 +332,11 @@ class LlamaTextModel:
         stop: Sequence[str] = (),
         seed: int | None = None,
         schema: Mapping[str, Any] | None = None,
+        penalties: Mapping[str, float] | None = None,
     ) -> Iterator[str]:
         """Like :meth:`chat`, yielding text deltas as they are generated."""
         with self._exclusive() as llm:
-            prompt = self._chat_prompt(llm, messages, schema)
+            prompt = self._chat_prompt(llm, messages, schema, penalties)
             yield from self._stream(
                 llm, prompt, "messages", max_tokens, temperature, top_p, stop, seed
             )
@@ -333,10 +350,11 @@ class LlamaTextModel:
         top_p: float = 0.95,
         stop: Sequence[str] = (),
         seed: int | None = None,
+        penalties: Mapping[str, float] | None = None,
     ) -> Generation:
         """Continue ``prompt`` (plain completion, no template)."""
         with self._exclusive() as llm:
-            p = self._text_prompt(llm, prompt)
+            p = self._text_prompt(llm, prompt, penalties)
             return self._generate(llm, p, "prompt", max_tokens, temperature, top_p, stop, seed)
 
     def complete_stream(
@@ -348,10 +366,11 @@ class LlamaTextModel:
         top_p: float = 0.95,
         stop: Sequence[str] = (),
         seed: int | None = None,
+        penalties: Mapping[str, float] | None = None,
     ) -> Iterator[str]:
         """Like :meth:`complete`, yielding text deltas as they are generated."""
         with self._exclusive() as llm:
-            p = self._text_prompt(llm, prompt)
+            p = self._text_prompt(llm, prompt, penalties)
             yield from self._stream(llm, p, "prompt", max_tokens, temperature, top_p, stop, seed)
 
     def _completion_kwargs(
@@ -379,6 +398,7 @@ class LlamaTextModel:
             kwargs["stopping_criteria"] = prompt.stopping_criteria
         if prompt.grammar is not None:
             kwargs["grammar"] = prompt.grammar
+        kwargs.update(prompt.penalties)
         return kwargs
 
     def _generate(
@@ -469,6 +489,20 @@ class LlamaTextModel:
             return ResizeResult(
                 old, int(llm.n_ctx()), reloaded_weights=False, seconds=time.perf_counter() - start
             )
+
+
+PENALTIES = ("frequency_penalty", "presence_penalty", "repeat_penalty")
+
+
+def _penalties(given: Mapping[str, float] | None) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for key, value in (given or {}).items():
+        if key not in PENALTIES:
+            raise RequestError(
+                f"unknown penalty {key!r} (known: {', '.join(PENALTIES)})", field=key
+            )
+        out[key] = float(value)
+    return out
 
 
 #: What llama-cpp-python's JSON-schema-to-grammar converter raises for a schema it cannot do.
