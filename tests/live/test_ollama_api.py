@@ -177,6 +177,9 @@ def test_errors_come_in_ollama_shape_with_the_policy_reason(tmp_path: Path) -> N
             img = {"model": "chat", "messages": [{"role": "user", "content": "x", "images": ["a"]}]}
             status, err, _ = await lv.post("/api/chat", json=img)
             assert status == 400 and "images" in err["error"]
+            fim = {"model": "completion", "prompt": "def f(", "suffix": "return 1"}
+            status, err, _ = await lv.post("/api/generate", json=fim)
+            assert status == 400 and "suffix" in err["error"]
 
     run(body())
 

@@ -454,6 +454,9 @@ async def generate(request: web.Request) -> web.StreamResponse:
         raise bad_field("prompt", "'prompt' must be a string")
     if body.get("images"):
         raise bad_field("images", "images are not supported by these models")
+    for unsupported in ("suffix", "template", "context"):
+        if body.get(unsupported):
+            raise bad_field(unsupported, f"'{unsupported}' is not supported here")
     if not prompt:
         return await _warm(request, name, service, keep, chat_api=False)
     system = body.get("system")
