@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -10,7 +11,7 @@ from typing import Any
 
 import ollama
 import pytest
-from tests.live.support import base_config, live, run, settle
+from tests.live.support import base_config, fake, live, run, settle
 
 from accelmux.core.types import ServiceStatus
 
@@ -143,7 +144,9 @@ def test_tools_and_format_reach_the_backend(tmp_path: Path) -> None:
                     model="chat", messages=msgs, tools=TOOLS, stream=True
                 )
             ]
-            assert parts[-1].message.tool_calls[0].function.name == "HassTurnOn"
+            streamed = [c for p in parts for c in p.message.tool_calls or []]
+            assert [c.function.name for c in streamed] == ["HassTurnOn"]
+            assert parts[-1].done and parts[-1].done_reason == "stop"
             follow = [
                 *msgs,
                 {"role": "assistant", "content": "", "tool_calls": [call.model_dump()]},
@@ -180,6 +183,30 @@ def test_errors_come_in_ollama_shape_with_the_policy_reason(tmp_path: Path) -> N
             fim = {"model": "completion", "prompt": "def f(", "suffix": "return 1"}
             status, err, _ = await lv.post("/api/generate", json=fim)
             assert status == 400 and "suffix" in err["error"]
+
+    run(body())
+
+
+def test_ollama_requests_queue_and_are_refused_like_any_other(tmp_path: Path) -> None:
+    config = base_config()
+    chat = config["services"]["chat"]
+    chat.update(concurrency=1, queue={"limit": 1, "deadline_s": 10})
+    chat["backend"] = fake(latency_s=0.3)
+    one = {"model": "chat", "messages": [{"role": "user", "content": "x"}], "stream": False}
+
+    async def body() -> None:
+        async with live(config, tmp=tmp_path) as lv:
+            world = lv.runtime.manager.world
+            first = asyncio.create_task(lv.post("/api/chat", json=one))
+            await settle(lambda: world.inflight)
+            second = asyncio.create_task(lv.post("/api/chat", json=one))
+            await settle(lambda: world.waiting)
+            status, err, headers = await lv.post("/api/chat", json=one)
+            assert status == 429 and err["error"].startswith("queue_full")
+            assert int(headers["Retry-After"]) >= 1
+            for task in (first, second):  # the admitted two are served in turn
+                status, answer, _ = await task
+                assert status == 200 and answer["done"]
 
     run(body())
 

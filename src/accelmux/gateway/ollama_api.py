@@ -266,7 +266,7 @@ class OllamaRelay:
         self._calls: dict[int, dict[str, Any]] = {}
 
     def _line(self, text: str, calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-        obj: dict[str, Any] = {"model": self.model, "created_at": _now_iso()}
+        obj: dict[str, Any] = {"model": self.model, "created_at": _now_iso(), "done": False}
         if self.chat_api:
             message: dict[str, Any] = {"role": "assistant", "content": text}
             if calls:
@@ -324,6 +324,8 @@ class OllamaRelay:
             return None
         if choice.get("finish_reason"):
             self._finish = str(choice["finish_reason"])
+        if self._finish == "tool_calls":
+            self._finish = "stop"  # Ollama says stop; the calls are in the message
         if not self.chat_backend:
             text = str(choice.get("text") or "")
             return self._line(text) if text else None
@@ -340,8 +342,12 @@ class OllamaRelay:
         return self._line(text) if text else None
 
     def end(self) -> bytes:
-        calls = [self._calls[i] for i in sorted(self._calls)]
-        return json.dumps(self._final("", self._finish, calls)).encode() + b"\n"
+        """The tool calls (whole, in one line, as Ollama sends them), then the final line."""
+        lines = b""
+        if self._calls:
+            calls = _tool_calls([self._calls[i] for i in sorted(self._calls)])
+            lines += json.dumps(self._line("", calls) | {"done": False}).encode() + b"\n"
+        return lines + json.dumps(self._final("", self._finish)).encode() + b"\n"
 
     def error(self, err: ApiError) -> web.Response:
         return _error(err)

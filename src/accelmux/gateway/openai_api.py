@@ -163,11 +163,16 @@ def _relayed(relay: Relay, answer: BackendResponse, rid: str) -> web.Response:
             message = answer.body.decode("utf-8", "replace") or f"backend answered {answer.status}"
         resp = relay.error(ApiError(answer.status, message))
     else:
-        resp = web.Response(
-            status=answer.status,
-            body=relay.body(answer.status, answer.body),
-            content_type="application/json",
-        )
+        try:
+            body = relay.body(answer.status, answer.body)
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError):
+            err = ApiError(
+                502, "the backend's answer is not an OpenAI answer", type="backend_error"
+            )
+            resp = relay.error(err)
+            resp.headers["X-Request-Id"] = rid
+            return resp
+        resp = web.Response(status=answer.status, body=body, content_type="application/json")
     resp.headers["X-Request-Id"] = rid
     return resp
 
