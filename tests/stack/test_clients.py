@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import ollama
+import openai
 import pytest
 
 from .support import Daemon, missing_packages, run_daemon, stack_config
@@ -174,3 +175,17 @@ def test_ollama_client_on_the_real_stack(stack: Daemon) -> None:
         loaded = {m.model: m for m in client.ps().models}
         assert "smollm2" in loaded and "chat" not in loaded  # one entry per service
         assert loaded["smollm2"].size and loaded["smollm2"].expires_at
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_schema_the_grammar_cannot_take_is_a_400(stack: Daemon, stream: bool) -> None:
+    bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"properties": {"a": 5}}}}
+    with pytest.raises(openai.BadRequestError) as err:
+        stack.openai().chat.completions.create(
+            model="chat",
+            messages=[{"role": "user", "content": "Hi"}],
+            response_format=bad,  # type: ignore[arg-type]
+            max_tokens=4,
+            stream=stream,
+        )
+    assert err.value.body["param"] == "response_format"  # type: ignore[index]

@@ -506,7 +506,15 @@ def _penalties(given: Mapping[str, float] | None) -> dict[str, float]:
 
 
 #: What llama-cpp-python's JSON-schema-to-grammar converter raises for a schema it cannot do.
-_SCHEMA_ERRORS = (ValueError, KeyError, TypeError, IndexError, NotImplementedError, RecursionError)
+_SCHEMA_ERRORS = (
+    ValueError,
+    KeyError,
+    TypeError,
+    IndexError,
+    AttributeError,
+    NotImplementedError,
+    RecursionError,
+)
 
 
 def json_grammar(schema: Mapping[str, Any]) -> Any:
