@@ -189,3 +189,14 @@ def test_a_schema_the_grammar_cannot_take_is_a_400(stack: Daemon, stream: bool) 
             stream=stream,
         )
     assert err.value.body["param"] == "response_format"  # type: ignore[index]
+
+
+def test_n_choices_and_a_streamed_n_refused_by_name(stack: Daemon) -> None:
+    client = stack.openai()
+    msgs: list[Any] = [{"role": "user", "content": "Hi"}]
+    two = client.chat.completions.create(model="chat", messages=msgs, n=2, max_tokens=4)
+    assert [c.index for c in two.choices] == [0, 1]
+    assert two.usage is not None and two.usage.completion_tokens <= 8
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model="chat", messages=msgs, n=2, max_tokens=4, stream=True)
+    assert err.value.body["param"] == "n"  # type: ignore[index]
