@@ -5,15 +5,20 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import ollama
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from tests.live.support import base_config, fake, live, run, settle
 
+from accelmux.backends import fake_outputs as out
 from accelmux.core.types import ServiceStatus
+from accelmux.gateway.ollama_api import OllamaRelay
 
 TOOLS = [
     {
@@ -225,3 +230,53 @@ def test_api_keys_guard_the_ollama_api(tmp_path: Path) -> None:
                 assert (await ok.list()).models
 
     run(body())
+
+
+def _sse_stream() -> bytes:
+    rid, model = "r1", "chat"
+    parts = [
+        out.chat_chunk(model, rid, {"role": "assistant", "content": ""}, None),
+        out.chat_chunk(model, rid, {"content": "Hel"}, None),
+        out.chat_chunk(model, rid, {"content": "lo"}, None),
+        out.chat_chunk(
+            model,
+            rid,
+            {"tool_calls": [{"index": 0, "function": {"name": "f", "arguments": '{"a"'}}]},
+            None,
+        ),
+        out.chat_chunk(
+            model, rid, {"tool_calls": [{"index": 0, "function": {"arguments": ": 1}"}}]}, None
+        ),
+        out.chat_chunk(model, rid, {}, "tool_calls"),
+        out.usage_chunk(model, rid, out.usage(7, 3)),
+        out.DONE,
+    ]
+    return b"".join(parts)
+
+
+def _relay_lines(cuts: list[int]) -> list[dict[str, Any]]:
+    data = _sse_stream()
+    relay = OllamaRelay("chat", chat_api=True, chat_backend=True)
+    pieces, last = [], 0
+    for cut in sorted(cuts):
+        pieces.append(data[last:cut])
+        last = cut
+    pieces.append(data[last:])
+    raw = b"".join(relay.chunk(p) for p in pieces) + relay.end()
+    lines = [json.loads(line) for line in raw.splitlines()]
+    for line in lines:
+        line.pop("created_at")
+        line.pop("total_duration", None)
+    return lines
+
+
+@given(st.lists(st.integers(min_value=0, max_value=len(_sse_stream())), max_size=12))
+def test_ndjson_does_not_depend_on_how_the_sse_stream_was_split(cuts: list[int]) -> None:
+    lines = _relay_lines(cuts)
+    assert lines == _relay_lines([])
+    assert [line["message"]["content"] for line in lines] == ["Hel", "lo", "", ""]
+    call = lines[2]["message"]["tool_calls"]
+    assert call == [{"function": {"name": "f", "arguments": {"a": 1}}}]
+    final = lines[-1]
+    assert final["done"] and final["done_reason"] == "stop"
+    assert (final["prompt_eval_count"], final["eval_count"]) == (7, 3)

@@ -314,13 +314,15 @@ class OllamaRelay:
             obj = json.loads(payload)
         except ValueError:
             return None
+        if not isinstance(obj, dict):
+            return None
         if obj.get("usage"):
             self._usage = obj["usage"]
         if "error" in obj:
             message = obj["error"].get("message") if isinstance(obj["error"], dict) else None
             return {"error": str(message or obj["error"])}
         choice = (obj.get("choices") or [None])[0]
-        if choice is None:
+        if not isinstance(choice, dict):
             return None
         if choice.get("finish_reason"):
             self._finish = str(choice["finish_reason"])
@@ -329,8 +331,12 @@ class OllamaRelay:
         if not self.chat_backend:
             text = str(choice.get("text") or "")
             return self._line(text) if text else None
-        delta = choice.get("delta") or {}
+        delta = choice.get("delta")
+        if not isinstance(delta, dict):
+            return None
         for call in delta.get("tool_calls") or []:  # arguments may come in pieces
+            if not isinstance(call, dict):
+                continue
             slot = self._calls.setdefault(
                 int(call.get("index", 0)), {"function": {"name": None, "arguments": ""}}
             )
@@ -400,7 +406,7 @@ async def _warm(
     if not (unload and state.status in (ServiceStatus.UNLOADED, ServiceStatus.CRASHED)):
 
         async def attempt(d: Dispatch) -> tuple[bool, int | None]:
-            return True, 0
+            return True, None  # nothing ran: no peak to calibrate with
 
         try:
             await rt.run_request(service, Demand(), attempt, keep_alive_s=keep_alive_s)
@@ -433,7 +439,7 @@ async def chat(request: web.Request) -> web.StreamResponse:
     model, service = _resolve(rt, name)
     _need_llm(rt, name, service)
     keep = keep_alive_seconds(body.get("keep_alive"))
-    messages = _messages(body.get("messages", []))
+    messages = _messages(body.get("messages") or [])
     if not messages:
         return await _warm(request, name, service, keep, chat_api=True)
     stream = _stream(body)
