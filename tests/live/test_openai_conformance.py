@@ -3,12 +3,13 @@ chunks, tools, response formats, and a 400 naming each bad field."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
-from tests.live.support import live, run
+from tests.live.support import UPSTREAM, base_config, fake, live, run
 
 TOOLS: list[Any] = [
     {
@@ -130,5 +131,47 @@ def test_a_format_the_backend_cannot_follow_is_a_400_not_ignored(tmp_path: Path)
             payload = {"model": "chat", "messages": MSGS, "response_format": fmt}
             status, err, _ = await lv.post("/v1/chat/completions", json=payload)
             assert status == 400 and err["error"]["param"] == "response_format"
+
+    run(body())
+
+
+def test_external_servers_get_tools_and_formats_unchanged(tmp_path: Path) -> None:
+    config = base_config(
+        chat={
+            "kind": "chat",
+            "memory": {"weights": "128MiB", "kv_per_token": "1KiB", "kv_ceiling": "64MiB"},
+            "backend": {
+                "type": "external",
+                "argv": [sys.executable, str(UPSTREAM), "--port", "{port}"],
+                "startup_timeout_s": 20,
+            },
+        },
+        embed={"kind": "embeddings", "memory": {"weights": "64MiB"}, "backend": fake()},
+    )
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}
+    payload = {
+        "model": "chat",
+        "messages": MSGS,
+        "tools": TOOLS,
+        "tool_choice": "required",
+        "response_format": fmt,
+        "n": 2,
+        "stop": ["\n"],
+    }
+
+    async def body() -> None:
+        async with live(config, tmp=tmp_path) as lv:
+            status, answer, _ = await lv.post("/v1/chat/completions", json=payload)
+            assert status == 200, answer
+            assert answer["received"] == payload
+            ollama_chat = {
+                "model": "chat",
+                "messages": MSGS,
+                "tools": TOOLS,
+                "format": {"type": "object"},
+                "stream": False,
+            }
+            status, reply, _ = await lv.post("/api/chat", json=ollama_chat)
+            assert status == 200 and reply["message"]["content"].startswith("upstream echo")
 
     run(body())
