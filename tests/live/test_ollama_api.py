@@ -18,7 +18,7 @@ from tests.live.support import base_config, fake, live, run, settle
 
 from accelmux.backends import fake_outputs as out
 from accelmux.core.types import ServiceStatus
-from accelmux.gateway.ollama_api import OllamaRelay
+from accelmux.gateway.ollama_relay import OllamaRelay
 
 TOOLS = [
     {

@@ -26,8 +26,8 @@ class ServerConfig(BaseModel):
     max_body: ByteSize = Field(ByteSize(25 * 1024**2), description="Largest request body.")
     rate_limit: RateLimitConfig | None = Field(
         None,
-        description="Per-key token bucket on /v1 and /api, {requests_per_s: 5, burst: 10} (per client "
-        "address without api_keys); beyond it 429 with Retry-After. None by default.",
+        description="Per-key token bucket on /v1 and /api, {requests_per_s: 5, burst: 10} "
+        "(per client address without api_keys); beyond it 429 with Retry-After. None by default.",
     )
     data_dir: str = Field("./accelmux-data", description="SQLite jobs and logs.")
     sample_interval_s: float = Field(1.0, gt=0, description="Memory sampling period.")
