@@ -3,12 +3,15 @@ ballooning, maintenance windows, foreign pressure, TTLs."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from accelmux.core.actions import Action, Dispatch, Fail, Preempt, Resize
 from accelmux.core.events import (
     AdminCommand,
     MemorySampled,
+    RequestArrived,
     RequestFinished,
     Tick,
     Unloaded,
@@ -17,7 +20,15 @@ from accelmux.core.manager import Manager
 from accelmux.core.policies import make_policy, policy_names
 from accelmux.core.policies.accelmux import AccelmuxPolicy
 from accelmux.core.specs import MemoryProfile, PolicyKnobs, ServiceSpec, Window
-from accelmux.core.types import GIB, MIB, Reason, Residency, ServiceClass, ServiceKind
+from accelmux.core.types import (
+    GIB,
+    MIB,
+    Reason,
+    Residency,
+    ServiceClass,
+    ServiceKind,
+    ServiceStatus,
+)
 
 from .support import (
     EXACT,
@@ -590,6 +601,65 @@ def test_pinned_service_never_expires() -> None:
     m.handle(loaded("asr"), 0.0)
     assert unloads(m.handle(Tick(), 10_000.0)) == []
     assert m.next_wakeup(10_000.0) is None
+
+
+def keep_alive(request_id: str, svc: str, seconds: float | None) -> RequestArrived:
+    return RequestArrived(request_id=request_id, service=svc, keep_alive_s=seconds)
+
+
+def test_keep_alive_replaces_the_ttl_until_a_request_without_it() -> None:
+    m = manager(service("img", ttl_s=100.0), knobs=EXACT)
+    up(m, "img")
+    m.handle(keep_alive("r1", "img", 500.0), 1.0)
+    m.handle(done("r1"), 2.0)
+    assert m.next_wakeup(2.0) == 502.0
+    assert unloads(m.handle(Tick(), 200.0)) == []
+    m.handle(arrive("r2", "img"), 300.0)  # no keep_alive: the config's ttl again
+    m.handle(done("r2"), 301.0)
+    assert m.next_wakeup(301.0) == 401.0
+    assert [u.reason for u in unloads(m.handle(Tick(), 401.0))] == [Reason.TTL_EXPIRED]
+
+
+def test_keep_alive_zero_unloads_as_soon_as_idle() -> None:
+    m = manager(service("img", ttl_s=100.0), knobs=EXACT)
+    up(m, "img")
+    m.handle(keep_alive("r1", "img", 0.0), 1.0)
+    (u,) = unloads(m.handle(done("r1"), 2.0))
+    assert (u.service, u.reason) == ("img", Reason.TTL_EXPIRED)
+
+
+def test_keep_alive_forever_never_expires_but_can_be_evicted_for_memory() -> None:
+    m = manager(
+        service("img", profile=big(6), ttl_s=10.0),
+        service("other", profile=big(6)),
+        knobs=EXACT,
+    )
+    up(m, "img")
+    m.handle(keep_alive("r1", "img", math.inf), 1.0)
+    m.handle(done("r1"), 2.0)
+    assert m.next_wakeup(2.0) is None
+    assert unloads(m.handle(Tick(), 100_000.0)) == []
+    m.handle(arrive("o1", "other"), 100_001.0)  # needs the room: img is evicted
+    assert m.world.services["img"].status is not ServiceStatus.LOADED
+
+
+def test_keep_alive_cannot_unload_a_pinned_service_or_lengthen_on_demand() -> None:
+    m = manager(service("asr", residency=Residency.PINNED, ttl_s=1.0), knobs=EXACT)
+    m.start(0.0)
+    m.handle(loaded("asr"), 0.0)
+    m.handle(keep_alive("a1", "asr", 0.0), 1.0)
+    assert unloads(m.handle(done("a1"), 2.0)) == []
+    knobs = PolicyKnobs(prewarm=False, on_demand_ttl_s=20.0)
+    m = manager(service("img", ttl_s=100.0, residency=Residency.ON_DEMAND), knobs=knobs)
+    up(m, "img")
+    m.handle(keep_alive("r1", "img", math.inf), 1.0)
+    m.handle(done("r1"), 2.0)
+    assert m.next_wakeup(2.0) == 22.0
+
+
+def test_keep_alive_must_not_be_negative() -> None:
+    with pytest.raises(ValueError, match="keep_alive_s"):
+        keep_alive("r1", "img", -1.0)
 
 
 # ---- prewarm ----------------------------------------------------------------------------------

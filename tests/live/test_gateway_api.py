@@ -231,6 +231,15 @@ def test_openapi_documents_every_route(tmp_path: Path) -> None:
             documented = set(doc["paths"])
             for path in (
                 "/v1/models",
+                "/v1/models/{model}",
+                "/api/chat",
+                "/api/generate",
+                "/api/embed",
+                "/api/embeddings",
+                "/api/tags",
+                "/api/ps",
+                "/api/show",
+                "/api/version",
                 "/v1/chat/completions",
                 "/v1/completions",
                 "/v1/embeddings",

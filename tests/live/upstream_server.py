@@ -4,7 +4,8 @@ It is a stand-in for llama-server, vLLM or a whisper server: ``/health``, ``/v1/
 ``/v1/chat/completions`` and ``/v1/completions`` (both with SSE streaming),
 ``/v1/embeddings`` and ``/v1/audio/transcriptions`` (multipart). Test controls: a chat
 message whose content starts with ``sleep:N`` makes the answer wait N seconds;
-``POST /crash`` makes the process exit at once (code 3).
+``POST /crash`` makes the process exit at once (code 3). A chat answer echoes the
+request body it received in ``received``.
 ``--startup-delay`` delays readiness; the argv it was started with is echoed in
 ``/v1/models`` (so tests can check ``{ctx_size}``/``{parallel}`` templating), and so is
 ``CUDA_VISIBLE_DEVICES``.
@@ -100,6 +101,7 @@ async def chat(request: web.Request) -> web.StreamResponse:
                     }
                 ],
                 "usage": usage,
+                "received": body,  # what reached the upstream, for pass-through tests
             }
         )
     return web.json_response(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from accelmux.errors import BackendError, RequestError
@@ -143,3 +145,40 @@ def test_resize_falls_back_to_a_reload_without_the_internals(
         assert model.chat(FRUITS, max_tokens=8, temperature=0).text
     finally:
         model.unload()
+
+
+COLOUR = [{"role": "user", "content": "What colour is the sky? Answer in one word."}]
+ANSWER = {
+    "type": "object",
+    "properties": {"response": {"type": "string"}, "sure": {"type": "boolean"}},
+    "required": ["response", "sure"],
+    "additionalProperties": False,
+}
+
+
+def test_a_schema_holds_the_output_to_json_of_that_schema(smollm2: LlamaTextModel) -> None:
+    free = smollm2.chat(COLOUR, max_tokens=24, temperature=0).text
+    held = smollm2.chat(COLOUR, max_tokens=64, temperature=0, schema=ANSWER)
+    obj = json.loads(held.text)  # without the grammar the reply is prose
+    assert set(obj) == {"response", "sure"} and isinstance(obj["sure"], bool)
+    assert not free.lstrip().startswith("{")
+    streamed = "".join(smollm2.chat_stream(COLOUR, max_tokens=64, temperature=0, schema=ANSWER))
+    assert streamed == held.text
+
+
+def test_a_schema_the_grammar_cannot_take_is_a_request_error(smollm2: LlamaTextModel) -> None:
+    with pytest.raises(RequestError) as err:
+        smollm2.chat(COLOUR, max_tokens=4, schema={"type": "object", "properties": {"x": 5}})
+    assert err.value.field == "response_format"
+
+
+def test_penalties_reach_the_sampler_and_unknown_ones_are_refused(
+    smollm2: LlamaTextModel,
+) -> None:
+    plain = smollm2.chat(FRUITS, max_tokens=24, temperature=0).text
+    penalised = smollm2.chat(
+        FRUITS, max_tokens=24, temperature=0, penalties={"repeat_penalty": 1.5}
+    ).text
+    assert penalised != plain
+    with pytest.raises(RequestError):
+        smollm2.chat(FRUITS, max_tokens=4, penalties={"mirostat": 2.0})

@@ -147,6 +147,8 @@ class FakeBackend:
         crasher = self.requests == self.cfg.crash_after_requests
         generation = self._generation
         peak = self._peak(request)
+        if request.endpoint == "/v1/chat/completions" and (refused := _cannot(request.body)):
+            return refused
         if request.stream and self.kind.is_llm:
             return BackendResponse(
                 content_type="text/event-stream", stream=self._stream(request, peak)
@@ -186,7 +188,17 @@ class FakeBackend:
         endpoint = request.endpoint
         if endpoint == "/v1/chat/completions":
             words = out.reply_words(seed, _max_tokens(body))
-            return _json(out.chat_completion(model, rid, words, _prompt_tokens(body)))
+            obj = out.chat_completion(model, rid, words, _prompt_tokens(body))
+            call = _tool_call(body)
+            message = obj["choices"][0]["message"]
+            if call is not None:
+                message["content"] = None
+                message["tool_calls"] = [call]
+                obj["choices"][0]["finish_reason"] = "tool_calls"
+            elif _format(body) == "json_object":
+                message["content"] = json.dumps({"reply": message["content"]})
+            obj["choices"] = [dict(obj["choices"][0], index=i) for i in range(_n(body))]
+            return _json(obj)
         if endpoint == "/v1/completions":
             words = out.reply_words(seed, _max_tokens(body))
             return _json(out.text_completion(model, rid, words, _prompt_tokens(body)))
@@ -250,10 +262,17 @@ class FakeBackend:
             model = str(body.get("model", self.model))
             rid = request.request_id
             chat = request.endpoint == "/v1/chat/completions"
+            call = _tool_call(body) if chat else None
+            if call is not None or (chat and _format(body) == "json_object"):
+                words = []  # a whole JSON answer, sent below in one delta
             if self.cfg.latency_s:
                 await self.sleep(self.cfg.latency_s)
             if chat:
                 yield out.chat_chunk(model, rid, {"role": "assistant", "content": ""}, None)
+            if call is not None:
+                yield out.chat_chunk(model, rid, {"tool_calls": [dict(call, index=0)]}, None)
+            elif chat and _format(body) == "json_object":
+                yield out.chat_chunk(model, rid, {"content": '{"reply": "fake"}'}, None)
             for i, word in enumerate(words):
                 text = word if i == 0 else " " + word
                 if chat:
@@ -263,9 +282,12 @@ class FakeBackend:
                 if self.cfg.stream_chunk_s:
                     await self.sleep(self.cfg.stream_chunk_s)
             if chat:
-                yield out.chat_chunk(model, rid, {}, "stop")
+                yield out.chat_chunk(model, rid, {}, "stop" if call is None else "tool_calls")
             else:
                 yield out.text_chunk(model, rid, "", "stop")
+            if out.wants_usage(body):
+                usage = out.usage(_prompt_tokens(body), len(words))
+                yield out.usage_chunk(model, rid, usage, chat=chat)
             yield out.DONE
         finally:
             self._request_bytes -= len(scratch)
@@ -277,6 +299,41 @@ def _seed(service: str, body: dict[str, Any], files: dict[str, bytes]) -> bytes:
     """The same input gives the same output, whichever model name or alias was used."""
     fields = {k: v for k, v in body.items() if k not in ("model", "stream", "stream_options")}
     return out.digest(service, fields, *(v for _, v in sorted(files.items())))
+
+
+def _format(body: dict[str, Any]) -> str | None:
+    fmt = body.get("response_format")
+    return str(fmt.get("type")) if isinstance(fmt, dict) else None
+
+
+def _n(body: dict[str, Any]) -> int:
+    return int(body.get("n") or 1)
+
+
+def _cannot(body: dict[str, Any]) -> BackendResponse | None:
+    """A 400 for what this double cannot do (never a silent ignore)."""
+    if _format(body) != "json_schema":
+        return None
+    error = {
+        "message": "the fake backend cannot follow a JSON schema",
+        "type": "invalid_request_error",
+        "param": "response_format",
+        "code": "unsupported",
+    }
+    return BackendResponse(status=400, body=json.dumps({"error": error}).encode())
+
+
+def _tool_call(body: dict[str, Any]) -> dict[str, Any] | None:
+    """With tools (and tool_choice not none): a call of the chosen or first tool, no
+    arguments."""
+    tools = body.get("tools") or []
+    choice = body.get("tool_choice")
+    if not tools or choice == "none":
+        return None
+    name = tools[0]["function"]["name"]
+    if isinstance(choice, dict):
+        name = choice["function"]["name"]
+    return {"id": "call_fake_0", "type": "function", "function": {"name": name, "arguments": "{}"}}
 
 
 def _json(obj: dict[str, Any]) -> BackendResponse:

@@ -74,7 +74,7 @@ def usage(prompt: int, completion: int) -> dict[str, int]:
     }
 
 
-def chat_chunk(model: str, rid: str, delta: dict[str, str], finish: str | None) -> bytes:
+def chat_chunk(model: str, rid: str, delta: dict[str, Any], finish: str | None) -> bytes:
     obj = {
         "id": f"chatcmpl-{rid}",
         "object": "chat.completion.chunk",
@@ -94,6 +94,25 @@ def text_chunk(model: str, rid: str, text: str, finish: str | None) -> bytes:
         "choices": [{"index": 0, "text": text, "finish_reason": finish}],
     }
     return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+
+def usage_chunk(model: str, rid: str, usage: dict[str, int], *, chat: bool = True) -> bytes:
+    """The last chunk of a stream asked with ``stream_options.include_usage``."""
+    obj: dict[str, Any] = {
+        "id": f"chatcmpl-{rid}" if chat else f"cmpl-{rid}",
+        "object": "chat.completion.chunk" if chat else "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [],
+        "usage": usage,
+    }
+    return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+
+def wants_usage(body: dict[str, Any]) -> bool:
+    """Whether a streamed request asked for a final usage chunk."""
+    options = body.get("stream_options")
+    return isinstance(options, dict) and options.get("include_usage") is True
 
 
 DONE = b"data: [DONE]\n\n"

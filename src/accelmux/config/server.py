@@ -21,7 +21,7 @@ class ServerConfig(BaseModel):
 
     host: str = Field("127.0.0.1", description="Listen address (loopback by default).")
     port: int = Field(8600, ge=1, le=65535)
-    api_keys: list[str] = Field(default_factory=list, description="Bearer keys for /v1.")
+    api_keys: list[str] = Field(default_factory=list, description="Bearer keys for /v1 and /api.")
     admin_key: str | None = Field(None, description="Bearer key for /admin and the dashboard.")
     allow_unauthenticated: bool = Field(
         False,
@@ -31,8 +31,8 @@ class ServerConfig(BaseModel):
     max_body: ByteSize = Field(ByteSize(25 * 1024**2), description="Largest request body.")
     rate_limit: RateLimitConfig | None = Field(
         None,
-        description="Per-key token bucket on /v1, {requests_per_s: 5, burst: 10} (per client "
-        "address without api_keys); beyond it 429 with Retry-After. None by default.",
+        description="Per-key token bucket on /v1 and /api, {requests_per_s: 5, burst: 10} "
+        "(per client address without api_keys); beyond it 429 with Retry-After. None by default.",
     )
     data_dir: str = Field("./accelmux-data", description="SQLite jobs and logs.")
     sample_interval_s: float = Field(1.0, gt=0, description="Memory sampling period.")

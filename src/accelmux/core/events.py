@@ -36,14 +36,24 @@ class Demand:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RequestArrived:
+    """A request for ``service``.
+
+    ``keep_alive_s`` is the client's wish for how long the service stays loaded once
+    idle (Ollama's ``keep_alive``; ``math.inf``: until memory is needed, ``0``: unload
+    when idle). It replaces the service's ``ttl_s`` until the next request says
+    otherwise; ``None`` (every OpenAI request) restores ``ttl_s``.
+    """
+
     request_id: str
     service: str
     demand: Demand = field(default_factory=Demand)
     job_id: str | None = None
+    keep_alive_s: float | None = None
 
     def __post_init__(self) -> None:
         _require(bool(self.request_id), "request_id must not be empty")
         _require(bool(self.service), "service must not be empty")
+        _require(self.keep_alive_s is None or self.keep_alive_s >= 0, "keep_alive_s must be >= 0")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

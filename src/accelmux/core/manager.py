@@ -223,6 +223,7 @@ class Manager:
         )
         w.waiting[req.request_id] = req
         svc.waiting_count += 1
+        svc.keep_alive_s = event.keep_alive_s
         horizon = w.knobs.reuse_horizon_s
         svc.rate = svc.rate * math.exp(-max(0.0, w.now - svc.rate_at) / horizon) + 1.0 / horizon
         svc.rate_at = w.now

@@ -66,10 +66,17 @@ class ServiceState:
     mean_service_s: float = 1.0
     served: int = 0
     peak_active_bytes: int = 0
+    #: The latest request's keep_alive (None: it gave none, ``spec.ttl_s`` applies).
+    keep_alive_s: float | None = None
 
     @property
     def name(self) -> str:
         return self.spec.name
+
+    @property
+    def ttl_s(self) -> float:
+        """Idle seconds before a TTL unload: the latest client's keep_alive, else the config's."""
+        return self.spec.ttl_s if self.keep_alive_s is None else self.keep_alive_s
 
     @property
     def kv_pool(self) -> int:

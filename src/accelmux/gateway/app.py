@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from accelmux.gateway import admin, openai_api
+from accelmux.gateway import admin, ollama_api, openai_api
 from accelmux.gateway.keys import RUNTIME, add_request_id
 from accelmux.gateway.middleware import auth_middleware, error_middleware, rate_limit_middleware
 from accelmux.gateway.openapi import document
@@ -35,5 +35,6 @@ def build_app(runtime: Runtime, *, host: str | None = None) -> web.Application:
     app.router.add_get("/health", health)
     app.router.add_get("/openapi.json", openapi)
     openai_api.add_routes(app)
+    ollama_api.add_routes(app)
     admin.add_routes(app)
     return app

@@ -48,6 +48,8 @@ HTTP_ERROR_CODES = {
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 PUBLIC = ("/health", "/openapi.json")
+#: Inference paths (OpenAI's and Ollama's): API keys and rate limits apply to them.
+INFERENCE = ("/v1/", "/api/")
 
 
 def is_loopback(host: str) -> bool:
@@ -143,7 +145,7 @@ def auth_middleware(cfg: ServerConfig, host: str) -> Middleware:
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         path = request.path
-        if path.startswith("/v1/"):
+        if path.startswith(INFERENCE):
             if api_keys and not _matches(_bearer(request), api_keys):
                 raise ApiError(
                     401,
@@ -248,7 +250,7 @@ def rate_limit_middleware(cfg: RateLimitConfig) -> Middleware:
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path.startswith("/v1/"):
+        if request.path.startswith(INFERENCE):
             wait = buckets.take(_caller(request))
             if wait > 0:
                 raise ApiError(

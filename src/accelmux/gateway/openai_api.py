@@ -20,6 +20,7 @@ from accelmux.errors import BackendError
 from accelmux.gateway import parse
 from accelmux.gateway.errors import ApiError, refusal
 from accelmux.gateway.keys import RUNTIME, request_id
+from accelmux.gateway.relay import Relay
 from accelmux.runtime.daemon import Runtime
 from accelmux.runtime.requests import Refused, Ticket
 
@@ -52,7 +53,11 @@ def _sse_error(err: ApiError) -> bytes:
     return b"data: " + json.dumps(err.body()).encode() + b"\n\n"
 
 
-async def serve(request: web.Request, parsed: parse.Parsed) -> web.StreamResponse:
+async def serve(
+    request: web.Request, parsed: parse.Parsed, relay: Relay | None = None
+) -> web.StreamResponse:
+    """Admit ``parsed`` through the Manager, run it, relay the answer (through ``relay``
+    when the client speaks another API)."""
     rt = request.app[RUNTIME]
     service = _route(rt, parsed)
     backend = rt.backends[service]
@@ -95,14 +100,16 @@ async def serve(request: web.Request, parsed: parse.Parsed) -> web.StreamRespons
                 stream_resp = web.StreamResponse(
                     status=answer.status,
                     headers={
-                        "Content-Type": answer.content_type,
+                        "Content-Type": relay.stream_content_type if relay else answer.content_type,
                         "Cache-Control": "no-cache",
                         "X-Request-Id": rid,
                     },
                 )
                 await stream_resp.prepare(request)
             async for chunk in chunks:
-                await stream_resp.write(chunk)
+                data = relay.chunk(chunk) if relay else chunk
+                if data:
+                    await stream_resp.write(data)
         finally:
             aclose = getattr(chunks, "aclose", None)
             if aclose is not None:
@@ -115,23 +122,32 @@ async def serve(request: web.Request, parsed: parse.Parsed) -> web.StreamRespons
     outcome = "ok"
     try:
         answer = await rt.run_request(
-            service, parsed.demand, attempt, request_id=rid, on_dispatch=on_dispatch
+            service,
+            parsed.demand,
+            attempt,
+            request_id=rid,
+            on_dispatch=on_dispatch,
+            keep_alive_s=parsed.keep_alive_s,
         )
     except Refused as exc:
         outcome = exc.reason.value
         err = refusal(exc, parse.DEMAND_PARAM[parsed.endpoint])
-        return await _fail(request, stream_resp, err, rid)
+        return await _fail(request, stream_resp, err, rid, relay)
     except BackendError as exc:
         outcome = "backend_error"
         err = ApiError(502, str(exc), type="backend_error", code="backend_error", retry_after_s=1)
-        return await _fail(request, stream_resp, err, rid)
+        return await _fail(request, stream_resp, err, rid, relay)
     finally:
         metrics.latency.labels(service, parsed.endpoint, outcome).observe(
             time.perf_counter() - started
         )
     if stream_resp is not None:
+        if relay is not None:
+            await stream_resp.write(relay.end())
         await stream_resp.write_eof()
         return stream_resp
+    if relay is not None:
+        return _relayed(relay, answer, rid)
     return web.Response(
         status=answer.status,
         body=answer.body,
@@ -139,15 +155,45 @@ async def serve(request: web.Request, parsed: parse.Parsed) -> web.StreamRespons
     )
 
 
+def _relayed(relay: Relay, answer: BackendResponse, rid: str) -> web.Response:
+    if answer.status >= 400:  # the backend's error, in OpenAI's shape
+        try:
+            message = str(json.loads(answer.body)["error"]["message"])
+        except (ValueError, KeyError, TypeError):
+            message = answer.body.decode("utf-8", "replace") or f"backend answered {answer.status}"
+        code = "invalid_request" if answer.status < 500 else "backend_error"
+        resp = relay.error(ApiError(answer.status, message, code=code))
+    else:
+        try:
+            body = relay.body(answer.status, answer.body)
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError):
+            err = ApiError(
+                502,
+                "the backend's answer is not an OpenAI answer",
+                type="backend_error",
+                code="backend_error",
+            )
+            resp = relay.error(err)
+            resp.headers["X-Request-Id"] = rid
+            return resp
+        resp = web.Response(status=answer.status, body=body, content_type="application/json")
+    resp.headers["X-Request-Id"] = rid
+    return resp
+
+
 async def _fail(
-    request: web.Request, stream_resp: web.StreamResponse | None, err: ApiError, rid: str
+    request: web.Request,
+    stream_resp: web.StreamResponse | None,
+    err: ApiError,
+    rid: str,
+    relay: Relay | None = None,
 ) -> web.StreamResponse:
     if stream_resp is None:
-        resp = err.response()
+        resp = err.response() if relay is None else relay.error(err)
         resp.headers["X-Request-Id"] = rid
         return resp
     with contextlib.suppress(ConnectionError):
-        await stream_resp.write(_sse_error(err))
+        await stream_resp.write(_sse_error(err) if relay is None else relay.stream_error(err))
         await stream_resp.write_eof()
     return stream_resp
 
@@ -193,27 +239,42 @@ async def detections(request: web.Request) -> web.StreamResponse:
     return await serve(request, parse.detection(body, {}, raw))
 
 
+def _model_entry(rt: Runtime, model: str, service: str) -> dict[str, Any]:
+    state = rt.manager.world.services[service]
+    return {
+        "id": model,
+        "object": "model",
+        "created": 0,
+        "owned_by": "accelmux",
+        "service": service,
+        "kind": state.spec.kind.value,
+        "state": state.status.value,
+    }
+
+
 async def models(request: web.Request) -> web.Response:
     rt = request.app[RUNTIME]
-    data: list[dict[str, Any]] = []
-    for model, service in rt.models.items():
-        state = rt.manager.world.services[service]
-        data.append(
-            {
-                "id": model,
-                "object": "model",
-                "created": 0,
-                "owned_by": "accelmux",
-                "service": service,
-                "kind": state.spec.kind.value,
-                "state": state.status.value,
-            }
-        )
+    data = [_model_entry(rt, model, service) for model, service in rt.models.items()]
     return web.json_response({"object": "list", "data": data})
+
+
+async def model(request: web.Request) -> web.Response:
+    rt = request.app[RUNTIME]
+    name = request.match_info["model"]
+    service = rt.models.get(name)
+    if service is None:
+        raise ApiError(
+            404,
+            f"The model '{name}' does not exist (GET /v1/models lists the models)",
+            param="model",
+            code="model_not_found",
+        )
+    return web.json_response(_model_entry(rt, name, service))
 
 
 def add_routes(app: web.Application) -> None:
     app.router.add_get("/v1/models", models)
+    app.router.add_get("/v1/models/{model:.+}", model)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/embeddings", embeddings)

@@ -93,6 +93,30 @@ SCHEMAS: dict[str, Any] = {
             "max_completion_tokens": {"type": "integer", "minimum": 1},
             "n": {"type": "integer", "minimum": 1, "maximum": 16},
             "stream": {"type": "boolean"},
+            "stream_options": {
+                "type": "object",
+                "properties": {"include_usage": {"type": "boolean"}},
+            },
+            "stop": {
+                "oneOf": [
+                    {"type": "string"},
+                    {"type": "array", "maxItems": 4, "items": {"type": "string"}},
+                ]
+            },
+            "tools": {"type": "array", "items": {"type": "object"}},
+            "tool_choice": {
+                "oneOf": [
+                    {"type": "string", "enum": ["none", "auto", "required"]},
+                    {"type": "object"},
+                ]
+            },
+            "response_format": {
+                "type": "object",
+                "properties": {
+                    "type": {"type": "string", "enum": ["text", "json_object", "json_schema"]},
+                    "json_schema": {"type": "object"},
+                },
+            },
         },
     },
     "CompletionRequest": {
@@ -192,6 +216,152 @@ _MULTIPART_ASR = {
     },
 }
 
+_OLLAMA_ERR = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {"error": {"type": "string"}},
+}
+_KEEP_ALIVE = {
+    "oneOf": [{"type": "number"}, {"type": "string"}],
+    "description": "Idle time the service stays loaded: seconds or a duration ('5m', '1h'); "
+    "0 unloads when idle, negative keeps it until memory is needed.",
+}
+_OLLAMA_OPTIONS = {
+    "type": "object",
+    "description": "temperature, top_p, seed, stop, num_predict and the three penalties are used; "
+    "others are ignored.",
+}
+OLLAMA_SCHEMAS: dict[str, Any] = {
+    "OllamaChatRequest": {
+        "type": "object",
+        "required": ["model"],
+        "properties": {
+            "model": _MODEL,
+            "messages": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["role"],
+                    "properties": {
+                        "role": {"type": "string", "minLength": 1},
+                        "content": {"type": "string"},
+                        "tool_calls": {"type": "array", "items": {"type": "object"}},
+                        "tool_name": {"type": "string"},
+                    },
+                },
+            },
+            "tools": {"type": "array", "items": {"type": "object"}},
+            "format": {"oneOf": [{"type": "string", "enum": ["json"]}, {"type": "object"}]},
+            "options": _OLLAMA_OPTIONS,
+            "stream": {"type": "boolean", "default": True},
+            "keep_alive": _KEEP_ALIVE,
+        },
+    },
+    "OllamaGenerateRequest": {
+        "type": "object",
+        "required": ["model"],
+        "properties": {
+            "model": _MODEL,
+            "prompt": {"type": "string", "description": "Empty: only load (or unload)."},
+            "system": {"type": "string"},
+            "raw": {"type": "boolean"},
+            "format": {"oneOf": [{"type": "string", "enum": ["json"]}, {"type": "object"}]},
+            "options": _OLLAMA_OPTIONS,
+            "stream": {"type": "boolean", "default": True},
+            "keep_alive": _KEEP_ALIVE,
+        },
+    },
+    "OllamaEmbedRequest": {
+        "type": "object",
+        "required": ["model", "input"],
+        "properties": {
+            "model": _MODEL,
+            "input": {
+                "oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]
+            },
+            "keep_alive": _KEEP_ALIVE,
+        },
+    },
+    "OllamaEmbeddingsRequest": {
+        "type": "object",
+        "required": ["model", "prompt"],
+        "properties": {"model": _MODEL, "prompt": {"type": "string"}, "keep_alive": _KEEP_ALIVE},
+    },
+    "OllamaShowRequest": {
+        "type": "object",
+        "required": ["model"],
+        "properties": {"model": _MODEL},
+    },
+    "OllamaError": _OLLAMA_ERR,
+}
+
+
+def _ollama_op(summary: str, schema: str, *, stream: bool = False) -> dict[str, Any]:
+    ok: dict[str, Any] = {"description": "OK", "content": {"application/json": _OBJ}}
+    if stream:
+        ok["content"]["application/x-ndjson"] = {"schema": {"type": "string"}}
+    err = {"application/json": {"schema": {"$ref": "#/components/schemas/OllamaError"}}}
+    return {
+        "summary": summary,
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{schema}"}}},
+        },
+        "responses": {
+            "200": ok,
+            "400": {"description": "A field is invalid.", "content": err},
+            "401": ERRORS["401"],
+            "404": {"description": "Unknown model.", "content": err},
+            "413": {"description": "Body too large, or too_large.", "content": err},
+            "429": {"description": "queue_full (Retry-After).", "content": err},
+            "502": {"description": "The backend failed.", "content": err},
+            "503": {"description": "Refused: the policy's reason (Retry-After).", "content": err},
+        },
+    }
+
+
+def _ollama_get(summary: str) -> dict[str, Any]:
+    return {
+        "get": {
+            "summary": summary,
+            "responses": {
+                "200": {"description": "OK", "content": {"application/json": _OBJ}},
+                "401": ERRORS["401"],
+            },
+        }
+    }
+
+
+def ollama_paths() -> dict[str, Any]:
+    """The Ollama API (``gateway/ollama_api.py``)."""
+    return {
+        "/api/chat": {
+            "post": _ollama_op(
+                "Ollama chat (NDJSON unless stream=false); no messages: load or unload.",
+                "OllamaChatRequest",
+                stream=True,
+            )
+        },
+        "/api/generate": {
+            "post": _ollama_op(
+                "Ollama generate (NDJSON unless stream=false); empty prompt: load or unload.",
+                "OllamaGenerateRequest",
+                stream=True,
+            )
+        },
+        "/api/embed": {"post": _ollama_op("Ollama embeddings (a batch).", "OllamaEmbedRequest")},
+        "/api/embeddings": {
+            "post": _ollama_op("Ollama embedding (one, legacy).", "OllamaEmbeddingsRequest")
+        },
+        "/api/show": {"post": _ollama_op("Model details and capabilities.", "OllamaShowRequest")},
+        "/api/tags": _ollama_get("The LLM and embedding models (every name and alias)."),
+        "/api/ps": _ollama_get(
+            "Loaded models: resident size, size on a GPU, when the idle TTL unloads them."
+        ),
+        "/api/version": _ollama_get("The Ollama API version these shapes follow."),
+    }
+
+
 _JOB_ID = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}}
 
 _ADMIN_ERR = {"401": _err("Missing or invalid admin key."), "403": _err("Admin key required.")}
@@ -208,6 +378,20 @@ def document() -> dict[str, Any]:
                 },
             }
         },
+        "/v1/models/{model}": {
+            "get": {
+                "summary": "One model by name or alias.",
+                "parameters": [
+                    {"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}
+                ],
+                "responses": {
+                    "200": {"description": "OK", "content": {"application/json": _OBJ}},
+                    "401": ERRORS["401"],
+                    "404": ERRORS["404"],
+                },
+            }
+        },
+        **ollama_paths(),
         "/v1/chat/completions": {
             "post": _json_op(
                 "Chat completion (SSE with stream=true).", "ChatRequest", _OBJ, stream=True
@@ -490,7 +674,7 @@ def document() -> dict[str, Any]:
         },
         "paths": paths,
         "components": {
-            "schemas": SCHEMAS,
+            "schemas": {**SCHEMAS, **OLLAMA_SCHEMAS},
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
         },
     }

@@ -25,6 +25,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from accelmux.core.events import Demand
 from accelmux.core.types import ServiceKind
+from accelmux.gateway.chat_fields import check_chat, check_completion
 from accelmux.gateway.errors import ApiError, bad_field
 from accelmux.gateway.media import audio_seconds, looks_like_audio, looks_like_image, megapixels
 
@@ -68,6 +69,8 @@ class Parsed:
     file_info: dict[str, tuple[str, str]] = field(default_factory=dict)
     raw: bytes = b""
     content_type: str = "application/json"
+    #: Ollama's keep_alive in seconds (None: the service's configured TTL).
+    keep_alive_s: float | None = None
 
 
 def tokens_of(chars: int) -> int:
@@ -203,6 +206,7 @@ def chat(body: dict[str, Any], raw: bytes, default_max: int) -> Parsed:
         if not isinstance(role, str) or not role:
             raise bad_field(f"messages[{i}].role", f"'messages[{i}].role' is required")
         chars += _content_chars(msg.get("content"), f"messages[{i}].content")
+    chars += check_chat(body)
     prompt = tokens_of(chars) + TOKENS_PER_MESSAGE * len(messages)
     output = _max_output(body, default_max)
     return Parsed(
@@ -226,6 +230,7 @@ def completion(body: dict[str, Any], raw: bytes, default_max: int) -> Parsed:
         tokens = len(prompt)
     else:
         raise bad_field("prompt", "'prompt' must be a string, an array of strings or of tokens")
+    check_completion(body)
     output = _max_output(body, default_max)
     return Parsed(
         endpoint="/v1/completions",

@@ -29,6 +29,7 @@ from typing import Any
 from accelmux.backends import fake_outputs as out
 from accelmux.core.types import ServiceKind
 from accelmux.errors import BackendError, RequestError
+from accelmux.models import structured
 
 #: Modules each kind of component imports (their first import is the "runtime" cost).
 RUNTIME_MODULES: dict[str, tuple[str, ...]] = {
@@ -41,6 +42,8 @@ RUNTIME_MODULES: dict[str, tuple[str, ...]] = {
 DEFAULT_LLM = {ServiceKind.CHAT: "smollm2", ServiceKind.COMPLETION: "gemma3"}
 MIN_CTX = 512
 DEFAULT_MAX_TOKENS = 256
+#: Sampling penalties passed to llama.cpp (OpenAI's two, and llama.cpp's repeat_penalty).
+PENALTIES = ("frequency_penalty", "presence_penalty", "repeat_penalty")
 
 
 def rss_bytes() -> int:
@@ -207,6 +210,9 @@ def _gen_kwargs(body: dict[str, Any]) -> dict[str, Any]:
     }
     if body.get("seed") is not None:
         kwargs["seed"] = int(body["seed"])
+    penalties = {k: _number(body, k, 0.0) for k in PENALTIES if body.get(k) is not None}
+    if penalties:
+        kwargs["penalties"] = penalties
     return kwargs
 
 
@@ -269,18 +275,23 @@ class LlamaComponent(Component):
         self.model.resize_context(target)
         return True
 
-    def _prompt(self, endpoint: str, body: dict[str, Any]) -> tuple[bool, Any]:
+    def _prompt(
+        self, endpoint: str, body: dict[str, Any], plan: structured.OutputPlan | None
+    ) -> tuple[bool, Any]:
         if endpoint == "/v1/chat/completions":
-            messages = [
-                {"role": str(m.get("role")), "content": _text_of(m.get("content"))}
-                for m in body.get("messages") or []
-                if isinstance(m, dict)
-            ]
+            assert plan is not None
             if not self.model.has_chat_template:
+                if plan.constrained:
+                    field = "tools" if plan.tools else "response_format"
+                    raise RequestError(
+                        f"{field} needs a chat model; this is a base model without a chat template",
+                        field=field,
+                    )
                 # a base model: continue the conversation as plain text
+                messages = structured.prompt_messages(body.get("messages") or [], plan)
                 text = "\n".join(f"{m['role']}: {m['content']}" for m in messages)
                 return False, text + "\nassistant:"
-            return True, messages
+            return True, structured.prompt_messages(body.get("messages") or [], plan)
         prompt = body.get("prompt")
         if isinstance(prompt, list):
             prompt = "".join(str(p) for p in prompt)
@@ -288,27 +299,61 @@ class LlamaComponent(Component):
             raise RequestError("prompt must be a string", field="prompt")
         return False, prompt
 
+    def _generate(
+        self, chat: bool, prompt: Any, plan: structured.OutputPlan | None, kwargs: dict[str, Any]
+    ) -> Any:
+        if not chat:
+            return self.model.complete(prompt, **kwargs)
+        schema = plan.schema if plan is not None else None
+        try:
+            return self.model.chat(prompt, schema=schema, **kwargs)
+        except RequestError as exc:
+            if exc.field == "response_format" and plan is not None and plan.tools:
+                raise RequestError(str(exc), field="tools") from exc
+            raise
+
+    def _plan(self, endpoint: str, body: dict[str, Any]) -> structured.OutputPlan | None:
+        if endpoint != "/v1/chat/completions":
+            return None
+        return structured.plan_output(body)
+
     def infer(
         self, slot: Slot, endpoint: str, body: dict[str, Any], files: dict[str, bytes]
     ) -> tuple[int, str, bytes, int]:
         if self.model is None:
             raise BackendError("model is not loaded")
-        chat, prompt = self._prompt(endpoint, body)
+        plan = self._plan(endpoint, body)
+        chat, prompt = self._prompt(endpoint, body, plan)
         kwargs = _gen_kwargs(body)
-        gen = self.model.chat(prompt, **kwargs) if chat else self.model.complete(prompt, **kwargs)
         model = str(body.get("model", slot.service))
         rid = f"{slot.service}-{time.monotonic_ns():x}"
-        used = (gen.prompt_tokens + gen.completion_tokens) * self.kv_per_token
-        usage = out.usage(gen.prompt_tokens, gen.completion_tokens)
+        choices: list[dict[str, Any]] = []
+        prompt_tokens = completion_tokens = 0
+        for index in range(_choices(body)):  # n choices, one generation each
+            gen = self._generate(chat, prompt, plan, kwargs)
+            prompt_tokens = gen.prompt_tokens
+            completion_tokens += gen.completion_tokens
+            if plan is None:
+                choices.append(
+                    {"index": index, "text": gen.text, "finish_reason": gen.finish_reason}
+                )
+                continue
+            content, calls = structured.read_output(plan, gen.text, f"call_{rid}_{index}")
+            message: dict[str, Any] = {"role": "assistant", "content": content}
+            if calls:
+                message["tool_calls"] = [
+                    {k: v for k, v in c.items() if k != "index"}
+                    for c in structured.tool_calls_json(calls)
+                ]
+            finish = "tool_calls" if calls else gen.finish_reason
+            choices.append({"index": index, "message": message, "finish_reason": finish})
+        used = (prompt_tokens + completion_tokens) * self.kv_per_token
         if endpoint == "/v1/chat/completions":
-            obj = out.chat_completion(model, rid, [], gen.prompt_tokens)
-            obj["choices"][0]["message"]["content"] = gen.text
-            obj["choices"][0]["finish_reason"] = gen.finish_reason
+            obj = out.chat_completion(model, rid, [], prompt_tokens)
         else:
-            obj = out.text_completion(model, rid, [], gen.prompt_tokens)
-            obj["choices"][0]["text"] = gen.text
-            obj["choices"][0]["finish_reason"] = gen.finish_reason
-        obj["usage"] = usage
+            obj = out.text_completion(model, rid, [], prompt_tokens)
+        obj["choices"] = choices
+        obj["usage"] = out.usage(prompt_tokens, completion_tokens)
         return 200, "application/json", _json(obj), used
 
     def stream(
@@ -321,13 +366,23 @@ class LlamaComponent(Component):
     ) -> Iterator[bytes]:
         if self.model is None:
             raise BackendError("model is not loaded")
-        chat, prompt = self._prompt(endpoint, body)
+        if _choices(body) > 1:
+            raise RequestError("a streamed answer holds one choice here: n must be 1", field="n")
+        plan = self._plan(endpoint, body)
+        chat, prompt = self._prompt(endpoint, body, plan)
         kwargs = _gen_kwargs(body)
         model = str(body.get("model", slot.service))
         rid = f"{slot.service}-{time.monotonic_ns():x}"
+        if plan is not None and plan.tools:
+            yield from self._stream_tools(slot, body, prompt, plan, kwargs, model, rid, extra)
+            return
         is_chat = endpoint == "/v1/chat/completions"
+        prompt_tokens = (
+            self.model.count_chat_tokens(prompt) if chat else self.model.count_tokens(prompt)
+        )
+        schema = plan.schema if plan is not None else None
         pieces = (
-            self.model.chat_stream(prompt, **kwargs)
+            self.model.chat_stream(prompt, schema=schema, **kwargs)
             if chat
             else self.model.complete_stream(prompt, **kwargs)
         )
@@ -357,7 +412,42 @@ class LlamaComponent(Component):
             yield out.chat_chunk(model, rid, {}, finish)
         else:
             yield out.text_chunk(model, rid, "", finish)
+        if out.wants_usage(body):
+            yield out.usage_chunk(model, rid, out.usage(prompt_tokens, n), chat=is_chat)
         yield out.DONE
+
+    def _stream_tools(
+        self,
+        slot: Slot,
+        body: dict[str, Any],
+        prompt: Any,
+        plan: structured.OutputPlan,
+        kwargs: dict[str, Any],
+        model: str,
+        rid: str,
+        extra: dict[str, int],
+    ) -> Iterator[bytes]:
+        """Tools in a stream: the whole output is read first (a call is one JSON object),
+        then sent as the deltas OpenAI streams carry."""
+        gen = self._generate(True, prompt, plan, kwargs)
+        extra["kv"] = (gen.prompt_tokens + gen.completion_tokens) * self.kv_per_token
+        content, calls = structured.read_output(plan, gen.text, f"call_{rid}_0")
+        yield out.chat_chunk(model, rid, {"role": "assistant", "content": ""}, None)
+        if calls:
+            delta = {"tool_calls": structured.tool_calls_json(calls)}
+            yield out.chat_chunk(model, rid, delta, None)
+        elif content:
+            yield out.chat_chunk(model, rid, {"content": content}, None)
+        yield out.chat_chunk(model, rid, {}, "tool_calls" if calls else gen.finish_reason)
+        if out.wants_usage(body):
+            usage = out.usage(gen.prompt_tokens, gen.completion_tokens)
+            yield out.usage_chunk(model, rid, usage)
+        yield out.DONE
+
+
+def _choices(body: dict[str, Any]) -> int:
+    value = body.get("n")
+    return 1 if value is None else max(1, int(value))
 
 
 class _ModelComponent(Component):

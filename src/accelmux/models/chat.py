@@ -17,12 +17,13 @@ full reload and says so in :class:`ResizeResult`.
 from __future__ import annotations
 
 import gc
+import json
 import os
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +71,8 @@ class _Prompt:
     tokens: list[int]
     stop: list[str]
     stopping_criteria: Any
+    grammar: Any = None  # a llama_cpp.LlamaGrammar the output must follow
+    penalties: Mapping[str, float] = field(default_factory=dict)
 
 
 class LlamaTextModel:
@@ -253,20 +256,35 @@ class LlamaTextModel:
             )
         return self._formatter
 
-    def _chat_prompt(self, llm: Any, messages: Sequence[Message]) -> _Prompt:
+    def _chat_prompt(
+        self,
+        llm: Any,
+        messages: Sequence[Message],
+        schema: Mapping[str, Any] | None = None,
+        penalties: Mapping[str, float] | None = None,
+    ) -> _Prompt:
         result = self._chat_formatter()(messages=_check_messages(messages))
         tokens = llm.tokenize(
             str(result.prompt).encode("utf-8"), add_bos=not result.added_special, special=True
         )
         stop = result.stop
         stops = [] if stop is None else [stop] if isinstance(stop, str) else list(stop)
-        return _Prompt([int(t) for t in tokens], stops, result.stopping_criteria)
+        grammar = None if schema is None else json_grammar(schema)
+        return _Prompt(
+            [int(t) for t in tokens],
+            stops,
+            result.stopping_criteria,
+            grammar,
+            _penalties(penalties),
+        )
 
-    def _text_prompt(self, llm: Any, prompt: str) -> _Prompt:
+    def _text_prompt(
+        self, llm: Any, prompt: str, penalties: Mapping[str, float] | None = None
+    ) -> _Prompt:
         if not isinstance(prompt, str):
             raise RequestError("prompt must be a string", field="prompt")
         tokens = llm.tokenize(prompt.encode("utf-8"), add_bos=True, special=False)
-        return _Prompt([int(t) for t in tokens], [], None)
+        return _Prompt([int(t) for t in tokens], [], None, None, _penalties(penalties))
 
     def _check_fits(self, llm: Any, prompt: _Prompt, field: str) -> None:
         n_ctx = int(llm.n_ctx())
@@ -288,10 +306,18 @@ class LlamaTextModel:
         top_p: float = 0.95,
         stop: Sequence[str] = (),
         seed: int | None = None,
+        schema: Mapping[str, Any] | None = None,
+        penalties: Mapping[str, float] | None = None,
     ) -> Generation:
-        """Reply to ``messages`` (OpenAI-style dicts) with the model's chat template."""
+        """Reply to ``messages`` (OpenAI-style dicts) with the model's chat template.
+
+        With ``schema`` (a JSON schema) a llama.cpp grammar keeps the output valid JSON
+        of that schema (until ``max_tokens`` cuts it short). ``penalties``: any of
+        ``frequency_penalty``, ``presence_penalty``, ``repeat_penalty`` (llama.cpp's
+        samplers; a small model held to a grammar may otherwise repeat itself).
+        """
         with self._exclusive() as llm:
-            prompt = self._chat_prompt(llm, messages)
+            prompt = self._chat_prompt(llm, messages, schema, penalties)
             return self._generate(
                 llm, prompt, "messages", max_tokens, temperature, top_p, stop, seed
             )
@@ -305,10 +331,12 @@ class LlamaTextModel:
         top_p: float = 0.95,
         stop: Sequence[str] = (),
         seed: int | None = None,
+        schema: Mapping[str, Any] | None = None,
+        penalties: Mapping[str, float] | None = None,
     ) -> Iterator[str]:
         """Like :meth:`chat`, yielding text deltas as they are generated."""
         with self._exclusive() as llm:
-            prompt = self._chat_prompt(llm, messages)
+            prompt = self._chat_prompt(llm, messages, schema, penalties)
             yield from self._stream(
                 llm, prompt, "messages", max_tokens, temperature, top_p, stop, seed
             )
@@ -322,10 +350,11 @@ class LlamaTextModel:
         top_p: float = 0.95,
         stop: Sequence[str] = (),
         seed: int | None = None,
+        penalties: Mapping[str, float] | None = None,
     ) -> Generation:
         """Continue ``prompt`` (plain completion, no template)."""
         with self._exclusive() as llm:
-            p = self._text_prompt(llm, prompt)
+            p = self._text_prompt(llm, prompt, penalties)
             return self._generate(llm, p, "prompt", max_tokens, temperature, top_p, stop, seed)
 
     def complete_stream(
@@ -337,10 +366,11 @@ class LlamaTextModel:
         top_p: float = 0.95,
         stop: Sequence[str] = (),
         seed: int | None = None,
+        penalties: Mapping[str, float] | None = None,
     ) -> Iterator[str]:
         """Like :meth:`complete`, yielding text deltas as they are generated."""
         with self._exclusive() as llm:
-            p = self._text_prompt(llm, prompt)
+            p = self._text_prompt(llm, prompt, penalties)
             yield from self._stream(llm, p, "prompt", max_tokens, temperature, top_p, stop, seed)
 
     def _completion_kwargs(
@@ -366,6 +396,9 @@ class LlamaTextModel:
         }
         if prompt.stopping_criteria is not None:
             kwargs["stopping_criteria"] = prompt.stopping_criteria
+        if prompt.grammar is not None:
+            kwargs["grammar"] = prompt.grammar
+        kwargs.update(prompt.penalties)
         return kwargs
 
     def _generate(
@@ -456,6 +489,48 @@ class LlamaTextModel:
             return ResizeResult(
                 old, int(llm.n_ctx()), reloaded_weights=False, seconds=time.perf_counter() - start
             )
+
+
+PENALTIES = ("frequency_penalty", "presence_penalty", "repeat_penalty")
+
+
+def _penalties(given: Mapping[str, float] | None) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for key, value in (given or {}).items():
+        if key not in PENALTIES:
+            raise RequestError(
+                f"unknown penalty {key!r} (known: {', '.join(PENALTIES)})", field=key
+            )
+        out[key] = float(value)
+    return out
+
+
+#: What llama-cpp-python's JSON-schema-to-grammar converter raises for a schema it cannot do.
+_SCHEMA_ERRORS = (
+    ValueError,
+    KeyError,
+    TypeError,
+    IndexError,
+    AttributeError,
+    NotImplementedError,
+    RecursionError,
+)
+
+
+def json_grammar(schema: Mapping[str, Any]) -> Any:
+    """A llama.cpp grammar (``LlamaGrammar``) for JSON that follows ``schema``.
+
+    llama-cpp-python ships the converter (the port of llama.cpp's
+    ``json_schema_to_grammar``); a schema it cannot convert is the client's error.
+    """
+    llama_cpp = require("llama_cpp", LLAMA_PACKAGE)
+    try:
+        return llama_cpp.LlamaGrammar.from_json_schema(json.dumps(schema), verbose=False)
+    except _SCHEMA_ERRORS as exc:
+        raise RequestError(
+            f"this JSON schema cannot be turned into a llama.cpp grammar: {exc}",
+            field="response_format",
+        ) from exc
 
 
 def _check_messages(messages: Sequence[Message]) -> list[dict[str, str]]:

@@ -256,6 +256,7 @@ class Runtime:
         *,
         request_id: str | None = None,
         on_dispatch: Callable[[Ticket], None] | None = None,
+        keep_alive_s: float | None = None,
     ) -> T:
         """Admit, wait, run and account one request; raises :class:`Refused` when the
         Manager rejected or failed it, BackendError when its backend failed."""
@@ -273,7 +274,11 @@ class Runtime:
         ticket = Ticket(rid, service, time.monotonic())
         self.tickets[rid] = ticket
         try:
-            self.driver.submit(RequestArrived(request_id=rid, service=service, demand=demand))
+            self.driver.submit(
+                RequestArrived(
+                    request_id=rid, service=service, demand=demand, keep_alive_s=keep_alive_s
+                )
+            )
             while True:
                 action = await ticket.future
                 if not isinstance(action, Dispatch):

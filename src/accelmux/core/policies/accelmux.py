@@ -112,7 +112,9 @@ class AccelmuxPolicy:
         tod = world.time_of_day(now)
         for svc in world.services.values():
             if svc.status is ServiceStatus.LOADED and svc.idle and not self._keep(svc):
-                times.append(svc.last_used + self._ttl(world, svc))
+                ttl = self._ttl(world, svc)
+                if math.isfinite(ttl):
+                    times.append(svc.last_used + ttl)
             if svc.status is ServiceStatus.LOADED and svc.kv_pool > svc.spec.profile.kv_floor:
                 times.append(svc.last_used + world.knobs.balloon_idle_s)
             if svc.backoff_until > now and (svc.waiting_count or self._keep(svc)):
@@ -131,11 +133,11 @@ class AccelmuxPolicy:
 
     def _ttl(self, world: World, svc: ServiceState) -> float:
         if svc.spec.residency is Residency.ON_DEMAND:
-            ttl = min(svc.spec.ttl_s, world.knobs.on_demand_ttl_s)
+            ttl = min(svc.ttl_s, world.knobs.on_demand_ttl_s)
             if world.knobs.prewarm and self._restore_pending(world, svc.spec.device):
                 ttl = min(ttl, RESTORE_GRACE_S)
             return ttl
-        return svc.spec.ttl_s
+        return svc.ttl_s
 
     @staticmethod
     def _likely_reused(world: World, svc: ServiceState) -> bool:
