@@ -440,11 +440,11 @@ def main() -> int:
         report["protection"]["unmanaged"] = unmanaged_protection(tmp / "unmanaged", args, wav)
         print("no manager:", report["protection"]["unmanaged"])
     report["wall_s"] = round(time.monotonic() - started, 1)
-    for block in (render_bench.stack_memory, render_bench.stack_truth, render_bench.stack_voice):
-        print("\n" + block(report))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"\nwrote {args.out}")
+    for block in (render_bench.stack_memory, render_bench.stack_truth, render_bench.stack_voice):
+        print("\n" + block(report))
+    print(f"\nwrote {args.out} ({report['wall_s']:.0f} s)")
     return 0
 
 
