@@ -226,8 +226,8 @@ def readme_figures(gw: Report, stack: Report) -> str:
     a = gw["added"]
     lines = [
         f"- The gateway adds {a['p50_ms']:.2f} ms at the median and {a['p99_ms']:.2f} ms at "
-        f"the p99 to a chat completion ({gw['settings']['requests']:,} requests per repeat; "
-        "docs/benchmarks.md, section 3)."
+        f"the p99 to a chat completion ({gw['settings']['requests']:,} requests per repeat, "
+        f"machine load average {_load(gw)} at the start; docs/benchmarks.md, section 3)."
     ]
     prot = stack.get("protection", {})
     m, u = prot.get("accelmux"), prot.get("unmanaged")
