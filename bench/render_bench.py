@@ -109,6 +109,12 @@ def _load(report: Report) -> str:
     return str(report.get("meta", {}).get("machine", {}).get("load_avg_1m", "?"))
 
 
+def _load_range(report: Report) -> str:
+    """The 1-minute load average before and after a run (or when it was recorded)."""
+    both = report.get("loadavg_1m_before_after")
+    return f"{both[0]} before, {both[1]} after" if both else _load(report)
+
+
 # ---- stack ----------------------------------------------------------------------------
 def stack_memory(report: Report) -> str:
     lines = [
@@ -227,7 +233,7 @@ def readme_figures(gw: Report, stack: Report) -> str:
     lines = [
         f"- The gateway adds {a['p50_ms']:.2f} ms at the median and {a['p99_ms']:.2f} ms at "
         f"the p99 to a chat completion ({gw['settings']['requests']:,} requests per repeat, "
-        f"machine load average {_load(gw)} at the start; docs/benchmarks.md, section 3)."
+        f"machine load average {_load_range(gw)}; docs/benchmarks.md, section 3)."
     ]
     prot = stack.get("protection", {})
     m, u = prot.get("accelmux"), prot.get("unmanaged")
