@@ -23,7 +23,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import signal
 import socket
 import statistics
@@ -37,6 +36,8 @@ from typing import Any
 
 import aiohttp
 import yaml
+from meta import run_meta
+from stats import percentile
 
 ROOT = Path(__file__).resolve().parent.parent
 UPSTREAM = ROOT / "tests" / "live" / "upstream_server.py"
@@ -173,11 +174,6 @@ async def throughput(session: aiohttp.ClientSession, url: str, n: int, conc: int
     return n / (time.perf_counter() - t0)
 
 
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 async def measure(targets: dict[str, str], args: argparse.Namespace) -> dict[str, Any]:
     runs: dict[str, list[dict[str, float]]] = {k: [] for k in targets}
     connector = aiohttp.TCPConnector(limit=args.concurrency + 4)
@@ -188,8 +184,9 @@ async def measure(targets: dict[str, str], args: argparse.Namespace) -> dict[str
                 rps = await throughput(session, url, args.requests, args.concurrency)
                 runs[name].append(
                     {
-                        "p50_ms": pct(lat, 0.50) * 1000,
-                        "p99_ms": pct(lat, 0.99) * 1000,
+                        "n": len(lat),
+                        "p50_ms": percentile(lat, 0.50) * 1000,
+                        "p99_ms": percentile(lat, 0.99) * 1000,
                         "mean_ms": statistics.fmean(lat) * 1000,
                         "rps": rps,
                     }
@@ -211,7 +208,9 @@ async def measure(targets: dict[str, str], args: argparse.Namespace) -> dict[str
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=2000, help="per measurement")
+    parser.add_argument(
+        "--requests", type=int, default=2000, help="per measurement (p99 needs at least 100)"
+    )
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--out", type=Path, default=RESULTS)
@@ -225,6 +224,8 @@ def main() -> None:
         help="the daemon's event loop (auto: uvloop when installed)",
     )
     args = parser.parse_args()
+    if args.requests < 100 and not args.bare_proxy:
+        parser.error("--requests must be at least 100: the p99 of fewer samples is their maximum")
     if args.bare_proxy:
         bare_proxy(int(args.bare_proxy[0]), args.bare_proxy[1])
         return
@@ -279,21 +280,18 @@ def main() -> None:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=30)
 
+    settings = {
+        "requests": args.requests,
+        "repeats": args.repeats,
+        "concurrency": args.concurrency,
+        "http": f"aiohttp {aiohttp.__version__} (server and upstream client)",
+        "event_loop": args.event_loop,
+    }
     report = {
+        "meta": run_meta(settings),
         "what": "non-streaming chat completions; one test upstream process behind all targets",
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-            "loadavg_1m_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
-        },
-        "settings": {
-            "requests": args.requests,
-            "repeats": args.repeats,
-            "concurrency": args.concurrency,
-            "http": f"aiohttp {aiohttp.__version__} (server and upstream client)",
-            "event_loop": args.event_loop,
-        },
+        "loadavg_1m_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
+        "settings": settings,
         **result,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

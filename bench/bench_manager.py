@@ -16,14 +16,14 @@ from __future__ import annotations
 import argparse
 import heapq
 import json
-import os
 import platform
 import random
 import statistics
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from meta import run_meta
 
 from accelmux.core.actions import Action, Dispatch, Load, Unload
 from accelmux.core.events import (
@@ -258,12 +258,9 @@ def bench(quick: bool) -> dict[str, object]:
             flush=True,
         )
     return {
+        "meta": run_meta({"repeats": repeats, "quick": quick}),
         "benchmark": "core.Manager + accelmux policy: handle() + next_wakeup() per event",
-        "python": sys.version.split()[0],
         "implementation": platform.python_implementation(),
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "cpu_count": os.cpu_count(),
         "repeats": repeats,
         "cases": cases,
     }

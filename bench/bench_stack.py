@@ -9,17 +9,20 @@
    detect), and the full stack (plus ``indexer`` and ``camera``, which share the
    embeddings and detect models when hosted together).
 
-2. **Protection**: the voice chain (ASR of a 4 s utterance -> chat reply of at most 24
-   tokens -> TTS of the reply) is timed ``--chains`` times alone, then again while a
-   batch embedding job of ``--texts`` texts (through ``/v1/jobs``) and two camera jobs
-   (2 frames/s each) run: chains under load run while the job runs (at most ``--chains``).
-   The ratio is p95 under load / p95 alone. The same ratio
-   without a manager: the same models called directly (the voice chain in this process,
-   the embedding job and the two cameras each in a process of its own, all at once,
-   uncoordinated).
+2. **Memory truth**: in the shared full-stack run, each loaded service's ledger entry
+   (weights + runtime + KV) beside what the worker measured for it.
+
+3. **Protection**: the voice chain (ASR of a 4 s utterance -> chat reply of at most 24
+   tokens -> TTS of the reply) is timed ``--chains`` times alone, then ``--chains``
+   times again while batch embedding jobs of ``--texts`` texts (through ``/v1/jobs``,
+   a new one submitted as soon as one ends) and two camera jobs (2 frames/s each) run:
+   the load runs for as long as the chains do. The ratio is p95 under load / p95
+   alone (p95 only from at least 20 chains). The same ratio without a manager: the
+   same models called directly (the voice chain in this process, an embedding loop and
+   the two cameras each in a process of its own, all at once, uncoordinated).
 
     .venv/bin/python bench/bench_stack.py            # writes bench/results/stack.json
-    .venv/bin/python bench/bench_stack.py --quick    # fewer texts and chains (a check)
+    .venv/bin/python bench/bench_stack.py --quick    # 8 chains, no p95 (a check)
 """
 
 from __future__ import annotations
@@ -27,8 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
-import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -43,6 +44,9 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import render_bench  # noqa: E402
+from meta import run_meta  # noqa: E402
+from stats import summary  # noqa: E402
 from tests.stack.support import Daemon, run_daemon, stack_config  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "stack.json"
@@ -63,17 +67,15 @@ def texts(n: int) -> list[str]:
     ]
 
 
-def p95(values: list[float]) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
-
-
-def summary(values: list[float]) -> dict[str, float]:
+def ratios(alone: list[float], loaded: list[float]) -> dict[str, float | None]:
+    """Loaded / alone, for the median and (where both have 20 samples) the p95."""
+    a, lo = summary(alone), summary(loaded)
+    p95 = None
+    if a["p95_s"] and lo["p95_s"] is not None:
+        p95 = round(float(lo["p95_s"]) / float(a["p95_s"]), 2)
     return {
-        "n": len(values),
-        "p50_s": round(statistics.median(values), 3),
-        "p95_s": round(p95(values), 3),
-        "max_s": round(max(values), 3),
+        "ratio_p95": p95,
+        "ratio_p50": round(statistics.median(loaded) / statistics.median(alone), 2),
     }
 
 
@@ -113,6 +115,45 @@ def exercise(daemon: Daemon, services: list[str], wav: bytes) -> None:
     client.post("/detections", body={"model": "detect", "image": image}, cast_to=object)
 
 
+def resident(svc: dict[str, Any]) -> tuple[int, int]:
+    """(ledger weights + runtime + kv, measured): measured is what the worker reports for
+    the service (weights + runtime + kv), plus, isolated, its own interpreter's RSS."""
+    ledger = svc["ledger"]
+    memory = svc["backend"]["memory"]
+    estimate = ledger["weights"] + ledger["runtime"] + ledger["kv"]
+    measured = sum(int(memory[k] or 0) for k in ("weights", "runtime", "kv"))
+    if svc["backend"]["isolated"]:
+        measured += int(svc["backend"]["last_load"]["base_bytes"])
+    return estimate, measured
+
+
+def memory_truth(daemon: Daemon) -> list[dict[str, Any]]:
+    """Each loaded service that carries its model: the ledger beside the measurement."""
+
+    def reported() -> bool:
+        return all(
+            s["backend"]["memory"]["weights"] is not None
+            for s in daemon.services().values()
+            if s["state"] == "loaded" and not s["backend"]["last_load"].get("shared")
+        )
+
+    daemon.wait(reported, timeout=30, what="a memory report from every loaded service")
+    rows = []
+    for name, svc in daemon.services().items():
+        if svc["state"] != "loaded" or svc["backend"]["last_load"].get("shared"):
+            continue  # a shared copy is carried by the service that loaded it
+        estimate, measured = resident(svc)
+        rows.append(
+            {
+                "service": name,
+                "ledger_bytes": estimate,
+                "measured_bytes": measured,
+                "kv_bytes": svc["ledger"]["kv"],
+            }
+        )
+    return rows
+
+
 def memory_run(tmp: Path, *, isolated: bool, full: bool, wav: bytes) -> dict[str, Any]:
     config = stack_config(tmp / "data", camera_fps=0.5)
     services = config["services"]
@@ -132,9 +173,11 @@ def memory_run(tmp: Path, *, isolated: bool, full: bool, wav: bytes) -> dict[str
     with run_daemon(config, tmp) as daemon:
         exercise(daemon, list(services), wav)
         time.sleep(3.0)
+        truth = memory_truth(daemon) if full and not isolated else None
         total, rows = tree_pss(daemon.proc.pid)
         daemon_pss = next(pss for pid, pss in rows if pid == daemon.proc.pid)
         return {
+            "truth": truth,
             "mode": "separate" if isolated else "shared",
             "services": list(services),
             "processes": len(rows),
@@ -160,15 +203,51 @@ def managed_chain(daemon: Daemon, wav: bytes) -> float:
     return time.perf_counter() - start
 
 
-def run_chains(
-    chain: Callable[[], float], n: int, gap_s: float, while_: Callable[[], bool] | None = None
-) -> list[float]:
-    """``n`` chains ``gap_s`` apart (stopping early once ``while_()`` is false)."""
+def run_chains(chain: Callable[[], float], n: int, gap_s: float) -> list[float]:
+    """``n`` chains ``gap_s`` apart."""
     out: list[float] = []
-    while len(out) < n and (while_ is None or while_()):
+    while len(out) < n:
         out.append(chain())
         time.sleep(gap_s)
     return out
+
+
+class JobFeeder:
+    """Keeps one embedding job of ``n_texts`` texts running through ``/jobs``: a new one
+    is submitted as soon as the last one ends, until :meth:`stop`."""
+
+    def __init__(self, daemon: Daemon, n_texts: int) -> None:
+        self.daemon = daemon
+        self.n_texts = n_texts
+        self.jobs: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="job-feeder", daemon=True)
+
+    def _submit(self) -> None:
+        body = {"model": "indexer", "inputs": texts(self.n_texts)}
+        job: Any = self.daemon.openai().post("/jobs", body=body, cast_to=object)
+        self.jobs.append(str(job["id"]))
+
+    def _state(self, job_id: str) -> dict[str, Any]:
+        state: dict[str, Any] = self.daemon.get(f"/v1/jobs/{job_id}")
+        return state
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.2):
+            if self._state(self.jobs[-1])["status"] not in ("queued", "running"):
+                self._submit()
+
+    def start(self) -> None:
+        self._submit()
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+    def completed(self) -> int:
+        """Texts embedded so far over every job."""
+        return sum(int(self._state(j)["request_counts"]["completed"]) for j in self.jobs)
 
 
 def managed_protection(tmp: Path, args: argparse.Namespace, wav: bytes) -> dict[str, Any]:
@@ -187,58 +266,46 @@ def managed_protection(tmp: Path, args: argparse.Namespace, wav: bytes) -> dict[
         daemon.wait_loaded("chat", "tts", "asr")
         daemon.post("/admin/services/indexer/load")
         daemon.wait_loaded("indexer", "camera", "camera2", timeout=120)
-        client = daemon.openai()
         run_chains(lambda: managed_chain(daemon, wav), 2, 0.2)  # warm-up
-        job: Any = client.post(
-            "/jobs", body={"model": "indexer", "inputs": texts(args.texts)}, cast_to=object
-        )
+        feeder = JobFeeder(daemon, args.texts)
+        feeder.start()
         time.sleep(2.0)
         frames_before = sum(c["frames_analysed"] for c in daemon.get("/v1/cameras")["data"])
-        done_before = daemon.get(f"/v1/jobs/{job['id']}")["request_counts"]["completed"]
+        done_before = feeder.completed()
         t0 = time.monotonic()
-
-        def job_running() -> bool:
-            return bool(daemon.get(f"/v1/jobs/{job['id']}")["status"] in ("queued", "running"))
-
-        loaded = run_chains(lambda: managed_chain(daemon, wav), args.chains, args.gap, job_running)
+        loaded = run_chains(lambda: managed_chain(daemon, wav), args.chains, args.gap)
         window = time.monotonic() - t0
-        state = daemon.get(f"/v1/jobs/{job['id']}")
+        texts_done = feeder.completed() - done_before
         frames = sum(c["frames_analysed"] for c in daemon.get("/v1/cameras")["data"])
-        daemon.wait(
-            lambda: daemon.get(f"/v1/jobs/{job['id']}")["status"] == "completed",
-            timeout=1200,
-            what="the job",
-        )
-        done_at = time.monotonic() - t0 + 2.0
+        feeder.stop()
         return {
             "alone": summary(alone),
             "loaded": summary(loaded),
-            "ratio_p95": round(p95(loaded) / p95(alone), 2),
-            "ratio_p50": round(statistics.median(loaded) / statistics.median(alone), 2),
-            "job_status_after_chains": state["status"],
-            "batch_texts_done_during_chains": state["request_counts"]["completed"] - done_before,
-            "job_seconds": round(done_at, 1),
+            **ratios(alone, loaded),
+            "jobs_submitted": len(feeder.jobs),
+            "batch_texts_done_during_chains": texts_done,
             "camera_frames_during_chains": frames - frames_before,
             "window_s": round(window, 1),
         }
 
 
 # ---- no manager: the same models called directly, uncoordinated ------------------------------
-def _embed_worker(start: Any, stop: Any, n_texts: int, done: Any, seconds: Any) -> None:
-    """The job: every text once, in batches of 32 (as the job runner sends them)."""
+def _embed_worker(start: Any, stop: Any, n_texts: int, done: Any) -> None:
+    """The job, over and over until ``stop``: its texts in batches of 32 (as the job
+    runner sends them); ``done`` counts every text embedded."""
     from accelmux.models import MiniLmEmbedder
 
     model = MiniLmEmbedder()
     model.load()
     items = texts(n_texts)
     start.wait()
-    t0 = time.monotonic()
-    for i in range(0, n_texts, 32):
-        if stop.is_set():
-            return
-        model.embed(items[i : i + 32])
-        done.value = min(n_texts, i + 32)
-    seconds.value = time.monotonic() - t0
+    while not stop.is_set():
+        for i in range(0, n_texts, 32):
+            if stop.is_set():
+                return
+            batch = items[i : i + 32]
+            model.embed(batch)
+            done.value += len(batch)
 
 
 def _camera_worker(start: Any, stop: Any, source: str, done: Any) -> None:
@@ -282,12 +349,9 @@ def unmanaged_protection(tmp: Path, args: argparse.Namespace, wav: bytes) -> dic
     ctx = mp.get_context("spawn")
     start, stop = ctx.Event(), ctx.Event()
     embedded = ctx.Value("i", 0)
-    job_seconds = ctx.Value("d", 0.0)
     frames = [ctx.Value("i", 0), ctx.Value("i", 0)]
     clip = str(sample_clip(tmp))
-    embedder = ctx.Process(
-        target=_embed_worker, args=(start, stop, args.texts, embedded, job_seconds)
-    )
+    embedder = ctx.Process(target=_embed_worker, args=(start, stop, args.texts, embedded))
     procs = [embedder]
     procs += [ctx.Process(target=_camera_worker, args=(start, stop, clip, f)) for f in frames]
     for p in procs:
@@ -297,22 +361,24 @@ def unmanaged_protection(tmp: Path, args: argparse.Namespace, wav: bytes) -> dic
     time.sleep(2.0)
     t0 = time.monotonic()
     before = embedded.value
-    loaded = run_chains(chain, args.chains, args.gap, embedder.is_alive)
+    frames_before = sum(f.value for f in frames)
+    loaded = run_chains(chain, args.chains, args.gap)
     window = time.monotonic() - t0
-    texts_done, frames_done = embedded.value - before, sum(f.value for f in frames)
-    embedder.join(timeout=1200)
+    texts_done = embedded.value - before
+    frames_done = sum(f.value for f in frames) - frames_before
+    still_running = all(p.is_alive() for p in procs)
     stop.set()
     for p in procs:
         p.join(timeout=30)
         if p.is_alive():
             p.kill()
+    if not still_running:
+        raise RuntimeError("a load process ended before the loaded chains did")
     return {
         "alone": summary(alone),
         "loaded": summary(loaded),
-        "ratio_p95": round(p95(loaded) / p95(alone), 2),
-        "ratio_p50": round(statistics.median(loaded) / statistics.median(alone), 2),
+        **ratios(alone, loaded),
         "batch_texts_done_during_chains": texts_done,
-        "job_seconds": round(job_seconds.value, 1),
         "camera_frames_during_chains": frames_done,
         "window_s": round(window, 1),
     }
@@ -329,69 +395,32 @@ def speech_wav() -> bytes:
     return bytes(wav)
 
 
-def print_tables(report: dict[str, Any]) -> None:
-    print("\n### Resident memory (PSS): one shared worker vs one process per service\n")
-    print(
-        "| services | shared: processes | shared PSS | separate: processes | separate PSS | saved |"
-    )
-    print("| --- | ---: | ---: | ---: | ---: | ---: |")
-    for row in report["memory"]:
-        s, p = row["shared"], row["separate"]
-        saved = p["pss_total_bytes"] - s["pss_total_bytes"]
-        print(
-            f"| {row['label']} | {s['processes']} | {s['pss_total_bytes'] / MIB:.0f} MiB "
-            f"| {p['processes']} | {p['pss_total_bytes'] / MIB:.0f} MiB "
-            f"| {saved / MIB:.0f} MiB ({saved / p['pss_total_bytes']:.0%}) |"
-        )
-    print(
-        "\n### Voice chain (ASR -> chat -> TTS) p95 while a batch job and 2 cameras run / alone\n"
-    )
-    print(
-        "| setup | chains alone / loaded | alone p50 / p95 | loaded p50 / p95 "
-        "| ratio p95 (p50) | batch job | camera frames |"
-    )
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for key, label in (("accelmux", "accelmux"), ("unmanaged", "no manager")):
-        r = report["protection"].get(key)
-        if r is None:
-            continue
-        a, lo = r["alone"], r["loaded"]
-        print(
-            f"| {label} | {a['n']} / {lo['n']} | {a['p50_s']:.2f} / {a['p95_s']:.2f} s "
-            f"| {lo['p50_s']:.2f} / {lo['p95_s']:.2f} s "
-            f"| **{r['ratio_p95']:.2f}** ({r['ratio_p50']:.2f}) "
-            f"| {report['settings']['texts']} texts in {r['job_seconds']:.0f} s "
-            f"| {r['camera_frames_during_chains']} in {r['window_s']:.0f} s |"
-        )
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="500 texts, 8 chains")
-    parser.add_argument("--texts", type=int, default=5000)
-    parser.add_argument("--chains", type=int, default=30)
-    parser.add_argument("--gap", type=float, default=2.0, help="pause between chains (s)")
+    parser.add_argument("--quick", action="store_true", help="500 texts, 8 chains (no p95)")
+    parser.add_argument("--texts", type=int, default=2000, help="texts per embedding job")
+    parser.add_argument(
+        "--chains", type=int, default=30, help="chains per phase (p95 needs at least 20)"
+    )
+    parser.add_argument("--gap", type=float, default=1.0, help="pause between chains (s)")
     parser.add_argument("--skip-memory", action="store_true")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     if args.quick:
         args.texts, args.chains = 500, 8
+    started = time.monotonic()
     wav = speech_wav()
+    settings = {
+        "texts_per_job": args.texts,
+        "chains": args.chains,
+        "gap_s": args.gap,
+        "camera_fps": CAMERA_FPS,
+        "chat_max_tokens": CHAT_TOKENS,
+        "utterance": UTTERANCE,
+    }
     report: dict[str, Any] = {
-        "machine": {
-            "cpus": os.cpu_count(),
-            "ram_gib": round(psutil.virtual_memory().total / 2**30, 1),
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-        },
-        "settings": {
-            "texts": args.texts,
-            "chains": args.chains,
-            "gap_s": args.gap,
-            "camera_fps": CAMERA_FPS,
-            "chat_max_tokens": CHAT_TOKENS,
-            "utterance": UTTERANCE,
-        },
+        "meta": run_meta(settings),
+        "settings": settings,
         "memory": [],
         "protection": {},
     }
@@ -410,10 +439,12 @@ def main() -> int:
         print("accelmux:", report["protection"]["accelmux"])
         report["protection"]["unmanaged"] = unmanaged_protection(tmp / "unmanaged", args, wav)
         print("no manager:", report["protection"]["unmanaged"])
-    print_tables(report)
+    report["wall_s"] = round(time.monotonic() - started, 1)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"\nwrote {args.out}")
+    for block in (render_bench.stack_memory, render_bench.stack_truth, render_bench.stack_voice):
+        print("\n" + block(report))
+    print(f"\nwrote {args.out} ({report['wall_s']:.0f} s)")
     return 0
 
 

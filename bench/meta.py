@@ -42,7 +42,10 @@ def run_meta(settings: dict[str, Any] | None = None) -> dict[str, Any]:
     """The commit (with ``dirty`` when the tree had uncommitted changes), the UTC date,
     the machine and the benchmark's own settings."""
     commit = _git("rev-parse", "HEAD") or "unknown"
-    dirty = bool(_git("status", "--porcelain", "--untracked-files=no"))
+    # results being rewritten is what a run does; any other uncommitted change is "dirty"
+    dirty = bool(
+        _git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!bench/results")
+    )
     return {
         "commit": commit,
         "dirty": dirty,

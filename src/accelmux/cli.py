@@ -33,13 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"accelmux {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module_name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name == module_name:
-                continue  # that part of accelmux is not installed in this build
-            raise
-        module.register(sub)
+        importlib.import_module(module_name).register(sub)
     return parser
 
 

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import re
 import sys
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
@@ -28,3 +33,43 @@ def test_a_stale_block_is_found(tmp_path: Path) -> None:
 def test_an_unknown_block_is_reported() -> None:
     text = "<!-- generated: nobody -->\nx\n<!-- end generated: nobody -->\n"
     assert docgen.render_text(text, {})[1] == ["nobody"]
+
+
+HEX40 = re.compile(r"[0-9a-f]{40}")
+#: Results written before their benchmark recorded its run; bench/bench_sim.py rewrites
+#: them with ``meta``. Strict: once one records its run, it must leave this list.
+WITHOUT_META_YET = frozenset(
+    {
+        "sim-burst.json",
+        "sim-home-evening.json",
+        "sim-shared-memory-host.json",
+        "sim-small-gpu.json",
+    }
+)
+
+
+def _result_files() -> list[Any]:
+    return [
+        pytest.param(
+            path,
+            id=path.name,
+            marks=[pytest.mark.xfail(strict=True, reason="written before meta was recorded")]
+            if path.name in WITHOUT_META_YET
+            else [],
+        )
+        for path in sorted(docgen.RESULTS.glob("*.json"))
+    ]
+
+
+@pytest.mark.parametrize("path", _result_files())
+def test_every_result_records_its_commit_date_and_machine(path: Path) -> None:
+    data = json.loads(path.read_text(encoding="utf-8"))
+    meta = data.get("meta", {})
+    assert HEX40.fullmatch(str(meta.get("commit", ""))), f"{path.name} records no commit"
+    assert meta.get("date"), f"{path.name} records no date"
+    assert meta.get("machine"), f"{path.name} records no machine"
+
+
+def test_the_benchmarks_of_the_docs_all_have_results() -> None:
+    names = {p.name for p in docgen.RESULTS.glob("*.json")}
+    assert {"gateway.json", "manager.json", "stack.json", "models.json"} <= names

@@ -24,6 +24,7 @@ import json
 import subprocess
 import sys
 import tempfile
+import time
 import wave
 from collections.abc import Callable
 from pathlib import Path
@@ -40,6 +41,17 @@ RUNTIME_MODULES = {
     "pocketsphinx": ["pocketsphinx", "piper", "numpy"],
     "opencv": ["cv2", "numpy", "skimage.data"],
 }
+#: Every packaged model, the LLMs at two context sizes (bench/bench_models.py runs them all).
+RUNS = (
+    ("smollm2", 2048),
+    ("smollm2", 8192),
+    ("gemma3", 2048),
+    ("gemma3", 8192),
+    ("minilm", 2048),
+    ("piper", 2048),
+    ("pocketsphinx", 2048),
+    ("opencv", 2048),
+)
 SENTENCE = "Please turn on the kitchen lights and set the temperature to twenty degrees."
 
 
@@ -136,12 +148,16 @@ def _child(name: str, n_ctx: int, wav_path: str | None) -> dict[str, Any]:
         raise SystemExit(f"unknown model {name!r}")
 
     estimate = model.memory_estimate()
+    t0 = time.perf_counter()
     with PeakRss() as load:
         model.load()
+    t1 = time.perf_counter()
     with PeakRss() as first:
         request()
+    t2 = time.perf_counter()
     with PeakRss() as again:
         request()
+    t3 = time.perf_counter()
     return {
         "model": name,
         "import": import_bytes,
@@ -153,6 +169,9 @@ def _child(name: str, n_ctx: int, wav_path: str | None) -> dict[str, Any]:
         "steady": rss_bytes() - load.start,
         "estimate": estimate,
         "method": again.method,
+        "load_s": round(t1 - t0, 3),
+        "first_request_s": round(t2 - t1, 3),
+        "request_s": round(t3 - t2, 3),
         **extra,
     }
 
@@ -194,17 +213,7 @@ def main() -> None:
     if args.child:
         print(json.dumps(_child(args.child, args.n_ctx, args.wav)))
         return
-    runs = [
-        ("smollm2", 2048),
-        ("smollm2", 8192),
-        ("gemma3", 2048),
-        ("gemma3", 8192),
-        ("minilm", 0),
-        ("piper", 0),
-        ("pocketsphinx", 0),
-        ("opencv", 0),
-    ]
-    results = [measure(name, n_ctx or 2048) for name, n_ctx in runs]
+    results = [measure(name, n_ctx) for name, n_ctx in RUNS]
     if args.json:
         print(json.dumps(results, indent=2))
         return

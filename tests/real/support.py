@@ -1,24 +1,50 @@
-"""Helpers for the real-model tests: skipping when a package is missing, WER, test media."""
+"""Helpers for the real-model tests: failing when a package is missing, WER, test media.
+
+A missing model, runtime or test tool is a test *failure* that says how to install it.
+Only ``ACCELMUX_SKIP_MODELS=1`` (``scripts/test``'s "no models" mode) turns it into a
+skip, so a run that silently tested nothing cannot pass.
+"""
 
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
+from typing import NoReturn
 
 import pytest
 
 SETUP = "scripts/setup-models.sh"
+SKIP_ENV = "ACCELMUX_SKIP_MODELS"
+
+
+def skipping_models() -> bool:
+    """True when ``ACCELMUX_SKIP_MODELS=1`` asks to skip what needs the real models."""
+    return os.environ.get(SKIP_ENV, "0") == "1"
+
+
+def missing(what: str, install: str = f"run {SETUP}") -> NoReturn:
+    """Fail the calling test because ``what`` is not installed (skip it under
+    ``ACCELMUX_SKIP_MODELS=1``), saying how to ``install`` it."""
+    message = f"{what} is not installed; {install} (or set {SKIP_ENV}=1 to skip these tests)"
+    if skipping_models():
+        pytest.skip(message)
+    pytest.fail(message, pytrace=False)
+
+
+def installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def need(*modules: tuple[str, str]) -> None:
-    """Skip the calling test unless every (module, PyPI package) pair is installed."""
-    for module, package in modules:
-        try:
-            found = importlib.util.find_spec(module) is not None
-        except (ImportError, ValueError):
-            found = False
-        if not found:
-            pytest.skip(f"{package} is not installed (module {module}); run {SETUP}")
+    """Fail the calling test unless every (module, PyPI package) pair is installed
+    (skip it instead under ``ACCELMUX_SKIP_MODELS=1``)."""
+    absent = [f"{pkg} (module {mod})" for mod, pkg in modules if not installed(mod)]
+    if absent:
+        missing(", ".join(absent))
 
 
 LLAMA = ("llama_cpp", "llama-cpp-python")

@@ -8,11 +8,12 @@ from typing import Any
 
 import yaml
 
-from accelmux.sim.scenario import Scenario, load_scenario
+from accelmux.sim.scenario import DEFAULT_TRACE, Scenario, load_scenario
 
 REPO = Path(__file__).resolve().parents[2]
 SCENARIOS = REPO / "scenarios"
-AZURE_TRACE = REPO.parent / "shared" / "traces" / "azure_llm_2023_conv.csv"
+#: The Azure trace shipped inside the package (the replay tests read it, never skip it).
+AZURE_TRACE = Path(DEFAULT_TRACE)
 
 TINY: dict[str, Any] = {
     "devices": {"gpu": {"kind": "virtual", "capacity": "8GiB", "headroom": "256MiB"}},

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tests.sim.support import AZURE_TRACE, SCENARIOS, scenario, tiny, write_scenario
+from tests.sim.support import SCENARIOS, scenario, tiny, write_scenario
 
 from accelmux.cli import main
 from accelmux.errors import ConfigError
@@ -29,7 +29,6 @@ def test_scenarios_validate(path: Path) -> None:
     assert spec.services
 
 
-@pytest.mark.skipif(not AZURE_TRACE.is_file(), reason="the shared Azure trace is not here")
 @pytest.mark.parametrize("path", SCENARIO_FILES, ids=lambda p: p.stem)
 def test_check_accepts_scenarios(path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["check", str(path)]) == 0
@@ -85,7 +84,6 @@ def test_sweep_resizes_the_device_and_keeps_the_host_share(tmp_path: Path) -> No
     assert dev.budget_bytes == 14 * 1024**3
 
 
-@pytest.mark.skipif(not AZURE_TRACE.is_file(), reason="the shared Azure trace is not here")
 def test_home_evening_smoke_run() -> None:
     scn = load_scenario(SCENARIOS / "home-evening.yaml")
     report = summarize(Simulation(scn, "accelmux", 0, duration_s=300).run())

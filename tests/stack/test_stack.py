@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.real.support import wer
+from tests.real.support import need, wer
 
-from .support import Daemon, astronaut_jpeg, missing_packages, run_daemon, stack_config
+from .support import NEEDED, Daemon, astronaut_jpeg, run_daemon, stack_config
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 
@@ -32,9 +32,7 @@ ASTRONAUT_FACE = (177, 66, 271, 160)
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
-    missing = missing_packages()
-    if missing:
-        pytest.skip(f"not installed: {', '.join(missing)}; run scripts/setup-models.sh")
+    need(*NEEDED)
     tmp = tmp_path_factory.mktemp("stack")
     config = stack_config(tmp / "data")
     services = config["services"]

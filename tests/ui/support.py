@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import importlib.util
 import shutil
 import tempfile
 import threading
@@ -18,6 +19,7 @@ from typing import Any, TypeVar
 import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
+from tests.real.support import missing
 
 from accelmux.config.load import load_config_data
 from accelmux.dashboard import routes
@@ -43,17 +45,24 @@ BROWSER_FLAGS = (
 )
 
 
-def browser_missing() -> str | None:
-    """Why the browser tests cannot run here, or None."""
+def need_browser() -> None:
+    """Fail the calling test unless Chromium, chromedriver and selenium are installed
+    (skip it instead under ``ACCELMUX_SKIP_MODELS=1``); scripts/test installs them."""
     if CHROMIUM is None:
-        return "chromium is not installed (apt-get install -y chromium chromium-driver)"
+        missing("chromium", "apt-get install -y chromium chromium-driver")
     if CHROMEDRIVER is None:
-        return "chromedriver is not installed (apt-get install -y chromium-driver)"
-    try:
-        import selenium  # noqa: F401
-    except ImportError:
-        return "selenium is not installed (pip install -e .[dev])"
-    return None
+        missing("chromedriver", "apt-get install -y chromium-driver")
+    if importlib.util.find_spec("selenium") is None:
+        missing("selenium", "pip install -e '.[dev]'")
+
+
+def need_tmux() -> str:
+    """The path of tmux; fails the calling test when it is not installed (skips it
+    under ``ACCELMUX_SKIP_MODELS=1``)."""
+    tmux = shutil.which("tmux")
+    if tmux is None:
+        missing("tmux", "apt-get install -y tmux")
+    return tmux
 
 
 def closed_window() -> str:

@@ -8,21 +8,20 @@ from typing import Any
 
 import pytest
 from tests.ui.support import (
-    browser_missing,
     chromium,
     live_daemon,
+    need_browser,
     script_errors,
     stack_config,
     wait_until,
 )
-
-pytestmark = pytest.mark.skipif(browser_missing() is not None, reason=browser_missing() or "")
 
 MSG = [{"role": "user", "content": "hi"}]
 
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
+    need_browser()
     with chromium() as driver:
         yield driver
 

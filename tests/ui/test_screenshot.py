@@ -5,12 +5,11 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
-import pytest
-from tests.ui.support import browser_missing
+from tests.ui.support import need_browser
 
 
-@pytest.mark.skipif(browser_missing() is not None, reason=browser_missing() or "")
 def test_make_screenshot_renders_the_whole_page(tmp_path: Path) -> None:
+    need_browser()
     from tests.ui.make_screenshot import make
 
     out = make(tmp_path / "shot.png", seconds=4)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import shutil
 import subprocess
 import sys
 import uuid
@@ -12,18 +11,15 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from tests.ui.support import live_daemon, stack_config, wait_until
+from tests.ui.support import live_daemon, need_tmux, stack_config, wait_until
 
 from accelmux.runtime import top
 
-TMUX = shutil.which("tmux")
-
 
 class Pane:
-    def __init__(self, command: str) -> None:
-        assert TMUX is not None
+    def __init__(self, tmux: str, command: str) -> None:
         self.socket = f"accelmux-top-{uuid.uuid4().hex[:8]}"
-        self.base = [TMUX, "-L", self.socket, "-f", "/dev/null"]
+        self.base = [tmux, "-L", self.socket, "-f", "/dev/null"]
         wrapped = f"{command}; echo TOP-EXIT=$?; sleep 60"
         env = dict(os.environ, TERM="xterm-256color")
         subprocess.run(
@@ -50,10 +46,11 @@ class Pane:
 
 @pytest.fixture
 def pane_factory() -> Iterator[Any]:
+    tmux = need_tmux()
     panes: list[Pane] = []
 
     def make(command: str) -> Pane:
-        pane = Pane(command)
+        pane = Pane(tmux, command)
         panes.append(pane)
         return pane
 
@@ -67,7 +64,6 @@ def _top_command(url: str, *extra: str) -> str:
     return shlex.join([*argv, *extra])
 
 
-@pytest.mark.skipif(TMUX is None, reason="tmux is not installed (apt-get install -y tmux)")
 def test_top_shows_services_follows_changes_and_quits(pane_factory: Any) -> None:
     with live_daemon() as d:
         pane = pane_factory(_top_command(d.url))

@@ -1,0 +1,271 @@
+"""Doc blocks for the gateway, manager, stack and models benchmarks, from their JSON.
+
+Each function takes the benchmark's report (as written to ``bench/results/NAME.json``)
+and returns Markdown; ``BLOCKS`` binds them to the committed files for
+``scripts/gen-docs`` (see ``bench/docgen.py``). Every block ends with the run's commit,
+date and machine, and every percentile says how many samples it was read from.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from meta import meta_line
+
+RESULTS = Path(__file__).resolve().parent / "results"
+MIB = 2**20
+#: What the gateway may add to a request (docs/benchmarks.md, section 3).
+TARGET_P50_MS = 1.0
+TARGET_P99_MS = 5.0
+
+Report = dict[str, Any]
+
+
+def load(name: str) -> Report:
+    data: Report = json.loads((RESULTS / f"{name}.json").read_text(encoding="utf-8"))
+    return data
+
+
+def _run(report: Report, command: str) -> str:
+    return f"Run: {meta_line(report.get('meta', {}))}; `{command}`."
+
+
+def _mib(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value / MIB:,.{digits}f}"
+
+
+def _s(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"**{value:.2f}**"
+
+
+# ---- manager --------------------------------------------------------------------------
+def manager(report: Report) -> str:
+    lines = [
+        "| services | devices | events per run | repeats | events/s | actions/s | µs per event |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for c in report["cases"]:
+        lines.append(
+            f"| {c['services']} | {c['devices']} | {c['events_per_run']:,} | {c['repeats']} "
+            f"| {c['events_per_s']:,.0f} | {c['actions_per_s']:,.0f} "
+            f"| {c['us_per_event']:,.0f} |"
+        )
+    lines += ["", "Medians over the repeats. " + _run(report, "python bench/bench_manager.py")]
+    return "\n".join(lines)
+
+
+# ---- gateway --------------------------------------------------------------------------
+def gateway(report: Report) -> str:
+    s = report["settings"]
+    d, b, g = report["direct"], report["bare_proxy"], report["gateway"]
+    a, ab = report["added"], report["added_over_bare_proxy"]
+    rows = [
+        ("upstream called directly", d, f"{d['rps']:,.0f}"),
+        ("bare aiohttp proxy (no accelmux logic)", b, f"{b['rps']:,.0f}"),
+        ("through accelmux", g, f"{g['rps']:,.0f}"),
+    ]
+    lines = [
+        f"| target | p50 ms | p99 ms | requests/s ({s['concurrency']} concurrent) |",
+        "|---|---:|---:|---:|",
+    ]
+    for label, r, rps in rows:
+        lines.append(f"| {label} | {r['p50_ms']:.3f} | {r['p99_ms']:.3f} | {rps} |")
+    lines.append(
+        f"| **added by accelmux** | **{a['p50_ms']:.3f}** | **{a['p99_ms']:.3f}** "
+        f"| {g['rps'] / d['rps']:.0%} of direct |"
+    )
+    lines.append(
+        f"| accelmux logic above a bare proxy | {ab['p50_ms']:.3f} | {ab['p99_ms']:.3f} "
+        f"| {g['rps'] / b['rps']:.0%} of bare proxy |"
+    )
+    met = a["p50_ms"] < TARGET_P50_MS and a["p99_ms"] < TARGET_P99_MS
+    load_avg = report.get("loadavg_1m_before_after")
+    lines += [
+        "",
+        f"Latency: {s['requests']:,} sequential requests per target and repeat (p99 from "
+        f"{s['requests']:,} samples), {s['repeats']} repeats, medians over the repeats "
+        f'(the "added" rows: median of the per-repeat differences). Load average (1 min) '
+        f"before and after: {load_avg[0] if load_avg else '?'} and "
+        f"{load_avg[1] if load_avg else '?'}. " + _run(report, "python bench/bench_gateway.py"),
+        "",
+        f"Targets: added p50 under {TARGET_P50_MS:g} ms and p99 under {TARGET_P99_MS:g} ms: "
+        + ("both met in this run." if met else "**not met in this run**."),
+    ]
+    return "\n".join(lines)
+
+
+def _minutes(seconds: float | None) -> str:
+    return "?" if seconds is None else f"{seconds / 60:.0f} min"
+
+
+def _load(report: Report) -> str:
+    return str(report.get("meta", {}).get("machine", {}).get("load_avg_1m", "?"))
+
+
+def _load_range(report: Report) -> str:
+    """The 1-minute load average before and after a run (or when it was recorded)."""
+    both = report.get("loadavg_1m_before_after")
+    return f"{both[0]} before, {both[1]} after" if both else _load(report)
+
+
+# ---- stack ----------------------------------------------------------------------------
+def stack_memory(report: Report) -> str:
+    lines = [
+        "| services | shared: processes | shared PSS | separate: processes | separate PSS "
+        "| saved |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for row in report["memory"]:
+        sh, sep = row["shared"], row["separate"]
+        saved = sep["pss_total_bytes"] - sh["pss_total_bytes"]
+        lines.append(
+            f"| {row['label']} | {sh['processes']} | {_mib(sh['pss_total_bytes'], 0)} MiB "
+            f"| {sep['processes']} | {_mib(sep['pss_total_bytes'], 0)} MiB "
+            f"| {_mib(saved, 0)} MiB ({saved / sep['pss_total_bytes']:.0%}) |"
+        )
+    lines += ["", _run(report, "python bench/bench_stack.py")]
+    return "\n".join(lines)
+
+
+def stack_truth(report: Report) -> str:
+    full = [row for row in report["memory"] if row["shared"].get("truth")]
+    if not full:
+        return "No memory-truth rows in this run (`--skip-memory`)."
+    lines = [
+        "| service | ledger (weights + runtime + KV), MiB | of which KV | measured by the worker,"
+        " MiB | measured / ledger |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    for r in full[0]["shared"]["truth"]:
+        ratio = r["measured_bytes"] / r["ledger_bytes"] if r["ledger_bytes"] else None
+        lines.append(
+            f"| {r['service']} | {_mib(r['ledger_bytes'])} | {_mib(r['kv_bytes'])} "
+            f"| {_mib(r['measured_bytes'])} | {'-' if ratio is None else f'{ratio:.2f}'} |"
+        )
+    lines += [
+        "",
+        f"The shared-worker run of the {full[0]['label']}, after one request per service. "
+        + _run(report, "python bench/bench_stack.py"),
+    ]
+    return "\n".join(lines)
+
+
+def stack_voice(report: Report) -> str:
+    s = report["settings"]
+    lines = [
+        "| setup | chains alone / loaded | alone p50 / p95 (s) | loaded p50 / p95 (s) "
+        "| ratio p95 (p50) | batch texts/s during the chains | camera frames/s |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for key, label in (("accelmux", "accelmux"), ("unmanaged", "no manager")):
+        r = report["protection"].get(key)
+        if r is None:
+            continue
+        a, lo = r["alone"], r["loaded"]
+        window = r["window_s"] or 1.0
+        lines.append(
+            f"| {label} | {a['n']} / {lo['n']} | {_s(a['p50_s'])} / {_s(a['p95_s'])} "
+            f"| {_s(lo['p50_s'])} / {_s(lo['p95_s'])} "
+            f"| {_ratio(r['ratio_p95'])} ({r['ratio_p50']:.2f}) "
+            f"| {r['batch_texts_done_during_chains'] / window:,.1f} "
+            f"| {r['camera_frames_during_chains'] / window:.1f} |"
+        )
+    lines += [
+        "",
+        f"Chains {s['gap_s']:g} s apart; embedding jobs of {s['texts_per_job']:,} texts; "
+        f"two cameras at {s['camera_fps']:g} frames/s; a p95 only from at least 20 chains "
+        '("-" below that). '
+        f"The whole benchmark took {_minutes(report.get('wall_s'))}; load average (1 min) at "
+        f"its start: {_load(report)}. " + _run(report, "python bench/bench_stack.py"),
+    ]
+    return "\n".join(lines)
+
+
+# ---- models ---------------------------------------------------------------------------
+def _label(r: Report) -> str:
+    return str(r["model"]) + (f" n_ctx={r['n_ctx']}" if "n_ctx" in r else "")
+
+
+def models_memory(report: Report) -> str:
+    lines = [
+        "| model | runtime import | load (peak) | 1st request peak | 2nd request peak "
+        "| overall peak | steady | `memory_estimate()` | GGUF resident estimate |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in report["models"]:
+        lines.append(
+            f"| {_label(r)} | {_mib(r['import'])} | {_mib(r['load'])} ({_mib(r['load_peak'])}) "
+            f"| {_mib(r['first_request_peak'])} | {_mib(r['request_peak'])} | {_mib(r['peak'])} "
+            f"| {_mib(r['steady'])} | {_mib(r['estimate'])} "
+            f"| {_mib(r.get('resident_estimate'))} |"
+        )
+    lines += ["", "MiB. " + _run(report, "python bench/bench_models.py")]
+    return "\n".join(lines)
+
+
+def models_speed(report: Report) -> str:
+    lines = [
+        "| model | load (s) | 1st request (s) | 2nd request (s) |",
+        "| --- | ---: | ---: | ---: |",
+    ]
+    for r in report["models"]:
+        lines.append(
+            f"| {_label(r)} | {r['load_s']:.2f} | {r['first_request_s']:.2f} "
+            f"| {r['request_s']:.2f} |"
+        )
+    lines += [
+        "",
+        "One run of each, for orientation only. " + _run(report, "python bench/bench_models.py"),
+    ]
+    return "\n".join(lines)
+
+
+# ---- README ---------------------------------------------------------------------------
+def readme_figures(gw: Report, stack: Report) -> str:
+    a = gw["added"]
+    lines = [
+        f"- The gateway adds {a['p50_ms']:.2f} ms at the median and {a['p99_ms']:.2f} ms at "
+        f"the p99 to a chat completion ({gw['settings']['requests']:,} requests per repeat, "
+        f"machine load average {_load_range(gw)}; docs/benchmarks.md, section 3)."
+    ]
+    prot = stack.get("protection", {})
+    m, u = prot.get("accelmux"), prot.get("unmanaged")
+    if m and u:
+        n = min(m["alone"]["n"], m["loaded"]["n"], u["alone"]["n"], u["loaded"]["n"])
+        what = "p95" if m["ratio_p95"] is not None and u["ratio_p95"] is not None else "p50"
+        key = f"ratio_{what}"
+        cpus = stack.get("meta", {}).get("machine", {}).get("cpus", "?")
+        lines.append(
+            f"- On the default stack (real models, {cpus} cores), the voice chain's {what} while a "
+            f"batch job and two cameras run is {m[key]:.2f}x its {what} alone under accelmux "
+            f"and {u[key]:.2f}x with the same models uncoordinated (at least {n} chains per "
+            "phase; section 4)."
+        )
+    for row in stack.get("memory", []):
+        if row["shared"].get("truth"):
+            sh, sep = row["shared"]["pss_total_bytes"], row["separate"]["pss_total_bytes"]
+            lines.append(
+                f"- Hosting the {row['label']} in one shared worker takes {_mib(sh, 0)} MiB "
+                f"(PSS) instead of {_mib(sep, 0)} MiB in one process per service."
+            )
+    lines += ["", _run(stack, "python bench/bench_stack.py").replace("Run:", "Stack run:")]
+    return "\n".join(lines)
+
+
+BLOCKS: dict[str, Callable[[], str]] = {
+    "bench-manager": lambda: manager(load("manager")),
+    "bench-gateway": lambda: gateway(load("gateway")),
+    "stack-memory": lambda: stack_memory(load("stack")),
+    "stack-memory-truth": lambda: stack_truth(load("stack")),
+    "stack-voice": lambda: stack_voice(load("stack")),
+    "models-memory": lambda: models_memory(load("models")),
+    "models-speed": lambda: models_speed(load("models")),
+    "readme-figures": lambda: readme_figures(load("gateway"), load("stack")),
+}
