@@ -8,6 +8,8 @@ import asyncio
 import contextlib
 import copy
 import math
+import signal
+import socket
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -16,7 +18,7 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from tests.live.support import Live, base_config, fake, free_port, live, run, settle
+from tests.live.support import Live, base_config, daemon, fake, free_port, live, run, settle
 from wyoming.asr import Transcribe, Transcript
 from wyoming.audio import AudioChunk, AudioStart, AudioStop
 from wyoming.client import AsyncTcpClient
@@ -38,7 +40,7 @@ from accelmux.config.load import load_config_data, semantic_problems
 from accelmux.config.wyoming import WyomingConfig
 from accelmux.core.types import ServiceStatus
 from accelmux.errors import ConfigError
-from accelmux.gateway.wyoming_api import WyomingServer, split_sentences
+from accelmux.gateway.wyoming_api import WyomingServer, advertised_address, split_sentences
 
 TIMEOUT = 5.0
 
@@ -308,3 +310,41 @@ def test_split_sentences_keeps_every_word_in_order(parts: list[str]) -> None:
     done, rest = split_sentences(text)
     assert " ".join([*done, rest]).split() == text.split()
     assert all(s and s[-1] in ".!?;:" for s in done)
+
+
+def test_serve_starts_and_stops_the_wyoming_server(tmp_path: Path) -> None:
+    """``accelmux serve -c`` with ``server.wyoming``: it listens, serves, and SIGTERM stops
+    it with the daemon (exit status 0, the port free again)."""
+    config = base_config()
+    port = free_port()
+    config["server"]["wyoming"] = {"port": port}
+
+    async def exchange() -> Info:
+        async with AsyncTcpClient("127.0.0.1", port) as c:
+            await c.write_event(Describe().event())
+            info = Info.from_event(await read(c))
+            await c.write_event(Synthesize(text="Good night.").event())
+            assert (await read_until(c, "audio-stop"))[-1].type == "audio-stop"
+            return info
+
+    with daemon(config, tmp_path) as d:
+        info = run(exchange())
+        assert info.asr and info.tts
+        d.proc.send_signal(signal.SIGTERM)
+        assert d.proc.wait(timeout=20) == 0
+        out = d.proc.stdout.read() if d.proc.stdout else ""
+    assert f"Wyoming server on tcp://127.0.0.1:{port}" in out and "Traceback" not in out
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))  # released
+
+
+def test_zeroconf_is_not_advertised_from_a_loopback_host(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def body() -> None:
+        async with wyoming(tmp=tmp_path, zeroconf=True) as (_, server):
+            assert server._zeroconf is None
+            assert "loopback" in caplog.text and "not advertised" in caplog.text
+
+    run(body())
+    assert advertised_address("192.168.1.20") == "192.168.1.20"
