@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import logging
 import math
 import signal
 import socket
@@ -348,3 +349,24 @@ def test_zeroconf_is_not_advertised_from_a_loopback_host(
 
     run(body())
     assert advertised_address("192.168.1.20") == "192.168.1.20"
+
+
+@pytest.mark.parametrize("garbage", [b"not json\n", b'{"no": "type"}\n', b"[1, 2]\n"])
+def test_a_malformed_frame_closes_only_its_connection_without_a_traceback(
+    tmp_path: Path, garbage: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def body() -> None:
+        async with wyoming(tmp=tmp_path) as (_, server):
+            reader, writer = await asyncio.open_connection(server.cfg.host, server.cfg.port)
+            writer.write(garbage)
+            await writer.drain()
+            assert await asyncio.wait_for(reader.read(), TIMEOUT) == b""  # closed
+            writer.close()
+            async with client(server) as c:  # the server goes on
+                await c.write_event(Describe().event())
+                assert Info.is_type((await read(c)).type)
+        assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+        if garbage != b"not json\n":  # the package itself drops what is not JSON, silently
+            assert "malformed event" in caplog.text
+
+    run(body())

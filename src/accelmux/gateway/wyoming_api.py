@@ -281,8 +281,9 @@ class VoiceHandler(AsyncEventHandler):
             await super().run()
         except (ConnectionError, asyncio.IncompleteReadError):
             pass  # the client went away
-        except ValueError as exc:  # not a Wyoming frame: the stream cannot be resynchronised
-            log.warning("wyoming: closing a connection that sent a malformed event: %s", exc)
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            # not a Wyoming frame: the stream cannot be resynchronised
+            log.warning("wyoming: closing a connection that sent a malformed event: %r", exc)
 
     async def handle_event(self, event: Event) -> bool:
         try:
