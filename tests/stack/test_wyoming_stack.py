@@ -20,7 +20,7 @@ from wyoming.client import AsyncTcpClient
 from wyoming.error import Error
 from wyoming.event import Event
 from wyoming.info import Describe, Info
-from wyoming.tts import Synthesize
+from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop
 
 from .support import Daemon, free_port, missing_packages, run_daemon, stack_config
 
@@ -116,3 +116,18 @@ def test_a_second_utterance_beyond_the_queue_is_refused_with_the_reason(
     assert any(Transcript.is_type(e.type) for e in answers)
     assert refused and all(r.code == "queue_full" for r in refused), refused
     assert "refused by the policy" in refused[0].text
+
+
+def test_streamed_synthesis_speaks_every_sentence(stack: tuple[Daemon, int]) -> None:
+    _, port = stack
+    first, second = "Please turn on the kitchen lights.", "Set the temperature to twenty degrees."
+    parts = ["Please turn on the kit", "chen lights. Set the temperature ", "to twenty degrees."]
+    stream = [SynthesizeStart().event()] + [SynthesizeChunk(text=p).event() for p in parts]
+    events = asyncio.run(_exchange(port, [*stream, SynthesizeStop().event()], "synthesize-stopped"))
+    types = [e.type for e in events]
+    assert types[0] == "audio-start" and types.count("audio-start") == 1
+    assert types[-2:] == ["audio-stop", "synthesize-stopped"]
+    chunks = [AudioChunk.from_event(e) for e in events if e.type == "audio-chunk"]
+    (event,) = asyncio.run(_exchange(port, _utterance(chunks), "transcript"))
+    text = Transcript.from_event(event).text
+    assert wer(f"{first} {second}", text) <= MAX_WER, text
