@@ -85,7 +85,8 @@ RATES = range(1000, 192001)
 WIDTHS = (1, 2, 3, 4)
 CHANNELS = range(1, 9)
 ZEROCONF_TYPE = "_wyoming._tcp.local."
-ATTRIBUTION = Attribution(name="accelmux", url="https://pypi.org/project/wyoming/")
+#: Who serves the programs (the models behind them are named by their services).
+ATTRIBUTION = Attribution(name="accelmux", url="")
 _SENTENCE_END = re.compile(r"(?<=[.!?;:])\s+")
 
 
