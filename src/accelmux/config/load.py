@@ -14,6 +14,7 @@ from accelmux.config.backends import (
     argv_placeholder_problem,
 )
 from accelmux.config.schema import AccelmuxConfig
+from accelmux.config.wyoming import wyoming_problems
 from accelmux.errors import ConfigError
 
 MAX_CONFIG_BYTES = 1024 * 1024
@@ -210,6 +211,7 @@ def semantic_problems(cfg: AccelmuxConfig, base_dir: Path | None = None) -> list
                 )
             ports[svc.backend.port] = where
 
+    problems += wyoming_problems(cfg)
     if cfg.policy.name not in policy_names():
         problems.append(
             f"policy.name: unknown policy (got {cfg.policy.name!r}; known: "

@@ -29,6 +29,7 @@ from accelmux.config.schema import (
     SloConfig,
 )
 from accelmux.config.server import ServerConfig
+from accelmux.config.wyoming import WyomingConfig
 
 #: (heading, key path shown to the reader, model) in page order.
 SECTIONS: tuple[tuple[str, str, type[BaseModel]], ...] = (
@@ -43,6 +44,7 @@ SECTIONS: tuple[tuple[str, str, type[BaseModel]], ...] = (
     ("Backend: fake (test double)", "services.NAME.backend", FakeBackendConfig),
     ("Policy", "policy", PolicyConfig),
     ("Server", "server", ServerConfig),
+    ("Server: Wyoming (Home Assistant voice)", "server.wyoming", WyomingConfig),
 )
 
 HEADER = """# Configuration reference

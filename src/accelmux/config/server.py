@@ -6,6 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ByteSize, ConfigDict, Field
 
+from accelmux.config.wyoming import WyomingConfig
+
 
 class RateLimitConfig(BaseModel):
     """A token bucket per API key (per client address when no keys are configured)."""
@@ -47,4 +49,10 @@ class ServerConfig(BaseModel):
     dashboard: bool = Field(True, description="Serve the dashboard at / (data under /admin).")
     event_loop: Literal["auto", "asyncio", "uvloop"] = Field(
         "auto", description="auto: uvloop when installed (faster), else asyncio."
+    )
+    wyoming: WyomingConfig | None = Field(
+        None,
+        description="A Wyoming server for Home Assistant's voice pipeline, "
+        "{host: 127.0.0.1, port: 10300}: speech-to-text and text-to-speech on one port. "
+        "None (off) by default.",
     )

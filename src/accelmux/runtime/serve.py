@@ -15,6 +15,7 @@ from accelmux.config.schema import AccelmuxConfig
 from accelmux.config.server import ServerConfig
 from accelmux.gateway.app import build_app
 from accelmux.gateway.middleware import ProtocolLogger, is_loopback
+from accelmux.gateway.wyoming_api import WyomingServer
 from accelmux.monitors.host import host_total
 from accelmux.runtime.daemon import Runtime
 from accelmux.runtime.wiring import mount_cameras, mount_dashboard, mount_jobs
@@ -75,6 +76,21 @@ async def serve(cfg: AccelmuxConfig, *, stop: asyncio.Event | None = None) -> No
         await runtime.shutdown()
         await runner.cleanup()
         raise SystemExit(f"accelmux: cannot listen on {server.host}:{server.port}: {exc}") from None
+    wy_cfg = server.wyoming
+    wyoming = WyomingServer(runtime, wy_cfg) if wy_cfg is not None else None
+    if wyoming is not None and wy_cfg is not None:
+        try:
+            await wyoming.start()
+        except OSError as exc:
+            if jobs is not None:
+                await jobs.stop()
+            if cameras is not None:
+                cameras.store.close()
+            await runtime.shutdown()
+            await runner.cleanup()
+            raise SystemExit(
+                f"accelmux: cannot listen for Wyoming on {wy_cfg.host}:{wy_cfg.port}: {exc}"
+            ) from None
     if jobs is not None:
         await jobs.start()
     if cameras is not None:
@@ -89,6 +105,12 @@ async def serve(cfg: AccelmuxConfig, *, stop: asyncio.Event | None = None) -> No
         file=sys.stdout,
         flush=True,
     )
+    if wy_cfg is not None:
+        print(
+            f"accelmux Wyoming server on tcp://{wy_cfg.host}:{wy_cfg.port}",
+            file=sys.stdout,
+            flush=True,
+        )
     try:
         await stop.wait()
     finally:
@@ -96,6 +118,8 @@ async def serve(cfg: AccelmuxConfig, *, stop: asyncio.Event | None = None) -> No
         # are stopped: the handlers stay installed (setting an already set event).
         log.info("shutting down")
         try:
+            if wyoming is not None:
+                await wyoming.stop()
             if cameras is not None:
                 await cameras.stop()
             if jobs is not None:

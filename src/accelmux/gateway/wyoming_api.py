@@ -1,0 +1,581 @@
+"""The Wyoming server: Home Assistant's voice protocol over the same Manager and backends.
+
+Built on the ``wyoming`` package (``AsyncTcpServer`` and one ``AsyncEventHandler`` per
+connection): the package frames and parses the events, this module maps them onto the
+services of ``server.wyoming`` (see :mod:`accelmux.config.wyoming`).
+
+* ``describe`` -> ``info``, built from the config alone (never from a model), so it is
+  answered at once even while the device is full or a model is loading.
+* ``transcribe`` + ``audio-start/chunk/stop`` -> ``transcript``. Audio of any rate, width
+  and channel count is converted to 16 kHz 16-bit mono (``AudioChunkConverter``), wrapped
+  in a WAV and sent to the ASR service as ``/v1/audio/transcriptions`` would be. At
+  ``audio-start`` a service that is not resident starts loading (a zero-size request
+  through the Manager, as the Ollama API's empty prompt does), so the load overlaps the
+  utterance. Transcripts are not streamed: the ASR backend decodes whole utterances.
+* ``synthesize`` -> ``audio-start/chunk/stop``; ``synthesize-start/chunk/stop`` is
+  streamed sentence by sentence (each complete sentence is its own request as soon as
+  its text has arrived), ending with ``synthesize-stopped``.
+
+Every transcription and synthesis is admitted by the Manager through
+:meth:`Runtime.run_request` with the class of its service (realtime in the default
+stack): it queues, waits, is preempted or refused like any HTTP request. Every failure is
+an ``error`` event with a text and a code (the policy's reason, ``no_asr_service``,
+``no_tts_service``, ``bad_audio_format``, ``unknown_voice``, ``invalid_request``,
+``backend_error``, ``internal_error``); the connection stays open.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import logging
+import re
+import socket
+import time
+import wave
+from dataclasses import dataclass, field
+from typing import Any
+
+from wyoming.asr import Transcribe, Transcript
+from wyoming.audio import AudioChunk, AudioChunkConverter, AudioStart, AudioStop
+from wyoming.error import Error
+from wyoming.event import Event
+from wyoming.info import (
+    AsrModel,
+    AsrProgram,
+    Attribution,
+    Describe,
+    Info,
+    TtsProgram,
+    TtsVoice,
+)
+from wyoming.ping import Ping, Pong
+from wyoming.server import AsyncEventHandler, AsyncTcpServer
+from wyoming.tts import (
+    Synthesize,
+    SynthesizeChunk,
+    SynthesizeStart,
+    SynthesizeStop,
+    SynthesizeStopped,
+)
+from zeroconf import IPVersion
+from zeroconf.asyncio import AsyncServiceInfo, AsyncZeroconf
+
+from accelmux import __version__
+from accelmux.backends.base import BackendRequest, BackendResponse
+from accelmux.config.schema import AccelmuxConfig
+from accelmux.config.wyoming import WyomingConfig
+from accelmux.core.actions import Dispatch
+from accelmux.core.events import Demand
+from accelmux.core.types import ServiceKind, ServiceStatus
+from accelmux.errors import BackendError
+from accelmux.gateway.middleware import is_loopback
+from accelmux.runtime.daemon import Runtime
+from accelmux.runtime.requests import Refused
+
+log = logging.getLogger("accelmux.wyoming")
+
+#: What the ASR backend is given: Home Assistant's own format.
+ASR_RATE, ASR_WIDTH, ASR_CHANNELS = 16000, 2, 1
+#: Samples per ``audio-chunk`` of synthesised speech.
+SAMPLES_PER_CHUNK = 1024
+#: Formats an ``audio-chunk`` may carry (anything else is ``bad_audio_format``).
+RATES = range(1000, 192001)
+WIDTHS = (1, 2, 3, 4)
+CHANNELS = range(1, 9)
+ZEROCONF_TYPE = "_wyoming._tcp.local."
+#: Who serves the programs (the models behind them are named by their services).
+ATTRIBUTION = Attribution(name="accelmux", url="")
+_SENTENCE_END = re.compile(r"(?<=[.!?;:])\s+")
+
+
+class WyomingError(Exception):
+    """A failure answered with a Wyoming ``error`` event."""
+
+    def __init__(self, code: str, text: str) -> None:
+        super().__init__(text)
+        self.code = code
+        self.text = text
+
+    def event(self) -> Event:
+        return Error(text=self.text, code=self.code).event()
+
+
+@dataclass(frozen=True, slots=True)
+class VoicePlan:
+    """Which services the server fronts and what ``info`` says (from the config only)."""
+
+    asr: str | None
+    tts: str | None
+    asr_model: str
+    tts_model: str
+    voices: tuple[str, ...]
+    languages: tuple[str, ...]
+    name: str
+    max_audio_bytes: int
+
+    def info(self) -> Info:
+        asr = []
+        if self.asr is not None:
+            model = AsrModel(
+                name=self.asr_model,
+                attribution=ATTRIBUTION,
+                installed=True,
+                description=f"accelmux service {self.asr}",
+                version=None,
+                languages=list(self.languages),
+            )
+            asr.append(
+                AsrProgram(
+                    name=self.name,
+                    attribution=ATTRIBUTION,
+                    installed=True,
+                    description="speech-to-text through accelmux",
+                    version=__version__,
+                    models=[model],
+                    supports_transcript_streaming=False,
+                )
+            )
+        tts = []
+        if self.tts is not None:
+            voices = [
+                TtsVoice(
+                    name=voice,
+                    attribution=ATTRIBUTION,
+                    installed=True,
+                    description=f"accelmux service {self.tts}",
+                    version=None,
+                    languages=list(self.languages),
+                )
+                for voice in self.voices
+            ]
+            tts.append(
+                TtsProgram(
+                    name=self.name,
+                    attribution=ATTRIBUTION,
+                    installed=True,
+                    description="text-to-speech through accelmux",
+                    version=__version__,
+                    voices=voices,
+                    supports_synthesize_streaming=True,
+                )
+            )
+        return Info(asr=asr, tts=tts)
+
+
+def _first(cfg: AccelmuxConfig, kind: ServiceKind) -> str | None:
+    return next((n for n, s in cfg.services.items() if s.kind is kind), None)
+
+
+def voice_plan(cfg: AccelmuxConfig, wy: WyomingConfig) -> VoicePlan:
+    asr = wy.asr or _first(cfg, ServiceKind.ASR)
+    tts = wy.tts or _first(cfg, ServiceKind.TTS)
+    asr_model = (cfg.services[asr].model or asr) if asr is not None else ""
+    tts_model = (cfg.services[tts].model or tts) if tts is not None else ""
+    voices: list[str] = list(wy.voices)
+    if not voices and tts is not None:
+        svc = cfg.services[tts]
+        voices = [svc.model or tts, *svc.aliases]
+    return VoicePlan(
+        asr=asr,
+        tts=tts,
+        asr_model=asr_model,
+        tts_model=tts_model,
+        voices=tuple(dict.fromkeys(voices)),
+        languages=tuple(wy.languages),
+        name=wy.name,
+        max_audio_bytes=int(cfg.server.max_body),
+    )
+
+
+def split_sentences(text: str) -> tuple[list[str], str]:
+    """The complete sentences of ``text`` and the rest (a sentence still arriving)."""
+    parts = _SENTENCE_END.split(text)
+    done = [p.strip() for p in parts[:-1] if p.strip()]
+    return done, parts[-1]
+
+
+def pcm_wav(pcm: bytes, rate: int = ASR_RATE, width: int = ASR_WIDTH, channels: int = 1) -> bytes:
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as w:
+        w.setnchannels(channels)
+        w.setsampwidth(width)
+        w.setframerate(rate)
+        w.writeframes(pcm)
+    return buf.getvalue()
+
+
+def wav_events(wav: bytes) -> tuple[AudioStart, list[AudioChunk]]:
+    """The ``audio-start`` and ``audio-chunk`` events of a WAV file."""
+    try:
+        with wave.open(io.BytesIO(wav), "rb") as w:
+            rate, width, channels = w.getframerate(), w.getsampwidth(), w.getnchannels()
+            frames = w.readframes(w.getnframes())
+    except (wave.Error, EOFError) as exc:
+        raise WyomingError("backend_error", f"the TTS answer is not a WAV: {exc}") from None
+    step = SAMPLES_PER_CHUNK * width * channels
+    chunks = [
+        AudioChunk(rate=rate, width=width, channels=channels, audio=frames[i : i + step])
+        for i in range(0, len(frames), step)
+    ]
+    return AudioStart(rate=rate, width=width, channels=channels), chunks
+
+
+def _check_format(chunk: AudioChunk) -> None:
+    if chunk.rate not in RATES or chunk.width not in WIDTHS or chunk.channels not in CHANNELS:
+        raise WyomingError(
+            "bad_audio_format",
+            f"unsupported audio format: rate {chunk.rate} Hz, width {chunk.width} bytes, "
+            f"{chunk.channels} channels (rate 1000..192000, width 1..4, channels 1..8)",
+        )
+    if len(chunk.audio) % (chunk.width * chunk.channels):
+        raise WyomingError(
+            "bad_audio_format",
+            f"audio-chunk of {len(chunk.audio)} bytes is not whole frames of "
+            f"{chunk.width * chunk.channels} bytes",
+        )
+
+
+def refusal_error(exc: Refused) -> WyomingError:
+    detail = exc.action.detail
+    retry = exc.retry_after_s
+    text = f"refused by the policy: {exc.reason.value}" + (f": {detail}" if detail else "")
+    if retry:
+        text += f" (retry after {retry:g} s)"
+    return WyomingError(exc.reason.value, text)
+
+
+@dataclass(slots=True)
+class _Utterance:
+    converter: AudioChunkConverter
+    pcm: bytearray = field(default_factory=bytearray)
+    failed: bool = False
+
+
+class VoiceHandler(AsyncEventHandler):
+    """One Wyoming connection."""
+
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        *,
+        runtime: Runtime,
+        plan: VoicePlan,
+        info: Event,
+        tasks: set[asyncio.Task[Any]],
+    ) -> None:
+        super().__init__(reader, writer)
+        self.rt = runtime
+        self.plan = plan
+        self.info = info
+        self.tasks = tasks
+        self.language: str | None = None
+        self.utterance: _Utterance | None = None
+        self.stream_text: str | None = None  # synthesize-start .. stop
+        self.stream_voice: str | None = None
+        self.stream_started = False
+
+    async def run(self) -> None:
+        try:
+            await super().run()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass  # the client went away
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            # not a Wyoming frame: the stream cannot be resynchronised
+            log.warning("wyoming: closing a connection that sent a malformed event: %r", exc)
+
+    async def handle_event(self, event: Event) -> bool:
+        try:
+            try:
+                await self._dispatch(event)
+            except WyomingError as exc:
+                await self.write_event(exc.event())
+            except (ConnectionError, asyncio.IncompleteReadError):
+                raise
+            except Exception:
+                log.exception("wyoming: %s failed", event.type)
+                text = f"internal error handling {event.type} (logged)"
+                await self.write_event(Error(text=text, code="internal_error").event())
+        except (ConnectionError, asyncio.IncompleteReadError):
+            return False  # the client went away
+        return True
+
+    async def _dispatch(self, event: Event) -> None:
+        if Describe.is_type(event.type):
+            await self.write_event(self.info)
+        elif Ping.is_type(event.type):
+            await self.write_event(Pong(text=Ping.from_event(event).text).event())
+        elif Transcribe.is_type(event.type):
+            self._need(self.plan.asr, "no_asr_service", "speech-to-text")
+            self.language = Transcribe.from_event(event).language
+        elif AudioStart.is_type(event.type):
+            service = self._need(self.plan.asr, "no_asr_service", "speech-to-text")
+            self.utterance = _Utterance(AudioChunkConverter(ASR_RATE, ASR_WIDTH, ASR_CHANNELS))
+            self._warm(service)
+        elif AudioChunk.is_type(event.type):
+            self._chunk(AudioChunk.from_event(event))
+        elif AudioStop.is_type(event.type):
+            utterance, self.utterance = self.utterance, None
+            if utterance is not None and not utterance.failed:
+                text = await self._transcribe(bytes(utterance.pcm))
+                await self.write_event(Transcript(text=text, language=self.language).event())
+        elif SynthesizeStart.is_type(event.type):
+            service = self._need(self.plan.tts, "no_tts_service", "text-to-speech")
+            start = SynthesizeStart.from_event(event)
+            self.stream_voice = self._voice(start.voice.name if start.voice else None)
+            self.stream_text, self.stream_started = "", False
+            self._warm(service)
+        elif SynthesizeChunk.is_type(event.type):
+            if self.stream_text is not None:
+                await self._stream_chunk(SynthesizeChunk.from_event(event).text)
+        elif SynthesizeStop.is_type(event.type):
+            await self._stream_stop()
+        elif Synthesize.is_type(event.type):
+            if self.stream_text is not None:
+                return  # the compatibility copy of a streamed text: already spoken
+            self._need(self.plan.tts, "no_tts_service", "text-to-speech")
+            synth = Synthesize.from_event(event)
+            voice = self._voice(synth.voice.name if synth.voice else None)
+            await self._speak(synth.text, voice, start=True, stop=True)
+
+    # ---- helpers -----------------------------------------------------------------------
+    def _need(self, service: str | None, code: str, what: str) -> str:
+        if service is None:
+            raise WyomingError(code, f"accelmux serves no {what} here (no such service)")
+        return service
+
+    def _voice(self, name: str | None) -> str | None:
+        if name is not None and name not in self.plan.voices:
+            raise WyomingError(
+                "unknown_voice",
+                f"unknown voice {name!r}; voices: {', '.join(self.plan.voices)}",
+            )
+        return name
+
+    def _warm(self, service: str) -> None:
+        """Start loading ``service`` through the Manager unless it is resident."""
+        status = self.rt.manager.world.services[service].status
+        if status in (ServiceStatus.LOADED, ServiceStatus.LOADING):
+            return
+
+        async def attempt(d: Dispatch) -> tuple[bool, int | None]:
+            return True, None  # nothing ran: no peak to calibrate with
+
+        async def warm() -> None:
+            with contextlib.suppress(Refused, BackendError):
+                await self.rt.run_request(service, Demand(), attempt)
+
+        task = asyncio.create_task(warm())
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    def _chunk(self, chunk: AudioChunk) -> None:
+        utterance = self.utterance
+        if utterance is None:
+            self._need(self.plan.asr, "no_asr_service", "speech-to-text")
+            utterance = self.utterance = _Utterance(
+                AudioChunkConverter(ASR_RATE, ASR_WIDTH, ASR_CHANNELS)
+            )
+        if utterance.failed:
+            return
+        try:
+            _check_format(chunk)
+            pcm = utterance.converter.convert(chunk).audio
+        except WyomingError:
+            utterance.failed = True
+            raise
+        except Exception as exc:  # audioop rejects what it cannot convert
+            utterance.failed = True
+            raise WyomingError("bad_audio_format", f"cannot convert the audio: {exc}") from None
+        if len(utterance.pcm) + len(pcm) > self.plan.max_audio_bytes:
+            utterance.failed = True
+            seconds = self.plan.max_audio_bytes / (ASR_RATE * ASR_WIDTH)
+            raise WyomingError("too_large", f"the utterance is longer than {seconds:.0f} s")
+        utterance.pcm += pcm
+
+    async def _transcribe(self, pcm: bytes) -> str:
+        service = self._need(self.plan.asr, "no_asr_service", "speech-to-text")
+        seconds = len(pcm) / (ASR_RATE * ASR_WIDTH)
+        answer = await self._run(
+            service,
+            "/v1/audio/transcriptions",
+            {"model": self.plan.asr_model, "response_format": "text"},
+            Demand(units=seconds),
+            files={"file": pcm_wav(pcm)},
+        )
+        return answer.body.decode("utf-8", "replace").strip()
+
+    async def _speak(self, text: str, voice: str | None, *, start: bool, stop: bool) -> None:
+        service = self._need(self.plan.tts, "no_tts_service", "text-to-speech")
+        if text.strip():
+            body: dict[str, Any] = {"model": self.plan.tts_model, "input": text}
+            body["response_format"] = "wav"
+            if voice is not None:
+                body["voice"] = voice
+            answer = await self._run(service, "/v1/audio/speech", body, Demand(units=len(text)))
+            audio_start, chunks = wav_events(answer.body)
+            if start:
+                await self.write_event(audio_start.event())
+            for chunk in chunks:
+                await self.write_event(chunk.event())
+        elif start:  # nothing to say: an empty stream of the voice's usual format
+            await self.write_event(AudioStart(rate=ASR_RATE, width=ASR_WIDTH, channels=1).event())
+        if stop:
+            await self.write_event(AudioStop().event())
+
+    async def _stream_chunk(self, text: str) -> None:
+        assert self.stream_text is not None
+        sentences, self.stream_text = split_sentences(self.stream_text + text)
+        for sentence in sentences:
+            first = not self.stream_started
+            await self._speak(sentence, self.stream_voice, start=first, stop=False)
+            self.stream_started = True
+
+    async def _stream_stop(self) -> None:
+        if self.stream_text is None:
+            return
+        rest, self.stream_text = self.stream_text, None
+        started, self.stream_started = self.stream_started, False
+        try:
+            await self._speak(rest, self.stream_voice, start=not started, stop=True)
+        except WyomingError as exc:
+            await self.write_event(exc.event())
+        await self.write_event(SynthesizeStopped().event())
+
+    async def _run(
+        self,
+        service: str,
+        endpoint: str,
+        body: dict[str, Any],
+        demand: Demand,
+        files: dict[str, bytes] | None = None,
+    ) -> BackendResponse:
+        """One request through the Manager, as the HTTP gateway sends it."""
+        rt = self.rt
+        backend = rt.backends[service]
+        kind = rt.manager.world.services[service].spec.kind
+        rid = rt.new_request_id()
+        files = files or {}
+        started = time.perf_counter()
+
+        def on_dispatch(ticket: Any) -> None:
+            rt.metrics.queue_wait.labels(service).observe(time.monotonic() - ticket.arrived)
+
+        async def attempt(d: Dispatch) -> tuple[BackendResponse, int | None]:
+            answer = await backend.handle(
+                BackendRequest(
+                    request_id=rid,
+                    service=service,
+                    kind=kind,
+                    endpoint=endpoint,
+                    body=body,
+                    files=files,
+                    file_info={k: (f"{k}.wav", "audio/wav") for k in files},
+                    lease_bytes=d.lease_bytes,
+                )
+            )
+            return answer, answer.peak_bytes
+
+        outcome = "ok"
+        try:
+            answer = await rt.run_request(
+                service, demand, attempt, request_id=rid, on_dispatch=on_dispatch
+            )
+        except Refused as exc:
+            outcome = exc.reason.value
+            raise refusal_error(exc) from None
+        except BackendError as exc:
+            outcome = "backend_error"
+            raise WyomingError("backend_error", f"the {service} backend failed: {exc}") from None
+        finally:
+            rt.metrics.latency.labels(service, "wyoming:" + endpoint, outcome).observe(
+                time.perf_counter() - started
+            )
+        if answer.status >= 400:
+            text = answer.body.decode("utf-8", "replace")[:500]
+            code = "invalid_request" if answer.status < 500 else "backend_error"
+            raise WyomingError(code, f"{service} answered {answer.status}: {text}")
+        return answer
+
+
+class WyomingServer:
+    """The listening server and (optionally) its zeroconf advertisement."""
+
+    def __init__(self, runtime: Runtime, wy: WyomingConfig) -> None:
+        self.rt = runtime
+        self.cfg = wy
+        self.plan = voice_plan(runtime.cfg, wy)
+        self.info = self.plan.info().event()
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self._server = AsyncTcpServer(wy.host, wy.port)
+        self._zeroconf: AsyncZeroconf | None = None
+        self._service_info: AsyncServiceInfo | None = None
+
+    def handler(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> VoiceHandler:
+        return VoiceHandler(
+            reader, writer, runtime=self.rt, plan=self.plan, info=self.info, tasks=self.tasks
+        )
+
+    async def start(self) -> None:
+        await self._server.start(self.handler)
+        log.info(
+            "wyoming listening on tcp://%s:%d (asr: %s, tts: %s)",
+            self.cfg.host,
+            self.cfg.port,
+            self.plan.asr or "none",
+            self.plan.tts or "none",
+        )
+        if self.cfg.zeroconf:
+            await self._advertise()
+
+    async def _advertise(self) -> None:
+        if is_loopback(self.cfg.host):
+            log.warning(
+                "wyoming: zeroconf is on but server.wyoming.host %s is loopback: "
+                "Home Assistant could not connect; not advertised",
+                self.cfg.host,
+            )
+            return
+        address = advertised_address(self.cfg.host)
+        info = AsyncServiceInfo(
+            ZEROCONF_TYPE,
+            f"{self.cfg.name}.{ZEROCONF_TYPE}",
+            addresses=[socket.inet_aton(address)],
+            port=self.cfg.port,
+        )
+        zc = AsyncZeroconf(ip_version=IPVersion.V4Only)
+        try:
+            await zc.async_register_service(info)
+        except Exception as exc:  # no multicast here: serve on, undiscovered
+            log.warning("wyoming: zeroconf advertisement failed: %s", exc)
+            await zc.async_close()
+            return
+        self._zeroconf, self._service_info = zc, info
+        log.info("wyoming: advertised %s at %s:%d", info.name, address, self.cfg.port)
+
+    async def stop(self) -> None:
+        if self._zeroconf is not None:
+            with contextlib.suppress(Exception):
+                if self._service_info is not None:
+                    await self._zeroconf.async_unregister_service(self._service_info)
+                await self._zeroconf.async_close()
+            self._zeroconf = None
+        await self._server.stop()
+        for task in list(self.tasks):
+            task.cancel()
+        for task in list(self.tasks):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+
+def advertised_address(host: str) -> str:
+    """The IPv4 address to advertise: ``host`` itself, or for a wildcard host the
+    address of the interface that routes to the mDNS group."""
+    if host not in ("", "0.0.0.0", "::"):
+        return host
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.setblocking(False)
+        sock.connect(("224.0.0.251", 5353))
+        return str(sock.getsockname()[0])
