@@ -8,11 +8,12 @@ simulator's physical model decides whether a peak crosses the device (an OOM).
 - ``independent``: every service loads at start in its own runtime and never unloads;
   each serves its own FIFO queue up to its concurrency. No reservation per request, the
   LLM KV pool sized at its ceiling. A crashed runtime is restarted after a back-off
-  (a supervisor's restart policy).
+  (a supervisor's restart policy). What a compose file of one container per model does.
 - ``static``: a fixed slice per service sized for its worst case (resident with the KV
   pool at its ceiling + concurrency x the largest request). Slices are granted in class
   order, then config order, while they fit; services left out are never loaded and
-  their requests are refused.
+  their requests are refused. What per-process memory caps do (vLLM's
+  ``--gpu-memory-utilization``, llama.cpp's fixed context) when sized for the worst case.
 - ``ollama+containers``: Ollama's scheduler (one FIFO, one load at a time, keep-alive,
   ``OLLAMA_MAX_LOADED_MODELS`` over its own models) for the chat, completion and
   embeddings services; every other service its own always-on process beside it.
