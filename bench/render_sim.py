@@ -161,6 +161,11 @@ def render_sensitivity() -> str:
     return "\n\n".join(parts)
 
 
+def _margin(mine: float, best: float, who: str) -> str:
+    points = round(100.0 * (mine - best), 1) + 0.0  # + 0.0: no "-0.0"
+    return f"{points:+.1f} pts vs `{who}`"
+
+
 def render_margins() -> str:
     header = ("scenario", *CLASSES, "voice e2e")
     body = []
@@ -178,7 +183,7 @@ def render_margins() -> str:
                 cells.append("-")
                 continue
             best_v, best_b = max(present, key=lambda vb: vb[0])
-            cells.append(f"{100 * (mine - best_v):+.1f} pts vs `{best_b}`")
+            cells.append(_margin(mine, best_v, best_b))
         voice = [
             (next(iter((results[b].get("chains") or {}).values()), {}).get("slo_attainment"), b)
             for b in baselines
@@ -189,7 +194,7 @@ def render_margins() -> str:
             cells.append("-")
         else:
             best_v, best_b = max(present_voice, key=lambda vb: vb[0])
-            cells.append(f"{100 * (mine_voice - best_v):+.1f} pts vs `{best_b}`")
+            cells.append(_margin(mine_voice, best_v, best_b))
         body.append(cells)
     return _table(header, body)
 
