@@ -6,7 +6,6 @@ import json
 import re
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -36,32 +35,9 @@ def test_an_unknown_block_is_reported() -> None:
 
 
 HEX40 = re.compile(r"[0-9a-f]{40}")
-#: Results written before their benchmark recorded its run; bench/bench_sim.py rewrites
-#: them with ``meta``. Strict: once one records its run, it must leave this list.
-WITHOUT_META_YET = frozenset(
-    {
-        "sim-burst.json",
-        "sim-home-evening.json",
-        "sim-shared-memory-host.json",
-        "sim-small-gpu.json",
-    }
-)
 
 
-def _result_files() -> list[Any]:
-    return [
-        pytest.param(
-            path,
-            id=path.name,
-            marks=[pytest.mark.xfail(strict=True, reason="written before meta was recorded")]
-            if path.name in WITHOUT_META_YET
-            else [],
-        )
-        for path in sorted(docgen.RESULTS.glob("*.json"))
-    ]
-
-
-@pytest.mark.parametrize("path", _result_files())
+@pytest.mark.parametrize("path", sorted(docgen.RESULTS.glob("*.json")), ids=lambda p: p.name)
 def test_every_result_records_its_commit_date_and_machine(path: Path) -> None:
     data = json.loads(path.read_text(encoding="utf-8"))
     meta = data.get("meta", {})

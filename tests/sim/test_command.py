@@ -43,7 +43,38 @@ def test_missing_trace_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str
 
 def test_unknown_policy_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["simulate", str(_tiny_file(tmp_path)), "--policies", "nope"]) == 2
-    assert "unknown policy nope" in capsys.readouterr().err
+    assert "unknown policy 'nope'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("variant", "message"),
+    [
+        ("ollama+containers[max_loaded_models=0]", "max_loaded_models"),
+        ("ollama+containers[bogus=1]", "bogus"),
+        ("static[x=1]", "has no settings to vary"),
+        ("llama-swap[layout=custom]", "layout custom needs groups"),
+        ("ollama+containers[num_parallel=4", "expected NAME[key=value"),
+    ],
+)
+def test_bad_variant_exits_2_naming_the_problem(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], variant: str, message: str
+) -> None:
+    assert main(["simulate", str(_tiny_file(tmp_path)), "--policies", variant]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_variants_run_under_their_own_names(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "r.json"
+    variants = "ollama+containers[max_loaded_models=7,num_parallel=4],llama-swap[layout=no-groups]"
+    args = ["simulate", str(_tiny_file(tmp_path)), "--policies", variants, "--seeds", "1"]
+    assert main([*args, "--device-gib", "8", "--workers", "1", "--json", str(out)]) == 0
+    results = json.loads(out.read_text(encoding="utf-8"))["results"]
+    assert set(results) == {
+        "ollama+containers[max_loaded_models=7,num_parallel=4]",
+        "llama-swap[layout=no-groups]",
+    }
 
 
 def test_table_and_json_shape(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -71,11 +102,18 @@ def test_table_and_json_shape(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     )
     assert code == 0
     table = capsys.readouterr().out
-    for name in ("accelmux", "independent", "static", "ollama-like", "swap", "oracle"):
+    for name in ("accelmux", "independent", "static", "ollama+containers", "llama-swap", "oracle"):
         assert name in table
     report = json.loads(out.read_text(encoding="utf-8"))
     results = report["results"]
-    assert set(results) == {"accelmux", "independent", "static", "ollama-like", "swap", "oracle"}
+    assert set(results) == {
+        "accelmux",
+        "independent",
+        "static",
+        "ollama+containers",
+        "llama-swap",
+        "oracle",
+    }
     for row in results.values():
         assert isinstance(row["oom_events"], int | float)
         assert "batch_done_in_window" in row

@@ -72,11 +72,11 @@ def test_other_seed_gives_another_run(tmp_path: Path) -> None:
 def test_all_policies_see_the_same_workload(tmp_path: Path) -> None:
     scn = scenario(tmp_path)
     arrivals = {}
-    for policy in ("accelmux", "oracle", "swap"):
+    for policy in ("accelmux", "oracle", "llama-swap"):
         out = Simulation(scn, policy, 3, duration_s=300).run()
         arrivals[policy] = [
             (round(r.arrived_at, 9), r.service, r.demand, r.truth)
             for r in out.requests.values()
             if r.service in ("chat", "image")
         ]
-    assert arrivals["accelmux"] == arrivals["oracle"] == arrivals["swap"]
+    assert arrivals["accelmux"] == arrivals["oracle"] == arrivals["llama-swap"]

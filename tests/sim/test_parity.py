@@ -19,8 +19,8 @@ def test_replaying_the_event_log_reproduces_the_decision_log(tmp_path: Path) -> 
 
 def test_decision_log_is_deterministic_and_json_ready(tmp_path: Path) -> None:
     scn = scenario(tmp_path)
-    first = decision_log(scn, 5, policy="ollama-like", duration_s=200)
-    second = decision_log(scn, 5, policy="ollama-like", duration_s=200)
+    first = decision_log(scn, 5, policy="ollama+containers", duration_s=200)
+    second = decision_log(scn, 5, policy="ollama+containers", duration_s=200)
     assert first == second
     row = first[0]
     assert {"t", "action", "service", "reason"} <= set(row)

@@ -118,6 +118,7 @@ def _resolve(path: str, base_dir: Path | None) -> Path:
 
 def semantic_problems(cfg: AccelmuxConfig, base_dir: Path | None = None) -> list[str]:
     """Cross-field checks pydantic cannot express field by field."""
+    from accelmux.config.baselines import group_problems
     from accelmux.core.policies import policy_names
 
     problems: list[str] = []
@@ -212,6 +213,7 @@ def semantic_problems(cfg: AccelmuxConfig, base_dir: Path | None = None) -> list
             ports[svc.backend.port] = where
 
     problems += wyoming_problems(cfg)
+    problems += group_problems(cfg.policy, list(cfg.services))
     if cfg.policy.name not in policy_names():
         problems.append(
             f"policy.name: unknown policy (got {cfg.policy.name!r}; known: "

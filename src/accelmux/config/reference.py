@@ -19,6 +19,7 @@ from accelmux.config.backends import (
     FakeBackendConfig,
     InProcessBackendConfig,
 )
+from accelmux.config.baselines import LlamaSwapConfig, LlamaSwapGroupConfig, OllamaConfig
 from accelmux.config.schema import (
     AccelmuxConfig,
     DeviceConfig,
@@ -43,6 +44,9 @@ SECTIONS: tuple[tuple[str, str, type[BaseModel]], ...] = (
     ("Backend: inprocess (shared inference host)", "services.NAME.backend", InProcessBackendConfig),
     ("Backend: fake (test double)", "services.NAME.backend", FakeBackendConfig),
     ("Policy", "policy", PolicyConfig),
+    ("Baseline: ollama+containers", "policy.ollama", OllamaConfig),
+    ("Baseline: llama-swap", "policy.llama_swap", LlamaSwapConfig),
+    ("Baseline: llama-swap group", "policy.llama_swap.groups[]", LlamaSwapGroupConfig),
     ("Server", "server", ServerConfig),
     ("Server: Wyoming (Home Assistant voice)", "server.wyoming", WyomingConfig),
 )
@@ -88,6 +92,11 @@ def _type_name(annotation: Any) -> str:
 
 def _default(field: FieldInfo) -> str:
     if field.default_factory is not None:
+        made = field.default_factory()  # type: ignore[call-arg]
+        if isinstance(made, BaseModel):
+            return "(its defaults)"
+        if isinstance(made, list) and made:
+            return "`[" + ", ".join(str(getattr(m, "value", m)) for m in made) + "]`"
         return "(empty)"
     value = field.default
     if value is PydanticUndefined:

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ByteSize, ConfigDict, Field, field_validator
 
 from accelmux.config.backends import BackendConfig
+from accelmux.config.baselines import LlamaSwapConfig, OllamaConfig
 from accelmux.config.server import ServerConfig
 from accelmux.core.specs import DAY_S, Window
 from accelmux.core.types import Residency, ServiceClass, ServiceKind
@@ -135,7 +136,11 @@ class ServiceConfig(StrictModel):
 
 
 class PolicyConfig(StrictModel):
-    name: str = Field("accelmux", description="accelmux or a baseline (simulator).")
+    name: str = Field(
+        "accelmux",
+        description="accelmux, or for the simulator a baseline: independent, static, "
+        "ollama+containers, llama-swap, oracle.",
+    )
     safety_factor: float = Field(
         1.2, ge=1.0, le=10.0, description="Multiplier on estimates until calibrated."
     )
@@ -166,6 +171,12 @@ class PolicyConfig(StrictModel):
         "this long (the next step of a voice chain follows within it).",
     )
     prewarm: bool = Field(True, description="Reload likely-reused services into spare memory.")
+    ollama: OllamaConfig = Field(
+        default_factory=OllamaConfig, description="The ollama+containers baseline's settings."
+    )
+    llama_swap: LlamaSwapConfig = Field(
+        default_factory=LlamaSwapConfig, description="The llama-swap baseline's settings."
+    )
 
 
 class AccelmuxConfig(StrictModel):

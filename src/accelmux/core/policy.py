@@ -14,7 +14,8 @@ from accelmux.core.state import World
 
 
 class Policy(Protocol):
-    #: Short name used in reports ("accelmux", "ollama-like", ...).
+    #: Short name used in reports ("accelmux", "llama-swap", or a variant such as
+    #: "ollama+containers[max_loaded_models=7]").
     name: str
     #: True when the simulator should give this policy infinite memory (the oracle).
     infinite_memory: bool

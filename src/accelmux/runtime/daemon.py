@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 from accelmux import __version__
 from accelmux.backends.base import Backend
+from accelmux.config.baselines import build_policy
 from accelmux.config.schema import AccelmuxConfig
 from accelmux.config.specs import to_manager_spec
 from accelmux.core.actions import (
@@ -49,7 +50,6 @@ from accelmux.core.events import (
     Unloaded,
 )
 from accelmux.core.manager import Decision, Manager
-from accelmux.core.policies import make_policy
 from accelmux.core.types import Reason
 from accelmux.errors import BackendError, BackendTimeoutError, ConfigError
 from accelmux.gateway.metrics import Metrics
@@ -137,7 +137,7 @@ class Runtime:
         spec = to_manager_spec(
             cfg, capacities=capacities, budgets=budgets, clock_origin_s_of_day=origin
         )
-        self.manager = Manager(spec, make_policy(cfg.policy.name))
+        self.manager = Manager(spec, build_policy(cfg.policy.name, cfg.policy))
         if backends is None:
             from accelmux.backends.factory import build_backends
 

@@ -17,7 +17,11 @@ def register(sub: Any) -> None:
         "policy and seed; print a comparison table and optionally write JSON.",
     )
     p.add_argument("scenario", help="scenario YAML file (see scenarios/)")
-    p.add_argument("--policies", help="comma-separated policies (default: all)")
+    p.add_argument(
+        "--policies",
+        help="comma-separated policies or variants, e.g. "
+        "'accelmux,ollama+containers[max_loaded_models=7,num_parallel=4]' (default: all)",
+    )
     p.add_argument("--seeds", type=int, help="number of seeds (default: the scenario's)")
     p.add_argument(
         "--device-gib", help="comma-separated device sizes to sweep (default: the scenario's)"
@@ -41,7 +45,7 @@ def _floats(text: str | None, what: str) -> list[float] | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from accelmux.core.policies import policy_names
+    from accelmux.config.baselines import apply_variant, split_policies
     from accelmux.errors import ConfigError
     from accelmux.sim.report import header, text_table
     from accelmux.sim.runner import simulate
@@ -69,15 +73,13 @@ def run(args: argparse.Namespace) -> int:
         return 2
     policies = None
     if args.policies:
-        policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-        unknown = [p for p in policies if p not in policy_names()]
-        if unknown:
-            known = ", ".join(sorted(policy_names()))
-            print(
-                f"accelmux simulate: unknown policy {', '.join(unknown)} (known: {known})",
-                file=sys.stderr,
-            )
-            return 2
+        policies = split_policies(args.policies)
+        for text in policies:
+            try:
+                apply_variant(text, scn.config.policy)
+            except ValueError as exc:
+                print(f"accelmux simulate: {exc}", file=sys.stderr)
+                return 2
     if args.seeds is not None and args.seeds < 1:
         print("accelmux simulate: --seeds must be >= 1", file=sys.stderr)
         return 2

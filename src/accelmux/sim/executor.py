@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from accelmux.config.baselines import build_policy
 from accelmux.core.actions import (
     Action,
     Dispatch,
@@ -50,7 +51,6 @@ from accelmux.core.events import (
     Unloaded,
 )
 from accelmux.core.manager import Decision, Manager
-from accelmux.core.policies import make_policy
 from accelmux.core.profiles import estimate_request
 from accelmux.core.specs import ServiceSpec
 from accelmux.core.types import ServiceClass
@@ -140,7 +140,7 @@ class Simulation:
         self.seed = seed
         self.duration = float(duration_s if duration_s is not None else self.sim_cfg.duration_s)
         self.spec = scenario.manager_spec(capacity_gib)
-        self.policy = make_policy(policy)
+        self.policy = build_policy(policy, cfg.policy)
         self.manager = Manager(self.spec, self.policy)
         self.clock = SimClock()
         self.heap = EventHeap(self.clock)

@@ -15,7 +15,14 @@ from accelmux.sim.executor import Simulation
 from accelmux.sim.metrics import summarize
 from accelmux.sim.scenario import Scenario, load_scenario
 
-DEFAULT_POLICIES = ("accelmux", "independent", "static", "ollama-like", "swap", "oracle")
+DEFAULT_POLICIES = (
+    "accelmux",
+    "independent",
+    "static",
+    "ollama+containers",
+    "llama-swap",
+    "oracle",
+)
 TARGET_CLASSES = ("realtime", "interactive")
 
 

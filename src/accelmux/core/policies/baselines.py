@@ -8,17 +8,17 @@ simulator's physical model decides whether a peak crosses the device (an OOM).
 - ``independent``: every service loads at start in its own runtime and never unloads;
   each serves its own FIFO queue up to its concurrency. No reservation per request, the
   LLM KV pool sized at its ceiling. A crashed runtime is restarted after a back-off
-  (a supervisor's restart policy).
+  (a supervisor's restart policy). What a compose file of one container per model does.
 - ``static``: a fixed slice per service sized for its worst case (resident with the KV
   pool at its ceiling + concurrency x the largest request). Slices are granted in class
   order, then config order, while they fit; services left out are never loaded and
-  their requests are refused.
-- ``ollama-like``: one bounded FIFO (512) with head-of-line blocking while a model
-  loads or another is evicted for it; a model loads when its size fits under 80% of the
-  free memory, else idle models are evicted, shortest remaining keep-alive first;
-  keep-alive 5 minutes; at most 3 models loaded; no priorities, no reservation.
-- ``swap``: llama-swap-like: one service holds the device at a time; strict FIFO; the
-  head request's service is swapped in when the current one drains; optional TTL.
+  their requests are refused. What per-process memory caps do (vLLM's
+  ``--gpu-memory-utilization``, llama.cpp's fixed context) when sized for the worst case.
+- ``ollama+containers``: Ollama's scheduler (one FIFO, one load at a time, keep-alive,
+  ``OLLAMA_MAX_LOADED_MODELS`` over its own models) for the chat, completion and
+  embeddings services; every other service its own always-on process beside it.
+- ``llama-swap``: llama-swap's groups (the pinned services in a persistent group, the
+  rest it proxies in one swap group), TTL per service; detection beside it.
 - ``oracle``: infinite memory (the simulator gives it an unbounded device), everything
   loaded at start and kept warm, each service FIFO up to its concurrency.
 """
@@ -27,10 +27,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from accelmux.core.policy import Policy
+from accelmux.core.specs import ServiceSpec
 from accelmux.core.state import RequestState, ServiceState, World
-from accelmux.core.types import Reason, ServiceKind, ServiceStatus
+from accelmux.core.types import Reason, Residency, ServiceKind, ServiceStatus
 
 #: Largest request the ``static`` policy sizes a slot for, in the kind's units
 #: (megapixels for image and detection, seconds of audio for ASR, characters for TTS,
@@ -46,10 +48,95 @@ WORST_CASE_UNITS: dict[ServiceKind, float] = {
     ServiceKind.COMPLETION: 0.0,
 }
 
-OLLAMA_MAX_QUEUE = 512
-OLLAMA_MAX_LOADED = 3
-OLLAMA_KEEP_ALIVE_S = 300.0
-OLLAMA_FIT_FRACTION = 0.8
+#: What an Ollama server hosts: its API serves chat, completion and embedding models
+#: (``server/routes.go``: /api/chat, /api/generate, /api/embed and the OpenAI-compatible
+#: /v1/chat/completions, /v1/completions, /v1/embeddings). Speech, images and detection
+#: run beside it as their own processes.
+OLLAMA_KINDS = frozenset({ServiceKind.CHAT, ServiceKind.COMPLETION, ServiceKind.EMBEDDINGS})
+#: What llama-swap can put behind its proxy: any OpenAI-compatible server (llama-server,
+#: whisper.cpp's server for /v1/audio/transcriptions, a TTS server for /v1/audio/speech,
+#: stable-diffusion.cpp's server for images). Camera object detection (Frigate-style)
+#: has no such endpoint and runs as its own process.
+LLAMA_SWAP_KINDS = frozenset(ServiceKind) - {ServiceKind.DETECT, ServiceKind.CAMERA}
+
+
+def _check(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(message)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OllamaSettings:
+    """Ollama's knobs (``envconfig/config.go``), defaults as Ollama ships them except
+    ``pinned_forever`` (a user who pins a model sets its ``keep_alive`` to -1)."""
+
+    hosted_kinds: frozenset[ServiceKind] = OLLAMA_KINDS
+    #: ``OLLAMA_MAX_LOADED_MODELS`` per device (3 per GPU by default); None: no cap.
+    max_loaded_models: int | None = 3
+    #: ``OLLAMA_NUM_PARALLEL``: requests one model runs at once (default 1).
+    num_parallel: int = 1
+    #: ``OLLAMA_KEEP_ALIVE``: idle seconds before a model unloads (default 5 minutes).
+    keep_alive_s: float = 300.0
+    #: ``keep_alive: -1`` for the services the config pins.
+    pinned_forever: bool = True
+    #: ``OLLAMA_GPU_OVERHEAD``: bytes per GPU left out of Ollama's fit check (default 0).
+    gpu_overhead_bytes: int = 0
+    #: ``OLLAMA_MAX_QUEUE``: pending requests beyond which new ones are refused (512).
+    max_queue: int = 512
+
+    def __post_init__(self) -> None:
+        _check(self.max_loaded_models is None or self.max_loaded_models >= 1, "max_loaded >= 1")
+        _check(self.num_parallel >= 1, "num_parallel must be >= 1")
+        _check(self.keep_alive_s >= 0, "keep_alive_s must be >= 0")
+        _check(self.gpu_overhead_bytes >= 0, "gpu_overhead_bytes must be >= 0")
+        _check(self.max_queue >= 1, "max_queue must be >= 1")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SwapGroup:
+    """One llama-swap group (``groups:`` in its config)."""
+
+    name: str
+    #: Service names, ``*``, or ``residency:``/``class:``/``kind:`` VALUE selectors.
+    members: tuple[str, ...]
+    swap: bool = True
+    exclusive: bool = True
+    persistent: bool = False
+
+
+#: The layout llama-swap's README recommends for always-on models: the pinned (voice)
+#: services in a persistent group that never swaps, everything else in one swap group.
+PINNED_PERSISTENT = (
+    SwapGroup(
+        name="always-on",
+        members=("residency:pinned",),
+        swap=False,
+        exclusive=False,
+        persistent=True,
+    ),
+    SwapGroup(name="on-demand", members=("*",), swap=True, exclusive=False),
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LlamaSwapSettings:
+    """llama-swap's knobs: what it proxies, its groups, TTLs and startup preload."""
+
+    hosted_kinds: frozenset[ServiceKind] = LLAMA_SWAP_KINDS
+    #: Groups in order (a service joins the first that matches); () = no groups.
+    groups: tuple[SwapGroup, ...] = PINNED_PERSISTENT
+    #: Unload a model idle for its service's ``ttl_s`` (llama-swap's per-model ``ttl``).
+    use_ttl: bool = True
+    #: Start the persistent groups' models with the server (``hooks.on_startup.preload``).
+    preload_persistent: bool = True
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BaselineSettings:
+    """The knobs of every configurable baseline (the config's ``policy:`` section)."""
+
+    ollama: OllamaSettings = field(default_factory=OllamaSettings)
+    llama_swap: LlamaSwapSettings = field(default_factory=LlamaSwapSettings)
 
 
 def _fifo(world: World) -> list[RequestState]:
@@ -151,6 +238,29 @@ def _dispatch_or_wait(
     return False
 
 
+def _serve_own_queues(
+    world: World,
+    requests: list[RequestState],
+    seen: set[str],
+    *,
+    reason: Reason,
+    projected: bool,
+) -> None:
+    """Each service serves its own FIFO on its own runtime, uncoordinated."""
+    counts: dict[str, int] = {}
+    for req in requests:
+        svc = world.services[req.service]
+        if _too_large_for_pool(world, req):
+            continue
+        if not _admit(world, req, svc, seen, counts):
+            continue
+        active = world.projected_active(req) if projected else 0
+        if _dispatch_or_wait(
+            world, req, svc, reason=reason, active_bytes=active, busy="all slots busy"
+        ):
+            counts[svc.name] -= 1
+
+
 class _WarmPerServicePolicy:
     """Everything loaded at start; each service serves its own FIFO, uncoordinated."""
 
@@ -171,23 +281,9 @@ class _WarmPerServicePolicy:
     def decide(self, world: World, now: float) -> None:
         for svc in world.services.values():
             _restart_crashed(world, svc)
-        counts: dict[str, int] = {}
-        for req in _fifo(world):
-            svc = world.services[req.service]
-            if _too_large_for_pool(world, req):
-                continue
-            if not _admit(world, req, svc, self._seen, counts):
-                continue
-            active = world.projected_active(req) if self.projected else 0
-            if _dispatch_or_wait(
-                world,
-                req,
-                svc,
-                reason=self.dispatch_reason,
-                active_bytes=active,
-                busy="all slots busy",
-            ):
-                counts[svc.name] -= 1
+        _serve_own_queues(
+            world, _fifo(world), self._seen, reason=self.dispatch_reason, projected=self.projected
+        )
 
     def next_wakeup(self, world: World, now: float) -> float | None:
         return _backoff_wakeup(world, now)
@@ -275,37 +371,124 @@ class StaticPolicy:
         return _backoff_wakeup(world, now)
 
 
-class OllamaLikePolicy:
-    """One FIFO, keep-alive 5 min, at most 3 models, evict idle shortest keep-alive first."""
+# ---- The proxies: Ollama and llama-swap, with what they do not host beside them ----------
 
-    name = "ollama-like"
+
+def _split_hosted(
+    world: World, hosts: Callable[[ServiceState], bool]
+) -> tuple[list[RequestState], list[RequestState]]:
+    """The FIFO split into requests for hosted services and for the others."""
+    hosted: list[RequestState] = []
+    others: list[RequestState] = []
+    for req in _fifo(world):
+        (hosted if hosts(world.services[req.service]) else others).append(req)
+    return hosted, others
+
+
+class _Containers:
+    """The services a proxy does not host: each its own always-on process, uncoordinated.
+
+    This is how such a home server runs them (a Whisper or Piper container, ComfyUI,
+    Frigate): started with the server, restarted by the supervisor after a crash, each
+    serving its own FIFO up to its concurrency, with nobody watching the device's memory
+    (the same rules as ``independent``).
+    """
+
+    def __init__(self, beside: str) -> None:
+        self.beside = beside
+        self._seen: set[str] = set()
+
+    def start(self, world: World, hosts: Callable[[ServiceState], bool]) -> None:
+        for svc in world.services.values():
+            if not hosts(svc):
+                _load_whole(
+                    world, svc, reason=Reason.PRELOAD, detail=f"own process beside {self.beside}"
+                )
+
+    def decide(
+        self, world: World, requests: list[RequestState], hosts: Callable[[ServiceState], bool]
+    ) -> None:
+        for svc in world.services.values():
+            if not hosts(svc):
+                _restart_crashed(world, svc)
+        _serve_own_queues(world, requests, self._seen, reason=Reason.UNCOORDINATED, projected=False)
+
+    @staticmethod
+    def next_wakeup(world: World, now: float, hosts: Callable[[ServiceState], bool]) -> list[float]:
+        return [
+            s.backoff_until
+            for s in world.services.values()
+            if not hosts(s) and s.status is ServiceStatus.CRASHED and s.backoff_until > now
+        ]
+
+
+class OllamaContainersPolicy:
+    """Ollama's scheduler for the models Ollama hosts; everything else its own process.
+
+    Rules, from Ollama's ``server/sched.go`` and ``envconfig/config.go``:
+
+    - One scheduler for all hosted models: pending requests are handled in arrival order
+      (a FIFO bounded by ``OLLAMA_MAX_QUEUE``, 512; beyond it a request is refused), one
+      model load at a time; a request behind one waiting for a load or an eviction waits.
+    - A model loads when its estimate (weights, runtime, KV cache) fits in the device's
+      free memory (what the driver reports: other processes included) less
+      ``OLLAMA_GPU_OVERHEAD``, and fewer than ``OLLAMA_MAX_LOADED_MODELS`` (3 per GPU by
+      default) of Ollama's own models are loaded. Otherwise an idle model is unloaded,
+      the one with the shortest keep-alive first (``findRunnerToUnload`` sorts by session
+      duration, then name); with nothing of its own left loaded it loads anyway (Ollama
+      then offloads layers to the CPU; here the model is loaded whole and the physical
+      model decides).
+    - Each model runs ``OLLAMA_NUM_PARALLEL`` requests at once (default 1).
+    - An idle model unloads after ``keep_alive`` (5 minutes by default); ``-1`` keeps it
+      loaded for good: what a user sets for the models the scenario pins. A model kept
+      forever is still unloaded to make room when nothing else can be (sorted last).
+    - No priorities and no memory reservation per request.
+    """
+
+    name = "ollama+containers"
     infinite_memory = False
     enforces_budget = False
 
-    def __init__(self) -> None:
+    def __init__(self, settings: OllamaSettings | None = None) -> None:
+        self.settings = settings or OllamaSettings()
         self._seen: set[str] = set()
+        self._containers = _Containers("Ollama")
+
+    def hosts(self, svc: ServiceState) -> bool:
+        return svc.spec.kind in self.settings.hosted_kinds
+
+    def keep_alive(self, svc: ServiceState) -> float:
+        if self.settings.pinned_forever and svc.spec.residency is Residency.PINNED:
+            return math.inf
+        return self.settings.keep_alive_s
 
     def start(self, world: World, now: float) -> None:
-        return None
+        self._containers.start(world, self.hosts)
 
-    @staticmethod
-    def _free(world: World, device: str) -> int:
+    def _free(self, world: World, device: str) -> int:
         dev = world.devices[device]
-        return dev.budget_bytes - world.ledger.foreign(device) - world.ledger.committed(device)
+        used = world.ledger.foreign(device) + world.ledger.committed(device)
+        return dev.capacity_bytes - used - self.settings.gpu_overhead_bytes
 
     def decide(self, world: World, now: float) -> None:
+        hosted, others = _split_hosted(world, self.hosts)
+        self._containers.decide(world, others, self.hosts)
         for svc in world.services.values():
             if (
-                svc.status is ServiceStatus.LOADED
+                self.hosts(svc)
+                and svc.status is ServiceStatus.LOADED
                 and svc.idle
                 and svc.waiting_count == 0
-                and now - svc.last_used >= OLLAMA_KEEP_ALIVE_S
+                and now - svc.last_used >= self.keep_alive(svc)
             ):
-                world.unload(svc, reason=Reason.TTL_EXPIRED, detail="keep-alive expired")
+                world.unload(svc, reason=Reason.TTL_EXPIRED, detail="keep_alive expired")
+        self._schedule(world, hosted)
+
+    def _schedule(self, world: World, queue: list[RequestState]) -> None:
         blocked = False
         count = 0
-        for req in _fifo(world):
-            if _queue_full(world, req, self._seen, OLLAMA_MAX_QUEUE, count):
+        for req in queue:
+            if _queue_full(world, req, self._seen, self.settings.max_queue, count):
                 continue
             count += 1
             svc = world.services[req.service]
@@ -316,127 +499,264 @@ class OllamaLikePolicy:
                 world.enqueue(req, reason=Reason.LOADING, detail="behind a model load")
                 continue
             if svc.status is ServiceStatus.LOADED:
-                if len(svc.inflight) >= svc.spec.concurrency:
-                    world.enqueue(req, reason=Reason.CONCURRENCY_LIMIT, detail="runner busy")
+                if len(svc.inflight) >= self.settings.num_parallel:
+                    world.enqueue(
+                        req, reason=Reason.CONCURRENCY_LIMIT, detail="OLLAMA_NUM_PARALLEL busy"
+                    )
                 elif world.dispatch(
                     req, reason=Reason.UNCOORDINATED, active_bytes=0, enforce=False
                 ):
                     count -= 1
                 else:
-                    world.enqueue(req, reason=Reason.NO_MEMORY, detail="KV pool full")
+                    world.enqueue(req, reason=Reason.NO_MEMORY, detail="KV cache full")
             elif svc.status is ServiceStatus.LOADING:
                 world.enqueue(req, reason=Reason.LOADING, detail="model loading")
             elif svc.status is ServiceStatus.UNLOADING:
                 world.enqueue(req, reason=Reason.LOADING, detail="model unloading")
                 blocked = True
+            elif svc.status is ServiceStatus.CRASHED and world.now < svc.backoff_until:
+                world.enqueue(req, reason=Reason.BACKOFF, detail="runner exited")
+                blocked = True
             else:
                 blocked = not self._load_for(world, req, svc)
 
     def _load_for(self, world: World, req: RequestState, svc: ServiceState) -> bool:
-        """Load ``svc`` now if it fits (True); else evict idle models and block (False)."""
+        """Load ``svc`` now if it may (True); else evict idle models and wait (False)."""
+        own = [s for s in world.services.values() if self.hosts(s)]
+        if any(s.status is ServiceStatus.LOADING for s in own):
+            world.enqueue(req, reason=Reason.LOADING, detail="one model load at a time")
+            return False
         dev = svc.spec.device
+        cap = self.settings.max_loaded_models
         need = _resident_whole(svc)
-        holders = [s for s in world.services_by_device[dev] if s.holds_memory]
-        # With nothing left to evict it loads anyway (Ollama then offloads layers to
-        # the CPU; here the model is loaded whole and the physical model decides).
-        if not holders or (
-            len(holders) < OLLAMA_MAX_LOADED
-            and need <= OLLAMA_FIT_FRACTION * self._free(world, dev)
-        ):
+        loaded = [s for s in own if s.spec.device == dev and s.holds_memory]
+        free = self._free(world, dev)
+        if not loaded or ((cap is None or len(loaded) < cap) and need <= free):
             _load_whole(world, svc, reason=Reason.DEMAND, detail=f"for {req.request_id}")
             world.enqueue(req, reason=Reason.LOADING, detail="cold start")
             return True
-        if any(s.status is ServiceStatus.UNLOADING for s in holders):
+        if any(s.status is ServiceStatus.UNLOADING for s in loaded):
             world.enqueue(req, reason=Reason.NO_MEMORY, detail="waiting for an unload")
             return False
-        # Ollama counts a runner idle when nothing runs on it: requests queued behind the
-        # head of line do not pin it (they could not run before the head anyway).
-        idle = [s for s in holders if s.status is ServiceStatus.LOADED and s.idle]
-        idle.sort(key=lambda s: (s.last_used + OLLAMA_KEEP_ALIVE_S, s.name))
-        free = self._free(world, dev)
-        loaded = len(holders)
+        idle = [s for s in loaded if s.status is ServiceStatus.LOADED and s.idle]
+        idle.sort(key=lambda s: (self.keep_alive(s), s.name))
+        count = len(loaded)
         for victim in idle:
-            if loaded < OLLAMA_MAX_LOADED and need <= OLLAMA_FIT_FRACTION * free:
+            if (cap is None or count < cap) and need <= free:
                 break
             world.unload(victim, reason=Reason.EVICTED_FOR_MEMORY, detail=f"for {svc.name}")
             free += victim.resident_bytes
-            loaded -= 1
+            count -= 1
         world.enqueue(req, reason=Reason.NO_MEMORY, detail="waiting for room")
         return False
 
     def next_wakeup(self, world: World, now: float) -> float | None:
         times = [
-            s.last_used + OLLAMA_KEEP_ALIVE_S
+            s.last_used + self.keep_alive(s)
             for s in world.services.values()
-            if s.status is ServiceStatus.LOADED and s.idle
+            if self.hosts(s) and s.status is ServiceStatus.LOADED and s.idle
         ]
-        return _earliest_after(times, now)
+        times += [
+            s.backoff_until
+            for s in world.services.values()
+            if self.hosts(s) and s.status is ServiceStatus.CRASHED
+        ]
+        times += self._containers.next_wakeup(world, now, self.hosts)
+        return _earliest_after([t for t in times if math.isfinite(t)], now)
 
 
-class SwapPolicy:
-    """llama-swap-like: one service resident at a time, strict FIFO, optional TTL."""
+#: llama-swap's implicit group of every model in no group (``proxy/config.go``: swap and
+#: exclusive both true).
+DEFAULT_SWAP_GROUP = SwapGroup(name="(default)", members=(), swap=True, exclusive=True)
 
-    name = "swap"
+
+def member_matches(selector: str, spec: ServiceSpec) -> bool:
+    """A group member: a service name, ``*``, or ``residency:``/``class:``/``kind:`` VALUE."""
+    if selector == "*":
+        return True
+    key, sep, value = selector.partition(":")
+    if not sep:
+        return spec.name == selector
+    if key == "residency":
+        return spec.residency.value == value
+    if key == "class":
+        return spec.cls.label == value
+    if key == "kind":
+        return spec.kind.value == value
+    return False
+
+
+def resolve_groups(
+    services: list[ServiceSpec], groups: tuple[SwapGroup, ...]
+) -> dict[str, SwapGroup]:
+    """Each service -> its group: the first whose members match it, else the default group."""
+    out: dict[str, SwapGroup] = {}
+    for spec in services:
+        out[spec.name] = next(
+            (g for g in groups if any(member_matches(m, spec) for m in g.members)),
+            DEFAULT_SWAP_GROUP,
+        )
+    return out
+
+
+class LlamaSwapPolicy:
+    """llama-swap with groups as its README recommends; other services run beside it.
+
+    Rules, from llama-swap's README, ``config.example.yaml`` and ``proxy/`` (process
+    groups):
+
+    - Each model belongs to one group; models in no group form the default group
+      (``swap: true, exclusive: true``).
+    - ``swap: true``: one model of the group runs at a time. The group serves requests
+      in arrival order; a request for another model waits until the running model's
+      requests finish, then that model is stopped and the requested one started.
+      ``swap: false``: every member may run at once, each started on its first request.
+    - ``exclusive: true``: starting a model stops the models of every other group that
+      is not ``persistent`` (after their requests finish).
+    - ``persistent: true``: other groups never stop this group's models; with
+      ``hooks.on_startup.preload`` they start with the server.
+    - ``ttl``: a model idle this long stops (0: never). Here each service's own
+      ``ttl_s``; never for pinned services.
+    - No memory accounting and no request queue limit: a request waits until its
+      client gives up (the deadline). Each model runs its own concurrency (llama-server
+      ``-np``).
+
+    The default layout is the README's: the pinned (voice) services in a persistent,
+    non-swapping group and everything else llama-swap proxies in one swap group.
+    """
+
+    name = "llama-swap"
     infinite_memory = False
     enforces_budget = False
 
-    def __init__(self, *, use_ttl: bool = True) -> None:
-        self._seen: set[str] = set()
-        self.use_ttl = use_ttl
+    def __init__(self, settings: LlamaSwapSettings | None = None) -> None:
+        self.settings = settings or LlamaSwapSettings()
+        self.group_of: dict[str, SwapGroup] = {}
+        self._containers = _Containers("llama-swap")
+
+    def hosts(self, svc: ServiceState) -> bool:
+        return svc.spec.kind in self.settings.hosted_kinds
+
+    def ttl(self, svc: ServiceState) -> float:
+        if not self.settings.use_ttl or svc.spec.residency is Residency.PINNED:
+            return 0.0
+        return svc.spec.ttl_s
+
+    def _groups(self, world: World) -> dict[str, SwapGroup]:
+        if not self.group_of:
+            hosted = [s.spec for s in world.services.values() if self.hosts(s)]
+            self.group_of = resolve_groups(hosted, self.settings.groups)
+        return self.group_of
 
     def start(self, world: World, now: float) -> None:
-        return None
+        self._containers.start(world, self.hosts)
+        for name, group in self._groups(world).items():
+            if group.persistent and self.settings.preload_persistent:
+                svc = world.services[name]
+                _load_whole(world, svc, reason=Reason.PRELOAD, detail="hooks.on_startup.preload")
 
     def decide(self, world: World, now: float) -> None:
-        queue = _fifo(world)
-        counts: dict[str, int] = {}
-        live: list[RequestState] = []
-        for req in queue:
-            svc = world.services[req.service]
-            if _too_large_for_pool(world, req):
+        group_of = self._groups(world)
+        hosted, others = _split_hosted(world, self.hosts)
+        self._containers.decide(world, others, self.hosts)
+        by_group: dict[str, list[RequestState]] = {}
+        for req in hosted:
+            if not _too_large_for_pool(world, req):
+                by_group.setdefault(group_of[req.service].name, []).append(req)
+        groups = {g.name: g for g in group_of.values()}
+        for gname, reqs in by_group.items():
+            group = groups[gname]
+            if group.swap:
+                self._serve_swapping(world, group, reqs)
+            else:
+                self._serve_together(world, group, reqs)
+        for svc in world.services.values():
+            ttl = self.ttl(svc) if self.hosts(svc) else 0.0
+            if (
+                ttl > 0
+                and svc.status is ServiceStatus.LOADED
+                and svc.idle
+                and svc.waiting_count == 0
+                and now - svc.last_used >= ttl
+            ):
+                world.unload(svc, reason=Reason.TTL_EXPIRED, detail="ttl")
+
+    def _members(self, world: World, group: SwapGroup) -> list[ServiceState]:
+        return [world.services[n] for n, g in self._groups(world).items() if g == group]
+
+    def _others_cleared(self, world: World, group: SwapGroup, svc: ServiceState) -> bool:
+        """For an exclusive group: stop every other non-persistent group's models first."""
+        if not group.exclusive:
+            return True
+        clear = True
+        for name, other in self._groups(world).items():
+            peer = world.services[name]
+            if other == group or other.persistent or not peer.holds_memory:
                 continue
-            if _admit(world, req, svc, self._seen, counts):
-                live.append(req)
-        holders = [s for s in world.services.values() if s.holds_memory]
-        current = holders[0] if holders else None
-        for req in live:
+            clear = False
+            if peer.status is ServiceStatus.LOADED and peer.idle:
+                world.unload(peer, reason=Reason.SWAP, detail=f"exclusive group for {svc.name}")
+        return clear
+
+    def _start(self, world: World, group: SwapGroup, req: RequestState) -> bool:
+        """Start ``req``'s model when its group's rules let it (True); the request waits."""
+        svc = world.services[req.service]
+        if svc.status is ServiceStatus.CRASHED and world.now < svc.backoff_until:
+            world.enqueue(req, reason=Reason.BACKOFF, detail="process exited")
+            return False
+        if not self._others_cleared(world, group, svc):
+            world.enqueue(req, reason=Reason.LOADING, detail="other groups stopping")
+            return False
+        _load_whole(world, svc, reason=Reason.SWAP, detail=f"start for {req.request_id}")
+        world.enqueue(req, reason=Reason.LOADING, detail="starting")
+        return True
+
+    @staticmethod
+    def _serve(world: World, req: RequestState, svc: ServiceState) -> None:
+        if svc.status is not ServiceStatus.LOADED:
+            world.enqueue(req, reason=Reason.LOADING, detail=svc.status.value)
+        elif len(svc.inflight) >= svc.spec.concurrency:
+            world.enqueue(req, reason=Reason.CONCURRENCY_LIMIT, detail="all slots busy")
+        elif not world.dispatch(req, reason=Reason.UNCOORDINATED, active_bytes=0, enforce=False):
+            world.enqueue(req, reason=Reason.NO_MEMORY, detail="KV cache full")
+
+    def _serve_swapping(self, world: World, group: SwapGroup, reqs: list[RequestState]) -> None:
+        resident = [s for s in self._members(world, group) if s.holds_memory]
+        current = resident[0] if resident else None
+        for req in reqs:
             svc = world.services[req.service]
             if current is None:
-                _load_whole(world, svc, reason=Reason.SWAP, detail=f"swap in for {req.request_id}")
+                if not self._start(world, group, req):
+                    return
                 current = svc
-                world.enqueue(req, reason=Reason.LOADING, detail="swapping in")
                 continue
             if svc is not current:
                 if current.status is ServiceStatus.LOADED and current.idle:
                     world.unload(current, reason=Reason.SWAP, detail=f"swap to {svc.name}")
                 world.enqueue(req, reason=Reason.LOADING, detail=f"waits for {current.name}")
-                break
-            if svc.status is not ServiceStatus.LOADED:
-                world.enqueue(req, reason=Reason.LOADING, detail=svc.status.value)
-            elif len(svc.inflight) >= svc.spec.concurrency:
-                world.enqueue(req, reason=Reason.CONCURRENCY_LIMIT, detail="all slots busy")
-            elif not world.dispatch(
-                req, reason=Reason.UNCOORDINATED, active_bytes=0, enforce=False
-            ):
-                world.enqueue(req, reason=Reason.NO_MEMORY, detail="KV pool full")
-        if self.use_ttl and current is not None and not world.waiting:
-            ttl = current.spec.ttl_s
-            if (
-                current.status is ServiceStatus.LOADED
-                and current.idle
-                and ttl > 0
-                and now - current.last_used >= ttl
-            ):
-                world.unload(current, reason=Reason.TTL_EXPIRED, detail="ttl")
+                return
+            self._serve(world, req, svc)
+
+    def _serve_together(self, world: World, group: SwapGroup, reqs: list[RequestState]) -> None:
+        for req in reqs:
+            svc = world.services[req.service]
+            if svc.status in (ServiceStatus.UNLOADED, ServiceStatus.CRASHED):
+                self._start(world, group, req)
+            else:
+                self._serve(world, req, svc)
 
     def next_wakeup(self, world: World, now: float) -> float | None:
-        if not self.use_ttl:
-            return None
         times = [
-            s.last_used + s.spec.ttl_s
+            s.last_used + self.ttl(s)
             for s in world.services.values()
-            if s.status is ServiceStatus.LOADED and s.idle and s.spec.ttl_s > 0
+            if self.hosts(s) and s.status is ServiceStatus.LOADED and s.idle and self.ttl(s) > 0
         ]
+        times += [
+            s.backoff_until
+            for s in world.services.values()
+            if self.hosts(s) and s.status is ServiceStatus.CRASHED
+        ]
+        times += self._containers.next_wakeup(world, now, self.hosts)
         return _earliest_after(times, now)
 
 
@@ -451,10 +771,10 @@ class OraclePolicy(_WarmPerServicePolicy):
     dispatch_reason = Reason.FITS
 
 
-BASELINES: dict[str, Callable[[], Policy]] = {
-    "independent": IndependentPolicy,
-    "static": StaticPolicy,
-    "ollama-like": OllamaLikePolicy,
-    "swap": SwapPolicy,
-    "oracle": OraclePolicy,
+BASELINES: dict[str, Callable[[BaselineSettings], Policy]] = {
+    "independent": lambda _: IndependentPolicy(),
+    "static": lambda _: StaticPolicy(),
+    "ollama+containers": lambda s: OllamaContainersPolicy(s.ollama),
+    "llama-swap": lambda s: LlamaSwapPolicy(s.llama_swap),
+    "oracle": lambda _: OraclePolicy(),
 }
