@@ -7,6 +7,7 @@ from pathlib import Path
 from accelmux.backends.base import Backend
 from accelmux.backends.external import ExternalBackend
 from accelmux.backends.fake import FakeBackend
+from accelmux.backends.limits import CgroupSupport, detect_cgroup
 from accelmux.config.backends import (
     ExternalBackendConfig,
     FakeBackendConfig,
@@ -18,18 +19,23 @@ from accelmux.errors import ConfigError
 from accelmux.host.backend import HostPool
 
 
-def build_backends(cfg: AccelmuxConfig, data_dir: Path) -> dict[str, Backend]:
+def build_backends(
+    cfg: AccelmuxConfig, data_dir: Path, *, capacities: dict[str, int] | None = None
+) -> dict[str, Backend]:
     """One backend per service; a service without a backend section is a ConfigError (the
     fake test double is never chosen silently: ``backend: {type: fake}`` asks for it).
 
-    ``inprocess`` services are hosted by accelmux's inference worker process (one shared
-    worker, or one of its own with ``isolated: true``): see :mod:`accelmux.host`.
+    ``capacities`` (bytes per device, detected ones included) size an external server's
+    ``{gpu_memory_utilization}``. ``inprocess`` services are hosted by accelmux's
+    inference worker process (one shared worker, or one of its own with
+    ``isolated: true``): see :mod:`accelmux.host`.
     """
     problems = missing_backends(cfg)
     if problems:
         raise ConfigError("config", problems)
     out: dict[str, Backend] = {}
     hosts: HostPool | None = None
+    cgroup: CgroupSupport | None = None
     for name, svc in cfg.services.items():
         section = svc.backend
         model = svc.model or name
@@ -43,6 +49,8 @@ def build_backends(cfg: AccelmuxConfig, data_dir: Path) -> dict[str, Backend]:
                 profile=(int(svc.memory.weights), int(svc.memory.runtime)),
             )
         elif isinstance(section, ExternalBackendConfig):
+            if cgroup is None:
+                cgroup = detect_cgroup()
             out[name] = ExternalBackend(
                 name,
                 model,
@@ -51,6 +59,10 @@ def build_backends(cfg: AccelmuxConfig, data_dir: Path) -> dict[str, Backend]:
                 concurrency=svc.concurrency,
                 gpu_index=device.index if device.kind == "nvidia" else None,
                 data_dir=data_dir,
+                workspace_bytes=int(svc.memory.workspace),
+                device_capacity=(capacities or {}).get(cfg.device_of(name))
+                or (int(device.capacity) if device.capacity is not None else None),
+                cgroup=cgroup,
             )
         elif isinstance(section, InProcessBackendConfig):
             if hosts is None:
