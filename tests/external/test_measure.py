@@ -156,6 +156,9 @@ def test_status_metrics_and_explain_show_the_external_service(tmp_path: Path) ->
                 )
                 assert r.choices[0].message.content.startswith("upstream echo")
             await lv.runtime.sample_once()
+            calibration = lv.runtime.manager.world.services["chat"].calibration
+            assert calibration.resident.observations == 1  # the measured load size
+            assert calibration.active.observations == 1  # the measured request peak
             status, snap = await lv.get("/admin/status")
             assert status == 200
             chat = next(s for s in snap["services"] if s["name"] == "chat")
