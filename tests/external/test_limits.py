@@ -123,7 +123,8 @@ def test_every_placeholder_is_templated_and_mps_limit_set_when_mps_is_on(tmp_pat
     assert values["gpu_memory_utilization"] == 0.625
     assert backend._env()["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=10240M"
     limit = backend.describe()["limit"]
-    assert limit["summary"] == "none — cgroup memory.max does not cover GPU memory"
+    assert limit["summary"] == "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT 0=10240M (CUDA MPS)"
+    assert limit["cgroup_problem"] == "cgroup memory.max does not cover GPU memory"
     assert "flags: {gpu_memory_utilization}" in limit["applied"]
     assert "env: CUDA_MPS_PINNED_DEVICE_MEM_LIMIT" in limit["applied"]
 

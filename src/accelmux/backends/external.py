@@ -241,16 +241,20 @@ class ExternalBackend:
                 applied.append(f"cgroup v2 memory.max at {self.cgroup_path}")
             except OSError as exc:
                 problem = f"cannot make a cgroup under {self.cgroup_support.parent} ({exc})"
+        if self.cgroup_path is not None:
+            summary = f"memory.max {self.limit_bytes} bytes (cgroup v2)"
+        elif mps_in_use(self._env_base()):
+            summary = f"{MPS_LIMIT_ENV} {mps_limit_value(self.limit_bytes)} (CUDA MPS)"
+        else:
+            summary = f"none — {problem}"
+            if flags:
+                summary += "; its own flags carry the ledger's sizes"
         self.limit = {
             "memory_max_bytes": self.limit_bytes,
             "applied": applied,
             "cgroup": str(self.cgroup_path) if self.cgroup_path else None,
             "cgroup_problem": problem,
-            "summary": (
-                f"memory.max {self.limit_bytes} bytes (cgroup v2)"
-                if self.cgroup_path
-                else f"none — {problem}"
-            ),
+            "summary": summary,
         }
 
     def _env_base(self) -> dict[str, str]:
