@@ -16,6 +16,7 @@ from accelmux.backends.external import ExternalBackend
 from accelmux.backends.limits import detect_cgroup
 from accelmux.config.backends import ExternalBackendConfig
 from accelmux.core.types import ServiceKind
+from accelmux.runtime.status_cli import render
 
 MIB = 1 << 20
 KV_PER_TOKEN = 1024
@@ -170,6 +171,7 @@ def test_status_metrics_and_explain_show_the_external_service(tmp_path: Path) ->
             assert usage["kv_pool_bytes"] > 0
             assert usage["switches_per_hour"] > 0 and usage["cold_start_s"] > 0
             assert chat["limit"].startswith(("none — ", "memory.max "))
+            assert f"  chat: {chat['limit']}" in render(snap).splitlines()
             assert chat["measured_bytes"] >= 64 * MIB
             status, text = await lv.get("/metrics")
             assert 'accelmux_service_usage{quantity="switches_per_hour",service="chat"}' in text
