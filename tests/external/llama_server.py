@@ -44,7 +44,12 @@ def llama_service(binary: Path, model: Path, **backend: Any) -> dict[str, Any]:
     return {
         "kind": "chat",
         "concurrency": 2,
-        "memory": {"gguf": str(model), "kv_floor": "16MiB", "kv_ceiling": "32MiB"},
+        "memory": {
+            "gguf": str(model),
+            "kv_floor": "16MiB",
+            "kv_ceiling": "32MiB",
+            "workspace": "16MiB",
+        },
         "backend": {
             "type": "external",
             "argv": [

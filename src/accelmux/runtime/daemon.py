@@ -150,6 +150,7 @@ class Runtime:
                 cfg,
                 self.data_dir,
                 capacities={d.name: d.capacity_bytes for d in spec.devices},
+                profiles={s.name: s.profile for s in spec.services},
             )
         self.backends = backends
         self.clock: Clock = clock or LoopClock()
