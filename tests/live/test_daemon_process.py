@@ -139,18 +139,46 @@ def test_external_crash_fails_inflight_then_restarts(tmp_path: Path) -> None:
         assert ("load", "reload_after_crash") in reasons
 
 
+def _models(url: str) -> dict[str, Any]:
+    with urllib.request.urlopen(url + "/v1/models", timeout=5) as resp:
+        data: dict[str, Any] = json.load(resp)
+    return data
+
+
+def _upstream_url(status: dict[str, Any]) -> str:
+    return f"http://127.0.0.1:{status['backend']['port']}"
+
+
 @pytest.mark.slow
-def test_leftover_server_of_a_killed_daemon_is_stopped_at_next_start(tmp_path: Path) -> None:
+def test_external_server_dies_with_a_killed_daemon(tmp_path: Path) -> None:
     with daemon(_config(), tmp_path) as first:
         _wait(lambda: _service(first.url, "chat")["state"] == "loaded")
         old_pid = _service(first.url, "chat")["backend"]["pid"]
-        first.proc.kill()  # SIGKILL: no chance to stop its child
+        assert pid_alive(old_pid)
+        first.proc.kill()  # SIGKILL: accelmux gets no chance to stop its child
         first.proc.wait(timeout=10)
-        assert pid_alive(old_pid), "the orphan is still running"
-        with daemon(_config(), tmp_path) as second, _client(second.url) as client:
+        # The kernel's death signal (PR_SET_PDEATHSIG) ends it, not a later accelmux.
+        _wait(lambda: not pid_alive(old_pid), timeout=10)
+
+
+@pytest.mark.slow
+def test_leftover_helper_of_a_killed_daemon_is_stopped_at_next_start(tmp_path: Path) -> None:
+    """The server dies with accelmux; a helper process it started does not (no death
+    signal of its own): the next start finds it by process group and stops it."""
+    config = _config()
+    config["services"]["chat"]["backend"]["argv"].append("--helper")
+    with daemon(config, tmp_path) as first:
+        _wait(lambda: _service(first.url, "chat")["state"] == "loaded")
+        chat = _service(first.url, "chat")
+        old_pid = chat["backend"]["pid"]
+        helper = _models(_upstream_url(chat))["helper_pid"]
+        first.proc.kill()
+        first.proc.wait(timeout=10)
+        _wait(lambda: not pid_alive(old_pid), timeout=10)
+        assert pid_alive(helper), "the helper outlives its server"
+        with daemon(config, tmp_path) as second, _client(second.url) as client:
             r = client.chat.completions.create(model="chat", messages=MSG)
             assert r.choices[0].message.content == "upstream echo: hello there"
-            _wait(lambda: not pid_alive(old_pid), timeout=10)
-            assert _service(second.url, "chat")["backend"]["pid"] != old_pid
+            _wait(lambda: not pid_alive(helper), timeout=10)
             log = (second.data_dir / "logs" / "chat.log").read_text()
             assert f"stopping leftover server pid {old_pid}" in log

@@ -6,6 +6,10 @@ It is a stand-in for llama-server, vLLM or a whisper server: ``/health``, ``/v1/
 message whose content starts with ``sleep:N`` makes the answer wait N seconds;
 ``POST /crash`` makes the process exit at once (code 3). A chat answer echoes the
 request body it received in ``received``.
+A message ``alloc:N`` makes the answer hold N MiB (touched) for half a second first.
+``--hold-mib N`` holds N MiB from the start (a model's weights); ``--helper`` starts a
+helper child process in the server's process group (its pid in ``/v1/models``), as
+servers with worker processes do.
 ``--startup-delay`` delays readiness; the argv it was started with is echoed in
 ``/v1/models`` (so tests can check ``{ctx_size}``/``{parallel}`` templating), and so is
 ``CUDA_VISIBLE_DEVICES``.
@@ -19,6 +23,7 @@ import argparse
 import asyncio
 import json
 import os
+import subprocess
 import sys
 import time
 
@@ -26,6 +31,17 @@ from aiohttp import web
 
 STARTED = time.monotonic()
 ARGS = argparse.Namespace(startup_delay=0.0)
+HELD: list[bytearray] = []
+HELPER: list[subprocess.Popen[bytes]] = []
+MIB = 1 << 20
+USAGE = {"prompt_tokens": 5, "completion_tokens": 4, "total_tokens": 9}
+
+
+def _touched(mib: int) -> bytearray:
+    block = bytearray(mib * MIB)
+    for i in range(0, len(block), 4096):
+        block[i] = 1
+    return block
 
 
 def _reply(text: str) -> str:
@@ -40,6 +56,10 @@ def _last_text(body: dict[str, object]) -> str:
 
 
 async def _maybe_sleep(text: str) -> None:
+    if text.startswith("alloc:"):
+        block = _touched(int(text.split(":", 1)[1].split(maxsplit=1)[0]))
+        await asyncio.sleep(0.5)
+        del block
     if text.startswith("sleep:"):
         await asyncio.sleep(float(text.split(":", 1)[1].split(maxsplit=1)[0]))
 
@@ -57,6 +77,7 @@ async def models(request: web.Request) -> web.Response:
             "data": [{"id": "upstream-model", "object": "model"}],
             "argv": sys.argv[1:],
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "helper_pid": HELPER[0].pid if HELPER else None,
         }
     )
 
@@ -82,10 +103,14 @@ async def chat(request: web.Request) -> web.StreamResponse:
             obj["created"] = 0
             obj["choices"] = [choice]
             await resp.write(b"data: " + json.dumps(obj).encode() + b"\n\n")
+        if (body.get("stream_options") or {}).get("include_usage"):
+            last = {"id": "up-1", "object": "chat.completion.chunk", "model": model}
+            last.update(created=0, choices=[], usage=USAGE)
+            await resp.write(b"data: " + json.dumps(last).encode() + b"\n\n")
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp
-    usage = {"prompt_tokens": 5, "completion_tokens": 4, "total_tokens": 9}
+    usage = USAGE
     if is_chat:
         return web.json_response(
             {
@@ -160,8 +185,14 @@ def main() -> None:
     parser.add_argument("--startup-delay", type=float, default=0.0)
     parser.add_argument("--ctx-size", type=int, default=0)
     parser.add_argument("--parallel", type=int, default=1)
+    parser.add_argument("--hold-mib", type=int, default=0)
+    parser.add_argument("--helper", action="store_true")
     args = parser.parse_args()
     ARGS.startup_delay = args.startup_delay
+    if args.hold_mib:
+        HELD.append(_touched(args.hold_mib))
+    if args.helper:
+        HELPER.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"]))
     print(f"upstream listening on {args.host}:{args.port} ctx={args.ctx_size}", flush=True)
     web.run_app(make_app(), host=args.host, port=args.port, print=None, access_log=None)
 

@@ -4,7 +4,19 @@ Started from an argv list (never a shell string) templated with ``{port}``, ``{h
 ``{ctx_size}``, ``{parallel}``, ``{kv_pool_bytes}``, ``{model}`` and ``{gpu}``; in its own
 process group (``start_new_session``) with the service's env, including
 ``CUDA_VISIBLE_DEVICES`` for an NVIDIA device. Up when ``health_path`` answers 200.
-Stopped with SIGTERM to the group, SIGKILL after ``stop_grace_s``. Its exit while loaded
+Stopped with SIGTERM to the group, SIGKILL after ``stop_grace_s``.
+
+It is started through :mod:`accelmux.backends.child_launch`, which arms
+``PR_SET_PDEATHSIG`` (SIGKILL when accelmux dies, even by SIGKILL) and, on a host-memory
+device where the host allows, joins a cgroup v2 whose ``memory.max`` is the service's
+ledger entry plus ``limit_margin`` (:mod:`accelmux.backends.limits`). What was limited,
+or why nothing could be, is in ``describe()["limit"]``.
+
+Measured (:mod:`accelmux.backends.process_meter`): the tree's resident bytes once healthy
+are the load size reported to the calibrator (less the KV pool it was started with), and
+each request's peak is the tree's growth while it ran plus the KV of the tokens it used
+(from the answer's ``usage``). ``refresh()`` reads the server's ``metrics_path`` and
+``slots_path`` (:mod:`accelmux.backends.server_metrics`). Its exit while loaded
 is reported through the crash callback (the Manager restarts it with backoff). Its output
 is kept in a ring buffer and appended to ``<data_dir>/logs/<service>.log``. Requests are
 proxied to it; streams pass through chunk by chunk.
@@ -24,8 +36,11 @@ import asyncio
 import contextlib
 import json
 import os
+import re
+import shutil
 import signal
 import socket
+import sys
 import time
 from collections import deque
 from collections.abc import AsyncIterator
@@ -36,10 +51,28 @@ import aiohttp
 import psutil
 from yarl import URL
 
+from accelmux.backends import child_launch
 from accelmux.backends.base import BackendRequest, BackendResponse, CrashCallback, LoadReport
+from accelmux.backends.limits import (
+    MPS_LIMIT_ENV,
+    CgroupSupport,
+    gpu_memory_fraction,
+    limit_bytes,
+    make_service_cgroup,
+    mps_in_use,
+    mps_limit_value,
+    remove_service_cgroup,
+)
+from accelmux.backends.process_meter import PeakTracker, ProcessTreeMeter
+from accelmux.backends.server_metrics import argv_option, parse_server_metrics, parse_slots
 from accelmux.config.backends import ExternalBackendConfig
 from accelmux.errors import BackendCrashedError, BackendError, BackendTimeoutError
 from accelmux.redact import redact
+
+#: ``"total_tokens": N`` in an answer's usage (the last one of a stream counts).
+TOTAL_TOKENS = re.compile(rb'"total_tokens"\s*:\s*(\d+)')
+#: Bytes of a streamed answer's end searched for its usage.
+USAGE_TAIL_BYTES = 4096
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -59,6 +92,29 @@ def template_argv(argv: list[str], values: dict[str, object]) -> list[str]:
                 f"argv element {arg!r}: unknown or malformed placeholder ({exc}); "
                 f"known: {', '.join(sorted(values))} (write {{{{ for a literal brace)"
             ) from None
+    return out
+
+
+def _uses(argv: list[str], placeholder: str) -> bool:
+    return any("{" + placeholder + "}" in arg for arg in argv)
+
+
+def _group_members(pgid: int, started: float) -> list[psutil.Process]:
+    """Live processes of group ``pgid`` started no earlier than ``started`` (the leader's
+    start time): the leftovers of that group, never a later owner of a reused pid."""
+    out = []
+    for proc in psutil.process_iter(["create_time"]):
+        try:
+            if os.getpgid(proc.pid) != pgid:
+                continue
+            if proc.info["create_time"] + 0.01 < started:
+                continue
+        except (OSError, psutil.Error):
+            continue
+        if proc.pid == pgid and abs(proc.info["create_time"] - started) > 0.01:
+            return []  # the pid was reused by another program that leads its own group
+        if _alive(proc):
+            out.append(proc)
     return out
 
 
@@ -82,6 +138,9 @@ class ExternalBackend:
         concurrency: int = 1,
         gpu_index: int | None = None,
         data_dir: Path | None = None,
+        workspace_bytes: int = 0,
+        device_capacity: int | None = None,
+        cgroup: CgroupSupport | None = None,
     ) -> None:
         self.service = service
         self.model = model
@@ -104,6 +163,18 @@ class ExternalBackend:
         self._stopping = False
         self._loaded = False
         self._urls: dict[str, URL] = {}
+        self.workspace_bytes = workspace_bytes
+        self.device_capacity = device_capacity
+        self.cgroup_support = cgroup
+        self.cgroup_path: Path | None = None
+        self.limit_bytes = 0
+        self.limit: dict[str, Any] = {"memory_max_bytes": None, "applied": []}
+        self.meter = ProcessTreeMeter(gpu_index)
+        self.peaks = PeakTracker(self._measure_now)
+        self.resident_bytes: int | None = None
+        self.load_seconds: float | None = None
+        self.server_stats: dict[str, Any] = {}
+        self.batch_size = argv_option(cfg.argv, "-b", "--batch-size")
 
     # ---- lifecycle ------------------------------------------------------------------
     def _values(self, port: int) -> dict[str, object]:
@@ -120,6 +191,8 @@ class ExternalBackend:
             "kv_pool_bytes": self.kv_pool_bytes,
             "model": self.model,
             "gpu": self.gpu_index if self.gpu_index is not None else "",
+            "memory_limit_bytes": self.limit_bytes,
+            "gpu_memory_utilization": gpu_memory_fraction(self.limit_bytes, self.device_capacity),
         }
 
     def _env(self) -> dict[str, str]:
@@ -127,7 +200,112 @@ class ExternalBackend:
         if self.gpu_index is not None:
             env["CUDA_VISIBLE_DEVICES"] = str(self.gpu_index)
         env.update(self.cfg.env)
+        if mps_in_use(env) and MPS_LIMIT_ENV not in self.cfg.env and self.limit_bytes:
+            env[MPS_LIMIT_ENV] = mps_limit_value(self.limit_bytes)
         return env
+
+    # ---- limits ---------------------------------------------------------------------
+    def _apply_limits(self, *, weights_bytes: int, runtime_bytes: int) -> None:
+        """Derive the limit from the ledger entry; make the cgroup where possible."""
+        self.limit_bytes = limit_bytes(
+            weights=weights_bytes,
+            runtime=runtime_bytes,
+            kv_pool=self.kv_pool_bytes,
+            workspace=self.workspace_bytes,
+            concurrency=self.concurrency,
+            margin=self.cfg.limit_margin,
+        )
+        applied: list[str] = []
+        flags = [
+            p for p in ("ctx_size", "parallel", "gpu_memory_utilization") if _uses(self.cfg.argv, p)
+        ]
+        if _uses(self.cfg.argv, "memory_limit_bytes"):
+            flags.append("memory_limit_bytes")
+        if flags:
+            applied.append("flags: " + ", ".join("{" + f + "}" for f in flags))
+        if mps_in_use(self._env_base()):
+            applied.append(f"env: {MPS_LIMIT_ENV}")
+        problem: str | None = None
+        self.cgroup_path = None
+        if self.gpu_index is not None:
+            problem = "cgroup memory.max does not cover GPU memory"
+        elif not self.cfg.memory_limit:
+            problem = "memory_limit is off"
+        elif self.cgroup_support is None or self.cgroup_support.parent is None:
+            problem = self.cgroup_support.problem if self.cgroup_support else "not checked"
+        else:
+            try:
+                self.cgroup_path = make_service_cgroup(
+                    self.cgroup_support.parent, self.service, self.limit_bytes
+                )
+                applied.append(f"cgroup v2 memory.max at {self.cgroup_path}")
+            except OSError as exc:
+                problem = f"cannot make a cgroup under {self.cgroup_support.parent} ({exc})"
+        if self.cgroup_path is not None:
+            summary = f"memory.max {self.limit_bytes} bytes (cgroup v2)"
+        elif mps_in_use(self._env_base()):
+            summary = f"{MPS_LIMIT_ENV} {mps_limit_value(self.limit_bytes)} (CUDA MPS)"
+        else:
+            summary = f"none — {problem}"
+            if flags:
+                summary += "; its own flags carry the ledger's sizes"
+        self.limit = {
+            "memory_max_bytes": self.limit_bytes,
+            "applied": applied,
+            "cgroup": str(self.cgroup_path) if self.cgroup_path else None,
+            "cgroup_problem": problem,
+            "summary": summary,
+        }
+
+    def _env_base(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(self.cfg.env)
+        return env
+
+    def _launch_argv(self, argv: list[str]) -> list[str]:
+        """The launcher that arms the death signal (and joins the cgroup), then execs."""
+        launch = [sys.executable, "-I", child_launch.__file__, "--parent", str(os.getpid())]
+        if self.cgroup_path is not None:
+            launch += ["--cgroup", str(self.cgroup_path)]
+        return [*launch, "--", *argv]
+
+    # ---- measurement ------------------------------------------------------------------
+    def _measure_now(self) -> int | None:
+        proc = self._proc
+        if proc is None or proc.returncode is not None:
+            return None
+        return self.meter.measure(proc.pid)
+
+    def _peak_bytes(self, growth: int, tail: bytes) -> int | None:
+        """A request's peak for the calibrator: tree growth plus the KV of its tokens;
+        None for an LLM answer that names no token count (KV cannot be told apart)."""
+        if not self.kv_bytes_per_token:
+            return growth
+        found = TOTAL_TOKENS.findall(tail)
+        if not found:
+            return None
+        return growth + int(found[-1]) * self.kv_bytes_per_token
+
+    async def refresh(self) -> None:
+        """Read the server's own metrics and slots (when configured) for the status page."""
+        if not self._loaded or self.port is None:
+            self.server_stats = {}
+            return
+        stats: dict[str, Any] = {}
+        session = self._session_get()
+        base = f"http://{self.cfg.host}:{self.port}"
+        timeout = aiohttp.ClientTimeout(total=2)
+        if self.cfg.metrics_path:
+            with contextlib.suppress(aiohttp.ClientError, TimeoutError, UnicodeDecodeError):
+                async with session.get(base + self.cfg.metrics_path, timeout=timeout) as resp:
+                    if resp.status == 200:
+                        stats.update(parse_server_metrics(await resp.text()))
+        if self.cfg.slots_path:
+            with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError):
+                async with session.get(base + self.cfg.slots_path, timeout=timeout) as resp:
+                    if resp.status == 200:
+                        stats.update(parse_slots(await resp.json(content_type=None)))
+        self.server_stats = stats
 
     def _session_get(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -144,13 +322,17 @@ class ExternalBackend:
         self._open_log()
         if self.starts == 0:
             await self._reap_leftover()
+        started = time.monotonic()
         self.kv_pool_bytes = kv_pool_bytes
+        self._apply_limits(weights_bytes=weights_bytes, runtime_bytes=runtime_bytes)
         port = self.cfg.port or free_port(self.cfg.host)
         argv = template_argv(self.cfg.argv, self._values(port))
-        self._log(f"accelmux: starting {argv[0]} on port {port}")
+        if shutil.which(argv[0]) is None:
+            raise BackendError(f"{self.service}: cannot start {argv[0]!r}: no such program")
+        self._log(f"accelmux: starting {argv[0]} on port {port}; limit: {self.limit['summary']}")
         try:
             self._proc = await asyncio.create_subprocess_exec(
-                *argv,
+                *self._launch_argv(argv),
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.STDOUT,
@@ -173,7 +355,14 @@ class ExternalBackend:
             raise
         self._loaded = True
         self._tasks.append(asyncio.create_task(self._watch(proc)))
-        return LoadReport()
+        self.load_seconds = time.monotonic() - started
+        self.resident_bytes = await asyncio.to_thread(self._measure_now)
+        if self.resident_bytes is None:
+            return LoadReport()
+        # What it holds once up is weights + runtime + the KV pool it was started with.
+        static = max(0, self.resident_bytes - kv_pool_bytes)
+        weights = min(weights_bytes, static)
+        return LoadReport(weights_bytes=weights, runtime_bytes=static - weights)
 
     async def _wait_healthy(self, proc: asyncio.subprocess.Process) -> None:
         url = f"http://{self.cfg.host}:{self.port}{self.cfg.health_path}"
@@ -237,7 +426,12 @@ class ExternalBackend:
         self._tasks = []
         if proc is not None:
             self._remove_pid()
+        if self.cgroup_path is not None:
+            remove_service_cgroup(self.cgroup_path)
+            self.cgroup_path = None
         self._proc = None
+        self.resident_bytes = None
+        self.server_stats = {}
         if self._log_file is not None:
             self._log_file.close()
             self._log_file = None
@@ -259,30 +453,35 @@ class ExternalBackend:
                 self.pid_path.unlink()
 
     async def _reap_leftover(self) -> None:
-        """Stop a server group a killed accelmux left running (same pid AND start time)."""
+        """Stop what a killed accelmux left of a server's process group.
+
+        The server itself died with accelmux (its death signal); processes it started (a
+        server's workers) may not have. They are found by process group (the server's
+        pid, as it led its own session) and start time (not before the server's), so a
+        reused pid is never signalled."""
         if self.pid_path is None or not self.pid_path.exists():
             return
         try:
             pid_text, started_text = self.pid_path.read_text().split()
             pid, started = int(pid_text), float(started_text)
-            proc = psutil.Process(pid)
-            if abs(proc.create_time() - started) > 0.01:
-                raise ProcessLookupError  # the pid was reused by another program
-        except (OSError, ValueError, psutil.Error):
+        except (OSError, ValueError):
             self._remove_pid()
             return
-        self._log(f"accelmux: stopping leftover server pid {pid} from a previous run")
+        members = _group_members(pid, started)
+        if not members:
+            self._remove_pid()
+            return
+        self._log(
+            f"accelmux: stopping leftover server pid {pid} from a previous run "
+            f"({len(members)} process(es) left in its group)"
+        )
         for sig, wait_s in ((signal.SIGTERM, self.cfg.stop_grace_s), (signal.SIGKILL, 5.0)):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, sig)
             deadline = time.monotonic() + wait_s
-            while (
-                time.monotonic() < deadline
-                and proc.is_running()
-                and (proc.status() != psutil.STATUS_ZOMBIE)
-            ):
+            while time.monotonic() < deadline and any(_alive(p) for p in members):
                 await asyncio.sleep(0.05)
-            if not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE:
+            if not any(_alive(p) for p in members):
                 break
         self._remove_pid()
 
@@ -316,10 +515,22 @@ class ExternalBackend:
             "last_exit": self.last_exit,
             "log_file": str(self.log_path) if self.log_path else None,
             "log_tail": list(self.logs)[-10:],
+            "limit": self.limit,
+            "measured": {
+                "source": self.meter.source,
+                "error": self.meter.error,
+                "resident_bytes": self.resident_bytes,
+                "load_seconds": (
+                    round(self.load_seconds, 3) if self.load_seconds is not None else None
+                ),
+                "batch_size": self.batch_size,
+            },
+            "server": dict(self.server_stats),
         }
 
     async def close(self) -> None:
         await self._stop_process()
+        self.peaks.close()
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -393,20 +604,22 @@ class ExternalBackend:
             )
         data, headers = self._payload(request)
         session = self._session_get()
+        token = self.peaks.begin()
         try:
             resp = await session.post(url, data=data, headers=headers)
         except (aiohttp.ClientError, OSError) as exc:
+            self.peaks.end(token)
             raise BackendCrashedError(f"{self.service}: upstream unreachable: {exc}") from None
         except TimeoutError:
+            self.peaks.end(token)
             raise BackendTimeoutError(f"{self.service}: upstream timed out") from None
         content_type = resp.headers.get("Content-Type", "application/json")
         if request.stream and resp.status == 200:
-            return BackendResponse(
-                status=resp.status,
-                content_type=content_type,
-                stream=self._relay(resp),
-                release=resp.release,
+            response = BackendResponse(
+                status=resp.status, content_type=content_type, release=resp.release
             )
+            response.stream = self._relay(resp, token, response)
+            return response
         try:
             body = await resp.read()
         except (aiohttp.ClientError, OSError) as exc:
@@ -415,13 +628,23 @@ class ExternalBackend:
             raise BackendTimeoutError(f"{self.service}: upstream timed out") from None
         finally:
             resp.release()
-        return BackendResponse(status=resp.status, content_type=content_type, body=body)
+            growth = self.peaks.end(token)
+        peak = self._peak_bytes(growth, body[-USAGE_TAIL_BYTES:]) if resp.status == 200 else None
+        return BackendResponse(
+            status=resp.status, content_type=content_type, body=body, peak_bytes=peak
+        )
 
-    async def _relay(self, resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
+    async def _relay(
+        self, resp: aiohttp.ClientResponse, token: int, response: BackendResponse
+    ) -> AsyncIterator[bytes]:
+        tail = b""
         try:
             async for chunk in resp.content.iter_any():
+                tail = (tail + chunk)[-USAGE_TAIL_BYTES:]
                 yield chunk
         except (aiohttp.ClientError, OSError) as exc:
             raise BackendCrashedError(f"{self.service}: stream broke off: {exc}") from None
         finally:
             resp.release()
+            growth = self.peaks.end(token)
+        response.peak_bytes = self._peak_bytes(growth, tail)

@@ -13,7 +13,17 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ByteSize, ConfigDict, Field
 
 #: The ``{name}`` placeholders an external backend's argv may use.
-ARGV_PLACEHOLDERS = ("port", "host", "ctx_size", "parallel", "kv_pool_bytes", "model", "gpu")
+ARGV_PLACEHOLDERS = (
+    "port",
+    "host",
+    "ctx_size",
+    "parallel",
+    "kv_pool_bytes",
+    "model",
+    "gpu",
+    "gpu_memory_utilization",
+    "memory_limit_bytes",
+)
 
 
 def argv_placeholder_problem(arg: str) -> str | None:
@@ -78,8 +88,10 @@ class ExternalBackendConfig(_Backend):
     """A supervised OpenAI-compatible server (llama-server, vLLM, a whisper/TTS server).
 
     ``argv`` is templated with ``{port}``, ``{host}``, ``{ctx_size}`` (tokens the KV pool
-    holds), ``{parallel}`` (the service's concurrency), ``{kv_pool_bytes}``, ``{model}``
-    and ``{gpu}`` (the device index). It is never run through a shell.
+    holds), ``{parallel}`` (the service's concurrency), ``{kv_pool_bytes}``, ``{model}``,
+    ``{gpu}`` (the device index), ``{memory_limit_bytes}`` (its ledger entry plus
+    ``limit_margin``) and ``{gpu_memory_utilization}`` (that limit as a fraction of the
+    GPU). It is never run through a shell.
     """
 
     type: Literal["external"]
@@ -98,6 +110,26 @@ class ExternalBackendConfig(_Backend):
         4096, ge=1, description="{ctx_size} when the service has no kv_per_token."
     )
     log_lines: int = Field(200, ge=0, le=100_000, description="Log lines kept in memory.")
+    memory_limit: bool = Field(
+        True,
+        description="On a host-memory device, run the server in a cgroup v2 with memory.max "
+        "set from its ledger entry where the host allows (status says when it does not).",
+    )
+    limit_margin: float = Field(
+        0.25,
+        ge=0,
+        le=10,
+        description="The limit is the ledger entry (weights, runtime, KV pool, concurrency x "
+        "workspace) times 1 + this.",
+    )
+    metrics_path: str | None = Field(
+        None,
+        description="The server's Prometheus page, read for status (llama-server with "
+        "--metrics, vLLM: /metrics).",
+    )
+    slots_path: str | None = Field(
+        None, description="llama-server's /slots, read for the context in use."
+    )
 
 
 class InProcessBackendConfig(_Backend):

@@ -2,6 +2,11 @@
 
 ``POST /admin/services/{name}/unload`` on a pinned service (by config or by ``pin``) is
 refused with 409 ``service_pinned``: unpin it first. The other operations always apply.
+
+``GET /admin/explain/{id}`` gives the Manager's lines for a request and, when it was
+delayed or refused, the ledger at that moment (each service's bytes by category, foreign,
+headroom, and what would have had to be evicted). ``GET /admin/explain`` answers "why is
+memory full" for the daemon as it stands.
 """
 
 from __future__ import annotations
@@ -59,12 +64,18 @@ async def service_op(request: web.Request) -> web.Response:
 
 async def explain(request: web.Request) -> web.Response:
     rid = request.match_info["request_id"]
-    lines = request.app[RUNTIME].explain(rid)
-    if lines is None:
+    rt = request.app[RUNTIME]
+    lines = rt.explain(rid)
+    ledger = rt.decision_ledger(rid)
+    if lines is None and ledger is None:
         raise ApiError(
             404, f"no record of request {rid!r}", param="request_id", code="request_not_found"
         )
-    return web.json_response({"request_id": rid, "lines": lines})
+    return web.json_response({"request_id": rid, "lines": lines or [], "ledger": ledger})
+
+
+async def explain_memory(request: web.Request) -> web.Response:
+    return web.json_response(request.app[RUNTIME].why_full())
 
 
 async def events(request: web.Request) -> web.StreamResponse:
@@ -103,6 +114,7 @@ async def metrics(request: web.Request) -> web.Response:
 def add_routes(app: web.Application) -> None:
     app.router.add_get("/admin/status", status)
     app.router.add_post("/admin/services/{name}/{op}", service_op)
+    app.router.add_get("/admin/explain", explain_memory)
     app.router.add_get("/admin/explain/{request_id}", explain)
     app.router.add_get("/admin/events", events)
     app.router.add_get("/metrics", metrics)

@@ -14,6 +14,19 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+#: Keys of a service's ``usage`` (see :func:`accelmux.runtime.daemon.service_usage`) that
+#: ``accelmux_service_usage`` exports; weights, reserved and active are by category in
+#: ``accelmux_service_memory_bytes``.
+USAGE_QUANTITIES = (
+    "kv_in_use_bytes",
+    "kv_pool_bytes",
+    "concurrency",
+    "context_in_use_tokens",
+    "batch_size",
+    "busy_slots_per_decode",
+    "switches_per_hour",
+    "cold_start_s",
+)
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
@@ -50,6 +63,12 @@ class _SnapshotCollector(Collector):
             "accelmux_evictions", "Evictions per service.", labels=["service"]
         )
         crashes = CounterMetricFamily("accelmux_crashes", "Backend crashes.", labels=["service"])
+        usage = GaugeMetricFamily(
+            "accelmux_service_usage",
+            "Per service: kv_in_use_bytes, kv_pool_bytes, concurrency, context_in_use_tokens, "
+            "batch_size, switches_per_hour, cold_start_s (measured; absent when unknown).",
+            labels=["service", "quantity"],
+        )
         for s in snap["services"]:
             name, dev = s["name"], s["device"]
             for cat, n in s["ledger"].items():
@@ -63,7 +82,12 @@ class _SnapshotCollector(Collector):
             loads.add_metric([name], s["loads"])
             evictions.add_metric([name], s["evictions"])
             crashes.add_metric([name], s["crashes"])
+            for key in USAGE_QUANTITIES:
+                value = (s.get("usage") or {}).get(key)
+                if value is not None:
+                    usage.add_metric([name, key], float(value))
         yield from (est, measured, state, inflight, waiting, cold, loads, evictions, crashes)
+        yield usage
 
         dev_g = GaugeMetricFamily(
             "accelmux_device_bytes",

@@ -499,9 +499,19 @@ def document() -> dict[str, Any]:
                 },
             }
         },
+        "/admin/explain": {
+            "get": {
+                "summary": "Why memory is full: per device, who holds what and what could go.",
+                "responses": {
+                    "200": {"description": "OK", "content": {"application/json": _OBJ}},
+                    **_ADMIN_ERR,
+                },
+            }
+        },
         "/admin/explain/{request_id}": {
             "get": {
-                "summary": "The decisions one request went through (X-Request-Id).",
+                "summary": "The decisions one request went through (X-Request-Id), and the "
+                "ledger when it was delayed or refused.",
                 "parameters": [
                     {
                         "name": "request_id",

@@ -33,6 +33,33 @@ def _init() -> Any:
     return pynvml
 
 
+def nvml_open(index: int) -> tuple[Any, Any]:
+    """(the NVML module, GPU ``index``'s handle); NVML stays initialised (NVML counts)."""
+    nv = _init()
+    try:
+        return nv, nv.nvmlDeviceGetHandleByIndex(index)
+    except Exception as exc:
+        nv.nvmlShutdown()
+        raise NvmlUnavailable(f"NVML has no GPU {index}: {exc}") from None
+
+
+def nvml_process_memory(nv: Any, handle: Any) -> dict[int, int]:
+    """Used GPU memory per pid (compute and graphics processes) on one GPU."""
+    out: dict[int, int] = {}
+    for getter in (
+        nv.nvmlDeviceGetComputeRunningProcesses,
+        nv.nvmlDeviceGetGraphicsRunningProcesses,
+    ):
+        try:
+            for p in getter(handle):
+                used = p.usedGpuMemory
+                if used is not None:
+                    out[int(p.pid)] = out.get(int(p.pid), 0) + int(used)
+        except Exception:
+            continue
+    return out
+
+
 def gpu_total(index: int) -> int | None:
     """Total memory of GPU ``index``, or None when there is no NVML/GPU."""
     try:
@@ -64,20 +91,7 @@ class NvidiaSampler:
             self._nv = None
 
     def _process_memory(self) -> dict[int, int]:
-        nv, handle = self._nv, self._handle
-        out: dict[int, int] = {}
-        for getter in (
-            nv.nvmlDeviceGetComputeRunningProcesses,
-            nv.nvmlDeviceGetGraphicsRunningProcesses,
-        ):
-            try:
-                for p in getter(handle):
-                    used = p.usedGpuMemory
-                    if used is not None:
-                        out[int(p.pid)] = out.get(int(p.pid), 0) + int(used)
-            except Exception:
-                continue
-        return out
+        return nvml_process_memory(self._nv, self._handle)
 
     def sample(self, services: list[ServiceProcesses]) -> DeviceSample | None:
         if self._nv is None:

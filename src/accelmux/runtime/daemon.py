@@ -16,6 +16,7 @@ import itertools
 import logging
 import os
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
@@ -55,13 +56,17 @@ from accelmux.errors import BackendError, BackendTimeoutError, ConfigError
 from accelmux.gateway.metrics import Metrics
 from accelmux.monitors.base import DeviceSample, DeviceSampler, ServiceProcesses
 from accelmux.redact import redact
+from accelmux.runtime.activity import ServiceActivity
 from accelmux.runtime.bus import DecisionBus
 from accelmux.runtime.clock import Clock, LoopClock, seconds_of_day_now
 from accelmux.runtime.driver import Driver
+from accelmux.runtime.explain import eviction_needed, ledger_picture, why_full
 from accelmux.runtime.requests import Refused, Ticket
 
 log = logging.getLogger("accelmux.runtime")
 T = TypeVar("T")
+#: Ledger pictures kept for /admin/explain/{id} (oldest dropped first).
+DECISION_LEDGERS_KEPT = 1000
 
 #: An attempt returns its result and the measured peak bytes (None: unknown).
 Attempt = Callable[[Dispatch], Awaitable[tuple[T, int | None]]]
@@ -141,7 +146,12 @@ class Runtime:
         if backends is None:
             from accelmux.backends.factory import build_backends
 
-            backends = build_backends(cfg, self.data_dir)
+            backends = build_backends(
+                cfg,
+                self.data_dir,
+                capacities={d.name: d.capacity_bytes for d in spec.devices},
+                profiles={s.name: s.profile for s in spec.services},
+            )
         self.backends = backends
         self.clock: Clock = clock or LoopClock()
         self.bus = DecisionBus()
@@ -168,6 +178,12 @@ class Runtime:
         #: The last load failure or crash of each service, shown by /admin/status.
         self.last_errors: dict[str, str] = {}
         self._idle = asyncio.Event()
+        self.activity = {
+            name: ServiceActivity(started_at=time.monotonic()) for name in cfg.services
+        }
+        #: The ledger at the moment a request was delayed or refused, by request id.
+        self.decision_ledgers: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self._demands: dict[str, Demand] = {}
 
     # ---- lifecycle ---------------------------------------------------------------
     async def start(self) -> None:
@@ -273,6 +289,7 @@ class Runtime:
             )
         ticket = Ticket(rid, service, time.monotonic())
         self.tickets[rid] = ticket
+        self._demands[rid] = demand
         try:
             self.driver.submit(
                 RequestArrived(
@@ -340,6 +357,7 @@ class Runtime:
             raise
         finally:
             del self.tickets[rid]
+            self._demands.pop(rid, None)
             if self.stopping and not self._running():
                 self._idle.set()
 
@@ -353,6 +371,35 @@ class Runtime:
     def _observe(self, now: float, action: Action) -> None:
         if self.bus.active:
             self.bus.publish(Decision(now, action).as_dict())
+        if isinstance(action, (Reject, Enqueue)):
+            self._record_ledger(action)
+
+    def _record_ledger(self, action: Reject | Enqueue) -> None:
+        """Keep the ledger as it stands when a request is delayed or refused."""
+        snap = self.manager.snapshot().as_dict()
+        picture = ledger_picture(snap)
+        world = self.manager.world
+        svc = world.services.get(action.service)
+        demand = self._demands.get(action.request_id)
+        record: dict[str, Any] = {
+            "decision": type(action).__name__.lower(),
+            "reason": action.reason.value,
+            "devices": picture,
+        }
+        if svc is not None and demand is not None:
+            estimate = world.estimate(action.service, demand)
+            needed = estimate.total
+            if not svc.is_up:
+                p = svc.spec.profile
+                needed += p.weights + p.runtime + p.kv_floor
+            record["request_bytes"] = needed
+            record["eviction"] = eviction_needed(
+                picture[svc.spec.device], needed, exclude=action.service
+            )
+        self.decision_ledgers[action.request_id] = record
+        self.decision_ledgers.move_to_end(action.request_id)
+        while len(self.decision_ledgers) > DECISION_LEDGERS_KEPT:
+            self.decision_ledgers.popitem(last=False)
 
     def _execute(self, action: Action) -> None:
         if isinstance(action, (Dispatch, Enqueue, Reject, Fail, Preempt)):
@@ -411,7 +458,9 @@ class Runtime:
             )
             self.driver.submit(LoadFailed(service=action.service, error=shown))
             return
-        self.metrics.load_seconds.labels(action.service, "ok").observe(time.monotonic() - started)
+        took = time.monotonic() - started
+        self.metrics.load_seconds.labels(action.service, "ok").observe(took)
+        self.activity[action.service].loaded(time.monotonic(), took)
         self.driver.submit(
             LoadFinished(
                 service=action.service,
@@ -470,7 +519,19 @@ class Runtime:
                 out.append(sample)
         return out
 
+    async def _refresh_backends(self) -> None:
+        """Let backends that read their server's own metrics do so (external servers)."""
+        calls = []
+        for backend in self.backends.values():
+            refresh = getattr(backend, "refresh", None)
+            if callable(refresh):
+                calls.append(refresh())
+        for outcome in await asyncio.gather(*calls, return_exceptions=True):
+            if isinstance(outcome, Exception):
+                log.debug("reading a server's metrics failed: %s", outcome)
+
     async def sample_once(self) -> None:
+        await self._refresh_backends()
         samples = await asyncio.to_thread(self._sample_all, self._processes())
         now = time.time()
         for sample in samples:
@@ -505,10 +566,16 @@ class Runtime:
                 monitors.setdefault(name, {})["error"] = error
         for dev in snap["devices"]:
             dev["measured"] = monitors.get(dev["name"])
+        now = time.monotonic()
         for svc in snap["services"]:
             backend = self.backends.get(svc["name"])
-            svc["backend"] = backend.describe() if backend is not None else None
+            described = backend.describe() if backend is not None else None
+            svc["backend"] = described
             svc["last_error"] = self.last_errors.get(svc["name"])
+            activity = self.activity[svc["name"]].as_dict(now)
+            svc["activity"] = activity
+            svc["limit"] = (described or {}).get("limit", {}).get("summary")
+            svc["usage"] = service_usage(svc, described or {}, activity)
         snap["server"] = {
             "version": __version__,
             "policy": self.manager.policy.name,
@@ -521,3 +588,42 @@ class Runtime:
 
     def explain(self, request_id: str) -> list[str] | None:
         return self.manager.explain(request_id)
+
+    def decision_ledger(self, request_id: str) -> dict[str, Any] | None:
+        """The ledger when ``request_id`` was last delayed or refused (None: never was)."""
+        return self.decision_ledgers.get(request_id)
+
+    def why_full(self) -> dict[str, Any]:
+        return why_full(self.manager.snapshot().as_dict())
+
+
+def service_usage(
+    svc: dict[str, Any], described: dict[str, Any], activity: dict[str, Any]
+) -> dict[str, Any]:
+    """One service's memory and load figures in one place (status page and /metrics).
+
+    KV in use and context in use come from the server itself where it reports them
+    (llama-server's ``/slots`` and ``/metrics``, vLLM's ``/metrics``), else from the
+    ledger."""
+    server = described.get("server") or {}
+    measured = described.get("measured") or {}
+    kv_pool = int(svc["kv_pool_bytes"])
+    kv_in_use = int(svc["kv_in_use_bytes"])
+    if "kv_usage_ratio" in server and kv_pool:
+        kv_in_use = int(float(server["kv_usage_ratio"]) * kv_pool)
+    ledger = svc["ledger"]
+    return {
+        "weights_bytes": ledger.get("weights", 0),
+        "reserved_bytes": ledger.get("reserved", 0),
+        "active_bytes": ledger.get("active", 0),
+        "kv_in_use_bytes": kv_in_use,
+        "kv_pool_bytes": kv_pool,
+        "concurrency": svc["concurrency"],
+        "inflight": svc["inflight"],
+        "context_in_use_tokens": server.get("context_in_use_tokens"),
+        "context_per_slot_tokens": server.get("context_per_slot"),
+        "batch_size": measured.get("batch_size"),
+        "busy_slots_per_decode": server.get("busy_slots_per_decode"),
+        "switches_per_hour": activity["switches_per_hour"],
+        "cold_start_s": activity["cold_start_s_last"],
+    }

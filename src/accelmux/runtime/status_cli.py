@@ -201,6 +201,11 @@ def render(data: dict[str, Any], *, decisions: int = 12) -> str:
             svc_rows,
         )
     )
+    limits = [f"  {s['name']}: {s['limit']}" for s in data["services"] if s.get("limit")]
+    if limits:
+        lines.append("")
+        lines.append("limits of external servers:")
+        lines.extend(limits)
     lines.append("")
     queues = data.get("queues", {})
     lines.append("queues: " + "  ".join(f"{k} {v}" for k, v in queues.items()))
