@@ -24,7 +24,15 @@ shortfall the cheapest such one goes (not the largest). At start, warm services 
 loaded into memory nobody needs yet; a warm service evicted for a short on-demand job
 is restored as soon as that job's service goes idle (``RESTORE_GRACE_S``), taking memory
 back from batch and background work if it has to. When only the calibration margin of a
-request does not fit the device, it runs on its raw estimate (the headroom covers it).
+request does not fit the device, it runs on its estimate scaled by what was measured so
+far (the headroom covers the margin).
+
+When estimates are wrong: a request is preempted at most ``MAX_PREEMPTIONS`` times; a
+crash with requests in flight, or a sample measuring running requests above their
+leases, raises the service's calibration at once; memory measured above the leases is
+charged to the service using it (one request at a time, its own work given back first);
+and work a waiting higher class could preempt still runs in idle memory (fair progress).
+Each heuristic has a name in ``HEURISTICS`` and can be turned off (``policy.disable``).
 """
 
 from __future__ import annotations
