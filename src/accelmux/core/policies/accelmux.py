@@ -80,8 +80,8 @@ HEURISTICS: dict[str, str] = {
     "above their leases, raises the service's calibration at once",
     "pressure_charging": "memory measured above what was accounted is charged to the "
     "service using it: it runs one request at a time and gives its own work back first",
-    "fair_progress": "work a waiting higher class could preempt still runs in idle memory "
-    "(it takes memory from no one)",
+    "fair_progress": "work a waiting higher class could preempt still loads and runs in "
+    "idle memory (it takes memory from no one)",
     "restore": "a warm service evicted for a short on-demand job is restored as soon as "
     "that job's service goes idle",
     "prewarm": "load warm services at start and reload likely-reused evicted ones into "
@@ -646,7 +646,7 @@ class AccelmuxPolicy:
         if blocked is not None and blocked < cls:
             if not (
                 world.knobs.enabled("fair_progress")
-                and svc.is_up
+                and svc.status is not ServiceStatus.UNLOADING
                 and self._preemptible(svc, blocked)
             ):
                 self._queue_or_reject(
@@ -675,7 +675,7 @@ class AccelmuxPolicy:
                     f"restart after {svc.backoff_until - world.now:.1f}s",
                 )
                 return
-            self._load_for(world, req, svc, rnd, outside)
+            self._load_for(world, req, svc, rnd, outside, idle_only)
             return
         if svc.over_limit and svc.inflight:
             # Measured far above its profile: it may not grow further while it serves,
@@ -782,7 +782,13 @@ class AccelmuxPolicy:
             self._queue_or_reject(world, req, Reason.NO_MEMORY, "lost the race for memory")
 
     def _load_for(
-        self, world: World, req: RequestState, svc: ServiceState, rnd: _Round, outside: bool
+        self,
+        world: World,
+        req: RequestState,
+        svc: ServiceState,
+        rnd: _Round,
+        outside: bool,
+        idle_only: bool = False,
     ) -> None:
         p = svc.spec.profile
         dev = svc.spec.device
@@ -816,6 +822,13 @@ class AccelmuxPolicy:
             world.knobs.spare_fraction * world.devices[dev].usable_bytes
         ):
             self._queue_or_reject(world, req, Reason.OUTSIDE_WINDOW, "no spare memory to load")
+            return
+        if idle_only and world.ledger.available(dev) < need + reserve:
+            # Fair progress loads into idle memory only: it takes nothing from the
+            # waiting higher class (the service is evictable again once idle).
+            self._queue_or_reject(
+                world, req, Reason.HIGHER_CLASS_WAITING, "idle memory too small to load"
+            )
             return
         reason = Reason.RELOAD_AFTER_CRASH if svc.status is ServiceStatus.CRASHED else Reason.DEMAND
         if self.make_room(world, dev, need + reserve, req.cls, svc, reason) and world.load(
