@@ -72,8 +72,8 @@ HEURISTICS: dict[str, str] = {
     "(off: least recently used first)",
     "single_victim": "when one victim covers the shortfall, evict the cheapest such one",
     "cache_reuse": "a service's own allocator cache counts as room for its requests",
-    "degrade_to_raw": "when only the calibration margin does not fit, run on the raw "
-    "estimate (off: reject as too large)",
+    "degrade_to_raw": "when only the calibration margin does not fit, run on the estimate "
+    "scaled by the worst measured ratio, without margin (off: reject as too large)",
     "calibration": "scale estimates by the worst recent observed/estimated ratio "
     "(off: the safety factor alone)",
     "failure_calibration": "a crash with requests in flight, or running requests measured "
