@@ -72,6 +72,8 @@ HEURISTICS: dict[str, str] = {
     "(off: least recently used first)",
     "single_victim": "when one victim covers the shortfall, evict the cheapest such one",
     "cache_reuse": "a service's own allocator cache counts as room for its requests",
+    "cache_accounting": "preempting a request of a service measured caching freed memory "
+    "frees nothing until it unloads: it is evicted, or others yield",
     "degrade_to_raw": "when only the calibration margin does not fit, run on the estimate "
     "scaled by the worst measured ratio, without margin (off: reject as too large)",
     "calibration": "scale estimates by the worst recent observed/estimated ratio "
@@ -119,6 +121,8 @@ class AccelmuxPolicy:
         #: Highest activation memory measured per loaded service: a caching allocator may
         #: keep that much reserved, so only a measurement above it shows an over-estimate.
         self._high_water: dict[str, int] = {}
+        #: Services measured holding activation memory while idle (a caching allocator).
+        self._caching: set[str] = set()
         #: Crash count of each service when last seen, and what its requests held then.
         self._seen_crashes: dict[str, int] = {}
         self._held: dict[str, list[tuple[int, int]]] = {}
@@ -173,6 +177,8 @@ class AccelmuxPolicy:
             before = self._high_water.get(name, 0)
             self._high_water[name] = max(before, measured)
             excess = measured - max(leases, before)
+            if not svc.inflight and reserved > EXCESS_TOLERANCE:
+                self._caching.add(name)
             if not svc.inflight or excess <= EXCESS_TOLERANCE:
                 self._charged.pop(name, None)
                 continue
@@ -444,9 +450,14 @@ class AccelmuxPolicy:
             world.resize(
                 svc, target, reason=Reason.BALLOON_SHRINK, detail=f"room for {reason.value}"
             )
+        # A caching allocator keeps what a preempted request held: the lease goes back
+        # to the ledger but not to the device until the service unloads.
+        kept = 0
+        evicted_cache = False
         for req in preempts:
-            if ledger.available(device) >= need:
-                return True
+            if ledger.available(device) - kept >= need:
+                break
+            lease = req.active_lease.nbytes if req.active_lease else 0
             world.preempt(
                 req, reason=Reason.PREEMPTED_FOR_HIGHER_CLASS, detail=f"room for class {cls.label}"
             )
@@ -456,10 +467,21 @@ class AccelmuxPolicy:
                 world.resize(
                     holder, target, reason=Reason.BALLOON_SHRINK, detail="after preemption"
                 )
-        if ledger.available(device) >= need:
+            if holder.name in self._caching and knobs.enabled("cache_accounting"):
+                kept += lease
+                if holder.idle and self._evictable(holder, cls, exclude, strict):
+                    world.unload(
+                        holder,
+                        reason=Reason.EVICTED_FOR_MEMORY,
+                        detail=f"room for class {cls.label}: its allocator keeps freed memory",
+                    )
+                    evicted_cache = True
+        if evicted_cache:
+            return False  # the memory comes back with the unload
+        if ledger.available(device) - kept >= need:
             return True
         freed = 0
-        short = need - ledger.available(device) - pending
+        short = need - ledger.available(device) + kept - pending
         # When one victim alone covers the shortfall, take the cheapest such one
         # (reload cost x reuse x class weight), not the best per byte: a few MB must
         # not cost the largest model.
@@ -467,7 +489,7 @@ class AccelmuxPolicy:
         if single and knobs.enabled("single_victim"):
             victims = [min(single, key=lambda s: (self.eviction_cost(world, s), s.name))]
         for svc in victims:
-            if ledger.available(device) + pending + freed >= need:
+            if ledger.available(device) - kept + pending + freed >= need:
                 break
             freed += self.unload_frees(world, svc)
             world.unload(
