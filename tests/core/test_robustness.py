@@ -17,7 +17,7 @@ from dataclasses import replace
 from hypothesis import given
 from hypothesis import strategies as st
 
-from accelmux.core.actions import Dispatch, Preempt
+from accelmux.core.actions import Action, Dispatch, Preempt
 from accelmux.core.events import BackendCrashed, Demand, MemorySampled, RequestArrived, Tick
 from accelmux.core.manager import Manager
 from accelmux.core.policies import make_policy
@@ -27,7 +27,7 @@ from accelmux.core.state import World
 from accelmux.core.types import GIB, MIB, Category, Reason, ServiceClass, ServiceStatus
 
 from .fake_executor import FakeExecutor
-from .support import EXACT, arrive, manager, of, plain_profile, service, up
+from .support import EXACT, arrive, manager, of, plain_profile, service, unloads, up
 from .test_properties import SETTINGS, Op, apply_op, manager_specs, ops_strategy, run
 
 
@@ -232,3 +232,36 @@ def test_work_a_waiting_class_could_preempt_runs_in_idle_memory(
     if waits_for_memory and up_and_fits:
         assert "l" in [a.request_id for a in of(Dispatch, out)]
     assert _waits_in_idle_memory(m.world) == []
+
+
+def _caching_embedder(*disabled: str) -> tuple[Manager, list[Action]]:
+    m = manager(
+        service(
+            "emb", cls=ServiceClass.BATCH, profile=plain_profile(weights=GIB, workspace=4 * GIB)
+        ),
+        service("ia", profile=plain_profile(weights=GIB, workspace=4 * GIB)),
+        knobs=replace(EXACT, disabled=frozenset(disabled)),
+    )
+    up(m, "emb", "ia")
+    # Idle, the embedder is measured holding 4 GiB beyond its resident size: its cache.
+    resident = m.world.services["emb"].resident_bytes
+    held = resident + 4 * GIB + m.world.services["ia"].resident_bytes
+    sample = MemorySampled(
+        device="gpu",
+        used_bytes=held,
+        per_service={"emb": resident + 4 * GIB, "ia": m.world.services["ia"].resident_bytes},
+    )
+    m.handle(sample, 1.0)
+    m.handle(arrive("e1", "emb"), 2.0)  # reuses its cache
+    assert "e1" in m.world.inflight
+    return m, m.handle(arrive("i1", "ia"), 3.0)
+
+
+def test_preempting_a_caching_service_evicts_it_instead_of_counting_its_lease_free() -> None:
+    m, out = _caching_embedder()
+    assert [a.request_id for a in of(Preempt, out)] == ["e1"]
+    assert [(u.service, u.reason) for u in unloads(out)] == [("emb", Reason.EVICTED_FOR_MEMORY)]
+    assert "i1" in m.world.waiting  # until the unload gives the memory back
+    # Without it, the released lease is taken as free memory the device does not have.
+    _, out = _caching_embedder("cache_accounting")
+    assert unloads(out) == []
