@@ -16,6 +16,7 @@ from pydantic import BaseModel, ByteSize, ConfigDict, Field, field_validator
 from accelmux.config.backends import BackendConfig
 from accelmux.config.baselines import LlamaSwapConfig, OllamaConfig
 from accelmux.config.server import ServerConfig
+from accelmux.core.policies.accelmux import HEURISTICS
 from accelmux.core.specs import DAY_S, Window
 from accelmux.core.types import Residency, ServiceClass, ServiceKind
 
@@ -177,6 +178,23 @@ class PolicyConfig(StrictModel):
     llama_swap: LlamaSwapConfig = Field(
         default_factory=LlamaSwapConfig, description="The llama-swap baseline's settings."
     )
+    disable: list[str] = Field(
+        default_factory=list,
+        description="Heuristics of the accelmux policy to turn off (ablation); each name "
+        "must be one of `accelmux.core.policies.accelmux.HEURISTICS` (listed in "
+        "docs/architecture.md).",
+    )
+
+    @field_validator("disable")
+    @classmethod
+    def _known_heuristics(cls, value: list[str]) -> list[str]:
+        unknown = [name for name in value if name not in HEURISTICS]
+        if unknown:
+            raise ValueError(
+                f"unknown heuristic(s) {', '.join(repr(n) for n in unknown)}; "
+                f"known: {', '.join(sorted(HEURISTICS))}"
+            )
+        return value
 
 
 class AccelmuxConfig(StrictModel):

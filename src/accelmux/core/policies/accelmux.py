@@ -24,7 +24,15 @@ shortfall the cheapest such one goes (not the largest). At start, warm services 
 loaded into memory nobody needs yet; a warm service evicted for a short on-demand job
 is restored as soon as that job's service goes idle (``RESTORE_GRACE_S``), taking memory
 back from batch and background work if it has to. When only the calibration margin of a
-request does not fit the device, it runs on its raw estimate (the headroom covers it).
+request does not fit the device, it runs on its estimate scaled by what was measured so
+far (the headroom covers the margin).
+
+When estimates are wrong: a request is preempted at most ``MAX_PREEMPTIONS`` times; a
+crash with requests in flight, or a sample measuring running requests above their
+leases, raises the service's calibration at once; memory measured above the leases is
+charged to the service using it (one request at a time, its own work given back first);
+and work a waiting higher class could preempt still runs in idle memory (fair progress).
+Each heuristic has a name in ``HEURISTICS`` and can be turned off (``policy.disable``).
 """
 
 from __future__ import annotations
@@ -47,6 +55,49 @@ class _Round:
     higher_waiting: dict[str, ServiceClass] = field(default_factory=dict)
 
 
+#: The policy's heuristics by name, each of which ``policy.disable`` can turn off (for
+#: ablation: what each one buys is measured by running without it).
+HEURISTICS: dict[str, str] = {
+    "realtime_reserve": "keep the next activation of each loaded realtime service free "
+    "of resident memory and of lower-class leases",
+    "realtime_hold": "start no batch or background work on a device while realtime work "
+    "runs or waits there",
+    "realtime_grace": "keep holding batch and background work for realtime_grace_s after a "
+    "realtime request ends",
+    "batch_yield": "batch work yields compute to running interactive requests",
+    "preemption": "stop (and re-queue) running lower-class work to make room",
+    "preemption_bound": "a request preempted MAX_PREEMPTIONS times is no longer preemptible",
+    "ballooning": "shrink elastic KV pools when idle and to make room",
+    "victim_scoring": "evict by reload cost x reuse probability x class weight per byte "
+    "(off: least recently used first)",
+    "single_victim": "when one victim covers the shortfall, evict the cheapest such one",
+    "cache_reuse": "a service's own allocator cache counts as room for its requests",
+    "cache_accounting": "preempting a request of a service measured caching freed memory "
+    "frees nothing until it unloads: it is evicted, or others yield",
+    "degrade_to_raw": "when only the calibration margin does not fit, run on the estimate "
+    "scaled by the worst measured ratio, without margin (off: reject as too large)",
+    "calibration": "scale estimates by the worst recent observed/estimated ratio "
+    "(off: the safety factor alone)",
+    "failure_calibration": "a crash with requests in flight, or running requests measured "
+    "above their leases, raises the service's calibration at once",
+    "pressure_charging": "memory measured above what was accounted is charged to the "
+    "service using it: it runs one request at a time and gives its own work back first",
+    "fair_progress": "work a waiting higher class could preempt still loads and runs in "
+    "idle memory (it takes memory from no one)",
+    "restore": "a warm service evicted for a short on-demand job is restored as soon as "
+    "that job's service goes idle",
+    "prewarm": "load warm services at start and reload likely-reused evicted ones into "
+    "spare memory",
+}
+
+#: A request is preempted at most this many times; after that it is no longer
+#: preemptible (by higher classes, foreign pressure or its own over-use) and runs to its
+#: end. Preemption thus cannot livelock: every preemption brings a request closer to it.
+MAX_PREEMPTIONS = 3
+
+#: Measured activation memory within this much of what was accounted is noise.
+EXCESS_TOLERANCE = 16 * 1024 * 1024
+
 #: Idle seconds after which an on-demand service goes when it holds the memory of an
 #: evicted warm service that is likely to be used again (restore it sooner).
 RESTORE_GRACE_S = 1.0
@@ -65,6 +116,16 @@ class AccelmuxPolicy:
         self._memo: dict[tuple[str, str], tuple[int, int]] = {}
         #: Per-round memo of make_room failures: (device, class) -> (version, need).
         self._room_failed: dict[tuple[str, ServiceClass, bool], tuple[int, int]] = {}
+        #: Services measured above what was accounted at the last sample: name -> bytes.
+        self._charged: dict[str, int] = {}
+        #: Highest activation memory measured per loaded service: a caching allocator may
+        #: keep that much reserved, so only a measurement above it shows an over-estimate.
+        self._high_water: dict[str, int] = {}
+        #: Services measured holding activation memory while idle (a caching allocator).
+        self._caching: set[str] = set()
+        #: Crash count of each service when last seen, and what its requests held then.
+        self._seen_crashes: dict[str, int] = {}
+        self._held: dict[str, list[tuple[int, int]]] = {}
 
     def _cached(self, world: World, key: tuple[str, str], compute: Callable[[], int]) -> int:
         hit = self._memo.get(key)
@@ -77,8 +138,58 @@ class AccelmuxPolicy:
     # ---- Protocol -------------------------------------------------------------
     def start(self, world: World, now: float) -> None:
         self._keep_pinned_loaded(world)
-        if world.knobs.prewarm:
+        if world.knobs.prewarm and world.knobs.enabled("prewarm"):
             self._preload_warm(world)
+
+    def _learn(self, world: World) -> None:
+        """Learn from being wrong, at once: crashes and measurements above the leases.
+
+        A crash with requests in flight (an OOM kills the service that asked) raises the
+        service's calibration to at least twice what those requests held. After each
+        memory sample, a running service whose measured activation memory exceeds its
+        leases and the highest activation measured before (what a caching allocator may
+        still hold from earlier requests) is *charged* with the excess:
+        its calibration rises to what was measured, and until it is measured within its
+        leases it runs one request at a time and gives back its own work first under
+        pressure (``_relieve_pressure``).
+        """
+        knobs = world.knobs
+        learn = knobs.enabled("failure_calibration")
+        for svc in world.services.values():
+            name = svc.name
+            if svc.crashes != self._seen_crashes.get(name, 0):
+                self._seen_crashes[name] = svc.crashes
+                if learn:
+                    for estimated, lease in self._held.get(name, ()):
+                        svc.calibration.observe_failure(estimated, lease)
+            dev = svc.spec.device
+            if world.sampled_at.get(dev) != world.now:
+                if not svc.inflight:
+                    self._charged.pop(name, None)
+                continue
+            if not svc.holds_memory:
+                self._high_water.pop(name, None)
+                self._charged.pop(name, None)
+                continue
+            reserved = world.ledger.amount(dev, name, Category.RESERVED)
+            leases = sum(r.active_lease.nbytes for r in svc.inflight.values() if r.active_lease)
+            measured = reserved + leases
+            before = self._high_water.get(name, 0)
+            self._high_water[name] = max(before, measured)
+            excess = measured - max(leases, before)
+            if not svc.inflight and reserved > EXCESS_TOLERANCE:
+                self._caching.add(name)
+            if not svc.inflight or excess <= EXCESS_TOLERANCE:
+                self._charged.pop(name, None)
+                continue
+            self._charged[name] = excess
+            if learn:
+                estimated = sum(r.estimate.active_bytes for r in svc.inflight.values())
+                svc.calibration.observe_excess(estimated, measured)
+
+    def _may_preempt(self, world: World, req: RequestState) -> bool:
+        """A request may be preempted again: it has not reached the bound."""
+        return not world.knobs.enabled("preemption_bound") or req.attempt <= MAX_PREEMPTIONS
 
     def _preload_warm(self, world: World) -> None:
         """At start, load warm services (class order) into memory nobody else needs yet."""
@@ -98,14 +209,24 @@ class AccelmuxPolicy:
     def decide(self, world: World, now: float) -> None:
         self._memo.clear()
         self._room_failed.clear()
+        self._learn(world)
         self._admin_unloads(world)
         self._relieve_pressure(world)
         self._keep_pinned_loaded(world)
         self._schedule(world)
         self._expire_idle(world)
-        self._balloon(world)
-        if world.knobs.prewarm:
+        if world.knobs.enabled("ballooning"):
+            self._balloon(world)
+        if world.knobs.prewarm and world.knobs.enabled("prewarm"):
             self._prewarm(world)
+        self._held = {
+            s.name: [
+                (r.estimate.active_bytes, r.active_lease.nbytes if r.active_lease else 0)
+                for r in s.inflight.values()
+            ]
+            for s in world.services.values()
+            if s.inflight
+        }
 
     def next_wakeup(self, world: World, now: float) -> float | None:
         times: list[float] = []
@@ -134,7 +255,11 @@ class AccelmuxPolicy:
     def _ttl(self, world: World, svc: ServiceState) -> float:
         if svc.spec.residency is Residency.ON_DEMAND:
             ttl = min(svc.ttl_s, world.knobs.on_demand_ttl_s)
-            if world.knobs.prewarm and self._restore_pending(world, svc.spec.device):
+            if (
+                world.knobs.prewarm
+                and world.knobs.enabled("restore")
+                and self._restore_pending(world, svc.spec.device)
+            ):
                 ttl = min(ttl, RESTORE_GRACE_S)
             return ttl
         return svc.ttl_s
@@ -179,6 +304,8 @@ class AccelmuxPolicy:
         chat or batch work holds. Sized by the largest activation seen per service
         (its workspace estimate before any request), minus what its requests hold now.
         """
+        if not world.knobs.enabled("realtime_reserve"):
+            return 0
         return self._cached(
             world,
             ("realtime_reserve", device),
@@ -284,14 +411,17 @@ class AccelmuxPolicy:
         preempts: list[RequestState] = []
         victims: list[ServiceState] = []
         up: list[ServiceState] = []
+        knobs = world.knobs
+        preempting = knobs.enabled("preemption")
+        shrinking = knobs.enabled("ballooning")
         for svc in services:
-            if svc.inflight and self._preemptible(svc, cls):
-                preempts.extend(svc.inflight.values())
+            if preempting and svc.inflight and self._preemptible(svc, cls):
+                preempts.extend(r for r in svc.inflight.values() if self._may_preempt(world, r))
             if svc is exclude or svc.status is not ServiceStatus.LOADED:
                 continue
             up.append(svc)
             target = max(svc.spec.profile.kv_floor, svc.kv_in_use)
-            if svc.kv_pool > target:
+            if shrinking and svc.kv_pool > target:
                 shrinks.append((svc, target))
             if self._evictable(svc, cls, exclude, strict):
                 victims.append(svc)
@@ -301,7 +431,7 @@ class AccelmuxPolicy:
         for r in preempts:
             preempted_kv[r.service] = preempted_kv.get(r.service, 0) + r.kv_bytes
         gain_now = sum(r.active_lease.nbytes if r.active_lease else 0 for r in preempts)
-        for svc in up:
+        for svc in up if shrinking else ():
             low = max(svc.spec.profile.kv_floor, svc.kv_in_use - preempted_kv.get(svc.name, 0))
             gain_now += max(0, svc.kv_pool - low)
         gain_later = sum(self.unload_frees(world, s) for s in victims)
@@ -311,7 +441,10 @@ class AccelmuxPolicy:
             return False
         shrinks.sort(key=lambda st: -int(st[0].spec.cls))  # stable: lowest class first
         preempts.sort(key=lambda r: (-int(r.cls), -(r.dispatched_at or 0.0)))
-        victims.sort(key=lambda s: (self.victim_score(world, s), s.name))
+        if knobs.enabled("victim_scoring"):
+            victims.sort(key=lambda s: (self.victim_score(world, s), s.name))
+        else:
+            victims.sort(key=lambda s: (s.last_used, s.name))
 
         for svc, target in shrinks:
             if ledger.available(device) >= need:
@@ -319,30 +452,46 @@ class AccelmuxPolicy:
             world.resize(
                 svc, target, reason=Reason.BALLOON_SHRINK, detail=f"room for {reason.value}"
             )
+        # A caching allocator keeps what a preempted request held: the lease goes back
+        # to the ledger but not to the device until the service unloads.
+        kept = 0
+        evicted_cache = False
         for req in preempts:
-            if ledger.available(device) >= need:
-                return True
+            if ledger.available(device) - kept >= need:
+                break
+            lease = req.active_lease.nbytes if req.active_lease else 0
             world.preempt(
                 req, reason=Reason.PREEMPTED_FOR_HIGHER_CLASS, detail=f"room for class {cls.label}"
             )
             holder = world.services[req.service]
             target = max(holder.spec.profile.kv_floor, holder.kv_in_use)
-            if holder.kv_pool > target:
+            if shrinking and holder.kv_pool > target:
                 world.resize(
                     holder, target, reason=Reason.BALLOON_SHRINK, detail="after preemption"
                 )
-        if ledger.available(device) >= need:
+            if holder.name in self._caching and knobs.enabled("cache_accounting"):
+                kept += lease
+                if holder.idle and self._evictable(holder, cls, exclude, strict):
+                    world.unload(
+                        holder,
+                        reason=Reason.EVICTED_FOR_MEMORY,
+                        detail=f"room for class {cls.label}: its allocator keeps freed memory",
+                    )
+                    evicted_cache = True
+        if evicted_cache:
+            return False  # the memory comes back with the unload
+        if ledger.available(device) - kept >= need:
             return True
         freed = 0
-        short = need - ledger.available(device) - pending
+        short = need - ledger.available(device) + kept - pending
         # When one victim alone covers the shortfall, take the cheapest such one
         # (reload cost x reuse x class weight), not the best per byte: a few MB must
         # not cost the largest model.
         single = [s for s in victims if self.unload_frees(world, s) >= short]
-        if single:
+        if single and knobs.enabled("single_victim"):
             victims = [min(single, key=lambda s: (self.eviction_cost(world, s), s.name))]
         for svc in victims:
-            if ledger.available(device) + pending + freed >= need:
+            if ledger.available(device) - kept + pending + freed >= need:
                 break
             freed += self.unload_frees(world, svc)
             world.unload(
@@ -390,11 +539,42 @@ class AccelmuxPolicy:
                 world.admin_unload.discard(name)
 
     def _relieve_pressure(self, world: World) -> None:
-        """Foreign or reserved memory grew: give memory back until the ledger balances."""
+        """Foreign or reserved memory grew: give memory back until the ledger balances.
+
+        Memory a running service uses above its leases is charged to it: its own
+        (non-realtime, below the preemption bound) requests are stopped first, and other
+        work yields only for the rest of the shortfall. Once measured, the excess is in
+        the ledger until the next sample, so the shortfall other work must cover is what
+        remains after the charged bytes.
+        """
+        charging = world.knobs.enabled("pressure_charging")
+        ledger = world.ledger
         for device in world.devices:
-            if world.ledger.available(device) >= 0:
+            if ledger.available(device) >= 0:
                 continue
-            self.make_room(world, device, 0, ServiceClass.REALTIME, None, Reason.FOREIGN_PRESSURE)
+            charged = [
+                world.services[n]
+                for n in (self._charged if charging else ())
+                if world.services[n].spec.device == device
+            ]
+            excess = sum(self._charged[s.name] for s in charged)
+            for svc in sorted(charged, key=lambda s: (-self._charged[s.name], s.name)):
+                if svc.spec.cls is ServiceClass.REALTIME:
+                    continue
+                running = sorted(svc.inflight.values(), key=lambda r: -(r.dispatched_at or 0.0))
+                for req in running:
+                    if ledger.available(device) >= 0 or not self._may_preempt(world, req):
+                        continue
+                    world.preempt(
+                        req,
+                        reason=Reason.OVER_ESTIMATE,
+                        detail=f"{svc.name} measured {self._charged[svc.name]} B above its leases",
+                    )
+            need = min(0, -excess)
+            if ledger.available(device) < need:
+                self.make_room(
+                    world, device, need, ServiceClass.REALTIME, None, Reason.FOREIGN_PRESSURE
+                )
 
     def _keep_pinned_loaded(self, world: World) -> None:
         down = (
@@ -424,17 +604,20 @@ class AccelmuxPolicy:
 
     def _schedule(self, world: World) -> None:
         rnd = _Round()
-        grace = world.knobs.realtime_grace_s
+        knobs = world.knobs
+        hold = knobs.enabled("realtime_hold")
+        grace = knobs.realtime_grace_s if knobs.enabled("realtime_grace") else 0.0
+        batch_yield = knobs.enabled("batch_yield")
         for svc in world.services.values():
             if svc.spec.cls is ServiceClass.REALTIME and (
-                svc.inflight or world.now < svc.last_used + grace
+                (hold and svc.inflight) or world.now < svc.last_used + grace
             ):
                 rnd.realtime_active.add(svc.spec.device)
-            if svc.spec.cls is ServiceClass.INTERACTIVE and svc.inflight:
+            if batch_yield and svc.spec.cls is ServiceClass.INTERACTIVE and svc.inflight:
                 rnd.interactive_active.add(svc.spec.device)
         for req in world.waiting.values():
             dev = world.services[req.service].spec.device
-            if req.cls is ServiceClass.REALTIME:
+            if hold and req.cls is ServiceClass.REALTIME:
                 rnd.realtime_active.add(dev)
             current = rnd.higher_waiting.get(dev)
             if current is None or req.cls < current:
@@ -481,11 +664,23 @@ class AccelmuxPolicy:
             )
             return
         blocked = rnd.blocked.get(dev)
+        # Fair progress: work the waiting class could preempt may still use idle memory
+        # (it takes nothing from anyone, and gives the memory back when preempted).
+        idle_only = False
         if blocked is not None and blocked < cls:
-            self._queue_or_reject(
-                world, req, Reason.HIGHER_CLASS_WAITING, f"{blocked.label} request waits for memory"
-            )
-            return
+            if not (
+                world.knobs.enabled("fair_progress")
+                and svc.status is not ServiceStatus.UNLOADING
+                and self._preemptible(svc, blocked)
+            ):
+                self._queue_or_reject(
+                    world,
+                    req,
+                    Reason.HIGHER_CLASS_WAITING,
+                    f"{blocked.label} request waits for memory",
+                )
+                return
+            idle_only = True
         outside = not spec.in_window(world.time_of_day())
         if outside:
             higher = rnd.higher_waiting.get(dev)
@@ -504,7 +699,7 @@ class AccelmuxPolicy:
                     f"restart after {svc.backoff_until - world.now:.1f}s",
                 )
                 return
-            self._load_for(world, req, svc, rnd, outside)
+            self._load_for(world, req, svc, rnd, outside, idle_only)
             return
         if svc.over_limit and svc.inflight:
             # Measured far above its profile: it may not grow further while it serves,
@@ -512,6 +707,11 @@ class AccelmuxPolicy:
             # ledger as reserved, so admission stays safe) until a reload recalibrates it.
             self._queue_or_reject(
                 world, req, Reason.NO_MEMORY, "service above its memory limit: one at a time"
+            )
+            return
+        if svc.inflight and svc.name in self._charged and world.knobs.enabled("pressure_charging"):
+            self._queue_or_reject(
+                world, req, Reason.NO_MEMORY, "uses more than its leases: one at a time"
             )
             return
         if len(svc.inflight) >= spec.concurrency:
@@ -537,17 +737,19 @@ class AccelmuxPolicy:
         limit = self._max_possible(world, dev, svc) - svc.resident_bytes + svc.kv_pool
         lease: int | None = None
         if need > limit:
-            if req.estimate.active_bytes + grow > limit:
+            observed = svc.calibration.active.project_observed(req.estimate.active_bytes)
+            if observed + grow > limit or not world.knobs.enabled("degrade_to_raw"):
                 world.reject(
                     req,
                     reason=Reason.TOO_LARGE,
                     retry_after_s=0.0,
-                    detail=f"needs {need} B, device can never free that much",
+                    detail=f"needs {need} B ({observed} B as measured so far), device can "
+                    "never free that much",
                 )
                 return
-            # Only the calibration margin does not fit: degrade to the raw estimate and
-            # let the headroom (and preemption by realtime work) absorb the difference.
-            lease = req.estimate.active_bytes
+            # Only the calibration margin does not fit: degrade to the estimate scaled by
+            # what was measured (no margin) and let the headroom absorb the difference.
+            lease = observed
             need = lease + grow
         if outside and world.ledger.available(dev) - need < (
             world.knobs.spare_fraction * world.devices[dev].usable_bytes
@@ -558,7 +760,7 @@ class AccelmuxPolicy:
             self._rt_peak[svc.name] = max(self._rt_peak.get(svc.name, 0), active)
         # A caching allocator's reserved blocks are reused by the service's own requests.
         own_cache = world.ledger.amount(dev, svc.name, Category.RESERVED)
-        if world.ledger.available(dev) < 0:
+        if world.ledger.available(dev) < 0 or not world.knobs.enabled("cache_reuse"):
             own_cache = 0  # under pressure the cache is what has to go, not reuse
         reserve = 0
         if cls > ServiceClass.REALTIME and not self._preemptible(svc, ServiceClass.REALTIME):
@@ -566,6 +768,15 @@ class AccelmuxPolicy:
         before = world.ledger.available(dev)
         running = len(world.inflight)
         room_needed = max(0, need - own_cache) + reserve
+        if idle_only and world.ledger.available(dev) < room_needed:
+            self._queue_or_reject(
+                world,
+                req,
+                Reason.HIGHER_CLASS_WAITING,
+                f"{blocked.label if blocked else ''} request waits for memory; "
+                "idle memory too small",
+            )
+            return
         if not self.make_room(world, dev, room_needed, cls, svc, Reason.NO_MEMORY):
             rnd.blocked[dev] = min(cls, rnd.blocked.get(dev, cls))
             self._queue_or_reject(
@@ -595,7 +806,13 @@ class AccelmuxPolicy:
             self._queue_or_reject(world, req, Reason.NO_MEMORY, "lost the race for memory")
 
     def _load_for(
-        self, world: World, req: RequestState, svc: ServiceState, rnd: _Round, outside: bool
+        self,
+        world: World,
+        req: RequestState,
+        svc: ServiceState,
+        rnd: _Round,
+        outside: bool,
+        idle_only: bool = False,
     ) -> None:
         p = svc.spec.profile
         dev = svc.spec.device
@@ -604,10 +821,11 @@ class AccelmuxPolicy:
         resident = sum(world.projected_resident(svc, pool))
         need = resident + active
         limit = self._max_possible(world, dev, svc)
-        if need > limit >= resident + req.estimate.active_bytes:
-            # Only the calibration margin does not fit: plan for the raw estimate (the
-            # dispatch degrades the same way).
-            active = req.estimate.active_bytes
+        observed = svc.calibration.active.project_observed(req.estimate.active_bytes)
+        if need > limit >= resident + observed and world.knobs.enabled("degrade_to_raw"):
+            # Only the calibration margin does not fit: plan for the estimate scaled by
+            # what was measured (the dispatch degrades the same way).
+            active = observed
             need = resident + active
         reserve = 0
         if req.cls > ServiceClass.REALTIME:
@@ -628,6 +846,13 @@ class AccelmuxPolicy:
             world.knobs.spare_fraction * world.devices[dev].usable_bytes
         ):
             self._queue_or_reject(world, req, Reason.OUTSIDE_WINDOW, "no spare memory to load")
+            return
+        if idle_only and world.ledger.available(dev) < need + reserve:
+            # Fair progress loads into idle memory only: it takes nothing from the
+            # waiting higher class (the service is evictable again once idle).
+            self._queue_or_reject(
+                world, req, Reason.HIGHER_CLASS_WAITING, "idle memory too small to load"
+            )
             return
         reason = Reason.RELOAD_AFTER_CRASH if svc.status is ServiceStatus.CRASHED else Reason.DEMAND
         if self.make_room(world, dev, need + reserve, req.cls, svc, reason) and world.load(
@@ -693,7 +918,7 @@ class AccelmuxPolicy:
             if any(r.wait_reason is Reason.NO_MEMORY for r in world.waiting.values()):
                 continue
             fits = world.ledger.available(dev) - need >= spare
-            if not fits and svc.spec.cls < ServiceClass.BATCH:
+            if not fits and svc.spec.cls < ServiceClass.BATCH and world.knobs.enabled("restore"):
                 # An interactive service outranks batch and background work: take its
                 # memory back from them (they are preempted or evicted) to restore it.
                 # Only strictly lower classes yield: two services of one class that cannot
