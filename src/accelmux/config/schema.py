@@ -166,6 +166,25 @@ class PolicyConfig(StrictModel):
         "this long (the next step of a voice chain follows within it).",
     )
     prewarm: bool = Field(True, description="Reload likely-reused services into spare memory.")
+    disable: list[str] = Field(
+        default_factory=list,
+        description="Heuristics of the accelmux policy to turn off (ablation); each name "
+        "must be one of `accelmux.core.policies.accelmux.HEURISTICS` (listed in "
+        "docs/architecture.md).",
+    )
+
+    @field_validator("disable")
+    @classmethod
+    def _known_heuristics(cls, value: list[str]) -> list[str]:
+        from accelmux.core.policies.accelmux import HEURISTICS
+
+        unknown = [name for name in value if name not in HEURISTICS]
+        if unknown:
+            raise ValueError(
+                f"unknown heuristic(s) {', '.join(repr(n) for n in unknown)}; "
+                f"known: {', '.join(sorted(HEURISTICS))}"
+            )
+        return value
 
 
 class AccelmuxConfig(StrictModel):

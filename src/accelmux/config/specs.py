@@ -82,6 +82,7 @@ def to_manager_spec(
         balloon_idle_s=p.balloon_idle_s,
         realtime_grace_s=p.realtime_grace_s,
         prewarm=p.prewarm,
+        disabled=frozenset(p.disable),
     )
     return ManagerSpec(
         devices=tuple(devices),

@@ -75,20 +75,26 @@ class RatioCalibrator:
 class ServiceCalibration:
     """Calibration state of one service: per-request active memory, and load size."""
 
-    __slots__ = ("active", "resident")
+    __slots__ = ("active", "learn", "resident")
 
-    def __init__(self, *, window: int, safety_factor: float) -> None:
+    def __init__(self, *, window: int, safety_factor: float, learn: bool = True) -> None:
         self.active = RatioCalibrator(window=window, safety_factor=safety_factor)
         self.resident = RatioCalibrator(window=8, safety_factor=1.0)
+        #: False: observations are ignored (estimates x safety factor only; ablation).
+        self.learn = learn
 
     def project_active(self, estimate: RequestEstimate) -> int:
         return self.active.project(estimate.active_bytes)
 
     def observe_request(self, estimate: RequestEstimate, peak_bytes: int) -> None:
+        if not self.learn:
+            return
         observed_active = max(0, peak_bytes - estimate.kv_bytes)
         self.active.observe(estimate.active_bytes, observed_active)
 
     def observe_load(self, estimated_resident: int, measured_resident: int) -> None:
+        if not self.learn:
+            return
         self.resident.observe(estimated_resident, measured_resident)
 
     def project_resident(self, estimated_resident: int) -> int:

@@ -152,12 +152,19 @@ class PolicyKnobs:
     class_weights: tuple[float, float, float, float] = (16.0, 4.0, 1.0, 1.0)
     prewarm: bool = True
     max_decision_log: int = 2000
+    #: Names of accelmux policy heuristics turned off (ablation); see ``HEURISTICS`` in
+    #: :mod:`accelmux.core.policies.accelmux`. Baselines ignore it.
+    disabled: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         _require(self.safety_factor >= 1.0, "safety_factor must be >= 1")
         _require(self.calibration_window >= 1, "calibration_window must be >= 1")
         _require(0 <= self.spare_fraction < 1, "spare_fraction must be in [0, 1)")
         _require(self.realtime_grace_s >= 0, "realtime_grace_s must be >= 0")
+
+    def enabled(self, heuristic: str) -> bool:
+        """Whether the named policy heuristic is on (not listed in ``disabled``)."""
+        return heuristic not in self.disabled
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -138,6 +138,7 @@ class World:
                 calibration=ServiceCalibration(
                     window=spec.knobs.calibration_window,
                     safety_factor=spec.knobs.safety_factor,
+                    learn=spec.knobs.enabled("calibration"),
                 ),
                 pinned=s.residency is Residency.PINNED,
             )

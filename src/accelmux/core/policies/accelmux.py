@@ -47,6 +47,32 @@ class _Round:
     higher_waiting: dict[str, ServiceClass] = field(default_factory=dict)
 
 
+#: The policy's heuristics by name, each of which ``policy.disable`` can turn off (for
+#: ablation: what each one buys is measured by running without it).
+HEURISTICS: dict[str, str] = {
+    "realtime_reserve": "keep the next activation of each loaded realtime service free "
+    "of resident memory and of lower-class leases",
+    "realtime_hold": "start no batch or background work on a device while realtime work "
+    "runs or waits there",
+    "realtime_grace": "keep holding batch and background work for realtime_grace_s after a "
+    "realtime request ends",
+    "batch_yield": "batch work yields compute to running interactive requests",
+    "preemption": "stop (and re-queue) running lower-class work to make room",
+    "ballooning": "shrink elastic KV pools when idle and to make room",
+    "victim_scoring": "evict by reload cost x reuse probability x class weight per byte "
+    "(off: least recently used first)",
+    "single_victim": "when one victim covers the shortfall, evict the cheapest such one",
+    "cache_reuse": "a service's own allocator cache counts as room for its requests",
+    "degrade_to_raw": "when only the calibration margin does not fit, run on the raw "
+    "estimate (off: reject as too large)",
+    "calibration": "scale estimates by the worst recent observed/estimated ratio "
+    "(off: the safety factor alone)",
+    "restore": "a warm service evicted for a short on-demand job is restored as soon as "
+    "that job's service goes idle",
+    "prewarm": "load warm services at start and reload likely-reused evicted ones into "
+    "spare memory",
+}
+
 #: Idle seconds after which an on-demand service goes when it holds the memory of an
 #: evicted warm service that is likely to be used again (restore it sooner).
 RESTORE_GRACE_S = 1.0
@@ -77,7 +103,7 @@ class AccelmuxPolicy:
     # ---- Protocol -------------------------------------------------------------
     def start(self, world: World, now: float) -> None:
         self._keep_pinned_loaded(world)
-        if world.knobs.prewarm:
+        if world.knobs.prewarm and world.knobs.enabled("prewarm"):
             self._preload_warm(world)
 
     def _preload_warm(self, world: World) -> None:
@@ -103,8 +129,9 @@ class AccelmuxPolicy:
         self._keep_pinned_loaded(world)
         self._schedule(world)
         self._expire_idle(world)
-        self._balloon(world)
-        if world.knobs.prewarm:
+        if world.knobs.enabled("ballooning"):
+            self._balloon(world)
+        if world.knobs.prewarm and world.knobs.enabled("prewarm"):
             self._prewarm(world)
 
     def next_wakeup(self, world: World, now: float) -> float | None:
@@ -132,7 +159,11 @@ class AccelmuxPolicy:
     def _ttl(self, world: World, svc: ServiceState) -> float:
         if svc.spec.residency is Residency.ON_DEMAND:
             ttl = min(svc.spec.ttl_s, world.knobs.on_demand_ttl_s)
-            if world.knobs.prewarm and self._restore_pending(world, svc.spec.device):
+            if (
+                world.knobs.prewarm
+                and world.knobs.enabled("restore")
+                and self._restore_pending(world, svc.spec.device)
+            ):
                 ttl = min(ttl, RESTORE_GRACE_S)
             return ttl
         return svc.spec.ttl_s
@@ -177,6 +208,8 @@ class AccelmuxPolicy:
         chat or batch work holds. Sized by the largest activation seen per service
         (its workspace estimate before any request), minus what its requests hold now.
         """
+        if not world.knobs.enabled("realtime_reserve"):
+            return 0
         return self._cached(
             world,
             ("realtime_reserve", device),
@@ -282,14 +315,17 @@ class AccelmuxPolicy:
         preempts: list[RequestState] = []
         victims: list[ServiceState] = []
         up: list[ServiceState] = []
+        knobs = world.knobs
+        preempting = knobs.enabled("preemption")
+        shrinking = knobs.enabled("ballooning")
         for svc in services:
-            if svc.inflight and self._preemptible(svc, cls):
+            if preempting and svc.inflight and self._preemptible(svc, cls):
                 preempts.extend(svc.inflight.values())
             if svc is exclude or svc.status is not ServiceStatus.LOADED:
                 continue
             up.append(svc)
             target = max(svc.spec.profile.kv_floor, svc.kv_in_use)
-            if svc.kv_pool > target:
+            if shrinking and svc.kv_pool > target:
                 shrinks.append((svc, target))
             if self._evictable(svc, cls, exclude, strict):
                 victims.append(svc)
@@ -299,7 +335,7 @@ class AccelmuxPolicy:
         for r in preempts:
             preempted_kv[r.service] = preempted_kv.get(r.service, 0) + r.kv_bytes
         gain_now = sum(r.active_lease.nbytes if r.active_lease else 0 for r in preempts)
-        for svc in up:
+        for svc in up if shrinking else ():
             low = max(svc.spec.profile.kv_floor, svc.kv_in_use - preempted_kv.get(svc.name, 0))
             gain_now += max(0, svc.kv_pool - low)
         gain_later = sum(self.unload_frees(world, s) for s in victims)
@@ -309,7 +345,10 @@ class AccelmuxPolicy:
             return False
         shrinks.sort(key=lambda st: -int(st[0].spec.cls))  # stable: lowest class first
         preempts.sort(key=lambda r: (-int(r.cls), -(r.dispatched_at or 0.0)))
-        victims.sort(key=lambda s: (self.victim_score(world, s), s.name))
+        if knobs.enabled("victim_scoring"):
+            victims.sort(key=lambda s: (self.victim_score(world, s), s.name))
+        else:
+            victims.sort(key=lambda s: (s.last_used, s.name))
 
         for svc, target in shrinks:
             if ledger.available(device) >= need:
@@ -325,7 +364,7 @@ class AccelmuxPolicy:
             )
             holder = world.services[req.service]
             target = max(holder.spec.profile.kv_floor, holder.kv_in_use)
-            if holder.kv_pool > target:
+            if shrinking and holder.kv_pool > target:
                 world.resize(
                     holder, target, reason=Reason.BALLOON_SHRINK, detail="after preemption"
                 )
@@ -337,7 +376,7 @@ class AccelmuxPolicy:
         # (reload cost x reuse x class weight), not the best per byte: a few MB must
         # not cost the largest model.
         single = [s for s in victims if self.unload_frees(world, s) >= short]
-        if single:
+        if single and knobs.enabled("single_victim"):
             victims = [min(single, key=lambda s: (self.eviction_cost(world, s), s.name))]
         for svc in victims:
             if ledger.available(device) + pending + freed >= need:
@@ -422,17 +461,20 @@ class AccelmuxPolicy:
 
     def _schedule(self, world: World) -> None:
         rnd = _Round()
-        grace = world.knobs.realtime_grace_s
+        knobs = world.knobs
+        hold = knobs.enabled("realtime_hold")
+        grace = knobs.realtime_grace_s if knobs.enabled("realtime_grace") else 0.0
+        batch_yield = knobs.enabled("batch_yield")
         for svc in world.services.values():
             if svc.spec.cls is ServiceClass.REALTIME and (
-                svc.inflight or world.now < svc.last_used + grace
+                (hold and svc.inflight) or world.now < svc.last_used + grace
             ):
                 rnd.realtime_active.add(svc.spec.device)
-            if svc.spec.cls is ServiceClass.INTERACTIVE and svc.inflight:
+            if batch_yield and svc.spec.cls is ServiceClass.INTERACTIVE and svc.inflight:
                 rnd.interactive_active.add(svc.spec.device)
         for req in world.waiting.values():
             dev = world.services[req.service].spec.device
-            if req.cls is ServiceClass.REALTIME:
+            if hold and req.cls is ServiceClass.REALTIME:
                 rnd.realtime_active.add(dev)
             current = rnd.higher_waiting.get(dev)
             if current is None or req.cls < current:
@@ -535,7 +577,9 @@ class AccelmuxPolicy:
         limit = self._max_possible(world, dev, svc) - svc.resident_bytes + svc.kv_pool
         lease: int | None = None
         if need > limit:
-            if req.estimate.active_bytes + grow > limit:
+            if req.estimate.active_bytes + grow > limit or not world.knobs.enabled(
+                "degrade_to_raw"
+            ):
                 world.reject(
                     req,
                     reason=Reason.TOO_LARGE,
@@ -556,7 +600,7 @@ class AccelmuxPolicy:
             self._rt_peak[svc.name] = max(self._rt_peak.get(svc.name, 0), active)
         # A caching allocator's reserved blocks are reused by the service's own requests.
         own_cache = world.ledger.amount(dev, svc.name, Category.RESERVED)
-        if world.ledger.available(dev) < 0:
+        if world.ledger.available(dev) < 0 or not world.knobs.enabled("cache_reuse"):
             own_cache = 0  # under pressure the cache is what has to go, not reuse
         reserve = 0
         if cls > ServiceClass.REALTIME and not self._preemptible(svc, ServiceClass.REALTIME):
@@ -602,7 +646,9 @@ class AccelmuxPolicy:
         resident = sum(world.projected_resident(svc, pool))
         need = resident + active
         limit = self._max_possible(world, dev, svc)
-        if need > limit >= resident + req.estimate.active_bytes:
+        if need > limit >= resident + req.estimate.active_bytes and world.knobs.enabled(
+            "degrade_to_raw"
+        ):
             # Only the calibration margin does not fit: plan for the raw estimate (the
             # dispatch degrades the same way).
             active = req.estimate.active_bytes
@@ -691,7 +737,7 @@ class AccelmuxPolicy:
             if any(r.wait_reason is Reason.NO_MEMORY for r in world.waiting.values()):
                 continue
             fits = world.ledger.available(dev) - need >= spare
-            if not fits and svc.spec.cls < ServiceClass.BATCH:
+            if not fits and svc.spec.cls < ServiceClass.BATCH and world.knobs.enabled("restore"):
                 # An interactive service outranks batch and background work: take its
                 # memory back from them (they are preempted or evicted) to restore it.
                 # Only strictly lower classes yield: two services of one class that cannot

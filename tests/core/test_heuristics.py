@@ -1,0 +1,99 @@
+"""Ablation switches: every accelmux heuristic can be turned off by name."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from accelmux.config.load import load_config_text
+from accelmux.config.specs import to_manager_spec
+from accelmux.core.actions import Dispatch, Preempt, Resize
+from accelmux.core.events import Tick
+from accelmux.core.policies.accelmux import HEURISTICS
+from accelmux.core.types import GIB, Reason, ServiceClass, ServiceKind
+from accelmux.errors import ConfigError
+
+from .support import EXACT, arrive, done, llm_profile, manager, of, plain_profile, service, up
+
+CONFIG = """
+devices:
+  gpu: {{kind: virtual, capacity: 12GiB, budget: 12GiB, headroom: 512MiB}}
+services: {{}}
+policy:
+  disable: {disable}
+"""
+
+
+def test_every_heuristic_has_a_one_line_description() -> None:
+    assert HEURISTICS
+    for name, text in HEURISTICS.items():
+        assert name.isidentifier() and name == name.lower()
+        assert text and "\n" not in text
+
+
+def test_disable_reaches_the_world_knobs() -> None:
+    cfg = load_config_text(CONFIG.format(disable="[preemption, ballooning]"))
+    spec = to_manager_spec(cfg)
+    assert spec.knobs.disabled == frozenset({"preemption", "ballooning"})
+    assert not spec.knobs.enabled("preemption")
+    assert spec.knobs.enabled("calibration")
+
+
+def test_an_unknown_heuristic_is_an_error_that_lists_the_known_ones() -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config_text(CONFIG.format(disable="[preemption, teleport]"))
+    text = str(err.value)
+    assert "teleport" in text
+    for name in HEURISTICS:
+        assert name in text
+
+
+def _preemption_case(*disabled: str) -> list[Dispatch | Preempt]:
+    big = plain_profile(weights=GIB, workspace=5 * GIB)
+    m = manager(
+        service("emb", cls=ServiceClass.BATCH, profile=big, kind=ServiceKind.EMBEDDINGS),
+        service("ia", cls=ServiceClass.INTERACTIVE, profile=big),
+        knobs=replace(EXACT, disabled=frozenset(disabled)),
+    )
+    up(m, "emb", "ia")
+    m.handle(arrive("e1", "emb"), 1.0)
+    out = m.handle(arrive("i1", "ia"), 2.0)
+    return [a for a in out if isinstance(a, Dispatch | Preempt)]
+
+
+def test_without_preemption_a_higher_class_waits_instead() -> None:
+    assert [type(a) for a in _preemption_case()] == [Preempt, Dispatch]
+    assert _preemption_case("preemption") == []
+
+
+def test_without_ballooning_an_idle_pool_keeps_its_size() -> None:
+    def shrinks(*disabled: str) -> list[Resize]:
+        m = manager(
+            service("chat", kind=ServiceKind.CHAT, profile=llm_profile()),
+            knobs=replace(EXACT, disabled=frozenset(disabled)),
+        )
+        up(m, "chat")
+        m.handle(arrive("c1", "chat", kv_tokens=8000), 1.0)
+        m.handle(done("c1"), 2.0)
+        out = m.handle(Tick(), 100.0)
+        return [a for a in of(Resize, out) if a.reason is Reason.BALLOON_SHRINK]
+
+    assert shrinks() != []
+    assert shrinks("ballooning") == []
+
+
+def test_without_calibration_a_large_peak_does_not_raise_the_next_lease() -> None:
+    def second_lease(*disabled: str) -> int:
+        m = manager(
+            service("img", profile=plain_profile(workspace=GIB)),
+            knobs=replace(EXACT, disabled=frozenset(disabled)),
+        )
+        up(m, "img")
+        m.handle(arrive("a", "img"), 1.0)
+        m.handle(done("a", peak=2 * GIB), 2.0)
+        (d,) = of(Dispatch, m.handle(arrive("b", "img"), 3.0))
+        return d.lease_bytes
+
+    assert second_lease() > 2 * GIB
+    assert second_lease("calibration") == GIB
