@@ -2,7 +2,7 @@
 
 Usage::
 
-    .venv/bin/python bench/bench_suite.py                    # 100 homes x 2 seeds, all policies
+    .venv/bin/python bench/bench_suite.py                    # 100 homes x 2 seeds x 600 s
     .venv/bin/python bench/bench_suite.py --homes 10 --seeds 1
     .venv/bin/python bench/bench_suite.py --ablation         # accelmux with each heuristic off
 
@@ -41,7 +41,7 @@ from typing import Any
 
 from accelmux.core.policies import policy_names
 from accelmux.sim.executor import Simulation
-from accelmux.sim.generate import DEFAULT_DURATION_S, generate_home, stress_classes
+from accelmux.sim.generate import generate_home, stress_classes
 from accelmux.sim.metrics import summarize
 from accelmux.sim.scenario import Scenario, load_scenario_data
 
@@ -56,6 +56,9 @@ CLASSES = ("realtime", "interactive", "batch", "background")
 #: Interactive counts as kept when accelmux is at most this far below the best baseline.
 INTERACTIVE_SLACK = 0.01
 INTERACTIVE_SHARE_TARGET = 0.95
+#: Simulated seconds per run: 100 homes x every policy x 2 seeds fit in 15 minutes on
+#: 2 cores at this length (measured; see docs/benchmarks.md).
+SUITE_DURATION_S = 600.0
 #: Estimates are "right" when neither global bias exceeds this.
 RIGHT_BIAS = 1.05
 
@@ -398,7 +401,12 @@ def main() -> int:
     parser.add_argument("--homes", type=int, default=100, help="generated homes (default 100)")
     parser.add_argument("--first-home", type=int, default=0, help="seed of the first home")
     parser.add_argument("--seeds", type=int, default=2, help="simulation seeds per home")
-    parser.add_argument("--duration-s", type=float, default=DEFAULT_DURATION_S)
+    parser.add_argument(
+        "--duration-s",
+        type=float,
+        default=SUITE_DURATION_S,
+        help=f"simulated seconds per run (default {SUITE_DURATION_S:g})",
+    )
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--policies", help="comma-separated (default: every registered policy)")
     parser.add_argument("--out", default=str(RESULTS / "suite.json"))
