@@ -83,7 +83,7 @@ def _scenario(home: int, duration_s: float, disable: tuple[str, ...]) -> Scenari
 
 def run_job(job: Job) -> dict[str, Any]:
     """One simulation, reduced to what the suite reads."""
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     scn = _scenario(job.home, job.duration_s, job.disable)
     r = summarize(Simulation(scn, job.policy, job.seed).run())
     return {
@@ -101,6 +101,7 @@ def run_job(job: Job) -> dict[str, Any]:
         "max_preemptions": r["max_preemptions"],
         "starvation": r.get("starvation"),
         "wall_s": time.perf_counter() - started,
+        "cpu_s": time.process_time() - cpu,
     }
 
 
@@ -151,6 +152,7 @@ def aggregate_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "max_preemptions": max(int(r["max_preemptions"]) for r in runs),
         "starvation_s": _mean(starvation),
         "wall_s": sum(float(r["wall_s"]) for r in runs),
+        "cpu_s": sum(float(r["cpu_s"]) for r in runs),
     }
 
 
@@ -295,7 +297,7 @@ def policy_means(homes: list[dict[str, Any]], policies: list[str]) -> dict[str, 
             if h["policies"][p]["starvation_s"] is not None
         ]
         row["starvation_s"] = _mean(starv)
-        row["cpu_s"] = sum(h["policies"][p]["wall_s"] for h in homes)
+        row["cpu_s"] = sum(h["policies"][p]["cpu_s"] for h in homes)
         out[p] = row
     return out
 
@@ -316,6 +318,8 @@ def run_suite(
         results.append(compare_home(_home_info(h, duration_s), per_policy))
     return {
         "wall_s": round(wall, 1),
+        "cpu_s": round(sum(float(r["cpu_s"]) for r in runs), 1),
+        "load_avg_1m_after": round(os.getloadavg()[0], 2),
         "runs": len(jobs),
         "policies": policies,
         "baselines": [p for p in policies if p not in (OURS, ORACLE)],
