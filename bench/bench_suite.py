@@ -128,17 +128,17 @@ def _starvation_number(value: Any) -> float | None:
 
 
 def aggregate_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Means over the seeds of one policy on one home."""
+    """One policy on one home over its seeds: attainment pooled over the requests of all
+    seeds (a short run of a quiet home has few requests per seed), counts per run."""
     classes: dict[str, float] = {}
+    requests: dict[str, int] = {}
     for c in CLASSES:
-        vals = [
-            float(r["classes"][c]["slo_attainment"])
-            for r in runs
-            if r["classes"].get(c, {}).get("slo_attainment") is not None
-        ]
-        m = _mean(vals)
-        if m is not None:
-            classes[c] = m
+        seen = [r["classes"][c] for r in runs if r["classes"].get(c, {}).get("requests")]
+        total = sum(int(x["requests"]) for x in seen)
+        if total:
+            met = sum(float(x["slo_attainment"]) * int(x["requests"]) for x in seen)
+            classes[c] = met / total
+            requests[c] = total
     per_service: dict[str, int] = {}
     for r in runs:
         for svc, n in r["ooms_per_service"].items():
@@ -146,6 +146,7 @@ def aggregate_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
     starvation = [s for s in (_starvation_number(r["starvation"]) for r in runs) if s is not None]
     return {
         "classes": classes,
+        "requests": requests,
         "oom_events": _mean([float(r["oom_events"]) for r in runs]),
         "max_ooms_per_service": per_service,
         "preemptions": _mean([float(r["preemptions"]) for r in runs]),
