@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from tests.sim.support import AZURE_TRACE, write_trace
 
+from accelmux.sim.scenario import DEFAULT_TRACE
 from accelmux.sim.trace import TraceError, load_trace, scaled_arrivals
 
 
@@ -58,3 +59,25 @@ def test_azure_trace_keeps_its_burstiness_at_home_rates() -> None:
     assert 0.9 < cv < 1.4
     tokens = sorted(r.context_tokens for _, r in arrivals)
     assert 800 < tokens[len(tokens) // 2] < 1300
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_short_run_holds_the_expected_count_wherever_it_starts(seed: int) -> None:
+    # A 70-minute run at 60/h: wherever the seed's stretch starts (a burst or a lull),
+    # the run holds 70 requests spread over the whole run.
+    trace = load_trace(DEFAULT_TRACE)
+    arrivals = scaled_arrivals(
+        trace, rate_per_s=60 / 3600, duration_s=4200, rng=random.Random(seed)
+    )
+    times = [t for t, _ in arrivals]
+    assert len(times) == 70
+    assert times == sorted(times)
+    assert times[0] >= 0 and times[-1] < 4200
+
+
+def test_wrapping_past_the_end_keeps_the_count(tmp_path: Path) -> None:
+    trace = load_trace(str(write_trace(tmp_path / "t.csv", [1.0, 2.0, 3.0])))
+    for seed in range(5):
+        arrivals = scaled_arrivals(trace, rate_per_s=0.5, duration_s=40, rng=random.Random(seed))
+        assert len(arrivals) == 20
+        assert all(0 <= t < 40 for t, _ in arrivals)

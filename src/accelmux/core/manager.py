@@ -301,6 +301,7 @@ class Manager:
                 # Idle, what it holds is its resident size: the next load is sized by it.
                 svc.calibration.observe_load(p.weights + p.runtime, measured - svc.kv_pool)
         ledger.set_foreign(event.device, event.used_bytes - managed - event.baseline_bytes)
+        w.sampled_at[event.device] = w.now
 
     def _admin(self, event: AdminCommand) -> None:
         w = self.world

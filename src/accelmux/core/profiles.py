@@ -71,6 +71,15 @@ class RatioCalibrator:
     def project(self, estimated: int) -> int:
         return math.ceil(estimated * self.factor)
 
+    @property
+    def worst(self) -> float:
+        """The worst observed/estimated ratio kept, without margin (1.0 before any)."""
+        return max(1.0, max(self._ratios, default=1.0))
+
+    def project_observed(self, estimated: int) -> int:
+        """The estimate scaled by what was observed alone (no safety factor, no margin)."""
+        return math.ceil(estimated * self.worst)
+
 
 class ServiceCalibration:
     """Calibration state of one service: per-request active memory, and load size."""
@@ -91,6 +100,24 @@ class ServiceCalibration:
             return
         observed_active = max(0, peak_bytes - estimate.kv_bytes)
         self.active.observe(estimate.active_bytes, observed_active)
+
+    def observe_failure(self, estimated_active: int, lease_bytes: int) -> None:
+        """A request crashed its service (an OOM or a crash) while holding ``lease_bytes``.
+
+        What it really needed is unknown but more than it was given: the next projection
+        is at least twice the lease, so a service that is twice as large as estimated
+        costs one crash, not one per request.
+        """
+        if not self.learn or estimated_active <= 0:
+            return
+        self.active.observe(estimated_active, math.ceil(2 * lease_bytes / RATIO_MARGIN))
+
+    def observe_excess(self, estimated_active: int, measured_active: int) -> None:
+        """Measured activation memory of running requests, when above what was projected."""
+        if not self.learn or estimated_active <= 0:
+            return
+        if measured_active > estimated_active * self.active.worst:
+            self.active.observe(estimated_active, measured_active)
 
     def observe_load(self, estimated_resident: int, measured_resident: int) -> None:
         if not self.learn:

@@ -161,6 +161,8 @@ class World:
         #: version means no mutator ran, so per-device aggregates may be reused.
         self.version = 0
         self.finished_requests: deque[RequestState] = deque(maxlen=1000)
+        #: When each device's memory was last measured (``MemorySampled``).
+        self.sampled_at: dict[str, float] = {}
 
     # ---- time ---------------------------------------------------------------
     def time_of_day(self, now: float | None = None) -> float:

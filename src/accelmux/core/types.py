@@ -116,4 +116,5 @@ class Reason(StrEnum):
     BALLOON_SHRINK = "balloon_shrink"
     # preempt
     PREEMPTED_FOR_HIGHER_CLASS = "preempted_for_higher_class"
+    OVER_ESTIMATE = "over_estimate"
     WINDOW_CLOSED = "window_closed"

@@ -58,6 +58,7 @@ from accelmux.sim.compute import ComputeDevice, Job, solo_work
 from accelmux.sim.engine import EventHeap, SimClock
 from accelmux.sim.physical import OomEvent, PhysicalDevice
 from accelmux.sim.scenario import Scenario, ServicePerfConfig
+from accelmux.sim.starvation import StarvationTracker
 from accelmux.sim.workloads import Source, build_sources
 
 
@@ -117,6 +118,7 @@ class RunOutput:
     decisions: list[dict[str, Any]] = field(default_factory=list)
     events: list[tuple[float, Event]] = field(default_factory=list)
     busy_s: dict[str, float] = field(default_factory=dict)
+    starvation: StarvationTracker = field(default_factory=StarvationTracker)
 
 
 class Simulation:
@@ -189,6 +191,7 @@ class Simulation:
         self._next_tick: float | None = None
         self._rid = 0
         self.sources = build_sources(scenario, seed, trace_path)
+        self.starvation = StarvationTracker()
 
     # ---- Context for the workload sources ------------------------------------------
     @property
@@ -282,6 +285,7 @@ class Simulation:
             decisions=self.decisions,
             events=self.events,
             busy_s={name: dev.busy_s for name, dev in self.compute.items()},
+            starvation=self.starvation,
         )
 
     def _windows(self) -> dict[str, list[tuple[float, float]]]:
@@ -339,6 +343,14 @@ class Simulation:
                     ),
                 )
             )
+        self.starvation.sample(
+            self.manager.world,
+            {
+                d.name: max(0, int(d.usable_bytes - self.devices[d.name].used))
+                for d in self.spec.devices
+            },
+            self.sim_cfg.sample_period_s,
+        )
         dev0 = next(iter(self.devices.values()))
         idle = sum(
             mem.total

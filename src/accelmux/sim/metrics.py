@@ -7,7 +7,13 @@ SLO rules (per request): a chat/completion request meets its SLO when it was ser
 its time to first token (from arrival) is within ``ttft_s`` and its mean time between
 tokens within ``tbt_s``; any other request when it was served within ``latency_s`` of
 arrival. A rejected or failed request is a miss. A request still open at the end of the
-run is a miss when it is already past its bound, otherwise it is left out.
+run is a miss when it is already past its bound, otherwise it is left out. A batch job's
+document that is not done at the end of the run (never submitted, skipped after its
+retries, or still open) is one more miss of the job's service, unless one of its requests
+was already counted as a miss: a job that barely progresses cannot read as meeting its SLO.
+
+Also reported: preemptions (total and the most any one request suffered) and starvation
+per class (see :mod:`accelmux.sim.starvation`).
 
 "Response" latency (p50/p99) is the time to first token for LLMs and the completion
 latency for everything else, over served requests.
@@ -64,10 +70,11 @@ def _response(req: SimRequest, is_llm: bool) -> float | None:
 
 
 class _Acc:
-    __slots__ = ("failed", "met", "queue", "rejected", "requests", "response")
+    __slots__ = ("failed", "met", "queue", "rejected", "requests", "response", "undone")
 
     def __init__(self) -> None:
         self.requests = 0
+        self.undone = 0
         self.met = 0
         self.rejected = 0
         self.failed = 0
@@ -81,6 +88,7 @@ class _Acc:
             "slo_attainment": self.met / self.requests if self.requests else None,
             "rejected": self.rejected,
             "failed": self.failed,
+            "undone": self.undone,
             "p50_s": percentile(self.response, 50),
             "p99_s": percentile(self.response, 99),
             "mean_queue_s": sum(self.queue) / len(self.queue) if self.queue else None,
@@ -97,16 +105,22 @@ def summarize(out: RunOutput) -> dict[str, Any]:
     failures: Counter[str] = Counter()
     per_service_rej: dict[str, Counter[str]] = defaultdict(Counter)
     oom_broken = 0
+    missed_docs: set[int] = set()
+    done_docs: set[int] = set()
     for req in out.requests.values():
         spec = out.services[req.service]
         slo = out.slo[req.service]
         is_llm = spec.kind.is_llm
+        if isinstance(req.source, IndexingSource) and req.outcome == "ok":
+            done_docs.add(id(req.tag))
         if req.arrived_at < out.warmup_s:
             continue  # the warm-up: services are still starting
         if req.outcome is None and end - req.arrived_at <= _bound(slo):
             continue  # still open and not yet late: left out
         met = _met(req, slo, is_llm)
         resp = _response(req, is_llm)
+        if isinstance(req.source, IndexingSource) and not met:
+            missed_docs.add(id(req.tag))
         for acc in (classes[req.cls.label], services[req.service]):
             acc.requests += 1
             acc.met += int(met)
@@ -126,6 +140,16 @@ def summarize(out: RunOutput) -> dict[str, Any]:
             per_service_rej[req.service][f"failed:{req.reason}"] += 1
         if req.oom and req.outcome == "failed":
             oom_broken += 1
+
+    accounted_docs = done_docs | missed_docs
+    for src in out.sources:
+        if not isinstance(src, IndexingSource):
+            continue
+        undone = sum(1 for d in src.docs if id(d) not in accounted_docs)
+        spec = out.services[src.cfg.service]
+        for acc in (classes[spec.cls.label], services[src.cfg.service]):
+            acc.requests += undone
+            acc.undone += undone
 
     world = out.manager.world
     svc_out: dict[str, Any] = {}
@@ -171,6 +195,11 @@ def summarize(out: RunOutput) -> dict[str, Any]:
         "preemptions": sum(r.preemptions for r in out.requests.values()),
         "max_preemptions": max((r.preemptions for r in out.requests.values()), default=0),
         "batch_done_in_window": batch["fraction"],
+        "preemptions": sum(r.preemptions for r in out.requests.values()),
+        "max_preemptions_per_request": max(
+            (r.preemptions for r in out.requests.values()), default=0
+        ),
+        "starvation": out.starvation.as_dict(),
         "batch": batch,
         "chains": chains,
         "memory": _memory(out),

@@ -18,6 +18,8 @@ COLUMNS = (
     "cold starts",
     "thrash",
     "batch in window",
+    "max preempt",
+    "starved s (max)",
     "smallest GiB",
 )
 
@@ -63,6 +65,8 @@ def rows(report: dict[str, Any]) -> list[list[str]]:
                 _num(r["cold_starts"]),
                 _num(r["thrash"]),
                 _pct(r["batch_done_in_window"]),
+                _num(r.get("max_preemptions_per_request")),
+                _num(r.get("longest_starved_s")),
                 "-" if smallest is None else f"{smallest:g}",
             ]
         )

@@ -104,6 +104,12 @@ def aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "oom_broken_requests": _mean([r["oom_broken_requests"] for r in runs]),
         "classes": {c: _mean_tree([r["classes"].get(c) for r in runs]) for c in classes},
         "batch_done_in_window": _mean([r["batch_done_in_window"] for r in runs]),
+        "preemptions": _mean([r["preemptions"] for r in runs]),
+        "max_preemptions_per_request": max(r["max_preemptions_per_request"] for r in runs),
+        "starvation": _mean_tree([r["starvation"] for r in runs]) or {},
+        "longest_starved_s": max(
+            (v["longest_starved_s"] for r in runs for v in r["starvation"].values()), default=0.0
+        ),
         "cold_starts": _mean([r["cold_starts"] for r in runs]),
         "thrash": _mean([r["thrash"] for r in runs]),
         "loads": _mean([r["loads"] for r in runs]),
@@ -126,6 +132,7 @@ def aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
                 "seed": r["seed"],
                 "oom_events": r["oom_events"],
                 "batch_done_in_window": r["batch_done_in_window"],
+                "max_preemptions_per_request": r["max_preemptions_per_request"],
                 "slo_attainment": {c: v["slo_attainment"] for c, v in sorted(r["classes"].items())},
                 "ooms": r["ooms"][:5],
             }

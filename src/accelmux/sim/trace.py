@@ -3,9 +3,13 @@
 The CSV (columns TIMESTAMP, ContextTokens, GeneratedTokens) is read from where the
 scenario points (by default the copy shipped in ``accelmux/sim/traces/``, with its
 CC-BY attribution beside it) or from ``--trace PATH``. A home server sees far fewer
-requests than Azure: the inter-arrival gaps are stretched by ``trace_rate / home_rate``,
-which keeps the trace's burstiness (its inter-arrival CV) and its token mix, and a
-random starting row per seed picks a different stretch of the trace.
+requests than Azure. A run of ``duration_s`` at ``rate_per_s`` replays
+``n = round(rate_per_s x duration_s)`` consecutive rows from a random starting row (one
+per seed; wrapping past the end), and stretches that stretch of the trace so that it
+spans the run exactly. The run thus holds the expected count whatever stretch the seed
+picks (a stretch that falls inside a burst is slowed down, a quiet one sped up), and
+keeps the order, the relative gaps (the burstiness inside the stretch) and the token mix
+of the trace.
 """
 
 from __future__ import annotations
@@ -96,19 +100,29 @@ def scaled_arrivals(
 ) -> list[tuple[float, TraceRow]]:
     """Arrivals over ``duration_s`` at a mean ``rate_per_s``: (time, row) pairs.
 
-    Starts at a random row; wraps around the end of the trace.
+    ``round(rate_per_s x duration_s)`` rows from a random start, stretched to the run.
     """
-    scale = trace.rate_per_s / rate_per_s
+    count = round(rate_per_s * duration_s)
+    if count <= 0 or duration_s <= 0:
+        return []
     rows = trace.rows
     n = len(rows)
+    mean_gap = 1.0 / trace.rate_per_s if trace.rate_per_s > 0 else 1.0
     i = rng.randrange(n)
+    # Offsets of rows i+1 .. i+count (and of the one after, which closes the stretch) from
+    # row i, in trace seconds; a wrap past the last row adds one mean gap.
+    offsets: list[float] = []
     t = 0.0
-    out: list[tuple[float, TraceRow]] = []
-    while True:
+    picked: list[TraceRow] = []
+    for _ in range(count + 1):
         j = (i + 1) % n
-        gap = rows[j].offset_s - rows[i].offset_s if j > i else 1.0 / trace.rate_per_s
-        t += max(0.0, gap) * scale
-        if t >= duration_s:
-            return out
-        out.append((t, rows[j]))
+        gap = rows[j].offset_s - rows[i].offset_s if j > i else mean_gap
+        t += max(0.0, gap)
+        offsets.append(t)
+        picked.append(rows[j])
         i = j
+    span = offsets[-1]
+    if span <= 0:
+        return [(duration_s * k / (count + 1), picked[k]) for k in range(count)]
+    scale = duration_s / span
+    return [(offsets[k] * scale, picked[k]) for k in range(count)]

@@ -24,7 +24,15 @@ shortfall the cheapest such one goes (not the largest). At start, warm services 
 loaded into memory nobody needs yet; a warm service evicted for a short on-demand job
 is restored as soon as that job's service goes idle (``RESTORE_GRACE_S``), taking memory
 back from batch and background work if it has to. When only the calibration margin of a
-request does not fit the device, it runs on its raw estimate (the headroom covers it).
+request does not fit the device, it runs on its estimate scaled by what was measured so
+far (the headroom covers the margin).
+
+When estimates are wrong: a request is preempted at most ``MAX_PREEMPTIONS`` times; a
+crash with requests in flight, or a sample measuring running requests above their
+leases, raises the service's calibration at once; memory measured above the leases is
+charged to the service using it (one request at a time, its own work given back first);
+and work a waiting higher class could preempt still runs in idle memory (fair progress).
+Each heuristic has a name in ``HEURISTICS`` and can be turned off (``policy.disable``).
 """
 
 from __future__ import annotations
@@ -58,6 +66,7 @@ HEURISTICS: dict[str, str] = {
     "realtime request ends",
     "batch_yield": "batch work yields compute to running interactive requests",
     "preemption": "stop (and re-queue) running lower-class work to make room",
+    "preemption_bound": "a request preempted MAX_PREEMPTIONS times is no longer preemptible",
     "ballooning": "shrink elastic KV pools when idle and to make room",
     "victim_scoring": "evict by reload cost x reuse probability x class weight per byte "
     "(off: least recently used first)",
@@ -67,11 +76,25 @@ HEURISTICS: dict[str, str] = {
     "estimate (off: reject as too large)",
     "calibration": "scale estimates by the worst recent observed/estimated ratio "
     "(off: the safety factor alone)",
+    "failure_calibration": "a crash with requests in flight, or running requests measured "
+    "above their leases, raises the service's calibration at once",
+    "pressure_charging": "memory measured above what was accounted is charged to the "
+    "service using it: it runs one request at a time and gives its own work back first",
+    "fair_progress": "work a waiting higher class could preempt still runs in idle memory "
+    "(it takes memory from no one)",
     "restore": "a warm service evicted for a short on-demand job is restored as soon as "
     "that job's service goes idle",
     "prewarm": "load warm services at start and reload likely-reused evicted ones into "
     "spare memory",
 }
+
+#: A request is preempted at most this many times; after that it is no longer
+#: preemptible (by higher classes, foreign pressure or its own over-use) and runs to its
+#: end. Preemption thus cannot livelock: every preemption brings a request closer to it.
+MAX_PREEMPTIONS = 3
+
+#: Measured activation memory within this much of what was accounted is noise.
+EXCESS_TOLERANCE = 16 * 1024 * 1024
 
 #: Idle seconds after which an on-demand service goes when it holds the memory of an
 #: evicted warm service that is likely to be used again (restore it sooner).
@@ -91,6 +114,14 @@ class AccelmuxPolicy:
         self._memo: dict[tuple[str, str], tuple[int, int]] = {}
         #: Per-round memo of make_room failures: (device, class) -> (version, need).
         self._room_failed: dict[tuple[str, ServiceClass, bool], tuple[int, int]] = {}
+        #: Services measured above what was accounted at the last sample: name -> bytes.
+        self._charged: dict[str, int] = {}
+        #: Highest activation memory measured per loaded service: a caching allocator may
+        #: keep that much reserved, so only a measurement above it shows an over-estimate.
+        self._high_water: dict[str, int] = {}
+        #: Crash count of each service when last seen, and what its requests held then.
+        self._seen_crashes: dict[str, int] = {}
+        self._held: dict[str, list[tuple[int, int]]] = {}
 
     def _cached(self, world: World, key: tuple[str, str], compute: Callable[[], int]) -> int:
         hit = self._memo.get(key)
@@ -105,6 +136,54 @@ class AccelmuxPolicy:
         self._keep_pinned_loaded(world)
         if world.knobs.prewarm and world.knobs.enabled("prewarm"):
             self._preload_warm(world)
+
+    def _learn(self, world: World) -> None:
+        """Learn from being wrong, at once: crashes and measurements above the leases.
+
+        A crash with requests in flight (an OOM kills the service that asked) raises the
+        service's calibration to at least twice what those requests held. After each
+        memory sample, a running service whose measured activation memory exceeds its
+        leases and the highest activation measured before (what a caching allocator may
+        still hold from earlier requests) is *charged* with the excess:
+        its calibration rises to what was measured, and until it is measured within its
+        leases it runs one request at a time and gives back its own work first under
+        pressure (``_relieve_pressure``).
+        """
+        knobs = world.knobs
+        learn = knobs.enabled("failure_calibration")
+        for svc in world.services.values():
+            name = svc.name
+            if svc.crashes != self._seen_crashes.get(name, 0):
+                self._seen_crashes[name] = svc.crashes
+                if learn:
+                    for estimated, lease in self._held.get(name, ()):
+                        svc.calibration.observe_failure(estimated, lease)
+            dev = svc.spec.device
+            if world.sampled_at.get(dev) != world.now:
+                if not svc.inflight:
+                    self._charged.pop(name, None)
+                continue
+            if not svc.holds_memory:
+                self._high_water.pop(name, None)
+                self._charged.pop(name, None)
+                continue
+            reserved = world.ledger.amount(dev, name, Category.RESERVED)
+            leases = sum(r.active_lease.nbytes for r in svc.inflight.values() if r.active_lease)
+            measured = reserved + leases
+            before = self._high_water.get(name, 0)
+            self._high_water[name] = max(before, measured)
+            excess = measured - max(leases, before)
+            if not svc.inflight or excess <= EXCESS_TOLERANCE:
+                self._charged.pop(name, None)
+                continue
+            self._charged[name] = excess
+            if learn:
+                estimated = sum(r.estimate.active_bytes for r in svc.inflight.values())
+                svc.calibration.observe_excess(estimated, measured)
+
+    def _may_preempt(self, world: World, req: RequestState) -> bool:
+        """A request may be preempted again: it has not reached the bound."""
+        return not world.knobs.enabled("preemption_bound") or req.attempt <= MAX_PREEMPTIONS
 
     def _preload_warm(self, world: World) -> None:
         """At start, load warm services (class order) into memory nobody else needs yet."""
@@ -124,6 +203,7 @@ class AccelmuxPolicy:
     def decide(self, world: World, now: float) -> None:
         self._memo.clear()
         self._room_failed.clear()
+        self._learn(world)
         self._admin_unloads(world)
         self._relieve_pressure(world)
         self._keep_pinned_loaded(world)
@@ -133,6 +213,14 @@ class AccelmuxPolicy:
             self._balloon(world)
         if world.knobs.prewarm and world.knobs.enabled("prewarm"):
             self._prewarm(world)
+        self._held = {
+            s.name: [
+                (r.estimate.active_bytes, r.active_lease.nbytes if r.active_lease else 0)
+                for r in s.inflight.values()
+            ]
+            for s in world.services.values()
+            if s.inflight
+        }
 
     def next_wakeup(self, world: World, now: float) -> float | None:
         times: list[float] = []
@@ -320,7 +408,7 @@ class AccelmuxPolicy:
         shrinking = knobs.enabled("ballooning")
         for svc in services:
             if preempting and svc.inflight and self._preemptible(svc, cls):
-                preempts.extend(svc.inflight.values())
+                preempts.extend(r for r in svc.inflight.values() if self._may_preempt(world, r))
             if svc is exclude or svc.status is not ServiceStatus.LOADED:
                 continue
             up.append(svc)
@@ -427,11 +515,42 @@ class AccelmuxPolicy:
                 world.admin_unload.discard(name)
 
     def _relieve_pressure(self, world: World) -> None:
-        """Foreign or reserved memory grew: give memory back until the ledger balances."""
+        """Foreign or reserved memory grew: give memory back until the ledger balances.
+
+        Memory a running service uses above its leases is charged to it: its own
+        (non-realtime, below the preemption bound) requests are stopped first, and other
+        work yields only for the rest of the shortfall. Once measured, the excess is in
+        the ledger until the next sample, so the shortfall other work must cover is what
+        remains after the charged bytes.
+        """
+        charging = world.knobs.enabled("pressure_charging")
+        ledger = world.ledger
         for device in world.devices:
-            if world.ledger.available(device) >= 0:
+            if ledger.available(device) >= 0:
                 continue
-            self.make_room(world, device, 0, ServiceClass.REALTIME, None, Reason.FOREIGN_PRESSURE)
+            charged = [
+                world.services[n]
+                for n in (self._charged if charging else ())
+                if world.services[n].spec.device == device
+            ]
+            excess = sum(self._charged[s.name] for s in charged)
+            for svc in sorted(charged, key=lambda s: (-self._charged[s.name], s.name)):
+                if svc.spec.cls is ServiceClass.REALTIME:
+                    continue
+                running = sorted(svc.inflight.values(), key=lambda r: -(r.dispatched_at or 0.0))
+                for req in running:
+                    if ledger.available(device) >= 0 or not self._may_preempt(world, req):
+                        continue
+                    world.preempt(
+                        req,
+                        reason=Reason.OVER_ESTIMATE,
+                        detail=f"{svc.name} measured {self._charged[svc.name]} B above its leases",
+                    )
+            need = min(0, -excess)
+            if ledger.available(device) < need:
+                self.make_room(
+                    world, device, need, ServiceClass.REALTIME, None, Reason.FOREIGN_PRESSURE
+                )
 
     def _keep_pinned_loaded(self, world: World) -> None:
         down = (
@@ -521,11 +640,23 @@ class AccelmuxPolicy:
             )
             return
         blocked = rnd.blocked.get(dev)
+        # Fair progress: work the waiting class could preempt may still use idle memory
+        # (it takes nothing from anyone, and gives the memory back when preempted).
+        idle_only = False
         if blocked is not None and blocked < cls:
-            self._queue_or_reject(
-                world, req, Reason.HIGHER_CLASS_WAITING, f"{blocked.label} request waits for memory"
-            )
-            return
+            if not (
+                world.knobs.enabled("fair_progress")
+                and svc.is_up
+                and self._preemptible(svc, blocked)
+            ):
+                self._queue_or_reject(
+                    world,
+                    req,
+                    Reason.HIGHER_CLASS_WAITING,
+                    f"{blocked.label} request waits for memory",
+                )
+                return
+            idle_only = True
         outside = not spec.in_window(world.time_of_day())
         if outside:
             higher = rnd.higher_waiting.get(dev)
@@ -554,6 +685,11 @@ class AccelmuxPolicy:
                 world, req, Reason.NO_MEMORY, "service above its memory limit: one at a time"
             )
             return
+        if svc.inflight and svc.name in self._charged and world.knobs.enabled("pressure_charging"):
+            self._queue_or_reject(
+                world, req, Reason.NO_MEMORY, "uses more than its leases: one at a time"
+            )
+            return
         if len(svc.inflight) >= spec.concurrency:
             self._queue_or_reject(
                 world,
@@ -577,19 +713,19 @@ class AccelmuxPolicy:
         limit = self._max_possible(world, dev, svc) - svc.resident_bytes + svc.kv_pool
         lease: int | None = None
         if need > limit:
-            if req.estimate.active_bytes + grow > limit or not world.knobs.enabled(
-                "degrade_to_raw"
-            ):
+            observed = svc.calibration.active.project_observed(req.estimate.active_bytes)
+            if observed + grow > limit or not world.knobs.enabled("degrade_to_raw"):
                 world.reject(
                     req,
                     reason=Reason.TOO_LARGE,
                     retry_after_s=0.0,
-                    detail=f"needs {need} B, device can never free that much",
+                    detail=f"needs {need} B ({observed} B as measured so far), device can "
+                    "never free that much",
                 )
                 return
-            # Only the calibration margin does not fit: degrade to the raw estimate and
-            # let the headroom (and preemption by realtime work) absorb the difference.
-            lease = req.estimate.active_bytes
+            # Only the calibration margin does not fit: degrade to the estimate scaled by
+            # what was measured (no margin) and let the headroom absorb the difference.
+            lease = observed
             need = lease + grow
         if outside and world.ledger.available(dev) - need < (
             world.knobs.spare_fraction * world.devices[dev].usable_bytes
@@ -608,6 +744,15 @@ class AccelmuxPolicy:
         before = world.ledger.available(dev)
         running = len(world.inflight)
         room_needed = max(0, need - own_cache) + reserve
+        if idle_only and world.ledger.available(dev) < room_needed:
+            self._queue_or_reject(
+                world,
+                req,
+                Reason.HIGHER_CLASS_WAITING,
+                f"{blocked.label if blocked else ''} request waits for memory; "
+                "idle memory too small",
+            )
+            return
         if not self.make_room(world, dev, room_needed, cls, svc, Reason.NO_MEMORY):
             rnd.blocked[dev] = min(cls, rnd.blocked.get(dev, cls))
             self._queue_or_reject(
@@ -646,12 +791,11 @@ class AccelmuxPolicy:
         resident = sum(world.projected_resident(svc, pool))
         need = resident + active
         limit = self._max_possible(world, dev, svc)
-        if need > limit >= resident + req.estimate.active_bytes and world.knobs.enabled(
-            "degrade_to_raw"
-        ):
-            # Only the calibration margin does not fit: plan for the raw estimate (the
-            # dispatch degrades the same way).
-            active = req.estimate.active_bytes
+        observed = svc.calibration.active.project_observed(req.estimate.active_bytes)
+        if need > limit >= resident + observed and world.knobs.enabled("degrade_to_raw"):
+            # Only the calibration margin does not fit: plan for the estimate scaled by
+            # what was measured (the dispatch degrades the same way).
+            active = observed
             need = resident + active
         reserve = 0
         if req.cls > ServiceClass.REALTIME:
