@@ -10,8 +10,8 @@ Each home comes from :func:`accelmux.sim.generate.generate_home` (pure given its
 and every registered policy (``accelmux.core.policies.policy_names()``) runs on it for
 each simulation seed, in parallel over the cores. The JSON records, per home and class,
 accelmux minus the best baseline and minus the oracle, OOMs per service, the most
-preemptions of any one request (a livelock shows as a large count), starvation when the
-simulator reports it, and the targets:
+preemptions of any one request (a livelock shows as a large count), starvation (seconds a
+class waited while idle memory could have held its work), and the targets:
 
 - realtime: accelmux >= every baseline in every home;
 - interactive: within 1 point of the best baseline (or better) in >= 95% of homes;
@@ -98,8 +98,9 @@ def run_job(job: Job) -> dict[str, Any]:
         "oom_events": r["oom_events"],
         "ooms_per_service": {n: s["ooms"] for n, s in r["services"].items() if s["ooms"]},
         "preemptions": r["preemptions"],
-        "max_preemptions": r["max_preemptions"],
-        "starvation": r.get("starvation"),
+        "max_preemptions": r["max_preemptions_per_request"],
+        "starved_s": {c: v["starved_s"] for c, v in r["starvation"].items()},
+        "longest_starved_s": max(v["longest_starved_s"] for v in r["starvation"].values()),
         "wall_s": time.perf_counter() - started,
         "cpu_s": time.process_time() - cpu,
     }
@@ -114,17 +115,6 @@ def run_jobs(jobs: list[Job], workers: int) -> list[dict[str, Any]]:
 
 def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
-
-
-def _starvation_number(value: Any) -> float | None:
-    """A run's starvation as one number of seconds (a mapping is summed over classes)."""
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
-    if isinstance(value, dict):
-        nums = [_starvation_number(v) for v in value.values()]
-        present = [n for n in nums if n is not None]
-        return sum(present) if present else None
-    return None
 
 
 def aggregate_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -143,7 +133,6 @@ def aggregate_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
     for r in runs:
         for svc, n in r["ooms_per_service"].items():
             per_service[svc] = max(per_service.get(svc, 0), int(n))
-    starvation = [s for s in (_starvation_number(r["starvation"]) for r in runs) if s is not None]
     return {
         "classes": classes,
         "requests": requests,
@@ -151,7 +140,10 @@ def aggregate_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "max_ooms_per_service": per_service,
         "preemptions": _mean([float(r["preemptions"]) for r in runs]),
         "max_preemptions": max(int(r["max_preemptions"]) for r in runs),
-        "starvation_s": _mean(starvation),
+        # seconds per run some class waited while idle memory could have held its work
+        "starvation_s": _mean([sum(r["starved_s"].values()) for r in runs]),
+        "starved_s": {c: _mean([float(r["starved_s"].get(c, 0.0)) for r in runs]) for c in CLASSES},
+        "longest_starved_s": max(float(r["longest_starved_s"]) for r in runs),
         "wall_s": sum(float(r["wall_s"]) for r in runs),
         "cpu_s": sum(float(r["cpu_s"]) for r in runs),
     }
@@ -298,6 +290,7 @@ def policy_means(homes: list[dict[str, Any]], policies: list[str]) -> dict[str, 
             if h["policies"][p]["starvation_s"] is not None
         ]
         row["starvation_s"] = _mean(starv)
+        row["longest_starved_s"] = max(h["policies"][p]["longest_starved_s"] for h in homes)
         row["cpu_s"] = sum(h["policies"][p]["cpu_s"] for h in homes)
         out[p] = row
     return out

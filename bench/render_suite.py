@@ -65,10 +65,22 @@ def summary() -> str:
         rows.append(
             [name]
             + [_pct(m[c]) for c in CLASSES]
-            + [_num(m["oom_events_per_run"]), str(m["max_preemptions"]), _num(m["starvation_s"])]
+            + [
+                _num(m["oom_events_per_run"]),
+                str(m["max_preemptions"]),
+                _num(m["starvation_s"]),
+                _num(m["longest_starved_s"]),
+            ]
         )
     policies = _table(
-        ["policy", *CLASSES, "OOMs per run", "most preemptions of one request", "starvation s"],
+        [
+            "policy",
+            *CLASSES,
+            "OOMs per run",
+            "most preemptions of one request",
+            "starved s per run",
+            "longest starved stretch s",
+        ],
         rows,
     )
     t = data["targets"]
@@ -227,7 +239,7 @@ def ablation() -> str:
             "background",
             "OOMs per run",
             "preemptions per run",
-            "starvation s",
+            "starved s per run",
             "homes changed",
         ],
         rows,

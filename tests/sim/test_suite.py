@@ -38,6 +38,8 @@ def test_a_two_home_suite_runs_every_policy_and_compares_them() -> None:
         "ooms_per_service_2x_wrong",
     }
     assert set(report["policy_means"]) == set(policies)
+    for row in report["policy_means"].values():
+        assert row["starvation_s"] is not None and row["starvation_s"] >= 0
 
 
 def _home(

@@ -191,9 +191,6 @@ def summarize(out: RunOutput) -> dict[str, Any]:
         "loads": sum(s.loads for s in world.services.values()),
         "evictions": sum(s.evictions for s in world.services.values()),
         "thrash": sum(s.thrash for s in world.services.values()),
-        # livelock: the most times any one request was preempted (and restarted)
-        "preemptions": sum(r.preemptions for r in out.requests.values()),
-        "max_preemptions": max((r.preemptions for r in out.requests.values()), default=0),
         "batch_done_in_window": batch["fraction"],
         "preemptions": sum(r.preemptions for r in out.requests.values()),
         "max_preemptions_per_request": max(
