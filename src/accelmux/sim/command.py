@@ -16,7 +16,10 @@ def register(sub: Any) -> None:
         description="Run a scenario (YAML) through the discrete-event simulator for each "
         "policy and seed; print a comparison table and optionally write JSON.",
     )
-    p.add_argument("scenario", help="scenario YAML file (see scenarios/)")
+    p.add_argument("scenario", nargs="?", help="scenario YAML file (see scenarios/)")
+    p.add_argument("--generate", type=int, metavar="N", help="simulate N generated homes instead")
+    p.add_argument("--seed", type=int, default=0, help="seed of the first generated home")
+    p.add_argument("--write-dir", help="keep the generated homes' scenario files here")
     p.add_argument(
         "--policies",
         help="comma-separated policies or variants, e.g. "
@@ -45,32 +48,82 @@ def _floats(text: str | None, what: str) -> list[float] | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.generate is not None:
+        return _run_generated(args)
+    if args.scenario is None:
+        print("accelmux simulate: give a SCENARIO file or --generate N", file=sys.stderr)
+        return 2
+    return _run_file(args, Path(args.scenario))
+
+
+def _run_generated(args: argparse.Namespace) -> int:
+    """Write N generated homes (to --write-dir or a temporary folder) and run each."""
+    import tempfile
+
+    from accelmux.sim.generate import write_homes
+
+    if args.scenario is not None:
+        print("accelmux simulate: give a SCENARIO or --generate, not both", file=sys.stderr)
+        return 2
+    if args.generate < 1:
+        print("accelmux simulate: --generate must be >= 1", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory() as tmp:
+        out_dir = Path(args.write_dir or tmp)
+        kwargs = {} if args.duration_s is None else {"duration_s": args.duration_s}
+        reports: dict[str, Any] = {}
+        for path in write_homes(args.seed, args.generate, out_dir, **kwargs):
+            code, report = _simulate_file(args, path)
+            if report is None:
+                return code
+            reports[path.stem] = report
+        if args.write_dir:
+            print(f"wrote {args.generate} scenario(s) to {out_dir}")
+    if args.json_path:
+        _write_json(Path(args.json_path), reports)
+    return 0
+
+
+def _run_file(args: argparse.Namespace, path: Path) -> int:
+    code, report = _simulate_file(args, path)
+    if report is not None and args.json_path:
+        _write_json(Path(args.json_path), report)
+    return code
+
+
+def _write_json(out: Path, data: dict[str, Any]) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(data, indent=1, sort_keys=False) + "\n", encoding="utf-8")
+    print(f"wrote {out}")
+
+
+def _simulate_file(args: argparse.Namespace, path: Path) -> tuple[int, dict[str, Any] | None]:
+    """Validate and run one scenario file: (exit code, report when it ran)."""
     from accelmux.config.baselines import apply_variant, split_policies
     from accelmux.errors import ConfigError
     from accelmux.sim.report import header, text_table
     from accelmux.sim.runner import simulate
     from accelmux.sim.scenario import load_scenario, trace_problems
 
-    path = Path(args.scenario)
     if not path.is_file():
         print(f"accelmux simulate: scenario not found: {path}", file=sys.stderr)
-        return 2
+        return 2, None
     try:
         scn = load_scenario(path)
     except ConfigError as exc:
         print(f"{exc.source}: {len(exc.problems)} problem(s)", file=sys.stderr)
         for problem in exc.problems:
             print(f"  - {problem}", file=sys.stderr)
-        return 2
+        return 2, None
     if args.trace is not None and not Path(args.trace).is_file():
         print(f"accelmux simulate: trace not found: {args.trace}", file=sys.stderr)
-        return 2
+        return 2, None
     missing = trace_problems(scn, args.trace)
     if missing:
         print(f"accelmux simulate: {path}:", file=sys.stderr)
         for m in missing:
             print(f"  - {m}", file=sys.stderr)
-        return 2
+        return 2, None
     policies = None
     if args.policies:
         policies = split_policies(args.policies)
@@ -79,10 +132,10 @@ def run(args: argparse.Namespace) -> int:
                 apply_variant(text, scn.config.policy)
             except ValueError as exc:
                 print(f"accelmux simulate: {exc}", file=sys.stderr)
-                return 2
+                return 2, None
     if args.seeds is not None and args.seeds < 1:
         print("accelmux simulate: --seeds must be >= 1", file=sys.stderr)
-        return 2
+        return 2, None
     sweep = _floats(args.device_gib, "--device-gib")
     report = simulate(
         str(path),
@@ -96,9 +149,4 @@ def run(args: argparse.Namespace) -> int:
     )
     print(header(report))
     print(text_table(report))
-    if args.json_path:
-        out = Path(args.json_path)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(report, indent=1, sort_keys=False) + "\n", encoding="utf-8")
-        print(f"wrote {out}")
-    return 0
+    return 0, report

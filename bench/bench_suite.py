@@ -1,0 +1,451 @@
+"""Every policy on generated homes: ``bench/results/suite.json`` (and the ablation).
+
+Usage::
+
+    .venv/bin/python bench/bench_suite.py                    # 100 homes x 2 seeds x 600 s
+    .venv/bin/python bench/bench_suite.py --homes 10 --seeds 1
+    .venv/bin/python bench/bench_suite.py --ablation         # accelmux with each heuristic off
+
+Each home comes from :func:`accelmux.sim.generate.generate_home` (pure given its seed),
+and every registered policy (``accelmux.core.policies.policy_names()``) runs on it for
+each simulation seed, in parallel over the cores. The JSON records, per home and class,
+accelmux minus the best baseline and minus the oracle, OOMs per service, the most
+preemptions of any one request (a livelock shows as a large count), starvation (seconds a
+class waited while idle memory could have held its work), and the targets:
+
+- realtime: accelmux >= every baseline in every home;
+- interactive: within 1 point of the best baseline (or better) in >= 95% of homes;
+- no OOM when the estimates are right (no global bias);
+- at most one OOM per service per run when the estimates are 2x wrong.
+
+``--ablation`` runs accelmux once per heuristic named in
+``accelmux.core.policies.accelmux.HEURISTICS``, that heuristic switched off through the
+config (``policy: {disable: [name]}``), on the first ``--ablation-homes`` homes, and
+writes ``bench/results/ablation.json``: per heuristic, the change in each class's
+attainment, OOMs, preemptions and starvation against accelmux with everything on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from accelmux.core.policies import policy_names
+from accelmux.sim.executor import Simulation
+from accelmux.sim.generate import generate_home, stress_classes
+from accelmux.sim.metrics import summarize
+from accelmux.sim.scenario import Scenario, load_scenario_data
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from meta import run_meta
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+OURS = "accelmux"
+ORACLE = "oracle"
+CLASSES = ("realtime", "interactive", "batch", "background")
+#: Interactive counts as kept when accelmux is at most this far below the best baseline.
+INTERACTIVE_SLACK = 0.01
+INTERACTIVE_SHARE_TARGET = 0.95
+#: Simulated seconds per run: 100 homes x every policy x 2 seeds fit in 15 minutes on
+#: 2 cores at this length (measured; see docs/benchmarks.md).
+SUITE_DURATION_S = 600.0
+#: Estimates are "right" when neither global bias exceeds this.
+RIGHT_BIAS = 1.05
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    home: int
+    policy: str
+    seed: int
+    duration_s: float
+    disable: tuple[str, ...] = ()
+
+
+@lru_cache(maxsize=32)
+def _scenario(home: int, duration_s: float, disable: tuple[str, ...]) -> Scenario:
+    gen = generate_home(home, duration_s=duration_s)
+    data = copy.deepcopy(gen.data)
+    if disable:
+        data["policy"]["disable"] = list(disable)
+    return load_scenario_data(data, f"{gen.name}.yaml", ROOT)
+
+
+def run_job(job: Job) -> dict[str, Any]:
+    """One simulation, reduced to what the suite reads."""
+    started, cpu = time.perf_counter(), time.process_time()
+    scn = _scenario(job.home, job.duration_s, job.disable)
+    r = summarize(Simulation(scn, job.policy, job.seed).run())
+    return {
+        "home": job.home,
+        "policy": job.policy,
+        "seed": job.seed,
+        "disable": list(job.disable),
+        "classes": {
+            c: {"requests": v["requests"], "slo_attainment": v["slo_attainment"]}
+            for c, v in r["classes"].items()
+        },
+        "oom_events": r["oom_events"],
+        "ooms_per_service": {n: s["ooms"] for n, s in r["services"].items() if s["ooms"]},
+        "preemptions": r["preemptions"],
+        "max_preemptions": r["max_preemptions_per_request"],
+        "starved_s": {c: v["starved_s"] for c, v in r["starvation"].items()},
+        "longest_starved_s": max(v["longest_starved_s"] for v in r["starvation"].values()),
+        "wall_s": time.perf_counter() - started,
+        "cpu_s": time.process_time() - cpu,
+    }
+
+
+def run_jobs(jobs: list[Job], workers: int) -> list[dict[str, Any]]:
+    if workers <= 1:
+        return [run_job(j) for j in jobs]
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(run_job, jobs, chunksize=1))
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def aggregate_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One policy on one home over its seeds: attainment pooled over the requests of all
+    seeds (a short run of a quiet home has few requests per seed), counts per run."""
+    classes: dict[str, float] = {}
+    requests: dict[str, int] = {}
+    for c in CLASSES:
+        seen = [r["classes"][c] for r in runs if r["classes"].get(c, {}).get("requests")]
+        total = sum(int(x["requests"]) for x in seen)
+        if total:
+            met = sum(float(x["slo_attainment"]) * int(x["requests"]) for x in seen)
+            classes[c] = met / total
+            requests[c] = total
+    per_service: dict[str, int] = {}
+    for r in runs:
+        for svc, n in r["ooms_per_service"].items():
+            per_service[svc] = max(per_service.get(svc, 0), int(n))
+    return {
+        "classes": classes,
+        "requests": requests,
+        "oom_events": _mean([float(r["oom_events"]) for r in runs]),
+        "max_ooms_per_service": per_service,
+        "preemptions": _mean([float(r["preemptions"]) for r in runs]),
+        "max_preemptions": max(int(r["max_preemptions"]) for r in runs),
+        # seconds per run some class waited while idle memory could have held its work
+        "starvation_s": _mean([sum(r["starved_s"].values()) for r in runs]),
+        "starved_s": {c: _mean([float(r["starved_s"].get(c, 0.0)) for r in runs]) for c in CLASSES},
+        "longest_starved_s": max(float(r["longest_starved_s"]) for r in runs),
+        "wall_s": sum(float(r["wall_s"]) for r in runs),
+        "cpu_s": sum(float(r["cpu_s"]) for r in runs),
+    }
+
+
+def _home_info(home: int, duration_s: float) -> dict[str, Any]:
+    gen = generate_home(home, duration_s=duration_s)
+    scn = _scenario(home, duration_s, ())
+    err = scn.config.simulation.error
+    return {
+        "home": home,
+        "name": gen.name,
+        "device": gen.device.name,
+        "capacity_gib": gen.device.capacity_gib,
+        "shared_memory": gen.device.shared_memory,
+        "services": gen.models,
+        "stresses": stress_classes(scn.config),
+        "request_bias": err.request_bias,
+        "resident_bias": err.resident_bias,
+    }
+
+
+def compare_home(info: dict[str, Any], per_policy: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """accelmux against the best baseline and the oracle, class by class."""
+    ours = per_policy[OURS]
+    baselines = [p for p in per_policy if p not in (OURS, ORACLE)]
+    minus_best: dict[str, float] = {}
+    best_name: dict[str, str] = {}
+    minus_oracle: dict[str, float] = {}
+    for c, mine in ours["classes"].items():
+        scored = [
+            (per_policy[b]["classes"][c], b) for b in baselines if c in per_policy[b]["classes"]
+        ]
+        if scored:
+            best, name = max(scored)
+            minus_best[c] = mine - best
+            best_name[c] = name
+        if ORACLE in per_policy and c in per_policy[ORACLE]["classes"]:
+            minus_oracle[c] = mine - per_policy[ORACLE]["classes"][c]
+    return {
+        **info,
+        "policies": per_policy,
+        "accelmux_minus_best_baseline": minus_best,
+        "best_baseline": best_name,
+        "accelmux_minus_oracle": minus_oracle,
+    }
+
+
+def targets(homes: list[dict[str, Any]]) -> dict[str, Any]:
+    """The pass/fail figures over all homes (accelmux's numbers)."""
+    rt = [h for h in homes if "realtime" in h["accelmux_minus_best_baseline"]]
+    rt_bad = [h for h in rt if h["accelmux_minus_best_baseline"]["realtime"] < -1e-9]
+    it = [h for h in homes if "interactive" in h["accelmux_minus_best_baseline"]]
+    it_ok = [
+        h for h in it if h["accelmux_minus_best_baseline"]["interactive"] >= -INTERACTIVE_SLACK
+    ]
+    right = [h for h in homes if max(h["request_bias"], h["resident_bias"]) <= RIGHT_BIAS]
+    right_ooms = [h for h in right if (h["policies"][OURS]["oom_events"] or 0) > 0]
+    wrong = [h for h in homes if "estimate-2x" in h["stresses"]]
+    wrong_worst = [
+        max(h["policies"][OURS]["max_ooms_per_service"].values(), default=0) for h in wrong
+    ]
+    worst_pre = max(homes, key=lambda h: h["policies"][OURS]["max_preemptions"])
+    share = len(it_ok) / len(it) if it else None
+    return {
+        "realtime_not_below_any_baseline": {
+            "homes": len(rt),
+            "passed": len(rt) - len(rt_bad),
+            "failed_homes": {
+                h["name"]: h["accelmux_minus_best_baseline"]["realtime"] for h in rt_bad
+            },
+            "met": not rt_bad,
+        },
+        "interactive_within_1_point": {
+            "homes": len(it),
+            "passed": len(it_ok),
+            "share": share,
+            "target_share": INTERACTIVE_SHARE_TARGET,
+            "met": share is not None and share >= INTERACTIVE_SHARE_TARGET,
+        },
+        "largest_preemption_count": {
+            "count": worst_pre["policies"][OURS]["max_preemptions"],
+            "home": worst_pre["name"],
+        },
+        "ooms_with_right_estimates": {
+            "homes": len(right),
+            "homes_with_ooms": len(right_ooms),
+            "oom_events_per_run": sum(h["policies"][OURS]["oom_events"] or 0 for h in right),
+            "names": [h["name"] for h in right_ooms],
+            "met": not right_ooms,
+        },
+        "ooms_per_service_2x_wrong": {
+            "homes": len(wrong),
+            "worst_per_service_per_run": max(wrong_worst, default=0),
+            "homes_over_one": [h["name"] for h, w in zip(wrong, wrong_worst, strict=True) if w > 1],
+            "met": all(w <= 1 for w in wrong_worst),
+        },
+    }
+
+
+def by_stress(homes: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    names = sorted({s for h in homes for s in h["stresses"]} | {"none"})
+    for stress in names:
+        sel = [
+            h
+            for h in homes
+            if (stress in h["stresses"]) or (stress == "none" and not h["stresses"])
+        ]
+        row: dict[str, Any] = {"homes": len(sel)}
+        for c in ("realtime", "interactive"):
+            row[f"{c}_minus_best_baseline"] = _mean(
+                [
+                    h["accelmux_minus_best_baseline"][c]
+                    for h in sel
+                    if c in h["accelmux_minus_best_baseline"]
+                ]
+            )
+            row[f"{c}_minus_oracle"] = _mean(
+                [h["accelmux_minus_oracle"][c] for h in sel if c in h["accelmux_minus_oracle"]]
+            )
+        row["accelmux_oom_events_per_run"] = _mean(
+            [float(h["policies"][OURS]["oom_events"] or 0) for h in sel]
+        )
+        out[stress] = row
+    return out
+
+
+def policy_means(homes: list[dict[str, Any]], policies: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for p in policies:
+        row: dict[str, Any] = {}
+        for c in CLASSES:
+            row[c] = _mean(
+                [h["policies"][p]["classes"][c] for h in homes if c in h["policies"][p]["classes"]]
+            )
+        row["oom_events_per_run"] = _mean(
+            [float(h["policies"][p]["oom_events"] or 0) for h in homes]
+        )
+        row["max_preemptions"] = max(h["policies"][p]["max_preemptions"] for h in homes)
+        starv = [
+            h["policies"][p]["starvation_s"]
+            for h in homes
+            if h["policies"][p]["starvation_s"] is not None
+        ]
+        row["starvation_s"] = _mean(starv)
+        row["longest_starved_s"] = max(h["policies"][p]["longest_starved_s"] for h in homes)
+        row["cpu_s"] = sum(h["policies"][p]["cpu_s"] for h in homes)
+        out[p] = row
+    return out
+
+
+def run_suite(
+    homes: list[int], seeds: int, duration_s: float, policies: list[str], workers: int
+) -> dict[str, Any]:
+    jobs = [Job(h, p, s, duration_s) for h in homes for p in policies for s in range(seeds)]
+    started = time.perf_counter()
+    runs = run_jobs(jobs, workers)
+    wall = time.perf_counter() - started
+    results = []
+    for h in homes:
+        per_policy = {
+            p: aggregate_runs([r for r in runs if r["home"] == h and r["policy"] == p])
+            for p in policies
+        }
+        results.append(compare_home(_home_info(h, duration_s), per_policy))
+    return {
+        "wall_s": round(wall, 1),
+        "cpu_s": round(sum(float(r["cpu_s"]) for r in runs), 1),
+        "load_avg_1m_after": round(os.getloadavg()[0], 2),
+        "runs": len(jobs),
+        "policies": policies,
+        "baselines": [p for p in policies if p not in (OURS, ORACLE)],
+        "targets": targets(results),
+        "by_stress": by_stress(results),
+        "policy_means": policy_means(results, policies),
+        "homes": results,
+    }
+
+
+def _heuristics() -> dict[str, str]:
+    from accelmux.core.policies import accelmux as module
+
+    found = getattr(module, "HEURISTICS", None)
+    if not isinstance(found, dict) or not found:
+        raise SystemExit(
+            "bench_suite: accelmux.core.policies.accelmux exports no HEURISTICS; "
+            "the ablation needs the policy's heuristic switches (policy: {disable: [...]})"
+        )
+    return {str(k): str(v) for k, v in found.items()}
+
+
+def run_ablation(homes: list[int], seeds: int, duration_s: float, workers: int) -> dict[str, Any]:
+    heuristics = _heuristics()
+    variants: list[tuple[str, ...]] = [(), *((name,) for name in heuristics)]
+    jobs = [Job(h, OURS, s, duration_s, v) for v in variants for h in homes for s in range(seeds)]
+    started = time.perf_counter()
+    runs = run_jobs(jobs, workers)
+    wall = time.perf_counter() - started
+
+    def agg(variant: tuple[str, ...], home: int) -> dict[str, Any]:
+        return aggregate_runs(
+            [r for r in runs if r["home"] == home and tuple(r["disable"]) == variant]
+        )
+
+    full = {h: agg((), h) for h in homes}
+    table: dict[str, Any] = {}
+    for name, what in heuristics.items():
+        off = {h: agg((name,), h) for h in homes}
+        row: dict[str, Any] = {"what": what}
+        for c in CLASSES:
+            deltas = [
+                off[h]["classes"][c] - full[h]["classes"][c]
+                for h in homes
+                if c in full[h]["classes"] and c in off[h]["classes"]
+            ]
+            row[f"{c}_delta"] = _mean(deltas)
+            row[f"{c}_worst_delta"] = min(deltas) if deltas else None
+        row["oom_events_delta"] = _mean(
+            [(off[h]["oom_events"] or 0) - (full[h]["oom_events"] or 0) for h in homes]
+        )
+        row["preemptions_delta"] = _mean(
+            [(off[h]["preemptions"] or 0) - (full[h]["preemptions"] or 0) for h in homes]
+        )
+        row["max_preemptions_off"] = max(off[h]["max_preemptions"] for h in homes)
+        starv = [
+            off[h]["starvation_s"] - full[h]["starvation_s"]
+            for h in homes
+            if off[h]["starvation_s"] is not None and full[h]["starvation_s"] is not None
+        ]
+        row["starvation_s_delta"] = _mean(starv)
+        row["homes_changed"] = sum(
+            1
+            for h in homes
+            if off[h]["classes"] != full[h]["classes"]
+            or off[h]["oom_events"] != full[h]["oom_events"]
+        )
+        table[name] = row
+    return {
+        "wall_s": round(wall, 1),
+        "runs": len(jobs),
+        "homes": [generate_home(h, duration_s=duration_s).name for h in homes],
+        "baseline": {
+            c: _mean([full[h]["classes"][c] for h in homes if c in full[h]["classes"]])
+            for c in CLASSES
+        },
+        "heuristics": table,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--homes", type=int, default=100, help="generated homes (default 100)")
+    parser.add_argument("--first-home", type=int, default=0, help="seed of the first home")
+    parser.add_argument("--seeds", type=int, default=2, help="simulation seeds per home")
+    parser.add_argument(
+        "--duration-s",
+        type=float,
+        default=SUITE_DURATION_S,
+        help=f"simulated seconds per run (default {SUITE_DURATION_S:g})",
+    )
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--policies", help="comma-separated (default: every registered policy)")
+    parser.add_argument("--out", default=str(RESULTS / "suite.json"))
+    parser.add_argument("--ablation", action="store_true", help="run the ablation instead")
+    parser.add_argument("--ablation-homes", type=int, default=30)
+    parser.add_argument("--ablation-out", default=str(RESULTS / "ablation.json"))
+    args = parser.parse_args()
+    if args.homes < 1 or args.seeds < 1:
+        parser.error("--homes and --seeds must be >= 1")
+    settings = {
+        "first_home": args.first_home,
+        "seeds": args.seeds,
+        "duration_s": args.duration_s,
+        "workers": args.workers,
+    }
+    if args.ablation:
+        homes = list(range(args.first_home, args.first_home + args.ablation_homes))
+        report = run_ablation(homes, args.seeds, args.duration_s, args.workers)
+        report = {"meta": run_meta({**settings, "homes": len(homes)}), **report}
+        out = Path(args.ablation_out)
+    else:
+        policies = policy_names()
+        if args.policies:
+            policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+            unknown = sorted(set(policies) - set(policy_names()))
+            if unknown:
+                parser.error(f"unknown policies {unknown} (known: {policy_names()})")
+        if OURS not in policies:
+            parser.error("the suite compares accelmux: include it in --policies")
+        homes = list(range(args.first_home, args.first_home + args.homes))
+        report = run_suite(homes, args.seeds, args.duration_s, policies, args.workers)
+        report = {
+            "meta": run_meta({**settings, "homes": len(homes), "policies": policies}),
+            **report,
+        }
+        out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    print(f"wrote {out} ({report['runs']} runs in {report['wall_s']} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

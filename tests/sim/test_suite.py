@@ -1,0 +1,86 @@
+"""The generated-home suite and the ablation run end to end on two small homes."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from accelmux.core.policies import policy_names
+from accelmux.core.policies.accelmux import HEURISTICS
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import bench_suite  # noqa: E402
+
+
+def test_a_two_home_suite_runs_every_policy_and_compares_them() -> None:
+    policies = policy_names()
+    report = bench_suite.run_suite([3, 4], 1, 240.0, policies, workers=1)
+    assert report["runs"] == 2 * len(policies)
+    assert [h["name"] for h in report["homes"]] == ["home-0003", "home-0004"]
+    for home in report["homes"]:
+        assert set(home["policies"]) == set(policies)
+        ours = home["policies"]["accelmux"]["classes"]
+        baselines = [p for p in policies if p not in ("accelmux", "oracle")]
+        for cls, delta in home["accelmux_minus_best_baseline"].items():
+            best = max(home["policies"][b]["classes"].get(cls, -1.0) for b in baselines)
+            assert abs(delta - (ours[cls] - best)) < 1e-12
+        for cls, delta in home["accelmux_minus_oracle"].items():
+            assert abs(delta - (ours[cls] - home["policies"]["oracle"]["classes"][cls])) < 1e-12
+    targets = report["targets"]
+    assert set(targets) == {
+        "realtime_not_below_any_baseline",
+        "interactive_within_1_point",
+        "largest_preemption_count",
+        "ooms_with_right_estimates",
+        "ooms_per_service_2x_wrong",
+    }
+    assert set(report["policy_means"]) == set(policies)
+    for row in report["policy_means"].values():
+        assert row["starvation_s"] is not None and row["starvation_s"] >= 0
+
+
+def _home(
+    name: str, minus_best: dict[str, float], ooms: dict[str, int], **kw: Any
+) -> dict[str, Any]:
+    ours = {
+        "classes": {},
+        "oom_events": float(sum(ooms.values())),
+        "max_ooms_per_service": ooms,
+        "max_preemptions": kw.get("pre", 0),
+    }
+    return {
+        "name": name,
+        "stresses": kw.get("stresses", []),
+        "request_bias": kw.get("bias", 1.0),
+        "resident_bias": kw.get("bias", 1.0),
+        "policies": {"accelmux": ours},
+        "accelmux_minus_best_baseline": minus_best,
+        "accelmux_minus_oracle": {},
+    }
+
+
+def test_targets_count_what_they_claim() -> None:
+    homes = [
+        _home("a", {"realtime": 0.0, "interactive": -0.005}, {}, pre=2),
+        _home("b", {"realtime": -0.02, "interactive": -0.03}, {"chat": 1}, pre=7),
+        _home("c", {"interactive": 0.1}, {"image": 3}, bias=2.0, stresses=["estimate-2x"]),
+    ]
+    t = bench_suite.targets(homes)
+    assert t["realtime_not_below_any_baseline"]["failed_homes"] == {"b": -0.02}
+    assert t["interactive_within_1_point"]["passed"] == 2
+    assert t["largest_preemption_count"] == {"count": 7, "home": "b"}
+    assert t["ooms_with_right_estimates"]["names"] == ["b"]
+    assert t["ooms_per_service_2x_wrong"]["homes_over_one"] == ["c"]
+    assert not t["ooms_per_service_2x_wrong"]["met"]
+
+
+def test_the_ablation_runs_each_heuristic_off() -> None:
+    report = bench_suite.run_ablation([5], 1, 240.0, workers=1)
+    assert set(report["heuristics"]) == set(HEURISTICS)
+    assert report["runs"] == len(HEURISTICS) + 1
+    for row in report["heuristics"].values():
+        assert row["what"]
+        assert "interactive_delta" in row and "oom_events_delta" in row
