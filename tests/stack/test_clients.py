@@ -11,8 +11,9 @@ from typing import Any
 import ollama
 import openai
 import pytest
+from tests.real.support import need
 
-from .support import Daemon, missing_packages, run_daemon, stack_config
+from .support import NEEDED, Daemon, run_daemon, stack_config
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 
@@ -70,9 +71,7 @@ TURN: list[Any] = [
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
-    missing = missing_packages()
-    if missing:
-        pytest.skip(f"not installed: {', '.join(missing)}; run scripts/setup-models.sh")
+    need(*NEEDED)
     tmp = tmp_path_factory.mktemp("clients")
     with run_daemon(stack_config(tmp / "data"), tmp) as daemon:
         daemon.wait_loaded("chat")

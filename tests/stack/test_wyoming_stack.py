@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tests.real.support import wer
+from tests.real.support import need, wer
 from wyoming.asr import Transcribe, Transcript
 from wyoming.audio import AudioChunk, AudioStart, AudioStop
 from wyoming.client import AsyncTcpClient
@@ -22,7 +22,7 @@ from wyoming.event import Event
 from wyoming.info import Describe, Info
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop
 
-from .support import Daemon, free_port, missing_packages, run_daemon, stack_config
+from .support import NEEDED, Daemon, free_port, run_daemon, stack_config
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 
@@ -34,9 +34,7 @@ TIMEOUT = 60.0
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Daemon, int]]:
-    missing = missing_packages()
-    if missing:
-        pytest.skip(f"not installed: {', '.join(missing)}; run scripts/setup-models.sh")
+    need(*NEEDED)
     tmp = tmp_path_factory.mktemp("wyoming")
     config = stack_config(tmp / "data")
     services = config["services"]
