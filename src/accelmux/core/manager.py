@@ -91,11 +91,9 @@ class Manager:
 
     def next_wakeup(self, now: float) -> float | None:
         """Earliest time the Manager wants a Tick (deadlines, TTLs, windows, backoffs)."""
-        candidates: list[float] = [r.deadline_at for r in self.world.waiting.values()]
+        deadline = self.world.next_deadline(now)
         wake = self.policy.next_wakeup(self.world, now)
-        if wake is not None:
-            candidates.append(wake)
-        future = [t for t in candidates if t > now]
+        future = [t for t in (deadline, wake) if t is not None and t > now]
         return min(future) if future else None
 
     def _advance(self, now: float) -> None:
@@ -159,9 +157,9 @@ class Manager:
                 if svc.status is not ServiceStatus.LOADING:
                     return
                 w.release_service(svc)
-                svc.status = ServiceStatus.CRASHED
+                w.set_status(svc, ServiceStatus.CRASHED)
                 self._backoff(svc)
-                for req in [r for r in w.waiting.values() if r.service == svc.name]:
+                for req in list(svc.queue.values()):
                     w.reject(
                         req,
                         reason=Reason.LOAD_FAILED,
@@ -174,7 +172,7 @@ class Manager:
                     svc.status is ServiceStatus.LOADED and not svc.inflight
                 ):
                     w.release_service(svc)
-                    svc.status = ServiceStatus.UNLOADED
+                    w.set_status(svc, ServiceStatus.UNLOADED)
                     svc.loaded_at = None
             case BackendCrashed():
                 svc = w.services[event.service]
@@ -182,7 +180,7 @@ class Manager:
                     w.fail(req, reason=event.reason, detail=event.error)
                 if svc.holds_memory:
                     w.release_service(svc)
-                svc.status = ServiceStatus.CRASHED
+                w.set_status(svc, ServiceStatus.CRASHED)
                 svc.crashes += 1
                 svc.loaded_at = None
                 self._backoff(svc)
@@ -221,8 +219,7 @@ class Manager:
             seq=w.next_seq(),
             job_id=event.job_id,
         )
-        w.waiting[req.request_id] = req
-        svc.waiting_count += 1
+        w.add_waiting(req)
         horizon = w.knobs.reuse_horizon_s
         svc.rate = svc.rate * math.exp(-max(0.0, w.now - svc.rate_at) / horizon) + 1.0 / horizon
         svc.rate_at = w.now
@@ -251,7 +248,7 @@ class Manager:
         svc = w.services[event.service]
         if svc.status is not ServiceStatus.LOADING:
             return
-        svc.status = ServiceStatus.LOADED
+        w.set_status(svc, ServiceStatus.LOADED)
         svc.loaded_at = w.now
         svc.consecutive_failures = 0
         if svc.load_reason is Reason.DEMAND or svc.load_reason is Reason.RELOAD_AFTER_CRASH:
@@ -308,21 +305,20 @@ class Manager:
         if svc is None:
             raise InvariantError(f"admin command for unknown service {event.service!r}")
         if event.op == "pin":
-            svc.pinned = True
+            w.set_kept(svc, pinned=True, admin_wants_loaded=svc.admin_wants_loaded)
             w.admin_unload.discard(svc.name)
         elif event.op == "unpin":
-            svc.pinned = False
+            w.set_kept(svc, pinned=False, admin_wants_loaded=svc.admin_wants_loaded)
         elif event.op == "load":
-            svc.admin_wants_loaded = True
+            w.set_kept(svc, pinned=svc.pinned, admin_wants_loaded=True)
             w.admin_unload.discard(svc.name)
         elif event.op == "unload":
-            svc.admin_wants_loaded = False
-            svc.pinned = False
+            w.set_kept(svc, pinned=False, admin_wants_loaded=False)
             w.admin_unload.add(svc.name)
 
     def _expire_deadlines(self) -> None:
         w = self.world
-        for req in [r for r in w.waiting.values() if r.deadline_at <= w.now]:
+        for req in w.expired_requests():
             svc = w.services[req.service]
             w.reject(
                 req,

@@ -110,17 +110,23 @@ class AccelmuxPolicy:
     def next_wakeup(self, world: World, now: float) -> float | None:
         times: list[float] = []
         tod = world.time_of_day(now)
-        for svc in world.services.values():
-            if svc.status is ServiceStatus.LOADED and svc.idle and not self._keep(svc):
+        for svc in world.loaded:  # the World's indexes: only services that can ask
+            if svc.idle and not self._keep(svc):
                 times.append(svc.last_used + self._ttl(world, svc))
-            if svc.status is ServiceStatus.LOADED and svc.kv_pool > svc.spec.profile.kv_floor:
+            if svc.kv_pool > svc.spec.profile.kv_floor:
                 times.append(svc.last_used + world.knobs.balloon_idle_s)
-            if svc.backoff_until > now and (svc.waiting_count or self._keep(svc)):
+        for svc in world.kept:
+            if svc.backoff_until > now:
                 times.append(svc.backoff_until)
-            if svc.spec.windows and svc.waiting_count:
+        for svc in world.queued:
+            if svc.backoff_until > now:
+                times.append(svc.backoff_until)
+            if svc.spec.windows:
                 times.append(now + min(w.seconds_until_edge(tod) for w in svc.spec.windows))
-            if svc.spec.cls is ServiceClass.REALTIME and world.knobs.realtime_grace_s > 0:
-                times.append(svc.last_used + world.knobs.realtime_grace_s)  # held work resumes
+        if world.knobs.realtime_grace_s > 0:
+            for svcs in world.realtime_by_device.values():
+                for svc in svcs:  # held work resumes
+                    times.append(svc.last_used + world.knobs.realtime_grace_s)
         future = [t for t in times if t > now]
         return min(future) if future else None
 
@@ -149,7 +155,8 @@ class AccelmuxPolicy:
             and s.spec.residency is Residency.WARM
             and s.last_evicted_at is not None
             and self._likely_reused(world, s)
-            for s in world.services_by_device[device]
+            for s in world.evicted_out
+            if s.spec.device == device
         )
 
     @staticmethod
@@ -276,7 +283,7 @@ class AccelmuxPolicy:
         failed = self._room_failed.get((device, cls, strict)) if independent else None
         if failed is not None and failed[0] == world.version and need >= failed[1]:
             return False
-        services = world.services_by_device[device]
+        services = world.loaded_on(device)  # services with requests in flight are loaded
         # One pass collects what could be freed; sorting waits until it is enough.
         shrinks: list[tuple[ServiceState, int]] = []
         preempts: list[RequestState] = []
@@ -362,7 +369,7 @@ class AccelmuxPolicy:
         held = self._cached(
             world,
             ("kept_floor", device),
-            lambda: sum(self._kept_floor(s) for s in world.services_by_device[device]),
+            lambda: sum(self._kept_floor(s) for s in world.kept if s.spec.device == device),
         )
         return dev.usable_bytes - (held - self._kept_floor(exclude))
 
@@ -397,7 +404,7 @@ class AccelmuxPolicy:
     def _keep_pinned_loaded(self, world: World) -> None:
         down = (
             s
-            for s in world.services.values()
+            for s in world.kept
             if self._keep(s) and s.status in (ServiceStatus.UNLOADED, ServiceStatus.CRASHED)
         )
         for svc in sorted(down, key=lambda s: (int(s.spec.cls), s.name)):
@@ -423,23 +430,59 @@ class AccelmuxPolicy:
     def _schedule(self, world: World) -> None:
         rnd = _Round()
         grace = world.knobs.realtime_grace_s
-        for svc in world.services.values():
-            if svc.spec.cls is ServiceClass.REALTIME and (
-                svc.inflight or world.now < svc.last_used + grace
-            ):
-                rnd.realtime_active.add(svc.spec.device)
-            if svc.spec.cls is ServiceClass.INTERACTIVE and svc.inflight:
+        for svcs in world.realtime_by_device.values():
+            for svc in svcs:
+                if svc.inflight or world.now < svc.last_used + grace:
+                    rnd.realtime_active.add(svc.spec.device)
+        for svc in world.busy:
+            if svc.spec.cls is ServiceClass.INTERACTIVE:
                 rnd.interactive_active.add(svc.spec.device)
-        for req in world.waiting.values():
-            dev = world.services[req.service].spec.device
-            if req.cls is ServiceClass.REALTIME:
+        classes: set[ServiceClass] = set()
+        for (dev, cls), count in world.waiting_classes.items():
+            if not count:
+                continue
+            classes.add(cls)
+            if cls is ServiceClass.REALTIME:
                 rnd.realtime_active.add(dev)
             current = rnd.higher_waiting.get(dev)
-            if current is None or req.cls < current:
-                rnd.higher_waiting[dev] = req.cls
-        for req in sorted(world.waiting.values(), key=lambda r: r.sort_key):
-            self._consider(world, req, rnd)
-            req.announced = True
+            if current is None or cls < current:
+                rnd.higher_waiting[dev] = cls
+        # Requests in class order, then arrival order; those requeued meanwhile (preempted
+        # in this round) wait for the next one.
+        mark = world.queue_mark
+        for cls in sorted(classes):
+            todo = [r for r in self._unsettled(world, cls, rnd) if r.queued_mark <= mark]
+            for req in sorted(todo, key=lambda r: r.seq):
+                self._consider(world, req, rnd)
+                req.announced = True
+
+    def _unsettled(self, world: World, cls: ServiceClass, rnd: _Round) -> list[RequestState]:
+        """Waiting requests of ``cls`` that this round may decide differently.
+
+        Called when the class's turn comes. Whether a request has to wait without
+        competing for memory (:meth:`_must_wait`) depends, by then, only on the round's
+        state and on its service, and none of them changes during the class's turn. A
+        request already told to wait for that same reason would only be told again (a
+        no-op): it is skipped. A request never told why (new or preempted) is not.
+        """
+        out: list[RequestState] = []
+        for dev in world.devices:
+            services = world.queued_services(dev, cls)
+            if not len(services):
+                continue
+            group = self._class_must_wait(dev, cls, rnd)
+            if group is not None and world.waiting_causes.get(
+                (dev, cls, group[0]), 0
+            ) == world.waiting_classes.get((dev, cls), 0):
+                continue
+            for svc in services:
+                outside = not svc.spec.in_window(world.time_of_day())
+                wait = self._must_wait(world, svc, cls, outside, rnd)
+                if wait is None:
+                    out.extend(svc.queue.values())
+                else:
+                    out.extend(r for r in svc.queue.values() if r.wait_reason is not wait[0])
+        return out
 
     def _queue_or_reject(
         self, world: World, req: RequestState, reason: Reason, detail: str = ""
@@ -455,6 +498,40 @@ class AccelmuxPolicy:
             return
         world.enqueue(req, reason=reason, detail=detail)
 
+    @staticmethod
+    def _class_must_wait(dev: str, cls: ServiceClass, rnd: _Round) -> tuple[Reason, str] | None:
+        """Why work of ``cls`` on ``dev`` waits this round, whatever its service."""
+        if cls >= ServiceClass.BATCH and dev in rnd.realtime_active:
+            return Reason.HIGHER_CLASS_WAITING, "realtime work running"
+        if cls is ServiceClass.BATCH and dev in rnd.interactive_active:
+            # Batch work yields compute to interactive requests (it would slow them).
+            return Reason.HIGHER_CLASS_WAITING, "interactive work running"
+        blocked = rnd.blocked.get(dev)
+        if blocked is not None and blocked < cls:
+            return Reason.HIGHER_CLASS_WAITING, f"{blocked.label} request waits for memory"
+        return None
+
+    def _must_wait(
+        self, world: World, svc: ServiceState, cls: ServiceClass, outside: bool, rnd: _Round
+    ) -> tuple[Reason, str] | None:
+        """Why a request of ``svc`` waits without competing for memory, if it does."""
+        dev = svc.spec.device
+        wait = self._class_must_wait(dev, cls, rnd)
+        if wait is not None:
+            return wait
+        if outside:
+            higher = rnd.higher_waiting.get(dev)
+            if higher is not None and higher < cls:
+                return Reason.OUTSIDE_WINDOW, "higher class waiting"
+        if svc.status in (ServiceStatus.LOADING, ServiceStatus.UNLOADING):
+            return Reason.LOADING, svc.status.value
+        if (
+            svc.status in (ServiceStatus.UNLOADED, ServiceStatus.CRASHED)
+            and world.now < svc.backoff_until
+        ):
+            return Reason.BACKOFF, f"restart after {svc.backoff_until - world.now:.1f}s"
+        return None
+
     def _consider(self, world: World, req: RequestState, rnd: _Round) -> None:
         svc = world.services[req.service]
         spec = svc.spec
@@ -469,39 +546,12 @@ class AccelmuxPolicy:
                 f"{spec.profile.kv_ceiling} B",
             )
             return
-        if cls >= ServiceClass.BATCH and dev in rnd.realtime_active:
-            self._queue_or_reject(world, req, Reason.HIGHER_CLASS_WAITING, "realtime work running")
-            return
-        if cls is ServiceClass.BATCH and dev in rnd.interactive_active:
-            # Batch work yields compute to interactive requests (it would slow them).
-            self._queue_or_reject(
-                world, req, Reason.HIGHER_CLASS_WAITING, "interactive work running"
-            )
-            return
-        blocked = rnd.blocked.get(dev)
-        if blocked is not None and blocked < cls:
-            self._queue_or_reject(
-                world, req, Reason.HIGHER_CLASS_WAITING, f"{blocked.label} request waits for memory"
-            )
-            return
         outside = not spec.in_window(world.time_of_day())
-        if outside:
-            higher = rnd.higher_waiting.get(dev)
-            if higher is not None and higher < cls:
-                self._queue_or_reject(world, req, Reason.OUTSIDE_WINDOW, "higher class waiting")
-                return
-        if svc.status in (ServiceStatus.LOADING, ServiceStatus.UNLOADING):
-            self._queue_or_reject(world, req, Reason.LOADING, svc.status.value)
+        wait = self._must_wait(world, svc, cls, outside, rnd)
+        if wait is not None:
+            self._queue_or_reject(world, req, *wait)
             return
         if svc.status in (ServiceStatus.UNLOADED, ServiceStatus.CRASHED):
-            if world.now < svc.backoff_until:
-                self._queue_or_reject(
-                    world,
-                    req,
-                    Reason.BACKOFF,
-                    f"restart after {svc.backoff_until - world.now:.1f}s",
-                )
-                return
             self._load_for(world, req, svc, rnd, outside)
             return
         if svc.over_limit and svc.inflight:
@@ -642,7 +692,7 @@ class AccelmuxPolicy:
         )
 
     def _expire_idle(self, world: World) -> None:
-        for svc in world.services.values():
+        for svc in world.loaded:
             if (
                 svc.status is ServiceStatus.LOADED
                 and svc.idle
@@ -655,7 +705,7 @@ class AccelmuxPolicy:
                 )
 
     def _balloon(self, world: World) -> None:
-        for svc in world.services.values():
+        for svc in world.loaded:
             if not svc.is_up or svc.kv_pool <= svc.spec.profile.kv_floor:
                 continue
             if svc.waiting_count == 0 and world.now - svc.last_used >= world.knobs.balloon_idle_s:
@@ -666,10 +716,14 @@ class AccelmuxPolicy:
     def _prewarm(self, world: World) -> None:
         """WarmServe-style: reload a recently evicted, likely-reused service into spare memory."""
         horizon = world.knobs.reuse_horizon_s
+        if world.waiting_for(Reason.NO_MEMORY):
+            return  # memory goes to waiting requests first
         evicted = (
             s
-            for s in world.services.values()
-            if s.last_evicted_at is not None and s.status is ServiceStatus.UNLOADED
+            for s in world.evicted_out
+            if s.last_evicted_at is not None
+            and s.status is ServiceStatus.UNLOADED
+            and s.spec.residency is Residency.WARM
         )
         for svc in sorted(evicted, key=lambda s: (int(s.spec.cls), s.name)):
             if (
@@ -688,8 +742,6 @@ class AccelmuxPolicy:
             # its steady state: it leaves the realtime reserve and a tenth of the budget
             # free (memory measured only at the next sample, e.g. an allocator's cache).
             spare = self._realtime_reserve(world, dev) + world.devices[dev].usable_bytes // 10
-            if any(r.wait_reason is Reason.NO_MEMORY for r in world.waiting.values()):
-                continue
             fits = world.ledger.available(dev) - need >= spare
             if not fits and svc.spec.cls < ServiceClass.BATCH:
                 # An interactive service outranks batch and background work: take its
@@ -701,4 +753,4 @@ class AccelmuxPolicy:
                 )
             if fits:
                 world.load(svc, reason=Reason.PRELOAD, detail="likely reused soon")
-                svc.last_evicted_at = None
+                world.forget_eviction(svc)
