@@ -84,6 +84,8 @@ class Manager:
     def handle(self, event: Event, now: float) -> list[Action]:
         pre = self.start(now) if not self._started else []
         self._advance(now)
+        for device in self._devices_of(event):
+            self.world.touch(device)
         self._apply(event)
         self._expire_deadlines()
         self.policy.decide(self.world, now)
@@ -121,6 +123,28 @@ class Manager:
                 )
 
     # ---- bookkeeping per event ---------------------------------------------------
+    def _devices_of(self, event: Event) -> list[str]:
+        """The devices whose state an event may change."""
+        w = self.world
+        match event:
+            case Tick():
+                return []
+            case RequestFinished() | RequestCancelled():
+                req = w.inflight.get(event.request_id) or w.waiting.get(event.request_id)
+                return [] if req is None else [w.services[req.service].spec.device]
+            case MemorySampled():
+                return [event.device] if event.device in w.devices else []
+            case (
+                RequestArrived()
+                | LoadFinished()
+                | LoadFailed()
+                | Unloaded()
+                | BackendCrashed()
+                | AdminCommand()
+            ) if event.service in w.services:
+                return [w.services[event.service].spec.device]
+        return list(w.devices)
+
     def _apply(self, event: Event) -> None:
         w = self.world
         match event:

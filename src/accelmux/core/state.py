@@ -249,6 +249,9 @@ class World:
         #: entries of requests that left it (or re-entered later) are skipped lazily.
         self._deadlines: list[tuple[float, int, RequestState]] = []
         self._queue_mark = 0
+        #: Per device, bumped by every change that can alter a decision there (every
+        #: event about it, every action on it but an Enqueue): equal epochs, same state.
+        self._epochs: dict[str, int] = dict.fromkeys(self.devices, 0)
 
     # ---- time ---------------------------------------------------------------
     def time_of_day(self, now: float | None = None) -> float:
@@ -263,6 +266,8 @@ class World:
     def record(self, action: Action) -> None:
         self._actions.append(action)
         self.version += 1
+        if not isinstance(action, Enqueue):  # a new wait reason changes no decision input
+            self.touch(self.services[action.service].spec.device)
 
     def drain(self) -> list[Action]:
         out, self._actions = self._actions, []
@@ -272,6 +277,13 @@ class World:
         req.explain.append(f"t={self.now:.3f} {text}")
 
     # ---- index upkeep ---------------------------------------------------------
+    def touch(self, device: str) -> None:
+        """Something on ``device`` changed (the Manager calls it for every event)."""
+        self._epochs[device] += 1
+
+    def epoch(self, device: str) -> int:
+        return self._epochs[device]
+
     def set_status(self, svc: ServiceState, status: ServiceStatus) -> None:
         svc.status = status
         self.loaded.update(svc, status is ServiceStatus.LOADED)
@@ -322,6 +334,7 @@ class World:
         self._queue_mark += 1
         req.queued_mark = self._queue_mark
         svc = self.services[req.service]
+        self.touch(svc.spec.device)
         self.waiting[req.request_id] = req
         svc.queue[req.request_id] = req
         svc.waiting_count += 1

@@ -45,6 +45,8 @@ class _Round:
     realtime_active: set[str] = field(default_factory=set)
     interactive_active: set[str] = field(default_factory=set)
     higher_waiting: dict[str, ServiceClass] = field(default_factory=dict)
+    #: Devices where this round would repeat a round that changed nothing.
+    quiet: set[str] = field(default_factory=set)
 
 
 #: Idle seconds after which an on-demand service goes when it holds the memory of an
@@ -63,8 +65,11 @@ class AccelmuxPolicy:
         #: Per-round memo of per-device aggregates: key -> (world.version, value).
         #: Cleared at the start of every decide(); valid while no mutator has run.
         self._memo: dict[tuple[str, str], tuple[int, int]] = {}
-        #: Per-round memo of make_room failures: (device, class) -> (version, need).
+        #: Per-round memo of make_room failures: (device, class) -> (version, most it
+        #: could free).
         self._room_failed: dict[tuple[str, ServiceClass, bool], tuple[int, int]] = {}
+        #: Per device, (epoch, round inputs) of the last schedule that changed nothing there.
+        self._quiet: dict[str, tuple[int, tuple[object, ...]]] = {}
 
     def _cached(self, world: World, key: tuple[str, str], compute: Callable[[], int]) -> int:
         hit = self._memo.get(key)
@@ -278,10 +283,11 @@ class AccelmuxPolicy:
         if available + pending >= need:
             return False
         # What can be freed does not depend on a requester that holds no memory, so a
-        # failure for ``need`` at this class answers every larger need until a mutator runs.
+        # failure at this class answers every need above what it found it could free,
+        # until a mutator runs.
         independent = exclude is None or exclude.status is not ServiceStatus.LOADED
         failed = self._room_failed.get((device, cls, strict)) if independent else None
-        if failed is not None and failed[0] == world.version and need >= failed[1]:
+        if failed is not None and failed[0] == world.version and need > failed[1]:
             return False
         services = world.loaded_on(device)  # services with requests in flight are loaded
         # One pass collects what could be freed; sorting waits until it is enough.
@@ -310,9 +316,10 @@ class AccelmuxPolicy:
             low = max(svc.spec.profile.kv_floor, svc.kv_in_use - preempted_kv.get(svc.name, 0))
             gain_now += max(0, svc.kv_pool - low)
         gain_later = sum(self.unload_frees(world, s) for s in victims)
-        if available + pending + gain_now + gain_later < need:
+        freeable = available + pending + gain_now + gain_later
+        if freeable < need:
             if independent:
-                self._room_failed[(device, cls, strict)] = (world.version, need)
+                self._room_failed[(device, cls, strict)] = (world.version, freeable)
             return False
         shrinks.sort(key=lambda st: -int(st[0].spec.cls))  # stable: lowest class first
         preempts.sort(key=lambda r: (-int(r.cls), -(r.dispatched_at or 0.0)))
@@ -447,6 +454,12 @@ class AccelmuxPolicy:
             current = rnd.higher_waiting.get(dev)
             if current is None or cls < current:
                 rnd.higher_waiting[dev] = cls
+        # A device whose state (its World epoch) and round inputs are those of a round
+        # that changed nothing there (wait reasons aside) would repeat it: it is skipped.
+        start = {
+            dev: (world.epoch(dev), self._round_inputs(world, dev, rnd)) for dev in world.devices
+        }
+        rnd.quiet = {dev for dev, key in start.items() if self._quiet.get(dev) == key}
         # Requests in class order, then arrival order; those requeued meanwhile (preempted
         # in this round) wait for the next one.
         mark = world.queue_mark
@@ -455,6 +468,22 @@ class AccelmuxPolicy:
             for req in sorted(todo, key=lambda r: r.seq):
                 self._consider(world, req, rnd)
                 req.announced = True
+        self._quiet = {dev: key for dev, key in start.items() if world.epoch(dev) == key[0]}
+
+    @staticmethod
+    def _round_inputs(world: World, dev: str, rnd: _Round) -> tuple[object, ...]:
+        """What a round's decisions on ``dev`` read besides the device's state: time."""
+        tod = world.time_of_day()
+        return (
+            dev in rnd.realtime_active,
+            dev in rnd.interactive_active,
+            rnd.higher_waiting.get(dev),
+            tuple(
+                (svc.index, svc.spec.in_window(tod), world.now < svc.backoff_until)
+                for cls in ServiceClass
+                for svc in world.queued_services(dev, cls)
+            ),
+        )
 
     def _unsettled(self, world: World, cls: ServiceClass, rnd: _Round) -> list[RequestState]:
         """Waiting requests of ``cls`` that this round may decide differently.
@@ -468,7 +497,7 @@ class AccelmuxPolicy:
         out: list[RequestState] = []
         for dev in world.devices:
             services = world.queued_services(dev, cls)
-            if not len(services):
+            if not len(services) or dev in rnd.quiet:
                 continue
             group = self._class_must_wait(dev, cls, rnd)
             if group is not None and world.waiting_causes.get(
