@@ -456,9 +456,8 @@ class AccelmuxPolicy:
                 rnd.higher_waiting[dev] = cls
         # A device whose state (its World epoch) and round inputs are those of a round
         # that changed nothing there (wait reasons aside) would repeat it: it is skipped.
-        start = {
-            dev: (world.epoch(dev), self._round_inputs(world, dev, rnd)) for dev in world.devices
-        }
+        inputs = self._round_inputs(world, rnd)
+        start = {dev: (world.epoch(dev), inputs[dev]) for dev in world.devices}
         rnd.quiet = {dev for dev, key in start.items() if self._quiet.get(dev) == key}
         # Requests in class order, then arrival order; those requeued meanwhile (preempted
         # in this round) wait for the next one.
@@ -471,19 +470,23 @@ class AccelmuxPolicy:
         self._quiet = {dev: key for dev, key in start.items() if world.epoch(dev) == key[0]}
 
     @staticmethod
-    def _round_inputs(world: World, dev: str, rnd: _Round) -> tuple[object, ...]:
-        """What a round's decisions on ``dev`` read besides the device's state: time."""
+    def _round_inputs(world: World, rnd: _Round) -> dict[str, tuple[object, ...]]:
+        """Per device, what a round's decisions there read besides its state: time."""
         tod = world.time_of_day()
-        return (
-            dev in rnd.realtime_active,
-            dev in rnd.interactive_active,
-            rnd.higher_waiting.get(dev),
-            tuple(
+        queued: dict[str, list[tuple[int, bool, bool]]] = {dev: [] for dev in world.devices}
+        for svc in world.queued:
+            queued[svc.spec.device].append(
                 (svc.index, svc.spec.in_window(tod), world.now < svc.backoff_until)
-                for cls in ServiceClass
-                for svc in world.queued_services(dev, cls)
-            ),
-        )
+            )
+        return {
+            dev: (
+                dev in rnd.realtime_active,
+                dev in rnd.interactive_active,
+                rnd.higher_waiting.get(dev),
+                tuple(items),
+            )
+            for dev, items in queued.items()
+        }
 
     def _unsettled(self, world: World, cls: ServiceClass, rnd: _Round) -> list[RequestState]:
         """Waiting requests of ``cls`` that this round may decide differently.
