@@ -65,9 +65,9 @@ class AccelmuxPolicy:
         #: Per-round memo of per-device aggregates: key -> (world.version, value).
         #: Cleared at the start of every decide(); valid while no mutator has run.
         self._memo: dict[tuple[str, str], tuple[int, int]] = {}
-        #: Per-round memo of make_room failures: (device, class) -> (version, most it
-        #: could free).
-        self._room_failed: dict[tuple[str, ServiceClass, bool], tuple[int, int]] = {}
+        #: Per-round memo of make_room failures: (device, class, strict, requester holding
+        #: memory) -> (version, the most it could free).
+        self._room_failed: dict[tuple[str, ServiceClass, bool, str | None], tuple[int, int]] = {}
         #: Per device, (epoch, round inputs) of the last schedule that changed nothing there.
         self._quiet: dict[str, tuple[int, tuple[object, ...]]] = {}
 
@@ -282,11 +282,12 @@ class AccelmuxPolicy:
         pending = self._pending_free(world, device)
         if available + pending >= need:
             return False
-        # What can be freed does not depend on a requester that holds no memory, so a
-        # failure at this class answers every need above what it found it could free,
-        # until a mutator runs.
-        independent = exclude is None or exclude.status is not ServiceStatus.LOADED
-        failed = self._room_failed.get((device, cls, strict)) if independent else None
+        # What can be freed depends on the state, the class and the requester (only when
+        # it holds memory), not on the need: a failure answers every need above what it
+        # found it could free, until a mutator runs.
+        holder = exclude.name if exclude is not None and exclude.is_up else None
+        memo_key = (device, cls, strict, holder)
+        failed = self._room_failed.get(memo_key)
         if failed is not None and failed[0] == world.version and need > failed[1]:
             return False
         services = world.loaded_on(device)  # services with requests in flight are loaded
@@ -318,8 +319,7 @@ class AccelmuxPolicy:
         gain_later = sum(self.unload_frees(world, s) for s in victims)
         freeable = available + pending + gain_now + gain_later
         if freeable < need:
-            if independent:
-                self._room_failed[(device, cls, strict)] = (world.version, freeable)
+            self._room_failed[memo_key] = (world.version, freeable)
             return False
         shrinks.sort(key=lambda st: -int(st[0].spec.cls))  # stable: lowest class first
         preempts.sort(key=lambda r: (-int(r.cls), -(r.dispatched_at or 0.0)))
