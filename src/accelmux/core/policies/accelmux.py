@@ -285,8 +285,8 @@ class AccelmuxPolicy:
         # What can be freed depends on the state, the class and the requester (only when
         # it holds memory), not on the need: a failure answers every need above what it
         # found it could free, until a mutator runs.
-        holder = exclude.name if exclude is not None and exclude.is_up else None
-        memo_key = (device, cls, strict, holder)
+        requester = exclude.name if exclude is not None and exclude.is_up else None
+        memo_key = (device, cls, strict, requester)
         failed = self._room_failed.get(memo_key)
         if failed is not None and failed[0] == world.version and need > failed[1]:
             return False
