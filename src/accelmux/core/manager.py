@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from accelmux.core.actions import Action, Fail, action_kind
@@ -123,27 +124,22 @@ class Manager:
                 )
 
     # ---- bookkeeping per event ---------------------------------------------------
-    def _devices_of(self, event: Event) -> list[str]:
+    def _devices_of(self, event: Event) -> Iterable[str]:
         """The devices whose state an event may change."""
         w = self.world
-        match event:
-            case Tick():
-                return []
-            case RequestFinished() | RequestCancelled():
-                req = w.inflight.get(event.request_id) or w.waiting.get(event.request_id)
-                return [] if req is None else [w.services[req.service].spec.device]
-            case MemorySampled():
-                return [event.device] if event.device in w.devices else []
-            case (
-                RequestArrived()
-                | LoadFinished()
-                | LoadFailed()
-                | Unloaded()
-                | BackendCrashed()
-                | AdminCommand()
-            ) if event.service in w.services:
-                return [w.services[event.service].spec.device]
-        return list(w.devices)
+        if isinstance(event, Tick):
+            return ()
+        service: str | None = getattr(event, "service", None)
+        if service is not None:
+            svc = w.services.get(service)
+            return (svc.spec.device,) if svc is not None else ()
+        request_id: str | None = getattr(event, "request_id", None)
+        if request_id is not None:
+            req = w.inflight.get(request_id) or w.waiting.get(request_id)
+            return (w.services[req.service].spec.device,) if req is not None else ()
+        if isinstance(event, MemorySampled):
+            return (event.device,) if event.device in w.devices else ()
+        return w.devices  # shutdown: everything
 
     def _apply(self, event: Event) -> None:
         w = self.world

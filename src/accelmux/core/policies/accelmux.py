@@ -58,6 +58,8 @@ class AccelmuxPolicy:
     name = "accelmux"
     infinite_memory = False
     enforces_budget = True
+    #: Up to this many waiting requests a round considers them all, skipping nothing.
+    few_waiting = 8
 
     def __init__(self) -> None:
         #: Largest projected activation of each realtime service's requests so far.
@@ -435,6 +437,8 @@ class AccelmuxPolicy:
                 world.load(svc, reason=reason)
 
     def _schedule(self, world: World) -> None:
+        if not world.waiting:
+            return  # a device's quiet record stays true: it names the state it saw
         rnd = _Round()
         grace = world.knobs.realtime_grace_s
         for svcs in world.realtime_by_device.values():
@@ -454,6 +458,13 @@ class AccelmuxPolicy:
             current = rnd.higher_waiting.get(dev)
             if current is None or cls < current:
                 rnd.higher_waiting[dev] = cls
+        if len(world.waiting) <= self.few_waiting:
+            # A short queue: considering every request costs less than finding the ones
+            # to skip (both decide the same).
+            for req in sorted(world.waiting.values(), key=lambda r: r.sort_key):
+                self._consider(world, req, rnd)
+                req.announced = True
+            return
         # A device whose state (its World epoch) and round inputs are those of a round
         # that changed nothing there (wait reasons aside) would repeat it: it is skipped.
         inputs = self._round_inputs(world, rnd)
