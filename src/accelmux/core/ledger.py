@@ -49,6 +49,8 @@ class Ledger:
     def __init__(self, devices: tuple[DeviceSpec, ...] | list[DeviceSpec]) -> None:
         self._devices: dict[str, _DeviceAccount] = {d.name: _DeviceAccount(d) for d in devices}
         self._leases: dict[int, Lease] = {}
+        #: Open leases per (device, service), so dropping a service needs no scan.
+        self._held: dict[tuple[str, str], int] = {}
         self._next_lease = 1
 
     # ---- reading -------------------------------------------------------------
@@ -135,11 +137,14 @@ class Ledger:
         self._next_lease += 1
         self._add(device, service, category, nbytes)
         self._leases[lease.lease_id] = lease
+        key = (device, service)
+        self._held[key] = self._held.get(key, 0) + 1
         return lease
 
     def release(self, lease: Lease) -> None:
         if self._leases.pop(lease.lease_id, None) is None:
             raise InvariantError(f"lease {lease.lease_id} released twice or unknown")
+        self._held[(lease.device, lease.service)] -= 1
         self._add(lease.device, lease.service, lease.category, -lease.nbytes)
 
     def set_foreign(self, device: str, nbytes: int) -> None:
@@ -151,9 +156,9 @@ class Ledger:
 
     def drop_service(self, device: str, service: str) -> None:
         """Forget every byte of a service that has no leases left (after unload/crash)."""
-        for lease in self._leases.values():
-            if lease.device == device and lease.service == service:
-                raise InvariantError(f"{service} still holds lease {lease.lease_id}")
+        if self._held.get((device, service), 0):
+            held = [le.lease_id for le in self._leases.values() if le.service == service]
+            raise InvariantError(f"{service} still holds lease {held[0]}")
         acc = self._devices[device]
         cats = acc.services.pop(service, {})
         for cat, n in cats.items():
@@ -161,3 +166,22 @@ class Ledger:
                 acc.reserved_total -= n
             else:
                 acc.decided -= n
+
+    def check_totals(self) -> None:
+        """Recompute the per-device totals and lease counts from scratch; raise if off."""
+        held: dict[tuple[str, str], int] = {}
+        for lease in self._leases.values():
+            key = (lease.device, lease.service)
+            held[key] = held.get(key, 0) + 1
+        if {k: n for k, n in self._held.items() if n} != held:
+            raise InvariantError(f"ledger lease counts {self._held} != {held}")
+        for name, acc in self._devices.items():
+            decided = sum(
+                n for cats in acc.services.values() for c, n in cats.items() if c in DECIDED
+            )
+            reserved = sum(cats.get(Category.RESERVED, 0) for cats in acc.services.values())
+            if (decided, reserved) != (acc.decided, acc.reserved_total):
+                raise InvariantError(
+                    f"ledger {name}: totals {(acc.decided, acc.reserved_total)} "
+                    f"!= recomputed {(decided, reserved)}"
+                )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from accelmux.core.actions import Action, Fail, action_kind
@@ -84,6 +85,8 @@ class Manager:
     def handle(self, event: Event, now: float) -> list[Action]:
         pre = self.start(now) if not self._started else []
         self._advance(now)
+        for device in self._devices_of(event):
+            self.world.touch(device)
         self._apply(event)
         self._expire_deadlines()
         self.policy.decide(self.world, now)
@@ -91,11 +94,9 @@ class Manager:
 
     def next_wakeup(self, now: float) -> float | None:
         """Earliest time the Manager wants a Tick (deadlines, TTLs, windows, backoffs)."""
-        candidates: list[float] = [r.deadline_at for r in self.world.waiting.values()]
+        deadline = self.world.next_deadline(now)
         wake = self.policy.next_wakeup(self.world, now)
-        if wake is not None:
-            candidates.append(wake)
-        future = [t for t in candidates if t > now]
+        future = [t for t in (deadline, wake) if t is not None and t > now]
         return min(future) if future else None
 
     def _advance(self, now: float) -> None:
@@ -123,6 +124,23 @@ class Manager:
                 )
 
     # ---- bookkeeping per event ---------------------------------------------------
+    def _devices_of(self, event: Event) -> Iterable[str]:
+        """The devices whose state an event may change."""
+        w = self.world
+        if isinstance(event, Tick):
+            return ()
+        service: str | None = getattr(event, "service", None)
+        if service is not None:
+            svc = w.services.get(service)
+            return (svc.spec.device,) if svc is not None else ()
+        request_id: str | None = getattr(event, "request_id", None)
+        if request_id is not None:
+            req = w.inflight.get(request_id) or w.waiting.get(request_id)
+            return (w.services[req.service].spec.device,) if req is not None else ()
+        if isinstance(event, MemorySampled):
+            return (event.device,) if event.device in w.devices else ()
+        return w.devices  # shutdown: everything
+
     def _apply(self, event: Event) -> None:
         w = self.world
         match event:
@@ -159,9 +177,9 @@ class Manager:
                 if svc.status is not ServiceStatus.LOADING:
                     return
                 w.release_service(svc)
-                svc.status = ServiceStatus.CRASHED
+                w.set_status(svc, ServiceStatus.CRASHED)
                 self._backoff(svc)
-                for req in [r for r in w.waiting.values() if r.service == svc.name]:
+                for req in list(svc.queue.values()):
                     w.reject(
                         req,
                         reason=Reason.LOAD_FAILED,
@@ -174,7 +192,7 @@ class Manager:
                     svc.status is ServiceStatus.LOADED and not svc.inflight
                 ):
                     w.release_service(svc)
-                    svc.status = ServiceStatus.UNLOADED
+                    w.set_status(svc, ServiceStatus.UNLOADED)
                     svc.loaded_at = None
             case BackendCrashed():
                 svc = w.services[event.service]
@@ -182,7 +200,7 @@ class Manager:
                     w.fail(req, reason=event.reason, detail=event.error)
                 if svc.holds_memory:
                     w.release_service(svc)
-                svc.status = ServiceStatus.CRASHED
+                w.set_status(svc, ServiceStatus.CRASHED)
                 svc.crashes += 1
                 svc.loaded_at = None
                 self._backoff(svc)
@@ -221,8 +239,7 @@ class Manager:
             seq=w.next_seq(),
             job_id=event.job_id,
         )
-        w.waiting[req.request_id] = req
-        svc.waiting_count += 1
+        w.add_waiting(req)
         svc.keep_alive_s = event.keep_alive_s
         horizon = w.knobs.reuse_horizon_s
         svc.rate = svc.rate * math.exp(-max(0.0, w.now - svc.rate_at) / horizon) + 1.0 / horizon
@@ -252,7 +269,7 @@ class Manager:
         svc = w.services[event.service]
         if svc.status is not ServiceStatus.LOADING:
             return
-        svc.status = ServiceStatus.LOADED
+        w.set_status(svc, ServiceStatus.LOADED)
         svc.loaded_at = w.now
         svc.consecutive_failures = 0
         if svc.load_reason is Reason.DEMAND or svc.load_reason is Reason.RELOAD_AFTER_CRASH:
@@ -310,21 +327,20 @@ class Manager:
         if svc is None:
             raise InvariantError(f"admin command for unknown service {event.service!r}")
         if event.op == "pin":
-            svc.pinned = True
+            w.set_kept(svc, pinned=True, admin_wants_loaded=svc.admin_wants_loaded)
             w.admin_unload.discard(svc.name)
         elif event.op == "unpin":
-            svc.pinned = False
+            w.set_kept(svc, pinned=False, admin_wants_loaded=svc.admin_wants_loaded)
         elif event.op == "load":
-            svc.admin_wants_loaded = True
+            w.set_kept(svc, pinned=svc.pinned, admin_wants_loaded=True)
             w.admin_unload.discard(svc.name)
         elif event.op == "unload":
-            svc.admin_wants_loaded = False
-            svc.pinned = False
+            w.set_kept(svc, pinned=False, admin_wants_loaded=False)
             w.admin_unload.add(svc.name)
 
     def _expire_deadlines(self) -> None:
         w = self.world
-        for req in [r for r in w.waiting.values() if r.deadline_at <= w.now]:
+        for req in w.expired_requests():
             svc = w.services[req.service]
             w.reject(
                 req,

@@ -8,8 +8,10 @@ baselines included, inside the same bookkeeping.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from accelmux.core.actions import (
@@ -38,12 +40,16 @@ EXPLAIN_LINES = 16
 class ServiceState:
     spec: ServiceSpec
     calibration: ServiceCalibration
+    #: Position of the service in the spec: indexes list services in this order.
+    index: int = 0
     status: ServiceStatus = ServiceStatus.UNLOADED
     pinned: bool = False
     resident_leases: list[Lease] = field(default_factory=list)
     kv_lease: Lease | None = None
     kv_in_use: int = 0
     inflight: dict[str, RequestState] = field(default_factory=dict)
+    #: This service's waiting requests, in the order of ``World.waiting``.
+    queue: dict[str, RequestState] = field(default_factory=dict)
     waiting_count: int = 0
     last_used: float = -math.inf
     last_kv_demand: float = -math.inf
@@ -116,6 +122,9 @@ class RequestState:
     dispatched_at: float | None = None
     wait_reason: Reason | None = None
     announced: bool = False
+    #: When the request last entered the queue (a World counter): ``World.waiting``
+    #: is in this order.
+    queued_mark: int = 0
     explain: deque[str] = field(default_factory=lambda: deque(maxlen=EXPLAIN_LINES))
 
     @property
@@ -130,8 +139,62 @@ def reuse_rate(svc: ServiceState, now: float, horizon_s: float) -> float:
     return svc.rate * math.exp(-max(0.0, now - svc.rate_at) / horizon_s)
 
 
+class ServiceSet:
+    """A subset of the services, iterated in spec order; the World's mutators keep it.
+
+    Iteration walks a snapshot: mutating the set inside the loop is safe, and a member
+    removed meanwhile is still visited (loops re-check the state they filter on).
+    """
+
+    __slots__ = ("_members", "_ordered")
+
+    def __init__(self) -> None:
+        self._members: dict[str, ServiceState] = {}
+        self._ordered: list[ServiceState] | None = []
+
+    def add(self, svc: ServiceState) -> None:
+        if svc.spec.name not in self._members:
+            self._members[svc.spec.name] = svc
+            self._ordered = None
+
+    def discard(self, svc: ServiceState) -> None:
+        if self._members.pop(svc.spec.name, None) is not None:
+            self._ordered = None
+
+    def update(self, svc: ServiceState, member: bool) -> None:
+        if member:
+            self.add(svc)
+        else:
+            self.discard(svc)
+
+    def __contains__(self, svc: object) -> bool:
+        return isinstance(svc, ServiceState) and svc.spec.name in self._members
+
+    def __len__(self) -> int:
+        return len(self._members)
+
+    def __iter__(self) -> Iterator[ServiceState]:
+        if self._ordered is None:
+            self._ordered = sorted(self._members.values(), key=_spec_order)
+        return iter(self._ordered)
+
+    def names(self) -> set[str]:
+        return set(self._members)
+
+
+def _spec_order(svc: ServiceState) -> int:
+    return svc.index
+
+
 class World:
-    """Mutable state of one Manager. Policies mutate it only through the methods below."""
+    """Mutable state of one Manager. Policies mutate it only through the methods below.
+
+    Besides the states, the World keeps indexes that spare policies a scan of every
+    service or request per event: services by status, with requests in flight, with
+    waiting requests, kept loaded, evicted and still out; waiting requests by cause and
+    by (device, class); a deadline heap. Only the mutators below change what the indexes
+    are built from (:meth:`check_indexes` recomputes them from scratch, for tests).
+    """
 
     def __init__(self, spec: ManagerSpec) -> None:
         self.spec = spec
@@ -139,7 +202,7 @@ class World:
         self.ledger = Ledger(spec.devices)
         self.devices = {d.name: d for d in spec.devices}
         self.services: dict[str, ServiceState] = {}
-        for s in spec.services:
+        for i, s in enumerate(spec.services):
             self.services[s.name] = ServiceState(
                 spec=s,
                 calibration=ServiceCalibration(
@@ -147,6 +210,7 @@ class World:
                     safety_factor=spec.knobs.safety_factor,
                     learn=spec.knobs.enabled("calibration"),
                 ),
+                index=i,
                 pinned=s.residency is Residency.PINNED,
             )
         self.services_by_device: dict[str, list[ServiceState]] = {d: [] for d in self.devices}
@@ -170,6 +234,34 @@ class World:
         self.finished_requests: deque[RequestState] = deque(maxlen=1000)
         #: When each device's memory was last measured (``MemorySampled``).
         self.sampled_at: dict[str, float] = {}
+        # ---- indexes (see the class docstring) ----
+        #: Status LOADED, all and per device. Services with requests in flight are loaded.
+        self.loaded = ServiceSet()
+        self._loaded_by_device = {d: ServiceSet() for d in self.devices}
+        #: At least one request in flight.
+        self.busy = ServiceSet()
+        #: At least one waiting request.
+        self.queued = ServiceSet()
+        #: Pinned or loaded by the operator.
+        self.kept = ServiceSet()
+        #: Evicted (``last_evicted_at`` set) and UNLOADED since.
+        self.evicted_out = ServiceSet()
+        for svc in self.services.values():
+            self.kept.update(svc, svc.pinned or svc.admin_wants_loaded)
+        #: Waiting requests per ``wait_reason`` (None: not yet told why).
+        self.wait_reasons: dict[Reason | None, int] = {}
+        #: Waiting requests per (device, class), and per (device, class, wait_reason).
+        self.waiting_classes: dict[tuple[str, ServiceClass], int] = {}
+        self.waiting_causes: dict[tuple[str, ServiceClass, Reason | None], int] = {}
+        #: Services with waiting requests per (device, class).
+        self.queued_by_class: dict[tuple[str, ServiceClass], ServiceSet] = {}
+        #: (deadline, queued_mark, request) of every request that entered the queue;
+        #: entries of requests that left it (or re-entered later) are skipped lazily.
+        self._deadlines: list[tuple[float, int, RequestState]] = []
+        self._queue_mark = 0
+        #: Per device, bumped by every change that can alter a decision there (every
+        #: event about it, every action on it but an Enqueue): equal epochs, same state.
+        self._epochs: dict[str, int] = dict.fromkeys(self.devices, 0)
 
     # ---- time ---------------------------------------------------------------
     def time_of_day(self, now: float | None = None) -> float:
@@ -184,6 +276,8 @@ class World:
     def record(self, action: Action) -> None:
         self._actions.append(action)
         self.version += 1
+        if not isinstance(action, Enqueue):  # a new wait reason changes no decision input
+            self.touch(self.services[action.service].spec.device)
 
     def drain(self) -> list[Action]:
         out, self._actions = self._actions, []
@@ -191,6 +285,174 @@ class World:
 
     def _explain(self, req: RequestState, text: str) -> None:
         req.explain.append(f"t={self.now:.3f} {text}")
+
+    # ---- index upkeep ---------------------------------------------------------
+    def touch(self, device: str) -> None:
+        """Something on ``device`` changed (the Manager calls it for every event)."""
+        self._epochs[device] += 1
+
+    def epoch(self, device: str) -> int:
+        return self._epochs[device]
+
+    def set_status(self, svc: ServiceState, status: ServiceStatus) -> None:
+        svc.status = status
+        self.loaded.update(svc, status is ServiceStatus.LOADED)
+        self._loaded_by_device[svc.spec.device].update(svc, status is ServiceStatus.LOADED)
+        self._update_evicted(svc)
+
+    def loaded_on(self, device: str) -> ServiceSet:
+        return self._loaded_by_device[device]
+
+    def set_kept(self, svc: ServiceState, *, pinned: bool, admin_wants_loaded: bool) -> None:
+        svc.pinned = pinned
+        svc.admin_wants_loaded = admin_wants_loaded
+        self.kept.update(svc, pinned or admin_wants_loaded)
+
+    def forget_eviction(self, svc: ServiceState) -> None:
+        """The evicted service was restored: it no longer counts as evicted."""
+        svc.last_evicted_at = None
+        self._update_evicted(svc)
+
+    def _update_evicted(self, svc: ServiceState) -> None:
+        self.evicted_out.update(
+            svc, svc.last_evicted_at is not None and svc.status is ServiceStatus.UNLOADED
+        )
+
+    def _count_reason(self, req: RequestState, reason: Reason | None, delta: int) -> None:
+        self.wait_reasons[reason] = self.wait_reasons.get(reason, 0) + delta
+        key = (self.services[req.service].spec.device, req.cls, reason)
+        self.waiting_causes[key] = self.waiting_causes.get(key, 0) + delta
+
+    @property
+    def queue_mark(self) -> int:
+        """The ``queued_mark`` of the request that entered the queue last."""
+        return self._queue_mark
+
+    def queued_services(self, device: str, cls: ServiceClass) -> ServiceSet:
+        """Services of class ``cls`` on ``device`` with waiting requests."""
+        found = self.queued_by_class.get((device, cls))
+        if found is None:
+            found = self.queued_by_class[(device, cls)] = ServiceSet()
+        return found
+
+    def waiting_for(self, reason: Reason) -> int:
+        """How many waiting requests were last told to wait for ``reason``."""
+        return self.wait_reasons.get(reason, 0)
+
+    def add_waiting(self, req: RequestState) -> None:
+        """Put a request (new or preempted) at the end of the queue."""
+        self._queue_mark += 1
+        req.queued_mark = self._queue_mark
+        svc = self.services[req.service]
+        self.touch(svc.spec.device)
+        self.waiting[req.request_id] = req
+        svc.queue[req.request_id] = req
+        svc.waiting_count += 1
+        self.queued.add(svc)
+        self.queued_services(svc.spec.device, req.cls).add(svc)
+        self._count_reason(req, req.wait_reason, 1)
+        key = (svc.spec.device, req.cls)
+        self.waiting_classes[key] = self.waiting_classes.get(key, 0) + 1
+        heapq.heappush(self._deadlines, (req.deadline_at, req.queued_mark, req))
+
+    def _remove_waiting(self, req: RequestState) -> bool:
+        if self.waiting.pop(req.request_id, None) is None:
+            return False
+        svc = self.services[req.service]
+        del svc.queue[req.request_id]
+        svc.waiting_count -= 1
+        if not svc.queue:
+            self.queued.discard(svc)
+            self.queued_services(svc.spec.device, req.cls).discard(svc)
+        self._count_reason(req, req.wait_reason, -1)
+        self.waiting_classes[(svc.spec.device, req.cls)] -= 1
+        return True
+
+    def _queued_now(self, entry: tuple[float, int, RequestState]) -> bool:
+        _, mark, req = entry
+        return req.queued_mark == mark and self.waiting.get(req.request_id) is req
+
+    def expired_requests(self) -> list[RequestState]:
+        """Waiting requests whose deadline is now or past, in queue order."""
+        heap = self._deadlines
+        out: list[RequestState] = []
+        while heap and heap[0][0] <= self.now:
+            entry = heapq.heappop(heap)
+            if self._queued_now(entry):
+                out.append(entry[2])
+        out.sort(key=lambda r: r.queued_mark)
+        return out
+
+    def next_deadline(self, now: float) -> float | None:
+        """The earliest deadline after ``now`` of a waiting request."""
+        heap = self._deadlines
+        while heap and not self._queued_now(heap[0]):
+            heapq.heappop(heap)
+        if not heap:
+            return None
+        if heap[0][0] > now:
+            return heap[0][0]
+        # A request re-queued after the deadline check is already past its deadline.
+        future = [e[0] for e in heap if e[0] > now and self._queued_now(e)]
+        return min(future) if future else None
+
+    def check_indexes(self) -> None:
+        """Recompute every index from the states; raise if one differs (for tests)."""
+        svcs = list(self.services.values())
+
+        def expect(what: str, got: object, want: object) -> None:
+            if got != want:
+                raise InvariantError(f"index {what}: kept {got!r}, recomputed {want!r}")
+
+        expect("loaded", self.loaded.names(), {s.name for s in svcs if s.is_up})
+        for dev in self.devices:
+            expect(
+                f"loaded on {dev}",
+                self.loaded_on(dev).names(),
+                {s.name for s in svcs if s.is_up and s.spec.device == dev},
+            )
+        expect("busy", self.busy.names(), {s.name for s in svcs if s.inflight})
+        expect("busy services are loaded", self.busy.names() - self.loaded.names(), set())
+        expect("queued", self.queued.names(), {s.name for s in svcs if s.waiting_count})
+        expect(
+            "kept", self.kept.names(), {s.name for s in svcs if s.pinned or s.admin_wants_loaded}
+        )
+        expect(
+            "evicted_out",
+            self.evicted_out.names(),
+            {
+                s.name
+                for s in svcs
+                if s.last_evicted_at is not None and s.status is ServiceStatus.UNLOADED
+            },
+        )
+        for s in svcs:
+            queue = [r for r in self.waiting.values() if r.service == s.name]
+            expect(f"{s.name}.queue", list(s.queue.values()), queue)
+            expect(f"{s.name}.waiting_count", s.waiting_count, len(queue))
+        reasons: dict[Reason | None, int] = {}
+        classes: dict[tuple[str, ServiceClass], int] = {}
+        causes: dict[tuple[str, ServiceClass, Reason | None], int] = {}
+        by_class: dict[tuple[str, ServiceClass], set[str]] = {}
+        for r in self.waiting.values():
+            dev = self.services[r.service].spec.device
+            reasons[r.wait_reason] = reasons.get(r.wait_reason, 0) + 1
+            classes[(dev, r.cls)] = classes.get((dev, r.cls), 0) + 1
+            causes[(dev, r.cls, r.wait_reason)] = causes.get((dev, r.cls, r.wait_reason), 0) + 1
+            by_class.setdefault((dev, r.cls), set()).add(r.service)
+        expect("wait_reasons", {k: v for k, v in self.wait_reasons.items() if v}, reasons)
+        expect("waiting_classes", {k: v for k, v in self.waiting_classes.items() if v}, classes)
+        expect("waiting_causes", {k: v for k, v in self.waiting_causes.items() if v}, causes)
+        expect(
+            "queued_by_class",
+            {k: v.names() for k, v in self.queued_by_class.items() if len(v)},
+            by_class,
+        )
+        marks = [r.queued_mark for r in self.waiting.values()]
+        expect("queue order", marks, sorted(marks))
+        live = {e[2].request_id for e in self._deadlines if self._queued_now(e)}
+        expect("deadlines", live, set(self.waiting))
+        self.ledger.check_totals()
 
     # ---- estimates ------------------------------------------------------------
     def estimate(self, service: str, demand: Demand) -> RequestEstimate:
@@ -237,8 +499,7 @@ class World:
         )
         if lease is None:
             return False
-        del self.waiting[req.request_id]
-        svc.waiting_count -= 1
+        self._remove_waiting(req)
         req.attempt += 1
         req.active_lease = lease
         req.kv_bytes = kv
@@ -247,6 +508,7 @@ class World:
         svc.kv_in_use += kv
         svc.peak_active_bytes = max(svc.peak_active_bytes, need)
         svc.inflight[req.request_id] = req
+        self.busy.add(svc)
         svc.last_used = self.now
         self.inflight[req.request_id] = req
         self._explain(req, f"dispatch ({reason.value}) lease={need + kv}B {detail}".rstrip())
@@ -266,6 +528,9 @@ class World:
         """Mark the request waiting; an action is recorded only when the cause changes."""
         if req.wait_reason is reason:
             return
+        if req.request_id in self.waiting:
+            self._count_reason(req, req.wait_reason, -1)
+            self._count_reason(req, reason, 1)
         req.wait_reason = reason
         self._explain(req, f"wait ({reason.value}) {detail}".rstrip())
         self.record(
@@ -275,9 +540,8 @@ class World:
     def reject(
         self, req: RequestState, *, reason: Reason, retry_after_s: float, detail: str = ""
     ) -> None:
-        if self.waiting.pop(req.request_id, None) is None:
+        if not self._remove_waiting(req):
             raise InvariantError(f"reject of {req.request_id} which is not waiting")
-        self.services[req.service].waiting_count -= 1
         self._explain(req, f"reject ({reason.value}) retry_after={retry_after_s:.0f}s {detail}")
         self.record(
             Reject(
@@ -300,6 +564,8 @@ class World:
         if svc.kv_in_use < 0:
             raise InvariantError(f"{svc.name}: kv_in_use went negative")
         svc.inflight.pop(req.request_id, None)
+        if not svc.inflight:
+            self.busy.discard(svc)
         self.inflight.pop(req.request_id, None)
 
     def finish(self, req: RequestState) -> None:
@@ -320,10 +586,9 @@ class World:
         """Stop a running request and put it back at its place in the queue."""
         attempt = req.attempt
         self._release_request(req)
-        self.waiting[req.request_id] = req
-        # keep queue order stable: re-insert sorted by seq is done by policies' sort
-        self.services[req.service].waiting_count += 1
+        # Back at the end of the queue; policies order it by its ``seq``.
         req.wait_reason = None
+        self.add_waiting(req)
         self._explain(req, f"preempted ({reason.value}) {detail}".rstrip())
         self.record(
             Preempt(
@@ -360,7 +625,7 @@ class World:
         ]
         svc.resident_leases = [le for le in leases if le is not None]
         svc.kv_lease = self.ledger.reserve(device, svc.name, Category.KV, pool, enforce=False)
-        svc.status = ServiceStatus.LOADING
+        self.set_status(svc, ServiceStatus.LOADING)
         svc.loading_since = self.now
         svc.load_reason = reason
         svc.loads += 1
@@ -383,10 +648,10 @@ class World:
             raise InvariantError(f"unload of {svc.name} while {svc.status.value}")
         if svc.inflight:
             raise InvariantError(f"unload of {svc.name} with requests in flight")
-        svc.status = ServiceStatus.UNLOADING
         if reason not in (Reason.TTL_EXPIRED, Reason.ADMIN):
             svc.evictions += 1
             svc.last_evicted_at = self.now
+        self.set_status(svc, ServiceStatus.UNLOADING)
         self.record(Unload(service=svc.name, reason=reason, detail=detail))
 
     def resize(

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from accelmux.errors import InvariantError
+
+#: A heap entry: (time, sequence number, callback). Plain tuples compare in C; the
+#: sequence number is unique, so the callback itself is never compared.
+_Entry = tuple[float, int, Callable[[], None]]
 
 
 class SimClock:
@@ -26,13 +29,6 @@ class SimClock:
         if t < self._now:
             raise InvariantError(f"simulated time went backwards: {t} < {self._now}")
         self._now = t
-
-
-@dataclass(order=True, slots=True)
-class _Entry:
-    time: float
-    seq: int
-    fn: Callable[[], None] = field(compare=False)
 
 
 class EventHeap:
@@ -51,17 +47,19 @@ class EventHeap:
         if t < self.clock.now():
             raise InvariantError(f"scheduled in the past: {t} < {self.clock.now()}")
         self._seq += 1
-        heapq.heappush(self._heap, _Entry(t, self._seq, fn))
+        heapq.heappush(self._heap, (t, self._seq, fn))
 
     def peek_time(self) -> float | None:
-        return self._heap[0].time if self._heap else None
+        return self._heap[0][0] if self._heap else None
 
     def run(self, until: float) -> None:
         """Run every event with time <= ``until``, then move the clock to ``until``."""
         heap = self._heap
-        while heap and heap[0].time <= until:
-            entry = heapq.heappop(heap)
-            self.clock.advance_to(entry.time)
+        pop = heapq.heappop
+        clock = self.clock
+        while heap and heap[0][0] <= until:
+            t, _, fn = pop(heap)
+            clock.advance_to(t)
             self.processed += 1
-            entry.fn()
+            fn()
         self.clock.advance_to(max(self.clock.now(), until))

@@ -53,6 +53,8 @@ class _Round:
     realtime_active: set[str] = field(default_factory=set)
     interactive_active: set[str] = field(default_factory=set)
     higher_waiting: dict[str, ServiceClass] = field(default_factory=dict)
+    #: Devices where this round would repeat a round that changed nothing.
+    quiet: set[str] = field(default_factory=set)
 
 
 #: The policy's heuristics by name, each of which ``policy.disable`` can turn off (for
@@ -107,6 +109,8 @@ class AccelmuxPolicy:
     name = "accelmux"
     infinite_memory = False
     enforces_budget = True
+    #: Up to this many waiting requests a round considers them all, skipping nothing.
+    few_waiting = 8
 
     def __init__(self) -> None:
         #: Largest projected activation of each realtime service's requests so far.
@@ -114,8 +118,11 @@ class AccelmuxPolicy:
         #: Per-round memo of per-device aggregates: key -> (world.version, value).
         #: Cleared at the start of every decide(); valid while no mutator has run.
         self._memo: dict[tuple[str, str], tuple[int, int]] = {}
-        #: Per-round memo of make_room failures: (device, class) -> (version, need).
-        self._room_failed: dict[tuple[str, ServiceClass, bool], tuple[int, int]] = {}
+        #: Per-round memo of make_room failures: (device, class, strict, requester holding
+        #: memory) -> (version, the most it could free).
+        self._room_failed: dict[tuple[str, ServiceClass, bool, str | None], tuple[int, int]] = {}
+        #: Per device, (epoch, round inputs) of the last schedule that changed nothing there.
+        self._quiet: dict[str, tuple[int, tuple[object, ...]]] = {}
         #: Services measured above what was accounted at the last sample: name -> bytes.
         self._charged: dict[str, int] = {}
         #: Highest activation memory measured per loaded service: a caching allocator may
@@ -152,21 +159,26 @@ class AccelmuxPolicy:
         its calibration rises to what was measured, and until it is measured within its
         leases it runs one request at a time and gives back its own work first under
         pressure (``_relieve_pressure``).
+
+        What it learns changes decisions on the service's device, so it touches the
+        device's epoch (a round there is not a repeat of an earlier one).
         """
         knobs = world.knobs
         learn = knobs.enabled("failure_calibration")
         for svc in world.services.values():
             name = svc.name
+            dev = svc.spec.device
             if svc.crashes != self._seen_crashes.get(name, 0):
                 self._seen_crashes[name] = svc.crashes
+                world.touch(dev)
                 if learn:
                     for estimated, lease in self._held.get(name, ()):
                         svc.calibration.observe_failure(estimated, lease)
-            dev = svc.spec.device
             if world.sampled_at.get(dev) != world.now:
-                if not svc.inflight:
-                    self._charged.pop(name, None)
+                if not svc.inflight and self._charged.pop(name, None) is not None:
+                    world.touch(dev)
                 continue
+            world.touch(dev)
             if not svc.holds_memory:
                 self._high_water.pop(name, None)
                 self._charged.pop(name, None)
@@ -231,19 +243,25 @@ class AccelmuxPolicy:
     def next_wakeup(self, world: World, now: float) -> float | None:
         times: list[float] = []
         tod = world.time_of_day(now)
-        for svc in world.services.values():
-            if svc.status is ServiceStatus.LOADED and svc.idle and not self._keep(svc):
+        for svc in world.loaded:  # the World's indexes: only services that can ask
+            if svc.idle and not self._keep(svc):
                 ttl = self._ttl(world, svc)
                 if math.isfinite(ttl):
                     times.append(svc.last_used + ttl)
-            if svc.status is ServiceStatus.LOADED and svc.kv_pool > svc.spec.profile.kv_floor:
+            if svc.kv_pool > svc.spec.profile.kv_floor:
                 times.append(svc.last_used + world.knobs.balloon_idle_s)
-            if svc.backoff_until > now and (svc.waiting_count or self._keep(svc)):
+        for svc in world.kept:
+            if svc.backoff_until > now:
                 times.append(svc.backoff_until)
-            if svc.spec.windows and svc.waiting_count:
+        for svc in world.queued:
+            if svc.backoff_until > now:
+                times.append(svc.backoff_until)
+            if svc.spec.windows:
                 times.append(now + min(w.seconds_until_edge(tod) for w in svc.spec.windows))
-            if svc.spec.cls is ServiceClass.REALTIME and world.knobs.realtime_grace_s > 0:
-                times.append(svc.last_used + world.knobs.realtime_grace_s)  # held work resumes
+        if world.knobs.realtime_grace_s > 0:
+            for svcs in world.realtime_by_device.values():
+                for svc in svcs:  # held work resumes
+                    times.append(svc.last_used + world.knobs.realtime_grace_s)
         future = [t for t in times if t > now]
         return min(future) if future else None
 
@@ -276,7 +294,8 @@ class AccelmuxPolicy:
             and s.spec.residency is Residency.WARM
             and s.last_evicted_at is not None
             and self._likely_reused(world, s)
-            for s in world.services_by_device[device]
+            for s in world.evicted_out
+            if s.spec.device == device
         )
 
     @staticmethod
@@ -399,13 +418,15 @@ class AccelmuxPolicy:
         pending = self._pending_free(world, device)
         if available + pending >= need:
             return False
-        # What can be freed does not depend on a requester that holds no memory, so a
-        # failure for ``need`` at this class answers every larger need until a mutator runs.
-        independent = exclude is None or exclude.status is not ServiceStatus.LOADED
-        failed = self._room_failed.get((device, cls, strict)) if independent else None
-        if failed is not None and failed[0] == world.version and need >= failed[1]:
+        # What can be freed depends on the state, the class and the requester (only when
+        # it holds memory), not on the need: a failure answers every need above what it
+        # found it could free, until a mutator runs.
+        requester = exclude.name if exclude is not None and exclude.is_up else None
+        memo_key = (device, cls, strict, requester)
+        failed = self._room_failed.get(memo_key)
+        if failed is not None and failed[0] == world.version and need > failed[1]:
             return False
-        services = world.services_by_device[device]
+        services = world.loaded_on(device)  # services with requests in flight are loaded
         # One pass collects what could be freed; sorting waits until it is enough.
         shrinks: list[tuple[ServiceState, int]] = []
         preempts: list[RequestState] = []
@@ -435,9 +456,9 @@ class AccelmuxPolicy:
             low = max(svc.spec.profile.kv_floor, svc.kv_in_use - preempted_kv.get(svc.name, 0))
             gain_now += max(0, svc.kv_pool - low)
         gain_later = sum(self.unload_frees(world, s) for s in victims)
-        if available + pending + gain_now + gain_later < need:
-            if independent:
-                self._room_failed[(device, cls, strict)] = (world.version, need)
+        freeable = available + pending + gain_now + gain_later
+        if freeable < need:
+            self._room_failed[memo_key] = (world.version, freeable)
             return False
         shrinks.sort(key=lambda st: -int(st[0].spec.cls))  # stable: lowest class first
         preempts.sort(key=lambda r: (-int(r.cls), -(r.dispatched_at or 0.0)))
@@ -513,7 +534,7 @@ class AccelmuxPolicy:
         held = self._cached(
             world,
             ("kept_floor", device),
-            lambda: sum(self._kept_floor(s) for s in world.services_by_device[device]),
+            lambda: sum(self._kept_floor(s) for s in world.kept if s.spec.device == device),
         )
         return dev.usable_bytes - (held - self._kept_floor(exclude))
 
@@ -579,7 +600,7 @@ class AccelmuxPolicy:
     def _keep_pinned_loaded(self, world: World) -> None:
         down = (
             s
-            for s in world.services.values()
+            for s in world.kept
             if self._keep(s) and s.status in (ServiceStatus.UNLOADED, ServiceStatus.CRASHED)
         )
         for svc in sorted(down, key=lambda s: (int(s.spec.cls), s.name)):
@@ -603,28 +624,98 @@ class AccelmuxPolicy:
                 world.load(svc, reason=reason)
 
     def _schedule(self, world: World) -> None:
+        if not world.waiting:
+            return  # a device's quiet record stays true: it names the state it saw
         rnd = _Round()
         knobs = world.knobs
         hold = knobs.enabled("realtime_hold")
         grace = knobs.realtime_grace_s if knobs.enabled("realtime_grace") else 0.0
-        batch_yield = knobs.enabled("batch_yield")
-        for svc in world.services.values():
-            if svc.spec.cls is ServiceClass.REALTIME and (
-                (hold and svc.inflight) or world.now < svc.last_used + grace
-            ):
-                rnd.realtime_active.add(svc.spec.device)
-            if batch_yield and svc.spec.cls is ServiceClass.INTERACTIVE and svc.inflight:
-                rnd.interactive_active.add(svc.spec.device)
-        for req in world.waiting.values():
-            dev = world.services[req.service].spec.device
-            if hold and req.cls is ServiceClass.REALTIME:
+        for svcs in world.realtime_by_device.values():
+            for svc in svcs:
+                if (hold and svc.inflight) or world.now < svc.last_used + grace:
+                    rnd.realtime_active.add(svc.spec.device)
+        if knobs.enabled("batch_yield"):
+            for svc in world.busy:
+                if svc.spec.cls is ServiceClass.INTERACTIVE:
+                    rnd.interactive_active.add(svc.spec.device)
+        classes: set[ServiceClass] = set()
+        for (dev, cls), count in world.waiting_classes.items():
+            if not count:
+                continue
+            classes.add(cls)
+            if hold and cls is ServiceClass.REALTIME:
                 rnd.realtime_active.add(dev)
             current = rnd.higher_waiting.get(dev)
-            if current is None or req.cls < current:
-                rnd.higher_waiting[dev] = req.cls
-        for req in sorted(world.waiting.values(), key=lambda r: r.sort_key):
-            self._consider(world, req, rnd)
-            req.announced = True
+            if current is None or cls < current:
+                rnd.higher_waiting[dev] = cls
+        if len(world.waiting) <= self.few_waiting:
+            # A short queue: considering every request costs less than finding the ones
+            # to skip (both decide the same).
+            for req in sorted(world.waiting.values(), key=lambda r: r.sort_key):
+                self._consider(world, req, rnd)
+                req.announced = True
+            return
+        # A device whose state (its World epoch) and round inputs are those of a round
+        # that changed nothing there (wait reasons aside) would repeat it: it is skipped.
+        inputs = self._round_inputs(world, rnd)
+        start = {dev: (world.epoch(dev), inputs[dev]) for dev in world.devices}
+        rnd.quiet = {dev for dev, key in start.items() if self._quiet.get(dev) == key}
+        # Requests in class order, then arrival order; those requeued meanwhile (preempted
+        # in this round) wait for the next one.
+        mark = world.queue_mark
+        for cls in sorted(classes):
+            todo = [r for r in self._unsettled(world, cls, rnd) if r.queued_mark <= mark]
+            for req in sorted(todo, key=lambda r: r.seq):
+                self._consider(world, req, rnd)
+                req.announced = True
+        self._quiet = {dev: key for dev, key in start.items() if world.epoch(dev) == key[0]}
+
+    @staticmethod
+    def _round_inputs(world: World, rnd: _Round) -> dict[str, tuple[object, ...]]:
+        """Per device, what a round's decisions there read besides its state: time."""
+        tod = world.time_of_day()
+        queued: dict[str, list[tuple[int, bool, bool]]] = {dev: [] for dev in world.devices}
+        for svc in world.queued:
+            queued[svc.spec.device].append(
+                (svc.index, svc.spec.in_window(tod), world.now < svc.backoff_until)
+            )
+        return {
+            dev: (
+                dev in rnd.realtime_active,
+                dev in rnd.interactive_active,
+                rnd.higher_waiting.get(dev),
+                tuple(items),
+            )
+            for dev, items in queued.items()
+        }
+
+    def _unsettled(self, world: World, cls: ServiceClass, rnd: _Round) -> list[RequestState]:
+        """Waiting requests of ``cls`` that this round may decide differently.
+
+        Called when the class's turn comes. Whether a request has to wait without
+        competing for memory (:meth:`_must_wait`) depends, by then, only on the round's
+        state and on its service, and none of them changes during the class's turn. A
+        request already told to wait for that same reason would only be told again (a
+        no-op): it is skipped. A request never told why (new or preempted) is not.
+        """
+        out: list[RequestState] = []
+        for dev in world.devices:
+            services = world.queued_services(dev, cls)
+            if not len(services) or dev in rnd.quiet:
+                continue
+            group = self._class_must_wait(dev, cls, rnd, world.knobs.enabled("fair_progress"))
+            if group is not None and world.waiting_causes.get(
+                (dev, cls, group[0]), 0
+            ) == world.waiting_classes.get((dev, cls), 0):
+                continue
+            for svc in services:
+                outside = not svc.spec.in_window(world.time_of_day())
+                wait = self._must_wait(world, svc, cls, outside, rnd)
+                if wait is None:
+                    out.extend(svc.queue.values())
+                else:
+                    out.extend(r for r in svc.queue.values() if r.wait_reason is not wait[0])
+        return out
 
     def _queue_or_reject(
         self, world: World, req: RequestState, reason: Reason, detail: str = ""
@@ -640,6 +731,57 @@ class AccelmuxPolicy:
             return
         world.enqueue(req, reason=reason, detail=detail)
 
+    @staticmethod
+    def _class_must_wait(
+        dev: str, cls: ServiceClass, rnd: _Round, fair_progress: bool
+    ) -> tuple[Reason, str] | None:
+        """Why work of ``cls`` on ``dev`` waits this round, whatever its service.
+
+        With fair progress on, whether work waits for a lower class blocked on memory
+        depends on its service (:meth:`_must_wait` decides it).
+        """
+        if cls >= ServiceClass.BATCH and dev in rnd.realtime_active:
+            return Reason.HIGHER_CLASS_WAITING, "realtime work running"
+        if cls is ServiceClass.BATCH and dev in rnd.interactive_active:
+            # Batch work yields compute to interactive requests (it would slow them).
+            return Reason.HIGHER_CLASS_WAITING, "interactive work running"
+        blocked = rnd.blocked.get(dev)
+        if not fair_progress and blocked is not None and blocked < cls:
+            return Reason.HIGHER_CLASS_WAITING, f"{blocked.label} request waits for memory"
+        return None
+
+    def _must_wait(
+        self, world: World, svc: ServiceState, cls: ServiceClass, outside: bool, rnd: _Round
+    ) -> tuple[Reason, str] | None:
+        """Why a request of ``svc`` waits without competing for memory, if it does."""
+        dev = svc.spec.device
+        fair_progress = world.knobs.enabled("fair_progress")
+        wait = self._class_must_wait(dev, cls, rnd, fair_progress)
+        if wait is not None:
+            return wait
+        blocked = rnd.blocked.get(dev)
+        if (
+            fair_progress
+            and blocked is not None
+            and blocked < cls
+            and (svc.status is ServiceStatus.UNLOADING or not self._preemptible(svc, blocked))
+        ):
+            # Fair progress is for work the blocked class could preempt, and a service
+            # on its way out takes no new work.
+            return Reason.HIGHER_CLASS_WAITING, f"{blocked.label} request waits for memory"
+        if outside:
+            higher = rnd.higher_waiting.get(dev)
+            if higher is not None and higher < cls:
+                return Reason.OUTSIDE_WINDOW, "higher class waiting"
+        if svc.status in (ServiceStatus.LOADING, ServiceStatus.UNLOADING):
+            return Reason.LOADING, svc.status.value
+        if (
+            svc.status in (ServiceStatus.UNLOADED, ServiceStatus.CRASHED)
+            and world.now < svc.backoff_until
+        ):
+            return Reason.BACKOFF, f"restart after {svc.backoff_until - world.now:.1f}s"
+        return None
+
     def _consider(self, world: World, req: RequestState, rnd: _Round) -> None:
         svc = world.services[req.service]
         spec = svc.spec
@@ -654,51 +796,17 @@ class AccelmuxPolicy:
                 f"{spec.profile.kv_ceiling} B",
             )
             return
-        if cls >= ServiceClass.BATCH and dev in rnd.realtime_active:
-            self._queue_or_reject(world, req, Reason.HIGHER_CLASS_WAITING, "realtime work running")
-            return
-        if cls is ServiceClass.BATCH and dev in rnd.interactive_active:
-            # Batch work yields compute to interactive requests (it would slow them).
-            self._queue_or_reject(
-                world, req, Reason.HIGHER_CLASS_WAITING, "interactive work running"
-            )
+        outside = not spec.in_window(world.time_of_day())
+        wait = self._must_wait(world, svc, cls, outside, rnd)
+        if wait is not None:
+            self._queue_or_reject(world, req, *wait)
             return
         blocked = rnd.blocked.get(dev)
-        # Fair progress: work the waiting class could preempt may still use idle memory
-        # (it takes nothing from anyone, and gives the memory back when preempted).
-        idle_only = False
-        if blocked is not None and blocked < cls:
-            if not (
-                world.knobs.enabled("fair_progress")
-                and svc.status is not ServiceStatus.UNLOADING
-                and self._preemptible(svc, blocked)
-            ):
-                self._queue_or_reject(
-                    world,
-                    req,
-                    Reason.HIGHER_CLASS_WAITING,
-                    f"{blocked.label} request waits for memory",
-                )
-                return
-            idle_only = True
-        outside = not spec.in_window(world.time_of_day())
-        if outside:
-            higher = rnd.higher_waiting.get(dev)
-            if higher is not None and higher < cls:
-                self._queue_or_reject(world, req, Reason.OUTSIDE_WINDOW, "higher class waiting")
-                return
-        if svc.status in (ServiceStatus.LOADING, ServiceStatus.UNLOADING):
-            self._queue_or_reject(world, req, Reason.LOADING, svc.status.value)
-            return
+        # Past _must_wait with a lower class waiting for memory, fair progress applies:
+        # work that class could preempt may still use idle memory (it takes nothing from
+        # anyone, and gives the memory back when preempted).
+        idle_only = blocked is not None and blocked < cls
         if svc.status in (ServiceStatus.UNLOADED, ServiceStatus.CRASHED):
-            if world.now < svc.backoff_until:
-                self._queue_or_reject(
-                    world,
-                    req,
-                    Reason.BACKOFF,
-                    f"restart after {svc.backoff_until - world.now:.1f}s",
-                )
-                return
             self._load_for(world, req, svc, rnd, outside, idle_only)
             return
         if svc.over_limit and svc.inflight:
@@ -869,7 +977,7 @@ class AccelmuxPolicy:
         )
 
     def _expire_idle(self, world: World) -> None:
-        for svc in world.services.values():
+        for svc in world.loaded:
             if (
                 svc.status is ServiceStatus.LOADED
                 and svc.idle
@@ -882,7 +990,7 @@ class AccelmuxPolicy:
                 )
 
     def _balloon(self, world: World) -> None:
-        for svc in world.services.values():
+        for svc in world.loaded:
             if not svc.is_up or svc.kv_pool <= svc.spec.profile.kv_floor:
                 continue
             if svc.waiting_count == 0 and world.now - svc.last_used >= world.knobs.balloon_idle_s:
@@ -893,10 +1001,14 @@ class AccelmuxPolicy:
     def _prewarm(self, world: World) -> None:
         """WarmServe-style: reload a recently evicted, likely-reused service into spare memory."""
         horizon = world.knobs.reuse_horizon_s
+        if world.waiting_for(Reason.NO_MEMORY):
+            return  # memory goes to waiting requests first
         evicted = (
             s
-            for s in world.services.values()
-            if s.last_evicted_at is not None and s.status is ServiceStatus.UNLOADED
+            for s in world.evicted_out
+            if s.last_evicted_at is not None
+            and s.status is ServiceStatus.UNLOADED
+            and s.spec.residency is Residency.WARM
         )
         for svc in sorted(evicted, key=lambda s: (int(s.spec.cls), s.name)):
             if (
@@ -915,8 +1027,6 @@ class AccelmuxPolicy:
             # its steady state: it leaves the realtime reserve and a tenth of the budget
             # free (memory measured only at the next sample, e.g. an allocator's cache).
             spare = self._realtime_reserve(world, dev) + world.devices[dev].usable_bytes // 10
-            if any(r.wait_reason is Reason.NO_MEMORY for r in world.waiting.values()):
-                continue
             fits = world.ledger.available(dev) - need >= spare
             if not fits and svc.spec.cls < ServiceClass.BATCH and world.knobs.enabled("restore"):
                 # An interactive service outranks batch and background work: take its
@@ -928,4 +1038,4 @@ class AccelmuxPolicy:
                 )
             if fits:
                 world.load(svc, reason=Reason.PRELOAD, detail="likely reused soon")
-                svc.last_evicted_at = None
+                world.forget_eviction(svc)
