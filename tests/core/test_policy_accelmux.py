@@ -577,8 +577,36 @@ def test_warm_service_expires_after_its_ttl() -> None:
     assert m.world.services["img"].evictions == 0
 
 
-def test_on_demand_service_expires_after_the_short_ttl() -> None:
+def test_on_demand_service_expires_after_the_short_ttl_when_its_memory_is_wanted() -> None:
+    # 10 of 12 GiB held: less than a quarter of the budget is spare
     knobs = PolicyKnobs(prewarm=False, on_demand_ttl_s=20.0)
+    m = manager(
+        service("img", profile=big(10), ttl_s=100.0, residency=Residency.ON_DEMAND),
+        knobs=knobs,
+    )
+    up(m, "img")
+    assert m.next_wakeup(0.0) == 20.0
+    assert [u.reason for u in unloads(m.handle(Tick(), 20.0))] == [Reason.TTL_EXPIRED]
+
+
+def test_idle_on_demand_service_stays_loaded_while_memory_is_free() -> None:
+    # A quiet on-demand chat model is not cold-started on every request: with memory to
+    # spare it keeps its own ttl, and it is the first victim when memory is needed.
+    knobs = PolicyKnobs(prewarm=False, safety_factor=1.0, on_demand_ttl_s=20.0)
+    m = manager(
+        service("chat", profile=big(2), ttl_s=100.0, residency=Residency.ON_DEMAND),
+        service("other", profile=big(9)),
+        knobs=knobs,
+    )
+    up(m, "chat")
+    assert unloads(m.handle(Tick(), 20.0)) == []
+    assert m.world.services["chat"].status is ServiceStatus.LOADED
+    out = m.handle(arrive("o1", "other"), 30.0)
+    assert [u.service for u in unloads(out)] == ["chat"]  # gives way at once
+
+
+def test_without_on_demand_keep_an_idle_on_demand_service_expires_after_the_short_ttl() -> None:
+    knobs = PolicyKnobs(prewarm=False, on_demand_ttl_s=20.0, disabled=frozenset({"on_demand_keep"}))
     m = manager(service("img", ttl_s=100.0, residency=Residency.ON_DEMAND), knobs=knobs)
     up(m, "img")
     assert m.next_wakeup(0.0) == 20.0
@@ -650,7 +678,10 @@ def test_keep_alive_cannot_unload_a_pinned_service_or_lengthen_on_demand() -> No
     m.handle(keep_alive("a1", "asr", 0.0), 1.0)
     assert unloads(m.handle(done("a1"), 2.0)) == []
     knobs = PolicyKnobs(prewarm=False, on_demand_ttl_s=20.0)
-    m = manager(service("img", ttl_s=100.0, residency=Residency.ON_DEMAND), knobs=knobs)
+    m = manager(
+        service("img", profile=big(10), ttl_s=100.0, residency=Residency.ON_DEMAND),
+        knobs=knobs,
+    )
     up(m, "img")
     m.handle(keep_alive("r1", "img", math.inf), 1.0)
     m.handle(done("r1"), 2.0)
@@ -660,6 +691,35 @@ def test_keep_alive_cannot_unload_a_pinned_service_or_lengthen_on_demand() -> No
 def test_keep_alive_must_not_be_negative() -> None:
     with pytest.raises(ValueError, match="keep_alive_s"):
         keep_alive("r1", "img", -1.0)
+
+
+# ---- realtime reserve ------------------------------------------------------------------------
+def _voice_with_cache(**knobs: object) -> Manager:
+    m = manager(
+        service("asr", cls=RT, profile=big(1, 3), residency=Residency.PINNED),
+        service("chat", cls=IA, profile=big(7)),
+        knobs=PolicyKnobs(prewarm=False, safety_factor=1.0, **knobs),  # type: ignore[arg-type]
+    )
+    m.start(0.0)
+    m.handle(loaded("asr"), 0.0)
+    # Idle, the voice model is measured holding 2 GiB beyond its weights: its cache.
+    m.handle(MemorySampled(device="gpu", used_bytes=3 * GIB, per_service={"asr": 3 * GIB}), 1.0)
+    return m
+
+
+def test_a_realtime_services_own_cache_counts_towards_its_reserve() -> None:
+    # 11.5 GiB usable, 3 GiB held: chat's 7 GiB fits beside the 1 GiB the next 3 GiB voice
+    # activation needs beyond its 2 GiB cache (holding 3 GiB more free counts the cache twice).
+    m = _voice_with_cache()
+    out = m.handle(arrive("c1", "chat"), 2.0)
+    assert [a.service for a in loads(out)] == ["chat"]
+
+
+def test_without_cache_reuse_the_reserve_ignores_the_cache() -> None:
+    m = _voice_with_cache(disabled=frozenset({"cache_reuse"}))
+    out = m.handle(arrive("c1", "chat"), 2.0)
+    assert loads(out) == []
+    assert enqueued(out)["c1"].reason is Reason.NO_MEMORY
 
 
 # ---- prewarm ----------------------------------------------------------------------------------

@@ -84,6 +84,8 @@ HEURISTICS: dict[str, str] = {
     "service using it: it runs one request at a time and gives its own work back first",
     "fair_progress": "work a waiting higher class could preempt still loads and runs in "
     "idle memory (it takes memory from no one)",
+    "on_demand_keep": "an idle on-demand service stays loaded past on_demand_ttl_s while "
+    "its device's memory is not wanted (it is evicted first when it is)",
     "restore": "a warm service evicted for a short on-demand job is restored as soon as "
     "that job's service goes idle",
     "prewarm": "load warm services at start and reload likely-reused evicted ones into "
@@ -254,7 +256,9 @@ class AccelmuxPolicy:
 
     def _ttl(self, world: World, svc: ServiceState) -> float:
         if svc.spec.residency is Residency.ON_DEMAND:
-            ttl = min(svc.ttl_s, world.knobs.on_demand_ttl_s)
+            ttl = svc.ttl_s
+            if not world.knobs.enabled("on_demand_keep") or self._memory_wanted(world, svc):
+                ttl = min(ttl, world.knobs.on_demand_ttl_s)
             if (
                 world.knobs.prewarm
                 and world.knobs.enabled("restore")
@@ -263,6 +267,23 @@ class AccelmuxPolicy:
                 ttl = min(ttl, RESTORE_GRACE_S)
             return ttl
         return svc.ttl_s
+
+    def _memory_wanted(self, world: World, svc: ServiceState) -> bool:
+        """Whether memory an idle on-demand service holds is wanted by something else.
+
+        It is while a request waits for memory on its device, or when less than the
+        realtime reserve plus the spare fraction of the budget is free (foreign
+        processes, loads and prewarming then find room without an eviction first).
+        """
+        dev = svc.spec.device
+        if any(
+            r.wait_reason in (Reason.NO_MEMORY, Reason.HIGHER_CLASS_WAITING)
+            and world.services[r.service].spec.device == dev
+            for r in world.waiting.values()
+        ):
+            return True
+        spare = world.knobs.spare_fraction * world.devices[dev].usable_bytes
+        return world.ledger.available(dev) < self._realtime_reserve(world, dev) + spare
 
     @staticmethod
     def _likely_reused(world: World, svc: ServiceState) -> bool:
@@ -302,7 +323,8 @@ class AccelmuxPolicy:
 
         Lower classes may not take it: a voice request never waits for memory that
         chat or batch work holds. Sized by the largest activation seen per service
-        (its workspace estimate before any request), minus what its requests hold now.
+        (its workspace estimate before any request), minus what its requests hold now
+        and what its allocator caches (its own requests reuse that memory).
         """
         if not world.knobs.enabled("realtime_reserve"):
             return 0
@@ -321,6 +343,10 @@ class AccelmuxPolicy:
             if typical is None:
                 typical = s.calibration.active.project(s.spec.profile.workspace)
             held = sum(r.active_lease.nbytes for r in s.inflight.values() if r.active_lease)
+            if world.knobs.enabled("cache_reuse"):
+                # Its allocator's cache is where its next activation goes: keeping another
+                # copy of that memory free would count it twice.
+                held += world.ledger.amount(device, s.name, Category.RESERVED)
             total += max(0, s.spec.concurrency * typical - held)
         return total
 
