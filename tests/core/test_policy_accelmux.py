@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from accelmux.core.actions import Action, Dispatch, Fail, Preempt, Resize
 from accelmux.core.events import (
@@ -603,6 +605,22 @@ def test_idle_on_demand_service_stays_loaded_while_memory_is_free() -> None:
     assert m.world.services["chat"].status is ServiceStatus.LOADED
     out = m.handle(arrive("o1", "other"), 30.0)
     assert [u.service for u in unloads(out)] == ["chat"]  # gives way at once
+
+
+@given(size_gib=st.integers(1, 11), idle_s=st.floats(0.0, 99.0))
+def test_idle_on_demand_service_leaves_before_its_ttl_only_when_memory_is_wanted(
+    size_gib: int, idle_s: float
+) -> None:
+    knobs = PolicyKnobs(prewarm=False, safety_factor=1.0, on_demand_ttl_s=20.0)
+    m = manager(
+        service("img", profile=big(size_gib), ttl_s=100.0, residency=Residency.ON_DEMAND),
+        knobs=knobs,
+    )
+    up(m, "img")
+    usable = m.world.devices["gpu"].usable_bytes
+    tight = m.world.ledger.available("gpu") < knobs.spare_fraction * usable
+    unloaded = bool(unloads(m.handle(Tick(), idle_s)))
+    assert unloaded == (tight and idle_s >= 20.0)
 
 
 def test_without_on_demand_keep_an_idle_on_demand_service_expires_after_the_short_ttl() -> None:
