@@ -62,8 +62,6 @@ HEURISTICS: dict[str, str] = {
     "of resident memory and of lower-class leases",
     "realtime_hold": "start no batch or background work on a device while realtime work "
     "runs or waits there",
-    "realtime_grace": "keep holding batch and background work for realtime_grace_s after a "
-    "realtime request ends",
     "batch_yield": "batch work yields compute to running interactive requests",
     "preemption": "stop (and re-queue) running lower-class work to make room",
     "preemption_bound": "a request preempted MAX_PREEMPTIONS times is no longer preemptible",
@@ -632,7 +630,7 @@ class AccelmuxPolicy:
         rnd = _Round()
         knobs = world.knobs
         hold = knobs.enabled("realtime_hold")
-        grace = knobs.realtime_grace_s if knobs.enabled("realtime_grace") else 0.0
+        grace = knobs.realtime_grace_s  # 0 (the default) turns it off
         batch_yield = knobs.enabled("batch_yield")
         for svc in world.services.values():
             if svc.spec.cls is ServiceClass.REALTIME and (
