@@ -711,35 +711,6 @@ def test_keep_alive_must_not_be_negative() -> None:
         keep_alive("r1", "img", -1.0)
 
 
-# ---- realtime reserve ------------------------------------------------------------------------
-def _voice_with_cache(**knobs: object) -> Manager:
-    m = manager(
-        service("asr", cls=RT, profile=big(1, 3), residency=Residency.PINNED),
-        service("chat", cls=IA, profile=big(7)),
-        knobs=PolicyKnobs(prewarm=False, safety_factor=1.0, **knobs),  # type: ignore[arg-type]
-    )
-    m.start(0.0)
-    m.handle(loaded("asr"), 0.0)
-    # Idle, the voice model is measured holding 2 GiB beyond its weights: its cache.
-    m.handle(MemorySampled(device="gpu", used_bytes=3 * GIB, per_service={"asr": 3 * GIB}), 1.0)
-    return m
-
-
-def test_a_realtime_services_own_cache_counts_towards_its_reserve() -> None:
-    # 11.5 GiB usable, 3 GiB held: chat's 7 GiB fits beside the 1 GiB the next 3 GiB voice
-    # activation needs beyond its 2 GiB cache (holding 3 GiB more free counts the cache twice).
-    m = _voice_with_cache()
-    out = m.handle(arrive("c1", "chat"), 2.0)
-    assert [a.service for a in loads(out)] == ["chat"]
-
-
-def test_without_cache_reuse_the_reserve_ignores_the_cache() -> None:
-    m = _voice_with_cache(disabled=frozenset({"cache_reuse"}))
-    out = m.handle(arrive("c1", "chat"), 2.0)
-    assert loads(out) == []
-    assert enqueued(out)["c1"].reason is Reason.NO_MEMORY
-
-
 # ---- prewarm ----------------------------------------------------------------------------------
 def test_recently_evicted_warm_service_is_prewarmed_into_spare_memory() -> None:
     m = manager(

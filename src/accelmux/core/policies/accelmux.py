@@ -321,8 +321,7 @@ class AccelmuxPolicy:
 
         Lower classes may not take it: a voice request never waits for memory that
         chat or batch work holds. Sized by the largest activation seen per service
-        (its workspace estimate before any request), minus what its requests hold now
-        and what its allocator caches (its own requests reuse that memory).
+        (its workspace estimate before any request), minus what its requests hold now.
         """
         if not world.knobs.enabled("realtime_reserve"):
             return 0
@@ -341,10 +340,6 @@ class AccelmuxPolicy:
             if typical is None:
                 typical = s.calibration.active.project(s.spec.profile.workspace)
             held = sum(r.active_lease.nbytes for r in s.inflight.values() if r.active_lease)
-            if world.knobs.enabled("cache_reuse"):
-                # Its allocator's cache is where its next activation goes: keeping another
-                # copy of that memory free would count it twice.
-                held += world.ledger.amount(device, s.name, Category.RESERVED)
             total += max(0, s.spec.concurrency * typical - held)
         return total
 
