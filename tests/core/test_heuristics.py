@@ -49,6 +49,29 @@ def test_an_unknown_heuristic_is_an_error_that_lists_the_known_ones() -> None:
         assert name in text
 
 
+def test_realtime_grace_is_its_knob_not_a_switch() -> None:
+    # The grace after a realtime request is turned off by realtime_grace_s: 0 (its
+    # default); a switch of the same meaning was removed.
+    with pytest.raises(ConfigError, match="realtime_grace"):
+        load_config_text(CONFIG.format(disable="[realtime_grace]"))
+
+
+@pytest.mark.parametrize(("grace_s", "held"), [(0.25, True), (0.0, False)])
+def test_realtime_grace_s_holds_batch_work_after_a_realtime_request(
+    grace_s: float, held: bool
+) -> None:
+    m = manager(
+        service("asr", cls=ServiceClass.REALTIME, profile=plain_profile(weights=GIB)),
+        service("emb", cls=ServiceClass.BATCH, profile=plain_profile(weights=GIB)),
+        knobs=replace(EXACT, realtime_grace_s=grace_s),
+    )
+    up(m, "asr", "emb")
+    m.handle(arrive("a1", "asr"), 1.0)
+    m.handle(done("a1"), 1.5)
+    out = m.handle(arrive("e1", "emb"), 1.6)
+    assert (not of(Dispatch, out)) is held
+
+
 def _preemption_case(*disabled: str) -> list[Dispatch | Preempt]:
     big = plain_profile(weights=GIB, workspace=5 * GIB)
     m = manager(

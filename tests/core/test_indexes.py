@@ -85,12 +85,15 @@ def test_indexes_equal_a_recomputation(policy: str, spec: ManagerSpec, ops: list
     spec=st.one_of(manager_specs(), two_device_specs()),
     ops=ops_strategy,
     disabled=st.frozensets(st.sampled_from(sorted(HEURISTICS))),
+    grace=st.sampled_from([0.0, 2.0]),
 )
 def test_skipping_rounds_decides_like_considering_everything(
-    spec: ManagerSpec, ops: list[Op], disabled: frozenset[str]
+    spec: ManagerSpec, ops: list[Op], disabled: frozenset[str], grace: float
 ) -> None:
-    # Every heuristic switch (``policy.disable``) changes what the rounds read.
-    spec = replace(spec, knobs=replace(spec.knobs, disabled=disabled))
+    # Every heuristic switch (``policy.disable``) and the realtime grace change what the
+    # rounds read.
+    knobs = replace(spec.knobs, disabled=disabled, realtime_grace_s=grace)
+    spec = replace(spec, knobs=knobs)
     skipping = AccelmuxPolicy()
     skipping.few_waiting = 0  # skip whatever it can, however short the queue
     fast = drive(spec, skipping, ops, check=False)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from accelmux.core.actions import Action, Dispatch, Fail, Preempt, Resize
 from accelmux.core.events import (
@@ -577,8 +579,52 @@ def test_warm_service_expires_after_its_ttl() -> None:
     assert m.world.services["img"].evictions == 0
 
 
-def test_on_demand_service_expires_after_the_short_ttl() -> None:
+def test_on_demand_service_expires_after_the_short_ttl_when_its_memory_is_wanted() -> None:
+    # 10 of 12 GiB held: less than a quarter of the budget is spare
     knobs = PolicyKnobs(prewarm=False, on_demand_ttl_s=20.0)
+    m = manager(
+        service("img", profile=big(10), ttl_s=100.0, residency=Residency.ON_DEMAND),
+        knobs=knobs,
+    )
+    up(m, "img")
+    assert m.next_wakeup(0.0) == 20.0
+    assert [u.reason for u in unloads(m.handle(Tick(), 20.0))] == [Reason.TTL_EXPIRED]
+
+
+def test_idle_on_demand_service_stays_loaded_while_memory_is_free() -> None:
+    # A quiet on-demand chat model is not cold-started on every request: with memory to
+    # spare it keeps its own ttl, and it is the first victim when memory is needed.
+    knobs = PolicyKnobs(prewarm=False, safety_factor=1.0, on_demand_ttl_s=20.0)
+    m = manager(
+        service("chat", profile=big(2), ttl_s=100.0, residency=Residency.ON_DEMAND),
+        service("other", profile=big(9)),
+        knobs=knobs,
+    )
+    up(m, "chat")
+    assert unloads(m.handle(Tick(), 20.0)) == []
+    assert m.world.services["chat"].status is ServiceStatus.LOADED
+    out = m.handle(arrive("o1", "other"), 30.0)
+    assert [u.service for u in unloads(out)] == ["chat"]  # gives way at once
+
+
+@given(size_gib=st.integers(1, 11), idle_s=st.floats(0.0, 99.0))
+def test_idle_on_demand_service_leaves_before_its_ttl_only_when_memory_is_wanted(
+    size_gib: int, idle_s: float
+) -> None:
+    knobs = PolicyKnobs(prewarm=False, safety_factor=1.0, on_demand_ttl_s=20.0)
+    m = manager(
+        service("img", profile=big(size_gib), ttl_s=100.0, residency=Residency.ON_DEMAND),
+        knobs=knobs,
+    )
+    up(m, "img")
+    usable = m.world.devices["gpu"].usable_bytes
+    tight = m.world.ledger.available("gpu") < knobs.spare_fraction * usable
+    unloaded = bool(unloads(m.handle(Tick(), idle_s)))
+    assert unloaded == (tight and idle_s >= 20.0)
+
+
+def test_without_on_demand_keep_an_idle_on_demand_service_expires_after_the_short_ttl() -> None:
+    knobs = PolicyKnobs(prewarm=False, on_demand_ttl_s=20.0, disabled=frozenset({"on_demand_keep"}))
     m = manager(service("img", ttl_s=100.0, residency=Residency.ON_DEMAND), knobs=knobs)
     up(m, "img")
     assert m.next_wakeup(0.0) == 20.0
@@ -650,7 +696,10 @@ def test_keep_alive_cannot_unload_a_pinned_service_or_lengthen_on_demand() -> No
     m.handle(keep_alive("a1", "asr", 0.0), 1.0)
     assert unloads(m.handle(done("a1"), 2.0)) == []
     knobs = PolicyKnobs(prewarm=False, on_demand_ttl_s=20.0)
-    m = manager(service("img", ttl_s=100.0, residency=Residency.ON_DEMAND), knobs=knobs)
+    m = manager(
+        service("img", profile=big(10), ttl_s=100.0, residency=Residency.ON_DEMAND),
+        knobs=knobs,
+    )
     up(m, "img")
     m.handle(keep_alive("r1", "img", math.inf), 1.0)
     m.handle(done("r1"), 2.0)

@@ -148,7 +148,11 @@ class PolicyConfig(StrictModel):
     calibration_window: int = Field(
         64, ge=1, le=10_000, description="Observed peaks kept per service for calibration."
     )
-    on_demand_ttl_s: float = Field(30.0, ge=0, description="Idle time before on-demand unload.")
+    on_demand_ttl_s: float = Field(
+        30.0,
+        ge=0,
+        description="Idle time before on-demand unload once its device's memory is wanted.",
+    )
     reuse_horizon_s: float = Field(
         600.0, gt=0, description="Horizon of the reuse probability in the victim score."
     )

@@ -64,8 +64,6 @@ HEURISTICS: dict[str, str] = {
     "of resident memory and of lower-class leases",
     "realtime_hold": "start no batch or background work on a device while realtime work "
     "runs or waits there",
-    "realtime_grace": "keep holding batch and background work for realtime_grace_s after a "
-    "realtime request ends",
     "batch_yield": "batch work yields compute to running interactive requests",
     "preemption": "stop (and re-queue) running lower-class work to make room",
     "preemption_bound": "a request preempted MAX_PREEMPTIONS times is no longer preemptible",
@@ -86,6 +84,8 @@ HEURISTICS: dict[str, str] = {
     "service using it: it runs one request at a time and gives its own work back first",
     "fair_progress": "work a waiting higher class could preempt still loads and runs in "
     "idle memory (it takes memory from no one)",
+    "on_demand_keep": "an idle on-demand service stays loaded past on_demand_ttl_s while "
+    "its device's memory is not wanted (it is evicted first when it is)",
     "restore": "a warm service evicted for a short on-demand job is restored as soon as "
     "that job's service goes idle",
     "prewarm": "load warm services at start and reload likely-reused evicted ones into "
@@ -272,7 +272,9 @@ class AccelmuxPolicy:
 
     def _ttl(self, world: World, svc: ServiceState) -> float:
         if svc.spec.residency is Residency.ON_DEMAND:
-            ttl = min(svc.ttl_s, world.knobs.on_demand_ttl_s)
+            ttl = svc.ttl_s
+            if not world.knobs.enabled("on_demand_keep") or self._memory_wanted(world, svc):
+                ttl = min(ttl, world.knobs.on_demand_ttl_s)
             if (
                 world.knobs.prewarm
                 and world.knobs.enabled("restore")
@@ -281,6 +283,23 @@ class AccelmuxPolicy:
                 ttl = min(ttl, RESTORE_GRACE_S)
             return ttl
         return svc.ttl_s
+
+    def _memory_wanted(self, world: World, svc: ServiceState) -> bool:
+        """Whether memory an idle on-demand service holds is wanted by something else.
+
+        It is while a request waits for memory on its device, or when less than the
+        realtime reserve plus the spare fraction of the budget is free (foreign
+        processes, loads and prewarming then find room without an eviction first).
+        """
+        dev = svc.spec.device
+        if any(
+            r.wait_reason in (Reason.NO_MEMORY, Reason.HIGHER_CLASS_WAITING)
+            and world.services[r.service].spec.device == dev
+            for r in world.waiting.values()
+        ):
+            return True
+        spare = world.knobs.spare_fraction * world.devices[dev].usable_bytes
+        return world.ledger.available(dev) < self._realtime_reserve(world, dev) + spare
 
     @staticmethod
     def _likely_reused(world: World, svc: ServiceState) -> bool:
@@ -629,7 +648,7 @@ class AccelmuxPolicy:
         rnd = _Round()
         knobs = world.knobs
         hold = knobs.enabled("realtime_hold")
-        grace = knobs.realtime_grace_s if knobs.enabled("realtime_grace") else 0.0
+        grace = knobs.realtime_grace_s  # 0 (the default) turns it off
         for svcs in world.realtime_by_device.values():
             for svc in svcs:
                 if (hold and svc.inflight) or world.now < svc.last_used + grace:
