@@ -46,29 +46,36 @@ class ProcessTreeMeter:
 
 
 class PeakTracker:
-    """The highest reading of ``measure`` during each request, above its start."""
+    """The highest reading of ``measure`` during each request, above its start.
+
+    Only the sampling thread measures (a tree's PSS reads every process's smaps: far too
+    slow for the event loop): a request starts from the latest reading and its peak is the
+    highest reading while it runs. A request that starts before the tree was ever read
+    takes the thread's first reading as its start; one that ends before any reading
+    reports no growth (a request shorter than the sampling interval is not seen).
+    """
 
     def __init__(self, measure: Callable[[], int | None], interval_s: float = PEAK_SAMPLE_S):
         self._measure = measure
         self._interval = interval_s
         self._lock = threading.Lock()
-        self._spans: dict[int, list[int]] = {}  # token -> [start, peak]
+        self._spans: dict[int, list[int | None]] = {}  # token -> [start, peak]
+        self._last: int | None = None
         self._next = 0
         self._wake = threading.Event()
         self._closed = False
         self._thread: threading.Thread | None = None
 
-    def _read(self) -> int:
+    def _read(self) -> int | None:
         try:
-            return self._measure() or 0
+            return self._measure()
         except Exception:  # a vanished process: no reading, never a crash
-            return 0
+            return None
 
     def begin(self) -> int:
-        now = self._read()
         with self._lock:
             self._next += 1
-            self._spans[self._next] = [now, now]
+            self._spans[self._next] = [self._last, self._last]
             token = self._next
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, daemon=True, name="peak")
@@ -77,11 +84,12 @@ class PeakTracker:
         return token
 
     def end(self, token: int) -> int:
-        """Bytes the tree grew by at most while the request ran."""
-        now = self._read()
+        """Bytes the tree grew by at most while the request ran (0 when never read)."""
         with self._lock:
-            start, peak = self._spans.pop(token, [0, 0])
-        return max(0, max(peak, now) - start)
+            start, peak = self._spans.pop(token, [None, None])
+        if start is None or peak is None:
+            return 0
+        return max(0, peak - start)
 
     def close(self) -> None:
         self._closed = True
@@ -97,6 +105,9 @@ class PeakTracker:
                         break
                 reading = self._read()
                 with self._lock:
-                    for span in self._spans.values():
-                        span[1] = max(span[1], reading)
+                    if reading is not None:
+                        self._last = reading
+                        for span in self._spans.values():
+                            span[0] = reading if span[0] is None else span[0]
+                            span[1] = reading if span[1] is None else max(span[1], reading)
                 time.sleep(self._interval)
