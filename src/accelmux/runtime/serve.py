@@ -7,6 +7,7 @@ import logging
 import signal
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from aiohttp import web
 
@@ -66,31 +67,30 @@ async def serve(cfg: AccelmuxConfig, *, stop: asyncio.Event | None = None) -> No
     )
     await runner.setup()
     site = web.TCPSite(runner, server.host, server.port, reuse_address=True)
-    try:
-        await site.start()
-    except OSError as exc:
+
+    async def give_up(message: str) -> NoReturn:
+        """Stop what was started, then exit with ``message`` (a port already taken)."""
         if jobs is not None:
             await jobs.stop()
         if cameras is not None:
             cameras.store.close()
         await runtime.shutdown()
         await runner.cleanup()
-        raise SystemExit(f"accelmux: cannot listen on {server.host}:{server.port}: {exc}") from None
+        raise SystemExit(message) from None
+
+    try:
+        await site.start()
+    except OSError as exc:
+        await give_up(f"accelmux: cannot listen on {server.host}:{server.port}: {exc}")
     wy_cfg = server.wyoming
     wyoming = WyomingServer(runtime, wy_cfg) if wy_cfg is not None else None
     if wyoming is not None and wy_cfg is not None:
         try:
             await wyoming.start()
         except OSError as exc:
-            if jobs is not None:
-                await jobs.stop()
-            if cameras is not None:
-                cameras.store.close()
-            await runtime.shutdown()
-            await runner.cleanup()
-            raise SystemExit(
+            await give_up(
                 f"accelmux: cannot listen for Wyoming on {wy_cfg.host}:{wy_cfg.port}: {exc}"
-            ) from None
+            )
     if jobs is not None:
         await jobs.start()
     if cameras is not None:
