@@ -18,11 +18,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from meta import meta_line
 
+from accelmux.sim.report import P99_MIN_SAMPLES, response_samples
+
 RESULTS = Path(__file__).resolve().parent / "results"
 SCENARIOS = ("home-evening", "burst", "small-gpu", "shared-memory-host")
 CLASSES = ("realtime", "interactive", "batch", "background")
-#: The fewest response times per seed behind a p99 worth printing.
-P99_MIN_SAMPLES = 100
 PLAIN = ("accelmux", "independent", "static")
 
 
@@ -47,16 +47,11 @@ def _att(result: dict[str, Any], cls: str) -> float | None:
     return value
 
 
-def _samples(cls: dict[str, Any]) -> float:
-    """Response times per seed behind a percentile: requests neither rejected nor failed."""
-    return float(cls.get("requests", 0) - cls.get("rejected", 0) - cls.get("failed", 0))
-
-
 def _latency(result: dict[str, Any]) -> tuple[str, str]:
     cls = result["classes"].get("interactive") or {}
     if cls.get("p50_s") is None:
         return "-", "-"
-    n = _samples(cls)
+    n = response_samples(cls)
     p50 = f"{cls['p50_s']:.2f} (n={n:.0f})"
     p99 = f"{cls['p99_s']:.2f}" if n >= P99_MIN_SAMPLES and cls.get("p99_s") is not None else "-"
     return p50, p99

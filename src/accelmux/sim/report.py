@@ -11,7 +11,7 @@ COLUMNS = (
     "batch",
     "background",
     "voice e2e",
-    "p50/p99 int (s)",
+    "p50/p99 int (s)",  # p99 only from P99_MIN_SAMPLES responses per seed
     "OOMs",
     "OOM-broken",
     "rejected",
@@ -38,6 +38,20 @@ def _sec(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}"
 
 
+#: The fewest response times per seed behind a p99 worth printing (fewer: "-").
+P99_MIN_SAMPLES = 100
+
+
+def response_samples(cls: dict[str, Any]) -> float:
+    """Response times per seed behind a percentile: requests neither rejected nor failed."""
+    return float(cls.get("requests", 0) - cls.get("rejected", 0) - cls.get("failed", 0))
+
+
+def _p99(cls: dict[str, Any]) -> float | None:
+    p99: float | None = cls.get("p99_s")
+    return p99 if response_samples(cls) >= P99_MIN_SAMPLES else None
+
+
 def rows(report: dict[str, Any]) -> list[list[str]]:
     out = []
     for name, r in report["results"].items():
@@ -58,7 +72,7 @@ def rows(report: dict[str, Any]) -> list[list[str]]:
                 att("batch"),
                 att("background"),
                 _pct(voice.get("slo_attainment")),
-                f"{_sec(inter.get('p50_s'))}/{_sec(inter.get('p99_s'))}",
+                f"{_sec(inter.get('p50_s'))}/{_sec(_p99(inter))}",
                 _num(r["oom_events"]),
                 _num(r["oom_broken_requests"]),
                 _num(sum(r["rejections"].values())),
