@@ -47,7 +47,7 @@ sys.path.insert(0, str(ROOT))
 import render_bench  # noqa: E402
 from meta import run_meta  # noqa: E402
 from stats import summary  # noqa: E402
-from tests.stack.support import Daemon, run_daemon, stack_config  # noqa: E402
+from tests.stack.support import Daemon, resident, run_daemon, stack_config  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "stack.json"
 MIB = 2**20
@@ -113,18 +113,6 @@ def exercise(daemon: Daemon, services: list[str], wav: bytes) -> None:
     client.audio.speech.create(model="tts", voice="joe", input=UTTERANCE).read()
     client.audio.transcriptions.create(model="asr", file=("a.wav", wav, "audio/wav"))
     client.post("/detections", body={"model": "detect", "image": image}, cast_to=object)
-
-
-def resident(svc: dict[str, Any]) -> tuple[int, int]:
-    """(ledger weights + runtime + kv, measured): measured is what the worker reports for
-    the service (weights + runtime + kv), plus, isolated, its own interpreter's RSS."""
-    ledger = svc["ledger"]
-    memory = svc["backend"]["memory"]
-    estimate = ledger["weights"] + ledger["runtime"] + ledger["kv"]
-    measured = sum(int(memory[k] or 0) for k in ("weights", "runtime", "kv"))
-    if svc["backend"]["isolated"]:
-        measured += int(svc["backend"]["last_load"]["base_bytes"])
-    return estimate, measured
 
 
 def memory_truth(daemon: Daemon) -> list[dict[str, Any]]:

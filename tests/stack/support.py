@@ -158,3 +158,15 @@ def astronaut_jpeg() -> bytes:
     ok, buf = cv2.imencode(".jpg", cv2.cvtColor(data.astronaut(), cv2.COLOR_RGB2BGR))
     assert ok
     return bytes(buf.tobytes())
+
+
+def resident(svc: dict[str, Any]) -> tuple[int, int]:
+    """(ledger weights + runtime + kv, measured): measured is what the worker reports for
+    the service (weights + runtime + kv), plus, isolated, its own interpreter's RSS."""
+    ledger = svc["ledger"]
+    memory = svc["backend"]["memory"]
+    estimate = ledger["weights"] + ledger["runtime"] + ledger["kv"]
+    measured = sum(int(memory[k] or 0) for k in ("weights", "runtime", "kv"))
+    if svc["backend"]["isolated"]:
+        measured += int(svc["backend"]["last_load"]["base_bytes"])
+    return estimate, measured

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from tests.real.support import need, wer
 
-from .support import NEEDED, Daemon, astronaut_jpeg, run_daemon, stack_config
+from .support import NEEDED, Daemon, astronaut_jpeg, resident, run_daemon, stack_config
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 
@@ -184,18 +184,6 @@ def test_isolated_service_runs_in_its_own_worker(stack: Daemon) -> None:
     stack.wait(lambda: stack.services()["detect-iso"]["measured_bytes"] > 20 * MIB, 10)
 
 
-def _resident(svc: dict[str, Any]) -> tuple[int, int]:
-    """(ledger weights + runtime + kv, measured): measured is what the worker reports for
-    the service (weights + runtime + kv), plus, isolated, its own interpreter's RSS."""
-    ledger = svc["ledger"]
-    memory = svc["backend"]["memory"]
-    estimate = ledger["weights"] + ledger["runtime"] + ledger["kv"]
-    measured = sum(int(memory[k] or 0) for k in ("weights", "runtime", "kv"))
-    if svc["backend"]["isolated"]:
-        measured += int(svc["backend"]["last_load"]["base_bytes"])
-    return estimate, measured
-
-
 def test_memory_truth(stack: Daemon) -> None:
     """The ledger matches what the worker measured, per service, within the tolerance;
     a wrong estimate (detect-iso's) is corrected by calibration at its next load."""
@@ -203,7 +191,7 @@ def test_memory_truth(stack: Daemon) -> None:
     body = {"model": "detect-iso", "image": base64.b64encode(astronaut_jpeg()).decode()}
     client.post("/detections", body=body, cast_to=object)
     stack.wait(lambda: stack.services()["detect-iso"]["backend"]["memory"]["weights"] is not None)
-    low, measured = _resident(stack.services()["detect-iso"])
+    low, measured = resident(stack.services()["detect-iso"])
     assert measured > 16 * MIB and low < measured / 1.3  # the wrong estimate
     stack.post("/admin/services/detect-iso/unload")
     stack.wait(lambda: stack.services()["detect-iso"]["state"] == "unloaded", 30)
@@ -217,7 +205,7 @@ def test_memory_truth(stack: Daemon) -> None:
         backend = svc["backend"]
         if svc["state"] != "loaded" or backend["last_load"].get("shared"):
             continue  # a shared copy is carried by the service that loaded it
-        estimate, measured = _resident(svc)
+        estimate, measured = resident(svc)
         rows.append((name, estimate, measured))
         assert abs(estimate - measured) <= TOLERANCE * measured + TOLERANCE_BYTES, (
             name,
