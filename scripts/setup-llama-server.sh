@@ -15,17 +15,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if [ -n "${PYTHON:-}" ]; then
-  PY=$PYTHON
-elif [ -n "${VIRTUAL_ENV:-}" ] && [ -x "$VIRTUAL_ENV/bin/python" ]; then
-  PY=$VIRTUAL_ENV/bin/python
-elif [ -x .venv/bin/python ]; then
-  PY=.venv/bin/python
-else
-  PY=python3
-fi
+# shellcheck source=python-env.sh
+. scripts/python-env.sh
 
-LLAMA_VERSION=${ACCELMUX_LLAMA_CPP_VERSION:-0.3.36}
 CACHE=${ACCELMUX_WHEEL_CACHE:-$HOME/.cache/accelmux-wheels}
 CMAKE_FLAGS=${ACCELMUX_LLAMA_CMAKE_ARGS:-"-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"}
 JOBS=${ACCELMUX_BUILD_JOBS:-$(nproc)}
