@@ -29,10 +29,11 @@ from accelmux.core.events import (
     RequestArrived,
     RequestCancelled,
     RequestFinished,
+    ResizeFinished,
     Unloaded,
 )
 from accelmux.core.manager import Manager
-from accelmux.core.types import Category, Reason, ServiceStatus
+from accelmux.core.types import Category, Reason, ResizeSupport, ServiceStatus
 
 DOWN, LOADING, LOADED, UNLOADING = "down", "loading", "loaded", "unloading"
 _VIEW = {
@@ -57,6 +58,8 @@ class FakeExecutor:
     endings: dict[str, list[str]] = field(default_factory=dict)
     actions: list[Action] = field(default_factory=list)
     pinned_evictions: list[Unload] = field(default_factory=list)
+    #: Resizes not answered yet: service -> the pool asked for.
+    resizes: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.services = {name: DOWN for name in self.manager.world.services}
@@ -97,14 +100,18 @@ class FakeExecutor:
             case LoadFinished():
                 assert self.services[event.service] == LOADING
                 self.services[event.service] = LOADED
+            case ResizeFinished():
+                assert self.resizes.pop(event.service, None) == event.kv_pool_bytes
             case LoadFailed():
                 assert self.services[event.service] == LOADING
                 self.services[event.service] = DOWN
             case Unloaded():
                 assert self.services[event.service] == UNLOADING
                 self.services[event.service] = DOWN
+                self.resizes.pop(event.service, None)
             case BackendCrashed():
                 self.services[event.service] = DOWN
+                self.resizes.pop(event.service, None)
             case _:
                 pass
 
@@ -163,6 +170,8 @@ class FakeExecutor:
                         self.pinned_evictions.append(a)
                 case Resize():
                     assert self.services[a.service] == LOADED, a
+                    assert a.service not in self.resizes, f"second resize before the answer: {a}"
+                    self.resizes[a.service] = a.kv_pool_bytes
 
     # ---- convenience ------------------------------------------------------------
     def finish(self, request_id: str, *, ok: bool = True, peak: int | None = None) -> None:
@@ -185,11 +194,18 @@ class FakeExecutor:
                 self.send(LoadFinished(service=name))
             for name in self.services_in(UNLOADING):
                 self.send(Unloaded(service=name))
+            for name, nbytes in sorted(self.resizes.items()):
+                self.send(ResizeFinished(service=name, kv_pool_bytes=nbytes))
             for rid in self.in_state(RUNNING):
                 if self.requests[rid] == RUNNING:  # a crash may have ended it meanwhile
                     self.finish(rid)
             busy = self.in_state(WAITING) + self.in_state(RUNNING)
-            if not busy and not self.services_in(LOADING) and not self.services_in(UNLOADING):
+            if (
+                not busy
+                and not self.resizes
+                and not self.services_in(LOADING)
+                and not self.services_in(UNLOADING)
+            ):
                 return
             self.send(Tick(), step_s)
         raise AssertionError(f"did not settle: {self.in_state(WAITING)} {self.in_state(RUNNING)}")
@@ -205,12 +221,23 @@ class FakeExecutor:
             if svc.holds_memory:
                 expected += len(svc.resident_leases) + (svc.kv_lease is not None)
                 p = svc.spec.profile
-                assert 0 <= svc.kv_in_use <= svc.kv_pool
+                assert 0 <= svc.kv_in_use <= svc.kv_usable <= svc.kv_pool
                 if svc.is_up:
                     assert p.kv_floor <= svc.kv_pool <= max(p.kv_ceiling, p.kv_floor)
+                if svc.resizing:
+                    # Until the backend answers, the ledger holds the larger pool.
+                    assert svc.resize_from is not None and svc.resize_target is not None
+                    assert svc.kv_pool == max(svc.resize_from, svc.resize_target)
+                    assert self.resizes[svc.name] == svc.resize_target
+                if svc.spec.capabilities.resize is ResizeSupport.NONE:
+                    assert svc.kv_pool == p.kv_ceiling
             else:
                 assert not svc.resident_leases and svc.kv_lease is None
                 assert ledger.service_total(svc.spec.device, svc.name) == 0
+            if svc.spec.capabilities.resize is not ResizeSupport.LIVE:
+                assert not any(
+                    isinstance(a, Resize) and a.service == svc.name for a in self.actions[-50:]
+                ), f"{svc.name} cannot resize live"
             assert _VIEW[svc.status] == self.services[svc.name], svc.name
             assert svc.waiting_count == sum(
                 1 for r in world.waiting.values() if r.service == svc.name

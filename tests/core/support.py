@@ -5,7 +5,13 @@ from __future__ import annotations
 from typing import TypeVar
 
 from accelmux.core.actions import Action, Dispatch, Enqueue, Load, Reject, Unload
-from accelmux.core.events import Demand, LoadFinished, RequestArrived, RequestFinished
+from accelmux.core.events import (
+    Demand,
+    LoadFinished,
+    RequestArrived,
+    RequestFinished,
+    ResizeFinished,
+)
 from accelmux.core.manager import Manager
 from accelmux.core.policies import make_policy
 from accelmux.core.specs import (
@@ -114,6 +120,12 @@ def done(request_id: str, attempt: int = 1, peak: int | None = None) -> RequestF
 
 def loaded(svc: str) -> LoadFinished:
     return LoadFinished(service=svc)
+
+
+def resized(svc: str, kv_pool_bytes: int, *, ok: bool = True) -> ResizeFinished:
+    return ResizeFinished(
+        service=svc, kv_pool_bytes=kv_pool_bytes, ok=ok, error=None if ok else "refused"
+    )
 
 
 def of(kind: type[A], actions: list[Action]) -> list[A]:

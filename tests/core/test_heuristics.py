@@ -14,7 +14,18 @@ from accelmux.core.policies.accelmux import HEURISTICS
 from accelmux.core.types import GIB, Reason, ServiceClass, ServiceKind
 from accelmux.errors import ConfigError
 
-from .support import EXACT, arrive, done, llm_profile, manager, of, plain_profile, service, up
+from .support import (
+    EXACT,
+    arrive,
+    done,
+    llm_profile,
+    manager,
+    of,
+    plain_profile,
+    resized,
+    service,
+    up,
+)
 
 CONFIG = """
 devices:
@@ -97,7 +108,8 @@ def test_without_ballooning_an_idle_pool_keeps_its_size() -> None:
             knobs=replace(EXACT, disabled=frozenset(disabled)),
         )
         up(m, "chat")
-        m.handle(arrive("c1", "chat", kv_tokens=8000), 1.0)
+        (grow,) = of(Resize, m.handle(arrive("c1", "chat", kv_tokens=8000), 1.0))
+        m.handle(resized("chat", grow.kv_pool_bytes), 1.0)
         m.handle(done("c1"), 2.0)
         out = m.handle(Tick(), 100.0)
         return [a for a in of(Resize, out) if a.reason is Reason.BALLOON_SHRINK]

@@ -45,6 +45,7 @@ from .support import (
     of,
     plain_profile,
     rejected,
+    resized,
     service,
     unloads,
     up,
@@ -339,10 +340,14 @@ def test_kv_pool_grows_with_demand_and_shrinks_when_idle() -> None:
     out = m.handle(arrive("c1", "chat", kv_tokens=2 * TOKENS_PER_GIB), 1.0)
     (r,) = of(Resize, out)
     assert (r.kv_pool_bytes, r.reason) == (2 * GIB, Reason.BALLOON_GROW)
-    (d,) = of(Dispatch, out)
+    # The request runs once the backend confirms the larger pool.
+    assert dispatched(out) == []
+    assert enqueued(out)["c1"].reason is Reason.RESIZING
+    (d,) = of(Dispatch, m.handle(resized("chat", 2 * GIB), 1.1))
     assert d.lease_bytes == 2 * GIB
     out = m.handle(arrive("c2", "chat", kv_tokens=TOKENS_PER_GIB), 2.0)
     assert [a.kv_pool_bytes for a in of(Resize, out)] == [3 * GIB]
+    assert dispatched(m.handle(resized("chat", 3 * GIB), 2.1)) == ["c2"]
     assert svc.kv_in_use == 3 * GIB
     m.handle(done("c1"), 3.0)
     m.handle(done("c2"), 4.0)
@@ -351,6 +356,9 @@ def test_kv_pool_grows_with_demand_and_shrinks_when_idle() -> None:
     assert of(Resize, m.handle(Tick(), 33.0)) == []
     (r,) = of(Resize, m.handle(Tick(), 34.0))
     assert (r.kv_pool_bytes, r.reason) == (512 * MIB, Reason.BALLOON_SHRINK)
+    assert svc.kv_pool == 3 * GIB  # held until the backend has shrunk it
+    m.handle(resized("chat", 512 * MIB), 34.1)
+    assert svc.kv_pool == 512 * MIB
 
 
 def test_a_request_within_the_pool_does_not_resize() -> None:
@@ -369,14 +377,17 @@ def test_pool_shrinks_for_another_service_but_not_below_what_is_in_use() -> None
     )
     up(m, "chat", "img")
     m.handle(arrive("c1", "chat", kv_tokens=4 * TOKENS_PER_GIB), 1.0)
+    m.handle(resized("chat", 4 * GIB), 1.0)
     m.handle(done("c1"), 2.0)
     m.handle(arrive("c2", "chat", kv_tokens=TOKENS_PER_GIB), 3.0)
     # 4 + 4 (pool) + 1 used; the image request needs 4 of the 2.5 left
     out = m.handle(arrive("i1", "img"), 4.0)
     (r,) = of(Resize, out)
     assert (r.service, r.kv_pool_bytes, r.reason) == ("chat", GIB, Reason.BALLOON_SHRINK)
-    (d,) = of(Dispatch, out)
-    assert d.reason is Reason.FITS_AFTER_SHRINK
+    # The memory comes back when the backend confirms the shrink, not before; nothing
+    # else is evicted or preempted for it meanwhile.
+    assert dispatched(out) == [] and unloads(out) == [] and of(Preempt, out) == []
+    assert dispatched(m.handle(resized("chat", GIB), 4.1)) == ["i1"]
 
 
 def test_full_pool_waits_without_taking_memory_from_others() -> None:
@@ -391,6 +402,7 @@ def test_full_pool_waits_without_taking_memory_from_others() -> None:
     up(m, "chat", "emb")
     m.handle(arrive("e1", "emb"), 1.0)
     m.handle(arrive("c1", "chat", kv_tokens=TOKENS_PER_GIB), 2.0)
+    m.handle(resized("chat", GIB), 2.0)
     assert m.world.ledger.available("gpu") == 0
     out = m.handle(arrive("c2", "chat", kv_tokens=TOKENS_PER_GIB // 8), 3.0)
     assert of(Preempt, out) == []
@@ -442,9 +454,12 @@ def test_a_pinned_pool_grown_for_a_burst_does_not_make_others_too_large() -> Non
     m.start(0.0)
     m.handle(loaded("chat"), 0.0)
     m.handle(arrive("c1", "chat", kv_tokens=4 * TOKENS_PER_GIB), 1.0)
+    m.handle(resized("chat", 4 * GIB), 1.0)
     m.handle(done("c1"), 2.0)
     out = m.handle(arrive("i1", "img"), 3.0)
     assert rejected(out) == {}
+    assert [a.kv_pool_bytes for a in of(Resize, out)] == [512 * MIB]
+    out = m.handle(resized("chat", 512 * MIB), 3.1)
     assert [a.service for a in loads(out)] == ["img"]
 
 

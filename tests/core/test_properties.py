@@ -20,6 +20,7 @@ from accelmux.core.events import (
     RequestArrived,
     RequestCancelled,
     RequestFinished,
+    ResizeFinished,
     ShutdownRequested,
     Tick,
     Unloaded,
@@ -27,6 +28,7 @@ from accelmux.core.events import (
 from accelmux.core.manager import Manager
 from accelmux.core.policies import make_policy
 from accelmux.core.specs import (
+    Capabilities,
     DeviceSpec,
     ManagerSpec,
     MemoryProfile,
@@ -39,6 +41,7 @@ from accelmux.core.types import (
     MIB,
     Category,
     Residency,
+    ResizeSupport,
     ServiceClass,
     ServiceKind,
     ServiceStatus,
@@ -108,6 +111,7 @@ def manager_specs(draw: st.DrawFn) -> ManagerSpec:
                 queue_limit=draw(st.integers(0, 8)),
                 deadline_s=float(draw(st.integers(1, 60))),
                 windows=windows,
+                capabilities=Capabilities(resize=draw(st.sampled_from(list(ResizeSupport)))),
             )
         )
     knobs = PolicyKnobs(
@@ -139,6 +143,8 @@ OP_KINDS = (
     "load_done",
     "load_done",
     "load_fail",
+    "resize_done",
+    "resize_done",
     "unloaded",
     "unloaded",
     "crash",
@@ -205,6 +211,14 @@ def apply_op(ex: FakeExecutor, spec: ManagerSpec, op: Op, counter: list[int]) ->
         name = _pick(ex.services_in(LOADING), a)
         if name is not None:
             ex.send(LoadFailed(service=name, error="bad model"), dt)
+    elif kind == "resize_done":
+        name = _pick(sorted(ex.resizes), a)
+        if name is not None:
+            ok = a % 4 != 0
+            ex.send(
+                ResizeFinished(service=name, kv_pool_bytes=ex.resizes[name], ok=ok, error="no"),
+                dt,
+            )
     elif kind == "unloaded":
         name = _pick(ex.services_in(UNLOADING), a)
         if name is not None:

@@ -24,7 +24,8 @@ from accelmux.backends.limits import detect_cgroup
 from accelmux.config.backends import ExternalBackendConfig
 from accelmux.config.load import load_config_data
 from accelmux.config.specs import gguf_memory_profile
-from accelmux.core.types import ServiceKind
+from accelmux.core.types import ResizeSupport, ServiceKind
+from accelmux.errors import BackendError
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 MSG = [{"role": "user", "content": "Say hello."}]
@@ -111,7 +112,9 @@ def test_resize_applies_at_the_next_load(tmp_path: Path) -> None:
             assert report.weights_bytes is not None
             pid = backend.describe()["pid"]
             assert _ctx_arg(pid) == 512
-            assert await backend.resize(large) is False  # a running server keeps its context
+            assert backend.capabilities.resize is ResizeSupport.NEXT_LOAD
+            with pytest.raises(BackendError):  # a running server keeps its context
+                await backend.resize(large)
             assert _ctx_arg(pid) == 512
             await backend.load(weights_bytes=90 * MIB, runtime_bytes=0, kv_pool_bytes=large)
             assert _ctx_arg(backend.describe()["pid"]) == 1024

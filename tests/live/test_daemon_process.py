@@ -91,8 +91,11 @@ def test_external_backend_proxy_stream_templating_and_sigterm(tmp_path: Path) ->
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=5) as resp:
             upstream = json.load(resp)
         argv = upstream["argv"]
-        # KV pool of the load (16 MiB floor) / 1 KiB per token
-        assert argv[argv.index("--ctx-size") + 1] == "16384"
+        # A server's context changes only at its next start (declared next_load), so
+        # the load takes the ceiling while memory is plenty: 64 MiB / 1 KiB per token.
+        assert argv[argv.index("--ctx-size") + 1] == "65536"
+        caps = _service(d.url, "chat")["capabilities"]
+        assert caps["resize"] == "next_load"
         assert argv[argv.index("--parallel") + 1] == "2"
         assert upstream["cuda_visible_devices"] is None  # virtual device: no GPU pinning
         d.proc.send_signal(signal.SIGTERM)

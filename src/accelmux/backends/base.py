@@ -3,7 +3,9 @@
 The runtime calls a backend only when the Manager told it to: ``load`` after a Load
 action, ``unload`` after an Unload, ``resize`` after a Resize, ``handle`` after a
 Dispatch. A backend never decides anything; it reports facts back (load sizes, the peak
-memory of a request, a crash through the ``on_crash`` callback).
+memory of a request, whether a resize took, a crash through the ``on_crash`` callback)
+and declares what it can do (:class:`~accelmux.core.specs.Capabilities`): the Manager
+is built from those declarations and asks for nothing else.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from accelmux.core.specs import Capabilities
 from accelmux.core.types import ServiceKind
 
 #: Called by a backend whose process died (or whose model raised) while loaded.
@@ -75,6 +78,12 @@ class Backend(Protocol):
     #: The service this backend serves.
     service: str
 
+    @property
+    def capabilities(self) -> Capabilities:
+        """What this backend can do (resize live or at the next load, pause, park,
+        sleep, measured peaks); the policy uses nothing it does not declare."""
+        ...
+
     async def load(
         self, *, weights_bytes: int, runtime_bytes: int, kv_pool_bytes: int
     ) -> LoadReport:
@@ -85,8 +94,9 @@ class Backend(Protocol):
         """Release everything (stop the process, free the model). Idempotent."""
         ...
 
-    async def resize(self, kv_pool_bytes: int) -> bool:
-        """Set the elastic KV pool; False when only the next load can apply it."""
+    async def resize(self, kv_pool_bytes: int) -> None:
+        """Set the elastic KV pool of the loaded model now (declared ``resize: live``);
+        raise BackendError when it did not take (the old pool stays)."""
         ...
 
     async def handle(self, request: BackendRequest) -> BackendResponse:

@@ -66,6 +66,7 @@ from accelmux.backends.limits import (
 from accelmux.backends.process_meter import PeakTracker, ProcessTreeMeter
 from accelmux.backends.server_metrics import argv_option, parse_server_metrics, parse_slots
 from accelmux.config.backends import ExternalBackendConfig
+from accelmux.core.specs import Capabilities
 from accelmux.errors import BackendCrashedError, BackendError, BackendTimeoutError
 from accelmux.redact import redact
 
@@ -490,9 +491,16 @@ class ExternalBackend:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, sig)  # the child leads its own session and group
 
-    async def resize(self, kv_pool_bytes: int) -> bool:
-        self.kv_pool_bytes = kv_pool_bytes
-        return False
+    @property
+    def capabilities(self) -> Capabilities:
+        return self.cfg.capabilities()
+
+    async def resize(self, kv_pool_bytes: int) -> None:
+        # Declared next_load or none: the Manager sizes the pool at each start instead.
+        raise BackendError(
+            f"{self.service}: a running server's context cannot change; "
+            "its KV pool is set at its next start"
+        )
 
     def set_crash_callback(self, callback: CrashCallback) -> None:
         self._on_crash = callback

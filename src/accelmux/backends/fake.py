@@ -24,7 +24,8 @@ from typing import Any
 from accelmux.backends import fake_outputs as out
 from accelmux.backends.base import BackendRequest, BackendResponse, CrashCallback, LoadReport
 from accelmux.config.backends import FakeBackendConfig
-from accelmux.core.types import ServiceKind
+from accelmux.core.specs import Capabilities
+from accelmux.core.types import ResizeSupport, ServiceKind
 from accelmux.errors import BackendCrashedError, BackendError
 
 
@@ -100,10 +101,19 @@ class FakeBackend:
         self._resident_reported = self._kv_reported = 0
         self.loaded = False
 
-    async def resize(self, kv_pool_bytes: int) -> bool:
+    @property
+    def capabilities(self) -> Capabilities:
+        return self.cfg.capabilities(self.kind)
+
+    async def resize(self, kv_pool_bytes: int) -> None:
+        if self.cfg.resize is not ResizeSupport.LIVE or self.cfg.fail_resize:
+            raise BackendError(f"{self.service}: the fake refuses a live resize (test double)")
+        if not self.loaded:
+            raise BackendError(f"{self.service}: resize while not loaded")
+        if self.cfg.resize_s:
+            await self.sleep(self.cfg.resize_s)
         self._kv = _allocate(self._real(kv_pool_bytes))
         self._kv_reported = kv_pool_bytes
-        return True
 
     def crash(self, error: str = "fake crash") -> None:
         """Simulate the backend dying (tests): drop memory and tell the runtime."""

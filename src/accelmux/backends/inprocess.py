@@ -19,6 +19,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from accelmux.backends.base import BackendRequest, BackendResponse, CrashCallback, LoadReport
 from accelmux.config.backends import InProcessBackendConfig
+from accelmux.core.specs import Capabilities
 from accelmux.core.types import ServiceKind
 from accelmux.errors import BackendCrashedError, BackendError
 
@@ -97,10 +98,14 @@ class InProcessBackend:
         if model is not None:
             await self._run(model.unload)
 
-    async def resize(self, kv_pool_bytes: int) -> bool:
+    @property
+    def capabilities(self) -> Capabilities:
+        return self.cfg.capabilities(self.kind)
+
+    async def resize(self, kv_pool_bytes: int) -> None:
         if self._model is None:
-            return False
-        return bool(await self._run(self._model.resize, kv_pool_bytes))
+            raise BackendError(f"{self.service}: resize while the model is not loaded")
+        await self._run(self._model.resize, kv_pool_bytes)
 
     async def handle(self, request: BackendRequest) -> BackendResponse:
         model = self._model

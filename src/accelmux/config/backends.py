@@ -12,6 +12,9 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ByteSize, ConfigDict, Field
 
+from accelmux.core.specs import Capabilities
+from accelmux.core.types import ResizeSupport, ServiceKind
+
 #: The ``{name}`` placeholders an external backend's argv may use.
 ARGV_PLACEHOLDERS = (
     "port",
@@ -44,6 +47,10 @@ def argv_placeholder_problem(arg: str) -> str | None:
 
 class _Backend(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    def capabilities(self, kind: ServiceKind | None = None) -> Capabilities:
+        """What a backend of this section can do (for a service of ``kind``)."""
+        raise NotImplementedError
 
 
 class FakeBackendConfig(_Backend):
@@ -82,6 +89,16 @@ class FakeBackendConfig(_Backend):
         "in flight, reports a crash) at the end of the service time of this request (the "
         "Nth since start), once.",
     )
+    resize: ResizeSupport = Field(
+        ResizeSupport.LIVE,
+        description="Test double: when it declares it can change its KV pool (live, "
+        "next_load or none).",
+    )
+    resize_s: float = Field(0.0, ge=0, le=3600, description="Time a live resize takes.")
+    fail_resize: bool = Field(False, description="Test double: refuse every live resize.")
+
+    def capabilities(self, kind: ServiceKind | None = None) -> Capabilities:
+        return Capabilities(resize=self.resize, request_peaks=True)
 
 
 class ExternalBackendConfig(_Backend):
@@ -131,12 +148,28 @@ class ExternalBackendConfig(_Backend):
         None, description="llama-server's /slots, read for the context in use."
     )
 
+    def capabilities(self, kind: ServiceKind | None = None) -> Capabilities:
+        """A running server's context is fixed: a KV pool templated into its argv
+        (``{ctx_size}``, ``{kv_pool_bytes}``) changes at its next start, otherwise never.
+        Each request's peak is measured from outside (its process tree)."""
+        sized = any(
+            f"{{{name}}}" in arg for arg in self.argv for name in ("ctx_size", "kv_pool_bytes")
+        )
+        resize = ResizeSupport.NEXT_LOAD if sized else ResizeSupport.NONE
+        return Capabilities(resize=resize, request_peaks=True)
+
 
 class InProcessBackendConfig(_Backend):
     type: Literal["inprocess"]
     model_path: str | None = None
     isolated: bool = Field(False, description="Run in its own worker process.")
     options: dict[str, str | int | float | bool] = Field(default_factory=dict)
+
+    def capabilities(self, kind: ServiceKind | None = None) -> Capabilities:
+        """A worker-hosted llama.cpp model rebuilds its context on the loaded weights (a
+        live resize); every hosted model reports its requests' measured peaks."""
+        resize = ResizeSupport.LIVE if kind is not None and kind.is_llm else ResizeSupport.NONE
+        return Capabilities(resize=resize, request_peaks=True)
 
 
 BackendConfig = Annotated[

@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from accelmux.config.schema import AccelmuxConfig, MemoryConfig, parse_window
-from accelmux.core.specs import DeviceSpec, ManagerSpec, MemoryProfile, PolicyKnobs, ServiceSpec
+from accelmux.core.specs import (
+    Capabilities,
+    DeviceSpec,
+    ManagerSpec,
+    MemoryProfile,
+    PolicyKnobs,
+    ServiceSpec,
+)
 from accelmux.errors import ConfigError
 
 
@@ -14,11 +23,15 @@ def to_manager_spec(
     budgets: dict[str, int] | None = None,
     clock_origin_s_of_day: float = 0.0,
     gguf_profiles: dict[str, MemoryProfile] | None = None,
+    capabilities: dict[str, Capabilities] | None = None,
 ) -> ManagerSpec:
     """Build a :class:`ManagerSpec`.
 
     ``capacities``/``budgets`` fill what the config leaves to detection (nvidia, host).
     ``gguf_profiles`` replaces the profile of services whose memory came from GGUF.
+    ``capabilities`` are what each service's backend declared (the daemon's backends);
+    a service without an entry gets what its backend section declares, and one without
+    a backend section (a scenario for the simulator) the simulated backend's.
     """
     capacities = capacities or {}
     budgets = budgets or {}
@@ -68,6 +81,8 @@ def to_manager_spec(
                 deadline_s=svc.queue.deadline_s,
                 windows=tuple(parse_window(w) for w in svc.windows),
                 model=svc.model or name,
+                capabilities=(capabilities or {}).get(name)
+                or (svc.backend.capabilities(svc.kind) if svc.backend else Capabilities()),
             )
         )
     p = cfg.policy
@@ -90,6 +105,15 @@ def to_manager_spec(
         knobs=knobs,
         clock_origin_s_of_day=clock_origin_s_of_day,
     )
+
+
+def with_capabilities(spec: ManagerSpec, declared: dict[str, Capabilities]) -> ManagerSpec:
+    """``spec`` with each named service's capabilities replaced by what was declared."""
+    services = tuple(
+        dataclasses.replace(s, capabilities=declared[s.name]) if s.name in declared else s
+        for s in spec.services
+    )
+    return dataclasses.replace(spec, services=services)
 
 
 #: KV pool bounds (tokens) of an LLM whose profile comes from its GGUF file alone.

@@ -94,6 +94,23 @@ class LoadFailed:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ResizeFinished:
+    """The backend answered a Resize: ``ok`` when the pool is ``kv_pool_bytes`` now.
+
+    Until this event the ledger counts the larger of the old and the new pool, and
+    requests are admitted only into the smaller.
+    """
+
+    service: str
+    kv_pool_bytes: int
+    ok: bool = True
+    error: str | None = None
+
+    def __post_init__(self) -> None:
+        _require(self.kv_pool_bytes >= 0, "kv_pool_bytes must be >= 0")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Unloaded:
     service: str
 
@@ -152,6 +169,7 @@ Event = (
     | RequestCancelled
     | LoadFinished
     | LoadFailed
+    | ResizeFinished
     | Unloaded
     | BackendCrashed
     | MemorySampled

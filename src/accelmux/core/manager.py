@@ -23,6 +23,7 @@ from accelmux.core.events import (
     RequestArrived,
     RequestCancelled,
     RequestFinished,
+    ResizeFinished,
     ShutdownRequested,
     Tick,
     Unloaded,
@@ -151,7 +152,7 @@ class Manager:
                 if req is None or req.attempt != event.attempt:
                     return  # stale: preempted, failed or cancelled already
                 svc = w.services[req.service]
-                if event.peak_bytes is not None:
+                if event.peak_bytes is not None and svc.spec.capabilities.request_peaks:
                     svc.calibration.observe_request(req.estimate, event.peak_bytes)
                 if req.dispatched_at is not None:
                     took = max(0.0, w.now - req.dispatched_at)
@@ -186,6 +187,10 @@ class Manager:
                         retry_after_s=max(1.0, svc.backoff_until - w.now),
                         detail=event.error,
                     )
+            case ResizeFinished():
+                svc = w.services[event.service]
+                if svc.resize_target == event.kv_pool_bytes:
+                    w.resize_done(svc, ok=event.ok)
             case Unloaded():
                 svc = w.services[event.service]
                 if svc.status is ServiceStatus.UNLOADING or (

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from accelmux.core.types import Residency, ServiceClass, ServiceKind
+from accelmux.core.types import Residency, ResizeSupport, ServiceClass, ServiceKind
 
 DAY_S = 86_400.0
 
@@ -107,6 +107,37 @@ class Window:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Capabilities:
+    """What a service's backend declares it can do; the core uses nothing else.
+
+    ``resize``: when the KV pool can change (see :class:`ResizeSupport`). ``pause``: a
+    running request can be paused between tokens and resumed; ``park``: a paused
+    sequence's state can be moved off the device and back; ``sleep``: the loaded model
+    can be put to sleep (its weights leave the device, the process stays).
+    ``request_peaks``: finished requests report their measured peak memory, which
+    calibrates the service's estimates.
+
+    The default is the simulator's model of a backend: a live resize and measured
+    peaks, nothing else.
+    """
+
+    resize: ResizeSupport = ResizeSupport.LIVE
+    pause: bool = False
+    park: bool = False
+    sleep: bool = False
+    request_peaks: bool = True
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "resize": self.resize.value,
+            "pause": self.pause,
+            "park": self.park,
+            "sleep": self.sleep,
+            "request_peaks": self.request_peaks,
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ServiceSpec:
     name: str
     kind: ServiceKind
@@ -121,6 +152,7 @@ class ServiceSpec:
     deadline_s: float = 30.0
     windows: tuple[Window, ...] = ()
     model: str = ""
+    capabilities: Capabilities = field(default_factory=Capabilities)
 
     def __post_init__(self) -> None:
         _require(self.concurrency >= 1, f"service {self.name}: concurrency must be >= 1")

@@ -29,7 +29,14 @@ from accelmux.core.events import Demand
 from accelmux.core.ledger import Lease, Ledger
 from accelmux.core.profiles import RequestEstimate, ServiceCalibration, estimate_request
 from accelmux.core.specs import DAY_S, ManagerSpec, ServiceSpec
-from accelmux.core.types import Category, Reason, Residency, ServiceClass, ServiceStatus
+from accelmux.core.types import (
+    Category,
+    Reason,
+    Residency,
+    ResizeSupport,
+    ServiceClass,
+    ServiceStatus,
+)
 from accelmux.errors import InvariantError
 
 #: How many explanation lines one request keeps.
@@ -47,6 +54,14 @@ class ServiceState:
     resident_leases: list[Lease] = field(default_factory=list)
     kv_lease: Lease | None = None
     kv_in_use: int = 0
+    #: A Resize the backend has not answered yet: the pool it asked for, and the pool
+    #: before it. Meanwhile the ledger holds the larger and requests get the smaller.
+    resize_target: int | None = None
+    resize_from: int | None = None
+    resize_failures: int = 0
+    #: The backend refused a live resize since this load: until the next load the pool
+    #: is treated as one that changes only at the next load.
+    resize_refused: bool = False
     inflight: dict[str, RequestState] = field(default_factory=dict)
     #: This service's waiting requests, in the order of ``World.waiting``.
     queue: dict[str, RequestState] = field(default_factory=dict)
@@ -87,6 +102,32 @@ class ServiceState:
     @property
     def kv_pool(self) -> int:
         return self.kv_lease.nbytes if self.kv_lease is not None else 0
+
+    @property
+    def kv_usable(self) -> int:
+        """KV bytes requests may be admitted into: the smaller pool while a resize waits."""
+        if self.resize_target is None or self.resize_from is None:
+            return self.kv_pool
+        return min(self.resize_target, self.resize_from)
+
+    @property
+    def resize_support(self) -> ResizeSupport:
+        """What the backend declared, less a live resize it refused since this load."""
+        declared = self.spec.capabilities.resize
+        if declared is ResizeSupport.LIVE and self.resize_refused:
+            return ResizeSupport.NEXT_LOAD
+        return declared
+
+    @property
+    def resizing(self) -> bool:
+        return self.resize_target is not None
+
+    @property
+    def kv_shrinking(self) -> int:
+        """KV bytes a pending shrink gives back once the backend answers (0: none)."""
+        if self.resize_target is None or self.resize_from is None:
+            return 0
+        return max(0, self.resize_from - self.resize_target)
 
     @property
     def resident_bytes(self) -> int:
@@ -491,7 +532,7 @@ class World:
         if req.request_id not in self.waiting:
             raise InvariantError(f"dispatch of {req.request_id} which is not waiting")
         kv = req.estimate.kv_bytes
-        if kv > svc.kv_pool - svc.kv_in_use:
+        if kv > svc.kv_usable - svc.kv_in_use:
             return False
         need = self.projected_active(req) if active_bytes is None else active_bytes
         lease = self.ledger.reserve(
@@ -614,6 +655,8 @@ class World:
         if svc.status not in (ServiceStatus.UNLOADED, ServiceStatus.CRASHED):
             raise InvariantError(f"load of {svc.name} while {svc.status.value}")
         pool = svc.spec.profile.kv_floor if kv_pool is None else kv_pool
+        if svc.spec.capabilities.resize is ResizeSupport.NONE:
+            pool = svc.spec.profile.kv_ceiling  # what the backend is configured to hold
         weights, runtime, pool = self.projected_resident(svc, pool)
         total = weights + runtime + pool
         device = svc.spec.device
@@ -648,11 +691,16 @@ class World:
             raise InvariantError(f"unload of {svc.name} while {svc.status.value}")
         if svc.inflight:
             raise InvariantError(f"unload of {svc.name} with requests in flight")
-        if reason not in (Reason.TTL_EXPIRED, Reason.ADMIN):
+        if reason not in (Reason.TTL_EXPIRED, Reason.ADMIN, Reason.RESIZE_AT_NEXT_LOAD):
             svc.evictions += 1
             svc.last_evicted_at = self.now
         self.set_status(svc, ServiceStatus.UNLOADING)
         self.record(Unload(service=svc.name, reason=reason, detail=detail))
+
+    def resizable(self, svc: ServiceState) -> bool:
+        """Whether the service's KV pool can change now: it is loaded, its backend
+        declares a live resize, and no earlier resize awaits its answer."""
+        return svc.is_up and svc.resize_support is ResizeSupport.LIVE and svc.resize_target is None
 
     def resize(
         self,
@@ -663,21 +711,50 @@ class World:
         enforce: bool = True,
         detail: str = "",
     ) -> bool:
-        """Set the KV pool size; never below what is in use. False if growth does not fit."""
-        if not svc.is_up:
+        """Ask the backend for a new KV pool size, never below what is in use.
+
+        False (and no action) when the backend cannot resize now (see :meth:`resizable`)
+        or a growth does not fit. Until the backend answers (``ResizeFinished``) the
+        ledger holds the larger of the old and new pools and requests are admitted only
+        into the smaller: a growth is reserved now, a shrink frees memory once done.
+        """
+        if not self.resizable(svc):
             return False
         new_pool = max(new_pool, svc.kv_in_use)
         old = svc.kv_pool
         if new_pool == old:
             return False
         device = svc.spec.device
-        if new_pool > old and enforce and not self.ledger.fits(device, new_pool - old):
-            return False
-        if svc.kv_lease is not None:
-            self.ledger.release(svc.kv_lease)
-        svc.kv_lease = self.ledger.reserve(device, svc.name, Category.KV, new_pool, enforce=False)
+        if new_pool > old:
+            if enforce and not self.ledger.fits(device, new_pool - old):
+                return False
+            self._set_kv_lease(svc, new_pool)
+        svc.resize_from = old
+        svc.resize_target = new_pool
         self.record(Resize(service=svc.name, kv_pool_bytes=new_pool, reason=reason, detail=detail))
         return True
+
+    def resize_done(self, svc: ServiceState, *, ok: bool) -> None:
+        """The backend answered the pending resize: the pool becomes the new size (ok)
+        or stays the old one; the ledger then holds exactly that."""
+        if svc.resize_target is None or svc.resize_from is None:
+            return
+        final = svc.resize_target if ok else svc.resize_from
+        svc.resize_target = None
+        svc.resize_from = None
+        if not ok:
+            svc.resize_failures += 1
+            svc.resize_refused = True
+        if final != svc.kv_pool and svc.holds_memory:
+            self._set_kv_lease(svc, max(final, svc.kv_in_use))
+        self.touch(svc.spec.device)
+
+    def _set_kv_lease(self, svc: ServiceState, nbytes: int) -> None:
+        if svc.kv_lease is not None:
+            self.ledger.release(svc.kv_lease)
+        svc.kv_lease = self.ledger.reserve(
+            svc.spec.device, svc.name, Category.KV, nbytes, enforce=False
+        )
 
     def release_service(self, svc: ServiceState) -> None:
         """Drop every byte a service holds (after Unloaded, LoadFailed or a crash)."""
@@ -688,5 +765,8 @@ class World:
             self.ledger.release(svc.kv_lease)
             svc.kv_lease = None
         self.ledger.drop_service(svc.spec.device, svc.name)
+        svc.resize_target = None
+        svc.resize_from = None
+        svc.resize_refused = False
         svc.measured_bytes = None
         svc.over_limit = False

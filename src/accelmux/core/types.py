@@ -46,6 +46,19 @@ class ServiceKind(StrEnum):
         return self in (ServiceKind.CHAT, ServiceKind.COMPLETION)
 
 
+class ResizeSupport(StrEnum):
+    """When a backend can change a service's KV pool.
+
+    ``live``: while it runs (the change is acknowledged by the backend). ``next_load``:
+    only by starting it again with the new size (a server's ``--ctx-size``). ``none``:
+    never; the pool is what the backend was configured with (the profile's ceiling).
+    """
+
+    LIVE = "live"
+    NEXT_LOAD = "next_load"
+    NONE = "none"
+
+
 class ServiceStatus(StrEnum):
     UNLOADED = "unloaded"
     LOADING = "loading"
@@ -88,6 +101,7 @@ class Reason(StrEnum):
     LOADING = "loading"
     NO_MEMORY = "no_memory"
     CONCURRENCY_LIMIT = "concurrency_limit"
+    RESIZING = "resizing"
     HIGHER_CLASS_WAITING = "higher_class_waiting"
     OUTSIDE_WINDOW = "outside_window"
     BACKOFF = "backoff"
@@ -111,6 +125,7 @@ class Reason(StrEnum):
     SWAP = "swap"
     FOREIGN_PRESSURE = "foreign_pressure"
     WINDOW_OPEN = "window_open"
+    RESIZE_AT_NEXT_LOAD = "resize_at_next_load"
     # resize
     BALLOON_GROW = "balloon_grow"
     BALLOON_SHRINK = "balloon_shrink"

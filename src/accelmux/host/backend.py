@@ -21,8 +21,9 @@ from typing import Any
 
 from accelmux.backends.base import BackendRequest, BackendResponse, CrashCallback, LoadReport
 from accelmux.config.backends import InProcessBackendConfig
+from accelmux.core.specs import Capabilities
 from accelmux.core.types import ServiceKind
-from accelmux.errors import BackendCrashedError, RequestError
+from accelmux.errors import BackendCrashedError, BackendError, RequestError
 from accelmux.host import protocol
 from accelmux.host.client import HostClient
 
@@ -131,14 +132,17 @@ class HostedBackend:
         if self.isolated and self.client.alive:
             await self.client.close()  # its own worker: give the whole process back
 
-    async def resize(self, kv_pool_bytes: int) -> bool:
+    @property
+    def capabilities(self) -> Capabilities:
+        return self.cfg.capabilities(self.kind)
+
+    async def resize(self, kv_pool_bytes: int) -> None:
         if not self.loaded or not self.client.alive:
-            return False
-        reply, _ = await self.client.call(
+            raise BackendError(f"{self.service}: resize while the model is not loaded")
+        await self.client.call(
             {"op": "resize", "service": self.service, "kv_pool_bytes": kv_pool_bytes},
             timeout=LOAD_TIMEOUT_S,
         )
-        return bool(reply.get("applied"))
 
     # -- requests -------------------------------------------------------------------------
     async def handle(self, request: BackendRequest) -> BackendResponse:

@@ -25,7 +25,7 @@ from accelmux import __version__
 from accelmux.backends.base import Backend
 from accelmux.config.baselines import build_policy
 from accelmux.config.schema import AccelmuxConfig
-from accelmux.config.specs import to_manager_spec
+from accelmux.config.specs import to_manager_spec, with_capabilities
 from accelmux.core.actions import (
     Action,
     Dispatch,
@@ -47,6 +47,7 @@ from accelmux.core.events import (
     RequestArrived,
     RequestCancelled,
     RequestFinished,
+    ResizeFinished,
     ShutdownRequested,
     Unloaded,
 )
@@ -142,7 +143,6 @@ class Runtime:
         spec = to_manager_spec(
             cfg, capacities=capacities, budgets=budgets, clock_origin_s_of_day=origin
         )
-        self.manager = Manager(spec, build_policy(cfg.policy.name, cfg.policy))
         if backends is None:
             from accelmux.backends.factory import build_backends
 
@@ -153,6 +153,9 @@ class Runtime:
                 profiles={s.name: s.profile for s in spec.services},
             )
         self.backends = backends
+        # The Manager trusts only what each backend declares it can do.
+        spec = with_capabilities(spec, {n: b.capabilities for n, b in backends.items()})
+        self.manager = Manager(spec, build_policy(cfg.policy.name, cfg.policy))
         self.clock: Clock = clock or LoopClock()
         self.bus = DecisionBus()
         self.driver = Driver(self.manager, self.clock, self._execute, self._observe)
@@ -479,15 +482,30 @@ class Runtime:
         self.driver.submit(Unloaded(service=action.service))
 
     async def _resize(self, action: Resize) -> None:
+        """Ask the backend; its answer (done or refused) goes back to the Manager, which
+        holds the larger of the old and new pools until then."""
         try:
-            applied = await self.backends[action.service].resize(action.kv_pool_bytes)
+            await self.backends[action.service].resize(action.kv_pool_bytes)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            log.warning("resize of %s failed: %s", action.service, exc)
+            shown = redact(str(exc))
+            log.warning(
+                "resize of %s to %d B refused: %s", action.service, action.kv_pool_bytes, shown
+            )
+            self.last_errors[action.service] = f"resize refused: {shown}"
+            self.driver.submit(
+                ResizeFinished(
+                    service=action.service,
+                    kv_pool_bytes=action.kv_pool_bytes,
+                    ok=False,
+                    error=shown,
+                )
+            )
             return
-        if not applied:
-            log.info("resize of %s applies at its next load", action.service)
+        self.driver.submit(
+            ResizeFinished(service=action.service, kv_pool_bytes=action.kv_pool_bytes)
+        )
 
     # ---- monitors ------------------------------------------------------------------------
     def _processes(self) -> dict[str, list[ServiceProcesses]]:

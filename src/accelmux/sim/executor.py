@@ -10,7 +10,9 @@ daemon runs, and turns its actions into simulated effects:
   ``LoadFinished`` after ``true weights / bandwidth + init_s`` with the measured sizes;
 - ``Unload``: ``Unloaded`` after ``unload_s``, memory freed then;
 - ``Preempt``: stop the job (its stale completion is dropped);
-- ``Resize``: change the KV pool (growth may OOM);
+- ``Resize``: change the KV pool: a growth allocates at once (it may OOM), a shrink
+  frees at the end; ``ResizeFinished`` after ``resize_s`` (only backends that declare a
+  live resize get one);
 - ``Reject`` / ``Fail``: record the outcome.
 
 Every ``sample_period_s`` the Manager gets ``MemorySampled`` with the true per-service
@@ -47,6 +49,7 @@ from accelmux.core.events import (
     MemorySampled,
     RequestArrived,
     RequestFinished,
+    ResizeFinished,
     Tick,
     Unloaded,
 )
@@ -560,8 +563,20 @@ class Simulation:
     def _resize(self, a: Resize, now: float) -> None:
         dev_name = self._device_of(a.service)
         phys = self.devices[dev_name]
-        if not phys.resize(a.service, a.kv_pool_bytes):
+        grows = a.kv_pool_bytes > phys.kv_pool(a.service)
+        if grows and not phys.resize(a.service, a.kv_pool_bytes):
             self._oom(dev_name, a.service, "resize", a.kv_pool_bytes, now)
+            return
+        gen = self.generation[a.service]
+
+        def finished() -> None:
+            if self.generation[a.service] != gen:
+                return  # unloaded or crashed meanwhile: nothing to answer
+            if not grows:
+                phys.resize(a.service, a.kv_pool_bytes)
+            self._handle(ResizeFinished(service=a.service, kv_pool_bytes=a.kv_pool_bytes))
+
+        self.heap.at(now + self.sim_cfg.resize_s, finished)
 
     def _oom(self, dev_name: str, service: str, what: str, asked: int, now: float) -> None:
         """An allocation crossed the capacity: the service's runtime dies."""

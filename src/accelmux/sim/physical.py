@@ -123,6 +123,10 @@ class PhysicalDevice:
         mem.active_total -= nbytes
         self.used += mem.activation - before
 
+    def kv_pool(self, service: str) -> int:
+        mem = self.services.get(service)
+        return mem.kv_pool if mem is not None else 0
+
     def resize(self, service: str, kv_pool: int) -> bool:
         mem = self.services.get(service)
         if mem is None:

@@ -127,6 +127,12 @@ class SimulationConfig(StrictModel):
         60.0, ge=0, description="Requests arriving earlier are served but not measured."
     )
     unload_s: float = Field(0.5, ge=0)
+    resize_s: float = Field(
+        0.05,
+        ge=0,
+        le=60,
+        description="Time a live KV pool resize takes before the backend confirms it.",
+    )
     error: ErrorModelConfig = Field(default_factory=ErrorModelConfig)
     services: dict[str, ServicePerfConfig] = Field(default_factory=dict)
     foreign: list[ForeignConfig] = Field(default_factory=list)

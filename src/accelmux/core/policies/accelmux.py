@@ -42,7 +42,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from accelmux.core.state import RequestState, ServiceState, World, reuse_rate
-from accelmux.core.types import Category, Reason, Residency, ServiceClass, ServiceStatus
+from accelmux.core.types import (
+    Category,
+    Reason,
+    Residency,
+    ResizeSupport,
+    ServiceClass,
+    ServiceStatus,
+)
 
 
 @dataclass(slots=True)
@@ -214,9 +221,10 @@ class AccelmuxPolicy:
             ):
                 continue
             dev = svc.spec.device
-            need = sum(world.projected_resident(svc, svc.spec.profile.kv_floor))
+            pool = self._load_pool(world, svc, svc.spec.profile.kv_floor)
+            need = sum(world.projected_resident(svc, pool))
             if need + self._realtime_reserve(world, dev) <= world.ledger.available(dev):
-                world.load(svc, reason=Reason.PRELOAD, detail="warm at start")
+                world.load(svc, reason=Reason.PRELOAD, kv_pool=pool, detail="warm at start")
 
     def decide(self, world: World, now: float) -> None:
         self._memo.clear()
@@ -248,7 +256,7 @@ class AccelmuxPolicy:
                 ttl = self._ttl(world, svc)
                 if math.isfinite(ttl):
                     times.append(svc.last_used + ttl)
-            if svc.kv_pool > svc.spec.profile.kv_floor:
+            if svc.kv_pool > svc.spec.profile.kv_floor and world.resizable(svc):
                 times.append(svc.last_used + world.knobs.balloon_idle_s)
         for svc in world.kept:
             if svc.backoff_until > now:
@@ -384,13 +392,16 @@ class AccelmuxPolicy:
         return svc.resident_bytes + reserved
 
     def _pending_free(self, world: World, device: str) -> int:
+        """Memory on its way back: services unloading, KV pools shrinking."""
         return self._cached(
             world,
             ("pending_free", device),
             lambda: sum(
                 self.unload_frees(world, s)
-                for s in world.services_by_device[device]
                 if s.status is ServiceStatus.UNLOADING
+                else s.kv_shrinking
+                for s in world.services_by_device[device]
+                if s.status is ServiceStatus.UNLOADING or s.resizing
             ),
         )
 
@@ -461,7 +472,7 @@ class AccelmuxPolicy:
                 continue
             up.append(svc)
             target = max(svc.spec.profile.kv_floor, svc.kv_in_use)
-            if shrinking and svc.kv_pool > target:
+            if shrinking and svc.kv_pool > target and world.resizable(svc):
                 shrinks.append((svc, target))
             if self._evictable(svc, cls, exclude, strict):
                 victims.append(svc)
@@ -472,6 +483,8 @@ class AccelmuxPolicy:
             preempted_kv[r.service] = preempted_kv.get(r.service, 0) + r.kv_bytes
         gain_now = sum(r.active_lease.nbytes if r.active_lease else 0 for r in preempts)
         for svc in up if shrinking else ():
+            if not world.resizable(svc):
+                continue  # its pool changes only at its next load, or never
             low = max(svc.spec.profile.kv_floor, svc.kv_in_use - preempted_kv.get(svc.name, 0))
             gain_now += max(0, svc.kv_pool - low)
         gain_later = sum(self.unload_frees(world, s) for s in victims)
@@ -486,18 +499,22 @@ class AccelmuxPolicy:
         else:
             victims.sort(key=lambda s: (s.last_used, s.name))
 
+        # A shrink frees its memory once the backend answers: it counts as pending.
+        shrunk = 0
         for svc, target in shrinks:
-            if ledger.available(device) >= need:
-                return True
-            world.resize(
+            if ledger.available(device) + shrunk >= need:
+                break
+            if world.resize(
                 svc, target, reason=Reason.BALLOON_SHRINK, detail=f"room for {reason.value}"
-            )
+            ):
+                shrunk += svc.kv_shrinking
+        pending += shrunk
         # A caching allocator keeps what a preempted request held: the lease goes back
         # to the ledger but not to the device until the service unloads.
         kept = 0
         evicted_cache = False
         for req in preempts:
-            if ledger.available(device) - kept >= need:
+            if ledger.available(device) - kept + pending >= need:
                 break
             lease = req.active_lease.nbytes if req.active_lease else 0
             world.preempt(
@@ -505,10 +522,10 @@ class AccelmuxPolicy:
             )
             holder = world.services[req.service]
             target = max(holder.spec.profile.kv_floor, holder.kv_in_use)
-            if shrinking and holder.kv_pool > target:
-                world.resize(
-                    holder, target, reason=Reason.BALLOON_SHRINK, detail="after preemption"
-                )
+            if shrinking and holder.kv_pool > target and world.resize(
+                holder, target, reason=Reason.BALLOON_SHRINK, detail="after preemption"
+            ):
+                pending += holder.kv_shrinking
             if holder.name in self._caching and knobs.enabled("cache_accounting"):
                 kept += lease
                 if holder.idle and self._evictable(holder, cls, exclude, strict):
@@ -522,6 +539,8 @@ class AccelmuxPolicy:
             return False  # the memory comes back with the unload
         if ledger.available(device) - kept >= need:
             return True
+        if ledger.available(device) - kept + pending >= need:
+            return False  # shrinks and unloads under way cover it
         freed = 0
         short = need - ledger.available(device) + kept - pending
         # When one victim alone covers the shortfall, take the cheapest such one
@@ -637,10 +656,10 @@ class AccelmuxPolicy:
                 if svc.admin_wants_loaded and not svc.pinned
                 else Reason.PINNED
             )
-            p = svc.spec.profile
-            need = sum(world.projected_resident(svc, p.kv_floor))
+            pool = self._load_pool(world, svc, svc.spec.profile.kv_floor)
+            need = sum(world.projected_resident(svc, pool))
             if self.make_room(world, svc.spec.device, need, svc.spec.cls, svc, reason):
-                world.load(svc, reason=reason)
+                world.load(svc, reason=reason, kv_pool=pool)
 
     def _schedule(self, world: World) -> None:
         if not world.waiting:
@@ -851,6 +870,9 @@ class AccelmuxPolicy:
             return
         active = world.projected_active(req)
         kv = req.estimate.kv_bytes
+        if svc.resize_support is not ResizeSupport.LIVE and svc.kv_in_use + kv > svc.kv_pool:
+            self._kv_pool_fixed(world, req, svc)
+            return
         if svc.kv_in_use + kv > max(spec.profile.kv_ceiling, svc.kv_pool):
             self._queue_or_reject(
                 world,
@@ -859,7 +881,18 @@ class AccelmuxPolicy:
                 f"KV pool full ({svc.kv_in_use} B of {spec.profile.kv_ceiling} B in use)",
             )
             return
-        grow = max(0, kv - (svc.kv_pool - svc.kv_in_use))
+        grow = max(0, kv - (svc.kv_usable - svc.kv_in_use))
+        if grow and svc.resizing:
+            self._queue_or_reject(
+                world, req, Reason.RESIZING, "its KV pool is being resized: waits for the answer"
+            )
+            return
+        if kv and svc.resizing and self._earlier_waits_for_growth(svc, req):
+            # The growth is for an earlier request: a later one must not take its KV.
+            self._queue_or_reject(
+                world, req, Reason.RESIZING, "an earlier request waits for the pool to grow"
+            )
+            return
         need = active + grow
         limit = self._max_possible(world, dev, svc) - svc.resident_bytes + svc.kv_pool
         lease: int | None = None
@@ -916,12 +949,15 @@ class AccelmuxPolicy:
         room = world.ledger.available(dev)
         if grow:
             target = min(spec.profile.kv_ceiling, svc.kv_in_use + kv)
-            world.resize(
+            if world.resize(
                 svc,
                 max(target, svc.kv_pool),
                 reason=Reason.BALLOON_GROW,
                 detail=f"+{grow} B for {req.request_id}",
-            )
+            ):
+                # The request runs once the backend says the pool is there.
+                self._queue_or_reject(world, req, Reason.RESIZING, f"KV pool grows by {grow} B")
+                return
         if len(world.inflight) < running:
             reason = Reason.FITS_AFTER_PREEMPTION
         elif room > before:
@@ -932,6 +968,66 @@ class AccelmuxPolicy:
             rnd.blocked[dev] = min(cls, rnd.blocked.get(dev, cls))
             self._queue_or_reject(world, req, Reason.NO_MEMORY, "lost the race for memory")
 
+    @staticmethod
+    def _earlier_waits_for_growth(svc: ServiceState, req: RequestState) -> bool:
+        return any(r.seq < req.seq and r.wait_reason is Reason.RESIZING for r in svc.queue.values())
+
+    def _load_pool(self, world: World, svc: ServiceState, wanted: int) -> int:
+        """The KV pool a load asks for: the KV bytes ``wanted``, or the largest waiting
+        request's if more, within the floor and the ceiling.
+
+        With a live resize that is all: the pool grows and shrinks later. A pool that
+        changes only at the next load also takes the memory that is free beyond the
+        realtime reserve and the spare fraction of the budget, since it cannot grow later
+        without a reload. A backend that cannot resize at all holds its ceiling
+        (:meth:`World.load` sees to it)."""
+        p = svc.spec.profile
+        if not p.kv_ceiling:
+            return 0
+        waiting = max((r.estimate.kv_bytes for r in svc.queue.values()), default=0)
+        base = max(p.kv_floor, min(p.kv_ceiling, max(wanted, waiting)))
+        if svc.resize_support is not ResizeSupport.NEXT_LOAD:
+            return base
+        dev = svc.spec.device
+        free = (
+            world.ledger.available(dev)
+            - sum(world.projected_resident(svc, base))
+            - self._realtime_reserve(world, dev)
+            - int(world.knobs.spare_fraction * world.devices[dev].usable_bytes)
+        )
+        return base + max(0, min(p.kv_ceiling - base, free))
+
+    def _kv_pool_fixed(self, world: World, req: RequestState, svc: ServiceState) -> None:
+        """A request whose KV does not fit a pool that cannot change while loaded.
+
+        If it would fit the empty pool it waits for running requests to end. If not, and
+        the backend resizes at its next load, the idle service is unloaded so that it
+        reloads with a pool sized for the waiting requests; while busy, it waits.
+        """
+        kv = req.estimate.kv_bytes
+        if kv <= svc.kv_pool:
+            self._queue_or_reject(
+                world,
+                req,
+                Reason.CONCURRENCY_LIMIT,
+                f"KV pool full ({svc.kv_in_use} B of {svc.kv_pool} B in use)",
+            )
+            return
+        if svc.resize_support is ResizeSupport.NEXT_LOAD and svc.idle:
+            world.unload(
+                svc,
+                reason=Reason.RESIZE_AT_NEXT_LOAD,
+                detail=f"KV pool {svc.kv_pool} B < {kv} B for {req.request_id}",
+            )
+            self._queue_or_reject(world, req, Reason.LOADING, "reloads with a larger KV pool")
+            return
+        self._queue_or_reject(
+            world,
+            req,
+            Reason.CONCURRENCY_LIMIT,
+            f"needs {kv} B of KV, its pool holds {svc.kv_pool} B until its next load",
+        )
+
     def _load_for(
         self,
         world: World,
@@ -941,9 +1037,8 @@ class AccelmuxPolicy:
         outside: bool,
         idle_only: bool = False,
     ) -> None:
-        p = svc.spec.profile
         dev = svc.spec.device
-        pool = max(p.kv_floor, min(p.kv_ceiling, req.estimate.kv_bytes)) if p.kv_ceiling else 0
+        pool = self._load_pool(world, svc, req.estimate.kv_bytes)
         active = world.projected_active(req)
         resident = sum(world.projected_resident(svc, pool))
         need = resident + active
@@ -1010,7 +1105,7 @@ class AccelmuxPolicy:
 
     def _balloon(self, world: World) -> None:
         for svc in world.loaded:
-            if not svc.is_up or svc.kv_pool <= svc.spec.profile.kv_floor:
+            if svc.kv_pool <= svc.spec.profile.kv_floor or not world.resizable(svc):
                 continue
             if svc.waiting_count == 0 and world.now - svc.last_used >= world.knobs.balloon_idle_s:
                 target = max(svc.spec.profile.kv_floor, svc.kv_in_use)
@@ -1041,7 +1136,8 @@ class AccelmuxPolicy:
             if 1.0 - math.exp(-reuse_rate(svc, world.now, horizon) * horizon) < 0.5:
                 continue
             dev = svc.spec.device
-            need = sum(world.projected_resident(svc, svc.spec.profile.kv_floor))
+            pool = self._load_pool(world, svc, svc.spec.profile.kv_floor)
+            need = sum(world.projected_resident(svc, pool))
             # Restoring what was evicted for a short on-demand job returns the device to
             # its steady state: it leaves the realtime reserve and a tenth of the budget
             # free (memory measured only at the next sample, e.g. an allocator's cache).
@@ -1056,5 +1152,5 @@ class AccelmuxPolicy:
                     world, dev, need + spare, svc.spec.cls, svc, Reason.PRELOAD, strict=True
                 )
             if fits:
-                world.load(svc, reason=Reason.PRELOAD, detail="likely reused soon")
+                world.load(svc, reason=Reason.PRELOAD, kv_pool=pool, detail="likely reused soon")
                 world.forget_eviction(svc)
