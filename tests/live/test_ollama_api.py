@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from tests.live.support import base_config, fake, live, run, settle
 
-from accelmux.backends import fake_outputs as out
+from accelmux import openai_shapes as shapes
 from accelmux.core.types import ServiceStatus
 from accelmux.gateway.ollama_relay import OllamaRelay
 
@@ -235,21 +235,21 @@ def test_api_keys_guard_the_ollama_api(tmp_path: Path) -> None:
 def _sse_stream() -> bytes:
     rid, model = "r1", "chat"
     parts = [
-        out.chat_chunk(model, rid, {"role": "assistant", "content": ""}, None),
-        out.chat_chunk(model, rid, {"content": "Hel"}, None),
-        out.chat_chunk(model, rid, {"content": "lo"}, None),
-        out.chat_chunk(
+        shapes.chat_chunk(model, rid, {"role": "assistant", "content": ""}, None),
+        shapes.chat_chunk(model, rid, {"content": "Hel"}, None),
+        shapes.chat_chunk(model, rid, {"content": "lo"}, None),
+        shapes.chat_chunk(
             model,
             rid,
             {"tool_calls": [{"index": 0, "function": {"name": "f", "arguments": '{"a"'}}]},
             None,
         ),
-        out.chat_chunk(
+        shapes.chat_chunk(
             model, rid, {"tool_calls": [{"index": 0, "function": {"arguments": ": 1}"}}]}, None
         ),
-        out.chat_chunk(model, rid, {}, "tool_calls"),
-        out.usage_chunk(model, rid, out.usage(7, 3)),
-        out.DONE,
+        shapes.chat_chunk(model, rid, {}, "tool_calls"),
+        shapes.usage_chunk(model, rid, shapes.usage(7, 3)),
+        shapes.DONE,
     ]
     return b"".join(parts)
 

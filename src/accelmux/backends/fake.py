@@ -21,6 +21,7 @@ import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+from accelmux import openai_shapes as shapes
 from accelmux.backends import fake_outputs as out
 from accelmux.backends.base import BackendRequest, BackendResponse, CrashCallback, LoadReport
 from accelmux.config.backends import FakeBackendConfig
@@ -198,7 +199,8 @@ class FakeBackend:
         endpoint = request.endpoint
         if endpoint == "/v1/chat/completions":
             words = out.reply_words(seed, _max_tokens(body))
-            obj = out.chat_completion(model, rid, words, _prompt_tokens(body))
+            usage = shapes.usage(_prompt_tokens(body), len(words))
+            obj = shapes.chat_completion(model, rid, [shapes.chat_choice(" ".join(words))], usage)
             call = _tool_call(body)
             message = obj["choices"][0]["message"]
             if call is not None:
@@ -211,20 +213,15 @@ class FakeBackend:
             return _json(obj)
         if endpoint == "/v1/completions":
             words = out.reply_words(seed, _max_tokens(body))
-            return _json(out.text_completion(model, rid, words, _prompt_tokens(body)))
+            usage = shapes.usage(_prompt_tokens(body), len(words))
+            choice = shapes.text_choice(" ".join(words))
+            return _json(shapes.text_completion(model, rid, [choice], usage))
         if endpoint == "/v1/embeddings":
             texts = body.get("input")
             items = texts if isinstance(texts, list) else [texts]
-            data = [
-                {
-                    "object": "embedding",
-                    "index": i,
-                    "embedding": out.embedding(json.dumps(t), self.cfg.embedding_dim),
-                }
-                for i, t in enumerate(items)
-            ]
+            vectors = [out.embedding(json.dumps(t), self.cfg.embedding_dim) for t in items]
             n = sum(len(json.dumps(t)) // 4 + 1 for t in items)
-            return _json({"object": "list", "data": data, "model": model, "usage": out.usage(n, 0)})
+            return _json(shapes.embeddings_list(model, vectors, shapes.usage(n, 0)))
         if endpoint == "/v1/audio/speech":
             text = str(body.get("input", ""))
             seconds = min(10.0, 0.2 + len(text) * 0.01)
@@ -278,27 +275,27 @@ class FakeBackend:
             if self.cfg.latency_s:
                 await self.sleep(self.cfg.latency_s)
             if chat:
-                yield out.chat_chunk(model, rid, {"role": "assistant", "content": ""}, None)
+                yield shapes.chat_chunk(model, rid, {"role": "assistant", "content": ""}, None)
             if call is not None:
-                yield out.chat_chunk(model, rid, {"tool_calls": [dict(call, index=0)]}, None)
+                yield shapes.chat_chunk(model, rid, {"tool_calls": [dict(call, index=0)]}, None)
             elif chat and _format(body) == "json_object":
-                yield out.chat_chunk(model, rid, {"content": '{"reply": "fake"}'}, None)
+                yield shapes.chat_chunk(model, rid, {"content": '{"reply": "fake"}'}, None)
             for i, word in enumerate(words):
                 text = word if i == 0 else " " + word
                 if chat:
-                    yield out.chat_chunk(model, rid, {"content": text}, None)
+                    yield shapes.chat_chunk(model, rid, {"content": text}, None)
                 else:
-                    yield out.text_chunk(model, rid, text, None)
+                    yield shapes.text_chunk(model, rid, text, None)
                 if self.cfg.stream_chunk_s:
                     await self.sleep(self.cfg.stream_chunk_s)
             if chat:
-                yield out.chat_chunk(model, rid, {}, "stop" if call is None else "tool_calls")
+                yield shapes.chat_chunk(model, rid, {}, "stop" if call is None else "tool_calls")
             else:
-                yield out.text_chunk(model, rid, "", "stop")
-            if out.wants_usage(body):
-                usage = out.usage(_prompt_tokens(body), len(words))
-                yield out.usage_chunk(model, rid, usage, chat=chat)
-            yield out.DONE
+                yield shapes.text_chunk(model, rid, "", "stop")
+            if shapes.wants_usage(body):
+                usage = shapes.usage(_prompt_tokens(body), len(words))
+                yield shapes.usage_chunk(model, rid, usage, chat=chat)
+            yield shapes.DONE
         finally:
             self._request_bytes -= len(scratch)
             self._requests_reported -= peak

@@ -1,7 +1,8 @@
 """Deterministic outputs of the fake backend (a test double): text, vectors, WAV, PNG, boxes.
 
 Everything is derived from a SHA-256 of the input, so the same request always gets the
-same answer, on any machine.
+same answer, on any machine. The OpenAI shapes they are answered in are
+:mod:`accelmux.openai_shapes`, shared with the real backends.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import io
 import json
 import math
 import struct
-import time
 import wave
 import zlib
 from typing import Any
@@ -36,86 +36,6 @@ def reply_words(seed: bytes, max_tokens: int) -> list[str]:
     """Between 4 and 24 words (never more than ``max_tokens``), chosen by ``seed``."""
     n = max(1, min(max_tokens, 4 + seed[0] % 21))
     return [WORDS[(seed[i % len(seed)] + i) % len(WORDS)] for i in range(n)]
-
-
-def chat_completion(model: str, rid: str, words: list[str], prompt_tokens: int) -> dict[str, Any]:
-    return {
-        "id": f"chatcmpl-{rid}",
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": " ".join(words)},
-                "finish_reason": "stop",
-            }
-        ],
-        "usage": usage(prompt_tokens, len(words)),
-    }
-
-
-def text_completion(model: str, rid: str, words: list[str], prompt_tokens: int) -> dict[str, Any]:
-    return {
-        "id": f"cmpl-{rid}",
-        "object": "text_completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [{"index": 0, "text": " ".join(words), "finish_reason": "stop"}],
-        "usage": usage(prompt_tokens, len(words)),
-    }
-
-
-def usage(prompt: int, completion: int) -> dict[str, int]:
-    return {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-    }
-
-
-def chat_chunk(model: str, rid: str, delta: dict[str, Any], finish: str | None) -> bytes:
-    obj = {
-        "id": f"chatcmpl-{rid}",
-        "object": "chat.completion.chunk",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
-    }
-    return b"data: " + json.dumps(obj).encode() + b"\n\n"
-
-
-def text_chunk(model: str, rid: str, text: str, finish: str | None) -> bytes:
-    obj = {
-        "id": f"cmpl-{rid}",
-        "object": "text_completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [{"index": 0, "text": text, "finish_reason": finish}],
-    }
-    return b"data: " + json.dumps(obj).encode() + b"\n\n"
-
-
-def usage_chunk(model: str, rid: str, usage: dict[str, int], *, chat: bool = True) -> bytes:
-    """The last chunk of a stream asked with ``stream_options.include_usage``."""
-    obj: dict[str, Any] = {
-        "id": f"chatcmpl-{rid}" if chat else f"cmpl-{rid}",
-        "object": "chat.completion.chunk" if chat else "text_completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [],
-        "usage": usage,
-    }
-    return b"data: " + json.dumps(obj).encode() + b"\n\n"
-
-
-def wants_usage(body: dict[str, Any]) -> bool:
-    """Whether a streamed request asked for a final usage chunk."""
-    options = body.get("stream_options")
-    return isinstance(options, dict) and options.get("include_usage") is True
-
-
-DONE = b"data: [DONE]\n\n"
 
 
 def embedding(text: str, dim: int) -> list[float]:

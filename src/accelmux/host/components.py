@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from accelmux.backends import fake_outputs as out
+from accelmux import openai_shapes as shapes
 from accelmux.core.types import ServiceKind
 from accelmux.errors import BackendError, RequestError
 from accelmux.models import structured
@@ -348,12 +348,11 @@ class LlamaComponent(Component):
             finish = "tool_calls" if calls else gen.finish_reason
             choices.append({"index": index, "message": message, "finish_reason": finish})
         used = (prompt_tokens + completion_tokens) * self.kv_per_token
+        usage = shapes.usage(prompt_tokens, completion_tokens)
         if endpoint == "/v1/chat/completions":
-            obj = out.chat_completion(model, rid, [], prompt_tokens)
+            obj = shapes.chat_completion(model, rid, choices, usage)
         else:
-            obj = out.text_completion(model, rid, [], prompt_tokens)
-        obj["choices"] = choices
-        obj["usage"] = out.usage(prompt_tokens, completion_tokens)
+            obj = shapes.text_completion(model, rid, choices, usage)
         return 200, "application/json", _json(obj), used
 
     def stream(
@@ -392,29 +391,29 @@ class LlamaComponent(Component):
             first = True
             for piece in pieces:
                 if first and is_chat:
-                    yield out.chat_chunk(model, rid, {"role": "assistant", "content": ""}, None)
+                    yield shapes.chat_chunk(model, rid, {"role": "assistant", "content": ""}, None)
                 first = False
                 n += 1
                 extra["kv"] = n * self.kv_per_token
                 if is_chat:
-                    yield out.chat_chunk(model, rid, {"content": piece}, None)
+                    yield shapes.chat_chunk(model, rid, {"content": piece}, None)
                 else:
-                    yield out.text_chunk(model, rid, piece, None)
+                    yield shapes.text_chunk(model, rid, piece, None)
                 if cancelled.is_set():
                     return
             if first and is_chat:
-                yield out.chat_chunk(model, rid, {"role": "assistant", "content": ""}, None)
+                yield shapes.chat_chunk(model, rid, {"role": "assistant", "content": ""}, None)
         finally:
             pieces.close()  # frees the model for the next request
         if n >= kwargs["max_tokens"]:
             finish = "length"
         if is_chat:
-            yield out.chat_chunk(model, rid, {}, finish)
+            yield shapes.chat_chunk(model, rid, {}, finish)
         else:
-            yield out.text_chunk(model, rid, "", finish)
-        if out.wants_usage(body):
-            yield out.usage_chunk(model, rid, out.usage(prompt_tokens, n), chat=is_chat)
-        yield out.DONE
+            yield shapes.text_chunk(model, rid, "", finish)
+        if shapes.wants_usage(body):
+            yield shapes.usage_chunk(model, rid, shapes.usage(prompt_tokens, n), chat=is_chat)
+        yield shapes.DONE
 
     def _stream_tools(
         self,
@@ -432,17 +431,17 @@ class LlamaComponent(Component):
         gen = self._generate(True, prompt, plan, kwargs)
         extra["kv"] = (gen.prompt_tokens + gen.completion_tokens) * self.kv_per_token
         content, calls = structured.read_output(plan, gen.text, f"call_{rid}_0")
-        yield out.chat_chunk(model, rid, {"role": "assistant", "content": ""}, None)
+        yield shapes.chat_chunk(model, rid, {"role": "assistant", "content": ""}, None)
         if calls:
             delta = {"tool_calls": structured.tool_calls_json(calls)}
-            yield out.chat_chunk(model, rid, delta, None)
+            yield shapes.chat_chunk(model, rid, delta, None)
         elif content:
-            yield out.chat_chunk(model, rid, {"content": content}, None)
-        yield out.chat_chunk(model, rid, {}, "tool_calls" if calls else gen.finish_reason)
-        if out.wants_usage(body):
-            usage = out.usage(gen.prompt_tokens, gen.completion_tokens)
-            yield out.usage_chunk(model, rid, usage)
-        yield out.DONE
+            yield shapes.chat_chunk(model, rid, {"content": content}, None)
+        yield shapes.chat_chunk(model, rid, {}, "tool_calls" if calls else gen.finish_reason)
+        if shapes.wants_usage(body):
+            usage = shapes.usage(gen.prompt_tokens, gen.completion_tokens)
+            yield shapes.usage_chunk(model, rid, usage)
+        yield shapes.DONE
 
 
 def _choices(body: dict[str, Any]) -> int:
@@ -507,21 +506,15 @@ class MiniLmComponent(_ModelComponent):
             raise RequestError("input must be a string or a list of strings", field="input")
         vectors = self.model.embed_array(texts)
         b64 = body.get("encoding_format") == "base64"
-        data = []
-        for i, row in enumerate(vectors):
-            emb: Any = (
-                base64.b64encode(row.astype("<f4").tobytes()).decode()
-                if b64
-                else [round(float(x), 7) for x in row]
-            )
-            data.append({"object": "embedding", "index": i, "embedding": emb})
+        data: list[Any] = [
+            base64.b64encode(row.astype("<f4").tobytes()).decode()
+            if b64
+            else [round(float(x), 7) for x in row]
+            for row in vectors
+        ]
         tokens = sum(self.model.count_tokens(t) for t in texts)
-        obj = {
-            "object": "list",
-            "data": data,
-            "model": str(body.get("model", slot.service)),
-            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
-        }
+        model = str(body.get("model", slot.service))
+        obj = shapes.embeddings_list(model, data, shapes.embedding_usage(tokens))
         return 200, "application/json", _json(obj), 0
 
 
