@@ -118,6 +118,14 @@ class Live:
             body = await resp.json(content_type=None)
             return resp.status, body, resp.headers.copy()
 
+    async def post_any(self, path: str, **kw: Any) -> tuple[int, Any]:
+        """The status and the JSON answer, or None for an answer of bytes (audio)."""
+        async with self.session.post(self.url + path, **kw) as resp:
+            if resp.content_type != "application/json":
+                await resp.read()
+                return resp.status, None
+            return resp.status, await resp.json()
+
     async def get(self, path: str, **kw: Any) -> tuple[int, Any]:
         async with self.session.get(self.url + path, **kw) as resp:
             if resp.content_type == "application/json":

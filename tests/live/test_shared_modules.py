@@ -9,7 +9,7 @@ from pathlib import Path
 import accelmux
 
 SRC = Path(accelmux.__file__).parent
-SHARED = ("openai_shapes.py",)
+SHARED = ("openai_shapes.py", "request_validation.py")
 
 
 def _imports(path: Path) -> set[str]:

@@ -24,8 +24,6 @@ request (400 bad field, 404 unknown model, 413, 429/503 with Retry-After, 502).
 from __future__ import annotations
 
 import json
-import math
-import re
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -40,6 +38,15 @@ from accelmux.gateway import parse
 from accelmux.gateway.errors import ApiError, bad_field, refusal
 from accelmux.gateway.keys import RUNTIME
 from accelmux.gateway.ollama_relay import EmbedRelay, OllamaRelay, error_response, now_iso
+from accelmux.gateway.ollama_requests import (
+    OllamaChatRequest,
+    OllamaEmbeddingsRequest,
+    OllamaEmbedRequest,
+    OllamaGenerateRequest,
+    OllamaMessage,
+    OllamaShowRequest,
+    OllamaToolCall,
+)
 from accelmux.gateway.openai_api import serve
 from accelmux.runtime.daemon import Runtime
 from accelmux.runtime.requests import Refused
@@ -52,8 +59,6 @@ LISTED_KINDS = (*LLM_KINDS, ServiceKind.EMBEDDINGS)
 NEVER = datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC)
 #: Longer keep_alive values are shown as NEVER (a date that far is all the same).
 LONGEST_S = 100 * 365 * 86400.0
-_DURATION = re.compile(r"(-?\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
-_UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 #: Ollama ``options`` that map onto OpenAI fields; the others are accepted and unused,
 #: as Ollama itself does with options a model does not know.
 OPTION_FIELDS = {
@@ -85,39 +90,6 @@ def ollama_errors(handler: Handler) -> Handler:
 
 
 # ---- request fields ----------------------------------------------------------------------
-def keep_alive_seconds(value: Any) -> float | None:
-    """Ollama's ``keep_alive`` in seconds: None when absent, ``inf`` when negative."""
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        raise bad_field("keep_alive", "'keep_alive' must be a number of seconds or a duration")
-    if isinstance(value, (int, float)):
-        seconds = float(value)
-    elif isinstance(value, str):
-        text = value.strip()
-        try:
-            seconds = float(text)
-        except ValueError:
-            parts = _DURATION.findall(text)
-            if not parts or "".join(n + u for n, u in parts) != text.replace(" ", ""):
-                raise bad_field(
-                    "keep_alive", f"'keep_alive' {value!r} is not a duration like '5m' or '1h'"
-                ) from None
-            seconds = sum(float(n) * _UNIT_S[u] for n, u in parts)
-    else:
-        raise bad_field("keep_alive", "'keep_alive' must be a number of seconds or a duration")
-    if math.isnan(seconds):
-        raise bad_field("keep_alive", "'keep_alive' must be a number")
-    return math.inf if seconds < 0 else seconds
-
-
-def _name(body: dict[str, Any]) -> str:
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise bad_field("model", "'model' is required and must be a non-empty string")
-    return model
-
-
 def _resolve(rt: Runtime, name: str) -> tuple[str, str]:
     """(model name accelmux knows, service) of an Ollama model name (``:latest`` optional)."""
     for candidate in (name, name.removesuffix(":latest")):
@@ -127,12 +99,9 @@ def _resolve(rt: Runtime, name: str) -> tuple[str, str]:
     raise ApiError(404, f"model '{name}' not found", param="model", code="model_not_found")
 
 
-def _options(body: dict[str, Any], out: dict[str, Any]) -> None:
-    options = body.get("options")
+def _options(options: dict[str, Any] | None, out: dict[str, Any]) -> None:
     if options is None:
         return
-    if not isinstance(options, dict):
-        raise bad_field("options", "'options' must be an object")
     for key, target in OPTION_FIELDS.items():
         if options.get(key) is not None:
             out[target] = options[key]
@@ -141,10 +110,7 @@ def _options(body: dict[str, Any], out: dict[str, Any]) -> None:
         out["max_tokens"] = predict
 
 
-def _format(body: dict[str, Any], out: dict[str, Any]) -> None:
-    fmt = body.get("format")
-    if fmt is None or fmt == "":
-        return
+def _format(fmt: str | dict[str, Any] | None, out: dict[str, Any]) -> None:
     if fmt == "json":
         out["response_format"] = {"type": "json_object"}
     elif isinstance(fmt, dict):
@@ -152,67 +118,42 @@ def _format(body: dict[str, Any], out: dict[str, Any]) -> None:
             "type": "json_schema",
             "json_schema": {"name": "format", "schema": fmt},
         }
-    else:
-        raise bad_field("format", "'format' must be \"json\" or a JSON schema object")
 
 
-def _stream(body: dict[str, Any]) -> bool:
-    value = body.get("stream", True)
-    if value is None:
-        return True
-    if not isinstance(value, bool):
-        raise bad_field("stream", "'stream' must be a boolean")
-    return value
-
-
-def _messages(raw: Any) -> list[dict[str, Any]]:
-    if not isinstance(raw, list):
-        raise bad_field("messages", "'messages' must be an array")
+def _messages(messages: list[OllamaMessage]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
-    for i, msg in enumerate(raw):
-        if not isinstance(msg, dict):
-            raise bad_field(f"messages[{i}]", f"'messages[{i}]' must be an object")
-        if msg.get("images"):
-            raise bad_field(f"messages[{i}].images", "images are not supported by these models")
-        role = msg.get("role")
-        item: dict[str, Any] = {"role": role, "content": msg.get("content") or ""}
-        if role == "tool" and msg.get("tool_name"):
-            item["name"] = msg["tool_name"]
-        calls = msg.get("tool_calls")
-        if calls:
-            item["tool_calls"] = _openai_calls(calls, f"messages[{i}].tool_calls")
+    for msg in messages:
+        item: dict[str, Any] = {"role": msg.role, "content": msg.content or ""}
+        if msg.role == "tool" and msg.tool_name:
+            item["name"] = msg.tool_name
+        if msg.tool_calls:
+            item["tool_calls"] = _openai_calls(msg.tool_calls)
         out.append(item)
     return out
 
 
-def _openai_calls(calls: Any, where: str) -> list[dict[str, Any]]:
+def _openai_calls(calls: list[OllamaToolCall]) -> list[dict[str, Any]]:
     """Ollama's tool calls of an assistant message (arguments as an object) in OpenAI's shape."""
-    if not isinstance(calls, list):
-        raise bad_field(where, f"'{where}' must be an array")
-    out = []
-    for j, call in enumerate(calls):
-        fn = call.get("function") if isinstance(call, dict) else None
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-            raise bad_field(f"{where}[{j}]", f"'{where}[{j}]' must be a function with a name")
-        out.append(
-            {
-                "id": f"call_{j}",
-                "type": "function",
-                "function": {
-                    "name": fn["name"],
-                    "arguments": json.dumps(fn.get("arguments") or {}),
-                },
-            }
-        )
-    return out
+    return [
+        {
+            "id": f"call_{j}",
+            "type": "function",
+            "function": {
+                "name": call.function.name,
+                "arguments": json.dumps(call.function.arguments or {}),
+            },
+        }
+        for j, call in enumerate(calls)
+    ]
 
 
-def _llm_body(body: dict[str, Any], model: str, stream: bool) -> dict[str, Any]:
+def _llm_body(req: OllamaChatRequest | OllamaGenerateRequest, model: str) -> dict[str, Any]:
+    stream = req.stream is not False  # Ollama streams unless told otherwise
     out: dict[str, Any] = {"model": model, "stream": stream}
     if stream:
         out["stream_options"] = {"include_usage": True}
-    _options(body, out)
-    _format(body, out)
+    _options(req.options, out)
+    _format(req.format, out)
     return out
 
 
@@ -258,21 +199,19 @@ def _need_llm(rt: Runtime, name: str, service: str) -> None:
 async def chat(request: web.Request) -> web.StreamResponse:
     body, _ = await parse.read_json(request)
     rt = request.app[RUNTIME]
-    name = _name(body)
-    model, service = _resolve(rt, name)
-    _need_llm(rt, name, service)
-    keep = keep_alive_seconds(body.get("keep_alive"))
-    messages = _messages(body.get("messages") or [])
+    req = parse.validated(OllamaChatRequest, body)
+    model, service = _resolve(rt, req.model)
+    _need_llm(rt, req.model, service)
+    messages = _messages(req.messages or [])
     if not messages:
-        return await _warm(request, name, service, keep, chat_api=True)
-    stream = _stream(body)
-    out = _llm_body(body, model, stream)
+        return await _warm(request, req.model, service, req.keep_alive, chat_api=True)
+    out = _llm_body(req, model)
     out["messages"] = messages
-    if body.get("tools") is not None:
+    if req.tools is not None:
         out["tools"] = body["tools"]
     parsed = parse.chat(out, b"", rt.cfg.server.default_max_tokens)
-    parsed.keep_alive_s = keep
-    relay = OllamaRelay(name, chat_api=True, chat_backend=True)
+    parsed.keep_alive_s = req.keep_alive
+    relay = OllamaRelay(req.model, chat_api=True, chat_backend=True)
     return await serve(request, parsed, relay)
 
 
@@ -280,27 +219,16 @@ async def chat(request: web.Request) -> web.StreamResponse:
 async def generate(request: web.Request) -> web.StreamResponse:
     body, _ = await parse.read_json(request)
     rt = request.app[RUNTIME]
-    name = _name(body)
+    req = parse.validated(OllamaGenerateRequest, body)
+    name = req.model
     model, service = _resolve(rt, name)
     _need_llm(rt, name, service)
-    keep = keep_alive_seconds(body.get("keep_alive"))
-    prompt = body.get("prompt") or ""
-    if not isinstance(prompt, str):
-        raise bad_field("prompt", "'prompt' must be a string")
-    if body.get("images"):
-        raise bad_field("images", "images are not supported by these models")
-    for unsupported in ("suffix", "template", "context"):
-        if body.get(unsupported):
-            raise bad_field(unsupported, f"'{unsupported}' is not supported here")
+    prompt, system = req.prompt, req.system
     if not prompt:
-        return await _warm(request, name, service, keep, chat_api=False)
-    system = body.get("system")
-    if system is not None and not isinstance(system, str):
-        raise bad_field("system", "'system' must be a string")
-    stream = _stream(body)
-    out = _llm_body(body, model, stream)
+        return await _warm(request, name, service, req.keep_alive, chat_api=False)
+    out = _llm_body(req, model)
     default_max = rt.cfg.server.default_max_tokens
-    chat_backend = _kind(rt, service) is ServiceKind.CHAT and not body.get("raw")
+    chat_backend = _kind(rt, service) is ServiceKind.CHAT and not req.raw
     if chat_backend:
         messages = [{"role": "system", "content": system}] if system else []
         out["messages"] = [*messages, {"role": "user", "content": prompt}]
@@ -310,7 +238,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
             raise bad_field("format", "'format' needs a chat model (this one completes text)")
         out["prompt"] = f"{system}\n\n{prompt}" if system else prompt
         parsed = parse.completion(out, b"", default_max)
-    parsed.keep_alive_s = keep
+    parsed.keep_alive_s = req.keep_alive
     relay = OllamaRelay(name, chat_api=False, chat_backend=chat_backend)
     return await serve(request, parsed, relay)
 
@@ -318,14 +246,17 @@ async def generate(request: web.Request) -> web.StreamResponse:
 async def _embed(request: web.Request, *, legacy: bool) -> web.StreamResponse:
     body, _ = await parse.read_json(request)
     rt = request.app[RUNTIME]
-    name = _name(body)
-    model, _ = _resolve(rt, name)
-    key = "prompt" if legacy else "input"
-    value = body.get(key)
-    out: dict[str, Any] = {"model": model, "input": value}
-    parsed = parse.embeddings(out, b"")
-    parsed.keep_alive_s = keep_alive_seconds(body.get("keep_alive"))
-    return await serve(request, parsed, EmbedRelay(name, legacy=legacy))
+    req: OllamaEmbedRequest | OllamaEmbeddingsRequest
+    if legacy:
+        req = parse.validated(OllamaEmbeddingsRequest, body)
+        value = body["prompt"]
+    else:
+        req = parse.validated(OllamaEmbedRequest, body)
+        value = body["input"]
+    model, _ = _resolve(rt, req.model)
+    parsed = parse.embeddings({"model": model, "input": value}, b"")
+    parsed.keep_alive_s = req.keep_alive
+    return await serve(request, parsed, EmbedRelay(req.model, legacy=legacy))
 
 
 @ollama_errors
@@ -416,10 +347,7 @@ async def ps(request: web.Request) -> web.Response:
 async def show(request: web.Request) -> web.Response:
     body, _ = await parse.read_json(request)
     rt = request.app[RUNTIME]
-    name = body.get("model") or body.get("name")
-    if not isinstance(name, str) or not name:
-        raise bad_field("model", "'model' is required and must be a non-empty string")
-    _, service = _resolve(rt, name)
+    _, service = _resolve(rt, parse.validated(OllamaShowRequest, body).chosen())
     kind = _kind(rt, service)
     capabilities = ["embedding"] if kind is ServiceKind.EMBEDDINGS else ["completion"]
     if kind is ServiceKind.CHAT:

@@ -1,4 +1,5 @@
-"""Validate an OpenAI-style request and compute its Demand.
+"""Validate an OpenAI-style request by its request model (:mod:`.openai_requests`, on the
+already parsed body) and compute its Demand.
 
 Demand per kind (what the Manager's memory profile multiplies):
 
@@ -18,20 +19,30 @@ import binascii
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
+from pydantic import ValidationError
 
 from accelmux.core.events import Demand
 from accelmux.core.types import ServiceKind
-from accelmux.gateway.chat_fields import check_chat, check_completion
 from accelmux.gateway.errors import ApiError, bad_field
 from accelmux.gateway.media import audio_seconds, looks_like_audio, looks_like_image, megapixels
+from accelmux.gateway.openai_requests import (
+    ChatRequest,
+    CompletionRequest,
+    DetectionForm,
+    DetectionRequest,
+    EmbeddingsRequest,
+    ImageRequest,
+    SpeechRequest,
+    TranscriptionForm,
+)
+from accelmux.request_validation import RequestModel, first_problem
 
 CHARS_PER_TOKEN = 3.5
 TOKENS_PER_MESSAGE = 4
-MAX_N = 16
 
 #: Which service kinds can serve each endpoint.
 ENDPOINT_KINDS: dict[str, tuple[ServiceKind, ...]] = {
@@ -141,133 +152,93 @@ def _depth_over(value: Any, limit: int) -> bool:
     return False
 
 
-def _model(body: dict[str, Any]) -> str:
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise bad_field("model", "'model' is required and must be a non-empty string")
-    return model
+M = TypeVar("M", bound=RequestModel)
 
 
-def _int(body: dict[str, Any], key: str, lo: int, hi: int | None = None) -> int | None:
-    value = body.get(key)
-    if value is None:
-        return None
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise bad_field(key, f"'{key}' must be an integer")
-    if value < lo or (hi is not None and value > hi):
-        bound = f"between {lo} and {hi}" if hi is not None else f">= {lo}"
-        raise bad_field(key, f"'{key}' must be {bound} (got {value})")
-    return value
+def validated(model: type[M], body: dict[str, Any]) -> M:
+    """``body`` checked by its request model (already parsed: no second JSON pass); a 400
+    ``invalid_value`` whose ``param`` names the first bad field."""
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        problem = first_problem(exc)
+        raise ApiError(400, problem.message, param=problem.param, code="invalid_value") from None
 
 
-def _stream(body: dict[str, Any]) -> bool:
-    value = body.get("stream", False)
-    if value is None:
-        return False
-    if not isinstance(value, bool):
-        raise bad_field("stream", "'stream' must be a boolean")
-    return value
+def _max_output(
+    n: int | None, max_completion: int | None, max_tokens: int | None, default: int
+) -> int:
+    return (max_completion or max_tokens or default) * (n or 1)
 
 
-def _max_output(body: dict[str, Any], default: int) -> int:
-    n = _int(body, "n", 1, MAX_N) or 1
-    mt = _int(body, "max_completion_tokens", 1) or _int(body, "max_tokens", 1) or default
-    return mt * n
-
-
-def _content_chars(content: Any, where: str) -> int:
+def _content_chars(content: str | list[dict[str, Any]] | None) -> int:
     if content is None:
         return 0
     if isinstance(content, str):
         return len(content)
-    if isinstance(content, list):
-        total = 0
-        for part in content:
-            if not isinstance(part, dict):
-                raise bad_field(where, f"'{where}' parts must be objects")
-            text = part.get("text")
-            total += len(text) if isinstance(text, str) else len(json.dumps(part))
-        return total
-    raise bad_field(where, f"'{where}' must be a string or a list of parts")
+    total = 0
+    for part in content:
+        text = part.get("text")
+        total += len(text) if isinstance(text, str) else len(json.dumps(part))
+    return total
 
 
 def chat(body: dict[str, Any], raw: bytes, default_max: int) -> Parsed:
-    model = _model(body)
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise bad_field("messages", "'messages' must be a non-empty array")
-    chars = 0
-    for i, msg in enumerate(messages):
-        if not isinstance(msg, dict):
-            raise bad_field(f"messages[{i}]", f"'messages[{i}]' must be an object")
-        role = msg.get("role")
-        if not isinstance(role, str) or not role:
-            raise bad_field(f"messages[{i}].role", f"'messages[{i}].role' is required")
-        chars += _content_chars(msg.get("content"), f"messages[{i}].content")
-    chars += check_chat(body)
-    prompt = tokens_of(chars) + TOKENS_PER_MESSAGE * len(messages)
-    output = _max_output(body, default_max)
+    req = validated(ChatRequest, body)
+    chars = sum(_content_chars(msg.content) for msg in req.messages)
+    if req.tools:  # a backend describes them to the model
+        chars += len(json.dumps(body["tools"]))
+    fmt = req.response_format
+    if fmt is not None and fmt.type == "json_schema" and fmt.json_schema is not None:
+        chars += len(json.dumps(fmt.json_schema.schema_))
+    prompt = tokens_of(chars) + TOKENS_PER_MESSAGE * len(req.messages)
+    output = _max_output(req.n, req.max_completion_tokens, req.max_tokens, default_max)
     return Parsed(
         endpoint="/v1/chat/completions",
-        model=model,
+        model=req.model,
         body=body,
-        stream=_stream(body),
+        stream=req.stream is True,
         raw=raw,
         demand=Demand(kv_tokens=prompt + output, prompt_tokens=prompt, output_tokens=output),
     )
 
 
 def completion(body: dict[str, Any], raw: bytes, default_max: int) -> Parsed:
-    model = _model(body)
-    prompt = body.get("prompt")
+    req = validated(CompletionRequest, body)
+    prompt = req.prompt
     if isinstance(prompt, str):
         tokens = tokens_of(len(prompt))
-    elif isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
-        tokens = sum(tokens_of(len(p)) for p in prompt)
-    elif isinstance(prompt, list) and prompt and all(isinstance(p, int) for p in prompt):
-        tokens = len(prompt)
+    elif isinstance(prompt[0], str):
+        tokens = sum(tokens_of(len(p)) for p in prompt if isinstance(p, str))
     else:
-        raise bad_field("prompt", "'prompt' must be a string, an array of strings or of tokens")
-    check_completion(body)
-    output = _max_output(body, default_max)
+        tokens = len(prompt)
+    output = _max_output(req.n, req.max_completion_tokens, req.max_tokens, default_max)
     return Parsed(
         endpoint="/v1/completions",
-        model=model,
+        model=req.model,
         body=body,
-        stream=_stream(body),
+        stream=req.stream is True,
         raw=raw,
         demand=Demand(kv_tokens=tokens + output, prompt_tokens=tokens, output_tokens=output),
     )
 
 
 def embeddings(body: dict[str, Any], raw: bytes) -> Parsed:
-    model = _model(body)
-    value = body.get("input")
-    if isinstance(value, str):
-        texts: list[Any] = [value]
-    elif isinstance(value, list) and value:
-        texts = value
-    else:
-        raise bad_field("input", "'input' must be a string or a non-empty array")
-    if len(texts) > 2048:
-        raise bad_field("input", "'input' may hold at most 2048 items")
+    req = validated(EmbeddingsRequest, body)
+    texts: list[Any] = req.input
     tokens = 0
-    for i, t in enumerate(texts):
-        if isinstance(t, str):
-            tokens += tokens_of(len(t))
-        elif isinstance(t, int) and not isinstance(t, bool):
+    for item in texts:
+        if isinstance(item, str):
+            tokens += tokens_of(len(item))
+        elif isinstance(item, int):
             tokens += 1
-        elif isinstance(t, list) and all(isinstance(x, int) for x in t):
-            tokens += len(t)
         else:
-            raise bad_field(f"input[{i}]", f"'input[{i}]' must be a string or token array")
-    if all(isinstance(t, int) for t in texts):
+            tokens += len(item)
+    if all(isinstance(item, int) for item in texts):  # one token array
         texts = [texts]
     return Parsed(
         endpoint="/v1/embeddings",
-        model=model,
+        model=req.model,
         body=body,
         raw=raw,
         demand=Demand(units=float(len(texts)), prompt_tokens=tokens),
@@ -275,89 +246,68 @@ def embeddings(body: dict[str, Any], raw: bytes) -> Parsed:
 
 
 def speech(body: dict[str, Any], raw: bytes) -> Parsed:
-    model = _model(body)
-    text = body.get("input")
-    if not isinstance(text, str) or not text:
-        raise bad_field("input", "'input' is required and must be a non-empty string")
-    if len(text) > 4096:
-        raise bad_field("input", "'input' must be at most 4096 characters")
-    voice = body.get("voice")
-    if voice is not None and not isinstance(voice, str):
-        raise bad_field("voice", "'voice' must be a string")
+    req = validated(SpeechRequest, body)
     return Parsed(
         endpoint="/v1/audio/speech",
-        model=model,
+        model=req.model,
         body=body,
         raw=raw,
-        demand=Demand(units=float(len(text))),
+        demand=Demand(units=float(len(req.input))),
     )
 
 
 def images(body: dict[str, Any], raw: bytes) -> Parsed:
-    model = _model(body)
-    prompt = body.get("prompt")
-    if not isinstance(prompt, str) or not prompt:
-        raise bad_field("prompt", "'prompt' is required and must be a non-empty string")
-    n = _int(body, "n", 1, 10) or 1
-    size = body.get("size", "1024x1024")
-    try:
-        w_text, h_text = str(size).lower().split("x")
-        w, h = int(w_text), int(h_text)
-        if not (16 <= w <= 8192 and 16 <= h <= 8192):
-            raise ValueError
-    except ValueError:
-        raise bad_field("size", "'size' must be WIDTHxHEIGHT, 16..8192 each") from None
-    fmt = body.get("response_format")
-    if fmt is not None and fmt not in ("b64_json", "url"):
-        raise bad_field("response_format", "'response_format' must be b64_json or url")
+    req = validated(ImageRequest, body)
+    width, height = req.sides()
     return Parsed(
         endpoint="/v1/images/generations",
-        model=model,
+        model=req.model,
         body=body,
         raw=raw,
-        demand=Demand(units=w * h / 1e6 * n),
+        demand=Demand(units=width * height / 1e6 * req.n),
     )
 
 
 def transcription(
     fields: dict[str, Any], files: dict[str, bytes], info: dict[str, tuple[str, str]]
 ) -> Parsed:
-    model = _model(fields)
-    audio = files.get("file")
-    if not audio:
-        raise bad_field("file", "'file' (the audio) is required")
-    if not looks_like_audio(audio):
+    form = validated(TranscriptionForm, {**fields, **files})
+    if not looks_like_audio(form.file):
         raise bad_field(
             "file", "'file' is not audio (WAV, MP3, FLAC, Ogg, WebM, M4A, AMR or AIFF expected)"
         )
-    fmt = fields.get("response_format")
-    if fmt is not None and fmt not in ("json", "text", "verbose_json", "srt", "vtt"):
-        raise bad_field("response_format", "'response_format' is not supported")
     return Parsed(
         endpoint="/v1/audio/transcriptions",
-        model=model,
+        model=form.model,
         body=fields,
-        files={"file": audio},
+        files={"file": form.file},
         file_info={k: v for k, v in info.items() if k == "file"},
-        demand=Demand(units=audio_seconds(audio)),
+        demand=Demand(units=audio_seconds(form.file)),
     )
 
 
+def _decoded(encoded: str) -> bytes:
+    if encoded.startswith("data:"):
+        encoded = encoded.partition(",")[2]
+    try:
+        image = base64.b64decode(encoded, validate=True)
+    except (binascii.Error, ValueError):
+        raise bad_field("image", "'image' is not valid base64") from None
+    if not image:
+        raise bad_field("image", "'image' is empty")
+    return image
+
+
 def detection(body: dict[str, Any], files: dict[str, bytes], raw: bytes) -> Parsed:
-    model = _model(body)
-    image = files.get("image") or files.get("file")
-    if image is None:
-        encoded = body.get("image")
-        if not isinstance(encoded, str) or not encoded:
-            raise bad_field("image", "'image' is required (base64 string or multipart file)")
-        if encoded.startswith("data:"):
-            encoded = encoded.partition(",")[2]
-        try:
-            image = base64.b64decode(encoded, validate=True)
-        except (binascii.Error, ValueError):
-            raise bad_field("image", "'image' is not valid base64") from None
-        if not image:
-            raise bad_field("image", "'image' is empty")
+    """A JSON body with a base64 ``image``, or multipart form fields and files (the image
+    as the file ``image`` or ``file``, else a base64 ``image`` field)."""
+    upload = files.get("image") or files.get("file")
+    if upload is not None:
+        form = validated(DetectionForm, {**body, "image": upload})
+        model, image = form.model, form.image
+    else:
+        req = validated(DetectionRequest, body)
+        model, image = req.model, _decoded(req.image)
     if not looks_like_image(image):
         raise bad_field("image", "'image' is not a PNG, JPEG, GIF, WebP or BMP image")
     mp, w, h = megapixels(image)

@@ -53,15 +53,22 @@ import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable, Collection
-from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
+from pydantic import ValidationError
 
 from accelmux.jobs.errors import JobNotFoundError, JobStateError
 from accelmux.jobs.model import Job, ResultItem
 from accelmux.jobs.runner import JobRunner
 from accelmux.jobs.store import JobStore
+from accelmux.jobs.submit_request import (
+    JobLimits,
+    JobSubmitRequest,
+    job_error_code,
+    limits_context,
+)
+from accelmux.request_validation import first_problem
 
 log = logging.getLogger("accelmux.jobs")
 
@@ -74,19 +81,6 @@ _ITEM_STATUS = {
     "failed": "failed",
     "cancelled": "cancelled",
 }
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class JobLimits:
-    max_body_bytes: int = 64 * 1024**2
-    max_inputs: int = 100_000
-    max_input_chars: int = 100_000
-    max_model_chars: int = 200
-    max_metadata_keys: int = 16
-    max_metadata_chars: int = 512
-    max_page: int = 1000
-    default_page: int = 100
-    max_list: int = 100
 
 
 class ApiError(Exception):
@@ -191,11 +185,10 @@ class _JobsApi:
         body = await _read_body(request, self.limits.max_body_bytes)
         content_type = request.content_type
         if content_type in JSON_LINES_TYPES:
-            model: Any = request.query.get("model")
-            inputs = await asyncio.to_thread(_parse_json_lines, body, self.limits)
-            metadata: dict[str, str] = {}
+            query_model = request.query.get("model")
+            submit = await asyncio.to_thread(_parse_json_lines, body, query_model, self.limits)
         elif content_type in ("application/json", "application/octet-stream", ""):
-            model, inputs, metadata = await asyncio.to_thread(_parse_json_body, body, self.limits)
+            submit = await asyncio.to_thread(_parse_json_body, body, self.limits)
         else:
             raise ApiError(
                 415,
@@ -203,18 +196,15 @@ class _JobsApi:
                 "application/jsonl",
                 code="unsupported_media_type",
             )
-        model = self._check_model(model)
-        job = await asyncio.to_thread(self.store.create_job, model, inputs, metadata=metadata)
+        model = self._check_model(submit.model)
+        metadata = submit.metadata or {}
+        job = await asyncio.to_thread(
+            self.store.create_job, model, submit.inputs, metadata=metadata
+        )
         self._wake()
         return web.json_response(job_json(job))
 
-    def _check_model(self, model: Any) -> str:
-        if model is None or model == "":
-            raise ApiError(400, "model is required", param="model", code="missing_field")
-        if not isinstance(model, str):
-            raise ApiError(400, "model must be a string", param="model", code="invalid_type")
-        if len(model) > self.limits.max_model_chars:
-            raise ApiError(400, "model name is too long", param="model", code="invalid_value")
+    def _check_model(self, model: str) -> str:
         if self.models is not None:
             known = self.models()
             if model not in known:
@@ -322,7 +312,25 @@ async def _read_body(request: web.Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def _parse_json_body(body: bytes, limits: JobLimits) -> tuple[Any, list[str], dict[str, str]]:
+def _validated(
+    data: dict[str, Any], limits: JobLimits, lines: list[int] | None = None
+) -> JobSubmitRequest:
+    """``data`` checked by the request model; ``lines``: the line of each input (a
+    JSON-lines body), named in the message."""
+    try:
+        return JobSubmitRequest.model_validate(data, context=limits_context(limits))
+    except ValidationError as exc:
+        problem = first_problem(exc)
+        message = problem.message
+        param = problem.param or ""
+        if lines is not None and param.startswith("inputs["):
+            index = int(param[len("inputs[") :].partition("]")[0])
+            message += f" (line {lines[index]})"
+        code = job_error_code(problem.kind)
+        raise ApiError(400, message, param=problem.param, code=code) from None
+
+
+def _parse_json_body(body: bytes, limits: JobLimits) -> JobSubmitRequest:
     try:
         data = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -331,30 +339,16 @@ def _parse_json_body(body: bytes, limits: JobLimits) -> tuple[Any, list[str], di
         raise ApiError(400, "the body nests too deeply", code="json_too_deep") from None
     if not isinstance(data, dict):
         raise ApiError(400, "the body must be a JSON object", code="invalid_json")
-    unknown = sorted(set(data) - {"model", "inputs", "metadata"})
-    if unknown:
-        raise ApiError(
-            400,
-            f"unknown field {unknown[0]!r} (fields: model, inputs, metadata)",
-            param=unknown[0],
-            code="unknown_field",
-        )
-    raw_inputs = data.get("inputs")
-    if raw_inputs is None:
-        raise ApiError(400, "inputs is required", param="inputs", code="missing_field")
-    if not isinstance(raw_inputs, list):
-        raise ApiError(400, "inputs must be a list of strings", param="inputs", code="invalid_type")
-    inputs = [_check_input(value, i, limits) for i, value in enumerate(raw_inputs)]
-    _check_count(len(inputs), limits)
-    return data.get("model"), inputs, _check_metadata(data.get("metadata"), limits)
+    return _validated(data, limits)
 
 
-def _parse_json_lines(body: bytes, limits: JobLimits) -> list[str]:
+def _parse_json_lines(body: bytes, model: str | None, limits: JobLimits) -> JobSubmitRequest:
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError:
         raise ApiError(400, "the body is not UTF-8", param="inputs", code="invalid_json") from None
-    inputs: list[str] = []
+    inputs: list[Any] = []
+    lines: list[int] = []
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
@@ -370,63 +364,11 @@ def _parse_json_lines(body: bytes, limits: JobLimits) -> list[str]:
             ) from None
         if isinstance(value, dict) and set(value) == {"input"}:
             value = value["input"]
-        inputs.append(_check_input(value, len(inputs), limits, line=number))
-        if len(inputs) > limits.max_inputs:
-            _check_count(len(inputs), limits)
-    _check_count(len(inputs), limits)
-    return inputs
-
-
-def _check_input(value: Any, index: int, limits: JobLimits, *, line: int | None = None) -> str:
-    where = f" (line {line})" if line is not None else ""
-    param = f"inputs[{index}]"
-    if not isinstance(value, str):
-        raise ApiError(400, f"{param}{where} must be a string", param=param, code="invalid_type")
-    if not value:
-        raise ApiError(400, f"{param}{where} is empty", param=param, code="invalid_value")
-    if len(value) > limits.max_input_chars:
-        raise ApiError(
-            400,
-            f"{param}{where} is longer than {limits.max_input_chars} characters",
-            param=param,
-            code="input_too_long",
-        )
-    return value
-
-
-def _check_count(count: int, limits: JobLimits) -> None:
-    if count == 0:
-        raise ApiError(400, "inputs must not be empty", param="inputs", code="invalid_value")
-    if count > limits.max_inputs:
-        raise ApiError(
-            400,
-            f"a job takes at most {limits.max_inputs} inputs",
-            param="inputs",
-            code="too_many_inputs",
-        )
-
-
-def _check_metadata(value: Any, limits: JobLimits) -> dict[str, str]:
-    if value is None:
-        return {}
-    if not isinstance(value, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
-    ):
-        raise ApiError(
-            400, "metadata must map strings to strings", param="metadata", code="invalid_type"
-        )
-    if len(value) > limits.max_metadata_keys or any(
-        len(k) > limits.max_metadata_chars or len(v) > limits.max_metadata_chars
-        for k, v in value.items()
-    ):
-        raise ApiError(
-            400,
-            f"metadata takes at most {limits.max_metadata_keys} keys of "
-            f"{limits.max_metadata_chars} characters",
-            param="metadata",
-            code="invalid_value",
-        )
-    return dict(value)
+        inputs.append(value)
+        lines.append(number)
+        if len(inputs) > limits.max_inputs:  # enough to refuse: read no further
+            break
+    return _validated({"model": model, "inputs": inputs}, limits, lines)
 
 
 def _int_query(request: web.Request, name: str, default: int, low: int, high: int | None) -> int:
