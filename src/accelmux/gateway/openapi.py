@@ -1,14 +1,99 @@
-"""The OpenAPI 3.0 document of accelmux's HTTP API, served at ``/openapi.json``.
+"""The OpenAPI 3.1 document of accelmux's HTTP API, served at ``/openapi.json``.
 
-Hand-written to match :mod:`.parse` (request validation) and :mod:`.errors` (the
-OpenAI error shape); the tests check that every route is documented.
+The schemas of the request bodies, with an example each, are the JSON schemas of the
+request models that validate them (:mod:`.openai_requests`, :mod:`.ollama_requests`,
+:mod:`accelmux.jobs.submit_request`): one source, so the document cannot drift from what
+the gateway accepts (OpenAPI 3.1's schemas are JSON Schema 2020-12, what pydantic
+writes). Paths and responses are declared here, the error shape after :mod:`.errors`.
+The tests check that every route is documented, that every request schema is its
+model's, and that the running gateway accepts every example.
 """
 
 from __future__ import annotations
 
+import copy
+import functools
 from typing import Any
 
+from pydantic.json_schema import models_json_schema
+
 from accelmux import __version__
+from accelmux.gateway.ollama_requests import (
+    OllamaChatRequest,
+    OllamaEmbeddingsRequest,
+    OllamaEmbedRequest,
+    OllamaGenerateRequest,
+    OllamaShowRequest,
+)
+from accelmux.gateway.openai_requests import (
+    ChatRequest,
+    CompletionRequest,
+    DetectionForm,
+    DetectionRequest,
+    EmbeddingsRequest,
+    ImageRequest,
+    SpeechRequest,
+    TranscriptionForm,
+)
+from accelmux.jobs.submit_request import JobSubmitRequest
+from accelmux.request_validation import RequestModel
+
+#: Where a request model's schema sits in the document.
+REF_TEMPLATE = "#/components/schemas/{model}"
+#: The JSON request body of each path, by the model that validates it.
+JSON_BODIES: dict[str, type[RequestModel]] = {
+    "/v1/chat/completions": ChatRequest,
+    "/v1/completions": CompletionRequest,
+    "/v1/embeddings": EmbeddingsRequest,
+    "/v1/audio/speech": SpeechRequest,
+    "/v1/images/generations": ImageRequest,
+    "/v1/detections": DetectionRequest,
+    "/v1/jobs": JobSubmitRequest,
+    "/api/chat": OllamaChatRequest,
+    "/api/generate": OllamaGenerateRequest,
+    "/api/embed": OllamaEmbedRequest,
+    "/api/embeddings": OllamaEmbeddingsRequest,
+    "/api/show": OllamaShowRequest,
+}
+#: The multipart request body of each path (a ``bytes`` field is a file).
+FORM_BODIES: dict[str, type[RequestModel]] = {
+    "/v1/audio/transcriptions": TranscriptionForm,
+    "/v1/detections": DetectionForm,
+}
+REQUEST_MODELS = (*JSON_BODIES.values(), *FORM_BODIES.values())
+
+
+@functools.cache
+def _request_schemas() -> dict[str, Any]:
+    """Every request model's schema and those of the models inside them, by name."""
+    _, top = models_json_schema(
+        [(model, "validation") for model in REQUEST_MODELS], ref_template=REF_TEMPLATE
+    )
+    schemas: dict[str, Any] = top["$defs"]
+    return schemas
+
+
+def request_schemas() -> dict[str, Any]:
+    return copy.deepcopy(_request_schemas())
+
+
+def _media(model: type[RequestModel]) -> dict[str, Any]:
+    media: dict[str, Any] = {"schema": {"$ref": REF_TEMPLATE.format(model=model.__name__)}}
+    examples = _request_schemas()[model.__name__].get("examples")
+    if examples:
+        media["example"] = copy.deepcopy(examples[0])
+    return media
+
+
+def request_body(path: str) -> dict[str, Any]:
+    """The ``requestBody`` of ``path``: its JSON and multipart forms."""
+    content: dict[str, Any] = {}
+    if path in JSON_BODIES:
+        content["application/json"] = _media(JSON_BODIES[path])
+    if path in FORM_BODIES:
+        content["multipart/form-data"] = _media(FORM_BODIES[path])
+    return {"required": True, "content": content}
+
 
 _REF_ERR = {"$ref": "#/components/schemas/Error"}
 
@@ -37,24 +122,21 @@ ERRORS = {
 
 
 def _json_op(
-    summary: str, schema: str, response: dict[str, Any], *, stream: bool = False
+    summary: str, path: str, response: dict[str, Any], *, stream: bool = False
 ) -> dict[str, Any]:
     ok: dict[str, Any] = {"description": "OK", "content": {"application/json": response}}
     if stream:
         ok["content"]["text/event-stream"] = {"schema": {"type": "string"}}
     return {
         "summary": summary,
-        "requestBody": {
-            "required": True,
-            "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{schema}"}}},
-        },
+        "requestBody": request_body(path),
         "responses": {"200": ok, **ERRORS},
     }
 
 
 _OBJ = {"schema": {"type": "object"}}
-_MODEL = {"type": "string", "minLength": 1, "description": "A service's model name or alias."}
 
+#: The response schemas (the request schemas come from the request models).
 SCHEMAS: dict[str, Any] = {
     "Error": {
         "type": "object",
@@ -66,115 +148,10 @@ SCHEMAS: dict[str, Any] = {
                 "properties": {
                     "message": {"type": "string"},
                     "type": {"type": "string"},
-                    "param": {"type": "string", "nullable": True},
-                    "code": {"type": "string", "nullable": True},
+                    "param": {"type": ["string", "null"]},
+                    "code": {"type": ["string", "null"]},
                 },
             }
-        },
-    },
-    "ChatRequest": {
-        "type": "object",
-        "required": ["model", "messages"],
-        "properties": {
-            "model": _MODEL,
-            "messages": {
-                "type": "array",
-                "minItems": 1,
-                "items": {
-                    "type": "object",
-                    "required": ["role"],
-                    "properties": {
-                        "role": {"type": "string", "minLength": 1},
-                        "content": {"type": "string", "nullable": True},
-                    },
-                },
-            },
-            "max_tokens": {"type": "integer", "minimum": 1},
-            "max_completion_tokens": {"type": "integer", "minimum": 1},
-            "n": {"type": "integer", "minimum": 1, "maximum": 16},
-            "stream": {"type": "boolean"},
-            "stream_options": {
-                "type": "object",
-                "properties": {"include_usage": {"type": "boolean"}},
-            },
-            "stop": {
-                "oneOf": [
-                    {"type": "string"},
-                    {"type": "array", "maxItems": 4, "items": {"type": "string"}},
-                ]
-            },
-            "tools": {"type": "array", "items": {"type": "object"}},
-            "tool_choice": {
-                "oneOf": [
-                    {"type": "string", "enum": ["none", "auto", "required"]},
-                    {"type": "object"},
-                ]
-            },
-            "response_format": {
-                "type": "object",
-                "properties": {
-                    "type": {"type": "string", "enum": ["text", "json_object", "json_schema"]},
-                    "json_schema": {"type": "object"},
-                },
-            },
-        },
-    },
-    "CompletionRequest": {
-        "type": "object",
-        "required": ["model", "prompt"],
-        "properties": {
-            "model": _MODEL,
-            "prompt": {
-                "oneOf": [
-                    {"type": "string"},
-                    {"type": "array", "minItems": 1, "items": {"type": "string"}},
-                ]
-            },
-            "max_tokens": {"type": "integer", "minimum": 1},
-            "n": {"type": "integer", "minimum": 1, "maximum": 16},
-            "stream": {"type": "boolean"},
-        },
-    },
-    "EmbeddingsRequest": {
-        "type": "object",
-        "required": ["model", "input"],
-        "properties": {
-            "model": _MODEL,
-            "input": {
-                "oneOf": [
-                    {"type": "string"},
-                    {"type": "array", "minItems": 1, "maxItems": 2048, "items": {"type": "string"}},
-                ]
-            },
-        },
-    },
-    "SpeechRequest": {
-        "type": "object",
-        "required": ["model", "input"],
-        "properties": {
-            "model": _MODEL,
-            "input": {"type": "string", "minLength": 1, "maxLength": 4096},
-            "voice": {"type": "string"},
-            "response_format": {"type": "string"},
-        },
-    },
-    "ImageRequest": {
-        "type": "object",
-        "required": ["model", "prompt"],
-        "properties": {
-            "model": _MODEL,
-            "prompt": {"type": "string", "minLength": 1},
-            "n": {"type": "integer", "minimum": 1, "maximum": 10},
-            "size": {"type": "string", "pattern": "^[0-9]+x[0-9]+$"},
-            "response_format": {"type": "string", "enum": ["b64_json", "url"]},
-        },
-    },
-    "DetectionRequest": {
-        "type": "object",
-        "required": ["model", "image"],
-        "properties": {
-            "model": _MODEL,
-            "image": {"type": "string", "description": "Base64 image (PNG/JPEG), or a data URL."},
         },
     },
     "DetectionResponse": {
@@ -205,108 +182,22 @@ SCHEMAS: dict[str, Any] = {
     },
 }
 
-_MULTIPART_ASR = {
-    "type": "object",
-    "required": ["model", "file"],
-    "properties": {
-        "model": _MODEL,
-        "file": {"type": "string", "format": "binary"},
-        "response_format": {"type": "string"},
-        "language": {"type": "string"},
-    },
-}
-
 _OLLAMA_ERR = {
     "type": "object",
     "required": ["error"],
     "properties": {"error": {"type": "string"}},
 }
-_KEEP_ALIVE = {
-    "oneOf": [{"type": "number"}, {"type": "string"}],
-    "description": "Idle time the service stays loaded: seconds or a duration ('5m', '1h'); "
-    "0 unloads when idle, negative keeps it until memory is needed.",
-}
-_OLLAMA_OPTIONS = {
-    "type": "object",
-    "description": "temperature, top_p, seed, stop, num_predict and the three penalties are used; "
-    "others are ignored.",
-}
-OLLAMA_SCHEMAS: dict[str, Any] = {
-    "OllamaChatRequest": {
-        "type": "object",
-        "required": ["model"],
-        "properties": {
-            "model": _MODEL,
-            "messages": {
-                "type": "array",
-                "items": {
-                    "type": "object",
-                    "required": ["role"],
-                    "properties": {
-                        "role": {"type": "string", "minLength": 1},
-                        "content": {"type": "string"},
-                        "tool_calls": {"type": "array", "items": {"type": "object"}},
-                        "tool_name": {"type": "string"},
-                    },
-                },
-            },
-            "tools": {"type": "array", "items": {"type": "object"}},
-            "format": {"oneOf": [{"type": "string", "enum": ["json"]}, {"type": "object"}]},
-            "options": _OLLAMA_OPTIONS,
-            "stream": {"type": "boolean", "default": True},
-            "keep_alive": _KEEP_ALIVE,
-        },
-    },
-    "OllamaGenerateRequest": {
-        "type": "object",
-        "required": ["model"],
-        "properties": {
-            "model": _MODEL,
-            "prompt": {"type": "string", "description": "Empty: only load (or unload)."},
-            "system": {"type": "string"},
-            "raw": {"type": "boolean"},
-            "format": {"oneOf": [{"type": "string", "enum": ["json"]}, {"type": "object"}]},
-            "options": _OLLAMA_OPTIONS,
-            "stream": {"type": "boolean", "default": True},
-            "keep_alive": _KEEP_ALIVE,
-        },
-    },
-    "OllamaEmbedRequest": {
-        "type": "object",
-        "required": ["model", "input"],
-        "properties": {
-            "model": _MODEL,
-            "input": {
-                "oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]
-            },
-            "keep_alive": _KEEP_ALIVE,
-        },
-    },
-    "OllamaEmbeddingsRequest": {
-        "type": "object",
-        "required": ["model", "prompt"],
-        "properties": {"model": _MODEL, "prompt": {"type": "string"}, "keep_alive": _KEEP_ALIVE},
-    },
-    "OllamaShowRequest": {
-        "type": "object",
-        "required": ["model"],
-        "properties": {"model": _MODEL},
-    },
-    "OllamaError": _OLLAMA_ERR,
-}
+OLLAMA_SCHEMAS: dict[str, Any] = {"OllamaError": _OLLAMA_ERR}
 
 
-def _ollama_op(summary: str, schema: str, *, stream: bool = False) -> dict[str, Any]:
+def _ollama_op(summary: str, path: str, *, stream: bool = False) -> dict[str, Any]:
     ok: dict[str, Any] = {"description": "OK", "content": {"application/json": _OBJ}}
     if stream:
         ok["content"]["application/x-ndjson"] = {"schema": {"type": "string"}}
     err = {"application/json": {"schema": {"$ref": "#/components/schemas/OllamaError"}}}
     return {
         "summary": summary,
-        "requestBody": {
-            "required": True,
-            "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{schema}"}}},
-        },
+        "requestBody": request_body(path),
         "responses": {
             "200": ok,
             "400": {"description": "A field is invalid.", "content": err},
@@ -338,22 +229,22 @@ def ollama_paths() -> dict[str, Any]:
         "/api/chat": {
             "post": _ollama_op(
                 "Ollama chat (NDJSON unless stream=false); no messages: load or unload.",
-                "OllamaChatRequest",
+                "/api/chat",
                 stream=True,
             )
         },
         "/api/generate": {
             "post": _ollama_op(
                 "Ollama generate (NDJSON unless stream=false); empty prompt: load or unload.",
-                "OllamaGenerateRequest",
+                "/api/generate",
                 stream=True,
             )
         },
-        "/api/embed": {"post": _ollama_op("Ollama embeddings (a batch).", "OllamaEmbedRequest")},
+        "/api/embed": {"post": _ollama_op("Ollama embeddings (a batch).", "/api/embed")},
         "/api/embeddings": {
-            "post": _ollama_op("Ollama embedding (one, legacy).", "OllamaEmbeddingsRequest")
+            "post": _ollama_op("Ollama embedding (one, legacy).", "/api/embeddings")
         },
-        "/api/show": {"post": _ollama_op("Model details and capabilities.", "OllamaShowRequest")},
+        "/api/show": {"post": _ollama_op("Model details and capabilities.", "/api/show")},
         "/api/tags": _ollama_get("The LLM and embedding models (every name and alias)."),
         "/api/ps": _ollama_get(
             "Loaded models: resident size, size on a GPU, when the idle TTL unloads them."
@@ -394,18 +285,18 @@ def document() -> dict[str, Any]:
         **ollama_paths(),
         "/v1/chat/completions": {
             "post": _json_op(
-                "Chat completion (SSE with stream=true).", "ChatRequest", _OBJ, stream=True
+                "Chat completion (SSE with stream=true).", "/v1/chat/completions", _OBJ, stream=True
             )
         },
         "/v1/completions": {
             "post": _json_op(
-                "Text completion (SSE with stream=true).", "CompletionRequest", _OBJ, stream=True
+                "Text completion (SSE with stream=true).", "/v1/completions", _OBJ, stream=True
             )
         },
-        "/v1/embeddings": {"post": _json_op("Embeddings.", "EmbeddingsRequest", _OBJ)},
+        "/v1/embeddings": {"post": _json_op("Embeddings.", "/v1/embeddings", _OBJ)},
         "/v1/audio/speech": {
             "post": {
-                **_json_op("Text to speech.", "SpeechRequest", _OBJ),
+                **_json_op("Text to speech.", "/v1/audio/speech", _OBJ),
                 "responses": {
                     "200": {
                         "description": "Audio",
@@ -417,14 +308,13 @@ def document() -> dict[str, Any]:
                 },
             }
         },
-        "/v1/images/generations": {"post": _json_op("Image generation.", "ImageRequest", _OBJ)},
+        "/v1/images/generations": {
+            "post": _json_op("Image generation.", "/v1/images/generations", _OBJ)
+        },
         "/v1/audio/transcriptions": {
             "post": {
                 "summary": "Speech to text (multipart upload).",
-                "requestBody": {
-                    "required": True,
-                    "content": {"multipart/form-data": {"schema": _MULTIPART_ASR}},
-                },
+                "requestBody": request_body("/v1/audio/transcriptions"),
                 "responses": {
                     "200": {"description": "OK", "content": {"application/json": _OBJ}},
                     **ERRORS,
@@ -435,24 +325,7 @@ def document() -> dict[str, Any]:
             "post": {
                 "summary": "Object detection: an image in, boxes with labels and scores out. "
                 "JSON with a base64 'image', or multipart with an 'image' file.",
-                "requestBody": {
-                    "required": True,
-                    "content": {
-                        "application/json": {
-                            "schema": {"$ref": "#/components/schemas/DetectionRequest"}
-                        },
-                        "multipart/form-data": {
-                            "schema": {
-                                "type": "object",
-                                "required": ["model", "image"],
-                                "properties": {
-                                    "model": _MODEL,
-                                    "image": {"type": "string", "format": "binary"},
-                                },
-                            }
-                        },
-                    },
-                },
+                "requestBody": request_body("/v1/detections"),
                 "responses": {
                     "200": {
                         "description": "Boxes",
@@ -556,29 +429,7 @@ def document() -> dict[str, Any]:
                 "summary": "Create a durable batch job (embeddings): {model, inputs[], "
                 "metadata?}, or a JSON-lines body with ?model=. Inputs run through the "
                 "Manager as batch work, inside the model's maintenance windows.",
-                "requestBody": {
-                    "required": True,
-                    "content": {
-                        "application/json": {
-                            "schema": {
-                                "type": "object",
-                                "required": ["model", "inputs"],
-                                "properties": {
-                                    "model": _MODEL,
-                                    "inputs": {
-                                        "type": "array",
-                                        "minItems": 1,
-                                        "items": {"type": "string"},
-                                    },
-                                    "metadata": {
-                                        "type": "object",
-                                        "additionalProperties": {"type": "string"},
-                                    },
-                                },
-                            }
-                        }
-                    },
-                },
+                "requestBody": request_body("/v1/jobs"),
                 "responses": {
                     "200": {"description": "The job", "content": {"application/json": _OBJ}},
                     "400": ERRORS["400"],
@@ -675,7 +526,7 @@ def document() -> dict[str, Any]:
         },
     }
     return {
-        "openapi": "3.0.3",
+        "openapi": "3.1.0",
         "info": {
             "title": "accelmux",
             "version": __version__,
@@ -684,7 +535,7 @@ def document() -> dict[str, Any]:
         },
         "paths": paths,
         "components": {
-            "schemas": {**SCHEMAS, **OLLAMA_SCHEMAS},
+            "schemas": {**request_schemas(), **SCHEMAS, **OLLAMA_SCHEMAS},
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
         },
     }
