@@ -16,6 +16,23 @@ an Enqueue action with a reason). Only broken invariants raise.
 
 from __future__ import annotations
 
+import re
+
+#: What runtimes say when an allocation fails: CUDA and its libraries, llama.cpp/ggml,
+#: PyTorch, ONNX Runtime, the C++ and Python runtimes, and a child the kernel's OOM
+#: killer ended (SIGKILL, code -9) while it started inside its memory limit.
+_OUT_OF_MEMORY = re.compile(
+    r"out of memory|\bOOM\b|cudaMalloc|CUDA_ERROR_OUT_OF_MEMORY|failed to allocate"
+    r"|unable to allocate|cannot allocate memory|std::bad_alloc|MemoryError|ENOMEM"
+    r"|exited with code -9 while starting",
+    re.IGNORECASE,
+)
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Whether a backend's failure says it ran out of memory."""
+    return isinstance(exc, MemoryError) or bool(_OUT_OF_MEMORY.search(str(exc)))
+
 
 class AccelmuxError(Exception):
     """Root of every error accelmux raises on purpose."""

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from tests.sim.support import scenario, tiny
 
-from accelmux.core.events import BackendCrashed, LoadFinished, MemorySampled
+from accelmux.core.events import BackendCrashed, LoadFinished, MemorySampled, ResizeFinished
 from accelmux.core.types import MIB
 from accelmux.sim.executor import Simulation
 from accelmux.sim.metrics import summarize
@@ -71,3 +71,38 @@ def test_accelmux_reserves_and_does_not_oom_on_the_same_load(tmp_path: Path) -> 
     report = summarize(Simulation(scenario(tmp_path, data), "accelmux", 2, duration_s=600).run())
     assert report["oom_events"] == 0
     assert report["services"]["img"]["requests"] > 100
+
+
+def test_resizes_are_answered_after_resize_s(tmp_path: Path) -> None:
+    data = tiny()
+    data["simulation"]["resize_s"] = 0.25
+    sim = Simulation(
+        scenario(tmp_path, data),
+        "accelmux",
+        1,
+        duration_s=300,
+        record_events=True,
+        record_decisions=True,
+    )
+    sim.run()
+    asked = [(t, d) for t, d in ((d["t"], d) for d in sim.decisions) if d["action"] == "resize"]
+    answered = [(t, e) for t, e in sim.events if isinstance(e, ResizeFinished)]
+    assert asked, "the chat pool never resized"
+    assert len(answered) >= len(asked) - 1  # the last may still be under way
+    for (t_ask, d), (t_done, e) in zip(asked, answered, strict=False):
+        assert e.kv_pool_bytes == d["kv_pool_bytes"]
+        assert t_done == pytest.approx(t_ask + 0.25)
+
+
+def test_a_pool_fixed_until_the_next_load_is_never_resized(tmp_path: Path) -> None:
+    data = tiny()
+    # An external server whose context is templated: it declares resize at next load.
+    data["services"]["chat"]["backend"] = {
+        "type": "external",
+        "argv": ["llama-server", "--port", "{port}", "--ctx-size", "{ctx_size}"],
+    }
+    sim = Simulation(scenario(tmp_path, data), "accelmux", 1, duration_s=300, record_decisions=True)
+    sim.run()
+    assert [d for d in sim.decisions if d["action"] == "load" and d["service"] == "chat"]
+    assert not [d for d in sim.decisions if d["action"] == "resize"]
+    assert sim.ooms == []

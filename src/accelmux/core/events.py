@@ -89,8 +89,12 @@ class LoadFinished:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LoadFailed:
+    """A Load did not complete. ``out_of_memory``: it ran out of device memory (the
+    service is larger than the ledger thought, or the device fuller)."""
+
     service: str
     error: str
+    out_of_memory: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

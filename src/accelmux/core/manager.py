@@ -177,6 +177,10 @@ class Manager:
                 svc = w.services[event.service]
                 if svc.status is not ServiceStatus.LOADING:
                     return
+                if event.out_of_memory and w.knobs.enabled("failure_calibration"):
+                    p = svc.spec.profile
+                    granted = sum(le.nbytes for le in svc.resident_leases)
+                    svc.calibration.observe_load_failure(p.weights + p.runtime, granted)
                 w.release_service(svc)
                 w.set_status(svc, ServiceStatus.CRASHED)
                 self._backoff(svc)

@@ -71,6 +71,11 @@ class RatioCalibrator:
     def project(self, estimated: int) -> int:
         return math.ceil(estimated * self.factor)
 
+    def observe_ratio(self, ratio: float) -> None:
+        """Record an observed/estimated ratio directly (a failure's lower bound)."""
+        if ratio > 0:
+            self._ratios.append(ratio)
+
     @property
     def worst(self) -> float:
         """The worst observed/estimated ratio kept, without margin (1.0 before any)."""
@@ -118,6 +123,20 @@ class ServiceCalibration:
             return
         if measured_active > estimated_active * self.active.worst:
             self.active.observe(estimated_active, measured_active)
+
+    def observe_load_failure(self, estimated_resident: int, committed_resident: int) -> None:
+        """A load ran out of memory after ``committed_resident`` bytes were granted.
+
+        Like a request's crash: the next load is projected at least twice what was
+        granted. Requests of a service never measured yet are projected twice as large
+        too (a model larger than estimated has larger activations), so a service whose
+        load and requests are both misestimated costs one OOM, not one for each.
+        """
+        if not self.learn or estimated_resident <= 0:
+            return
+        self.resident.observe_ratio(2 * committed_resident / estimated_resident / RATIO_MARGIN)
+        if self.active.observations == 0:
+            self.active.observe_ratio(2 * self.active.safety_factor / RATIO_MARGIN)
 
     def observe_load(self, estimated_resident: int, measured_resident: int) -> None:
         if not self.learn:

@@ -53,7 +53,7 @@ from accelmux.core.events import (
 )
 from accelmux.core.manager import Decision, Manager
 from accelmux.core.types import Reason
-from accelmux.errors import BackendError, BackendTimeoutError, ConfigError
+from accelmux.errors import BackendError, BackendTimeoutError, ConfigError, is_out_of_memory
 from accelmux.gateway.metrics import Metrics
 from accelmux.monitors.base import DeviceSample, DeviceSampler, ServiceProcesses
 from accelmux.redact import redact
@@ -459,7 +459,9 @@ class Runtime:
             self.metrics.load_seconds.labels(action.service, "failed").observe(
                 time.monotonic() - started
             )
-            self.driver.submit(LoadFailed(service=action.service, error=shown))
+            self.driver.submit(
+                LoadFailed(service=action.service, error=shown, out_of_memory=is_out_of_memory(exc))
+            )
             return
         took = time.monotonic() - started
         self.metrics.load_seconds.labels(action.service, "ok").observe(took)

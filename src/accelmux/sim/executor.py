@@ -531,7 +531,9 @@ class Simulation:
                     capacity=self.devices[dev_name].capacity,
                 )
             )
-            event = LoadFailed(service=a.service, error="out of memory while loading")
+            event = LoadFailed(
+                service=a.service, error="out of memory while loading", out_of_memory=True
+            )
             self.heap.at(now, lambda: self._handle(event))
             return
         took = weights / self.bandwidth[dev_name] + self.services[a.service].init_s

@@ -85,8 +85,8 @@ HEURISTICS: dict[str, str] = {
     "scaled by the worst measured ratio, without margin (off: reject as too large)",
     "calibration": "scale estimates by the worst recent observed/estimated ratio "
     "(off: the safety factor alone)",
-    "failure_calibration": "a crash with requests in flight, or running requests measured "
-    "above their leases, raises the service's calibration at once",
+    "failure_calibration": "a crash with requests in flight, a load out of memory, or "
+    "running requests measured above their leases, raises the service's calibration at once",
     "pressure_charging": "memory measured above what was accounted is charged to the "
     "service using it: it runs one request at a time and gives its own work back first",
     "fair_progress": "work a waiting higher class could preempt still loads and runs in "
@@ -286,7 +286,7 @@ class AccelmuxPolicy:
             if (
                 world.knobs.prewarm
                 and world.knobs.enabled("restore")
-                and self._restore_pending(world, svc.spec.device)
+                and self._restore_pending(world, svc)
             ):
                 ttl = min(ttl, RESTORE_GRACE_S)
             return ttl
@@ -306,23 +306,27 @@ class AccelmuxPolicy:
             for r in world.waiting.values()
         ):
             return True
-        spare = world.knobs.spare_fraction * world.devices[dev].usable_bytes
-        return world.ledger.available(dev) < self._realtime_reserve(world, dev) + spare
+        return world.ledger.available(dev) < self._realtime_reserve(world, dev)
 
     @staticmethod
     def _likely_reused(world: World, svc: ServiceState) -> bool:
         horizon = world.knobs.reuse_horizon_s
         return 1.0 - math.exp(-reuse_rate(svc, world.now, horizon) * horizon) >= 0.5
 
-    def _restore_pending(self, world: World, device: str) -> bool:
-        """A warm service was evicted for memory and is likely to be used again."""
+    def _restore_pending(self, world: World, holder: ServiceState) -> bool:
+        """A warm service evicted for memory on ``holder``'s device is likely to be used
+        again, and sooner than ``holder`` (an on-demand service used more often than
+        what it displaced keeps its place)."""
+        horizon = world.knobs.reuse_horizon_s
+        own = reuse_rate(holder, world.now, horizon)
         return any(
             s.status is ServiceStatus.UNLOADED
             and s.spec.residency is Residency.WARM
             and s.last_evicted_at is not None
             and self._likely_reused(world, s)
+            and reuse_rate(s, world.now, horizon) > own
             for s in world.evicted_out
-            if s.spec.device == device
+            if s.spec.device == holder.spec.device
         )
 
     @staticmethod
@@ -522,8 +526,12 @@ class AccelmuxPolicy:
             )
             holder = world.services[req.service]
             target = max(holder.spec.profile.kv_floor, holder.kv_in_use)
-            if shrinking and holder.kv_pool > target and world.resize(
-                holder, target, reason=Reason.BALLOON_SHRINK, detail="after preemption"
+            if (
+                shrinking
+                and holder.kv_pool > target
+                and world.resize(
+                    holder, target, reason=Reason.BALLOON_SHRINK, detail="after preemption"
+                )
             ):
                 pending += holder.kv_shrinking
             if holder.name in self._caching and knobs.enabled("cache_accounting"):
