@@ -16,11 +16,11 @@ from accelmux.errors import AccelmuxError, ConfigError
 
 #: Modules that register subcommands, in the order ``--help`` lists them.
 COMMAND_MODULES = (
-    "accelmux.runtime.command",
+    "accelmux.server.command",
     "accelmux.runtime.status_cli",
     "accelmux.runtime.top",
     "accelmux.sim.command",
-    "accelmux.config.command",
+    "accelmux.check",
     "accelmux.jobs.command",
 )
 

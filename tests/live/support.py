@@ -157,7 +157,7 @@ async def live(
     app = build_app(runtime, host=host)
     jobs = None
     if extras:  # the batch-jobs API and the dashboard, as `accelmux serve` mounts them
-        from accelmux.runtime.wiring import mount_dashboard, mount_jobs
+        from accelmux.server.wiring import mount_dashboard, mount_jobs
 
         jobs = mount_jobs(app, runtime, tmp)
         mount_dashboard(app, runtime)

@@ -463,7 +463,7 @@ def _emitted_codes() -> set[str]:
         *sorted((SRC / "gateway").glob("*.py")),
         SRC / "jobs" / "http.py",
         SRC / "cameras" / "http.py",
-        SRC / "host" / "backend.py",
+        SRC / "backends" / "worker.py",
     ]
     for path in files:
         tree = ast.parse(path.read_text())

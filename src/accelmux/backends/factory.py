@@ -8,6 +8,7 @@ from accelmux.backends.base import Backend
 from accelmux.backends.external import ExternalBackend
 from accelmux.backends.fake import FakeBackend
 from accelmux.backends.limits import CgroupSupport, detect_cgroup
+from accelmux.backends.worker import HostPool
 from accelmux.config.backends import (
     ExternalBackendConfig,
     FakeBackendConfig,
@@ -17,7 +18,6 @@ from accelmux.config.machine import missing_backends
 from accelmux.config.schema import AccelmuxConfig
 from accelmux.core.specs import MemoryProfile
 from accelmux.errors import ConfigError
-from accelmux.host.backend import HostPool
 
 
 def build_backends(

@@ -12,6 +12,7 @@ from typing import Any
 
 from accelmux.backends.base import BackendRequest, BackendResponse
 from accelmux.cameras.store import EventStore
+from accelmux.config.backends import InProcessBackendConfig
 from accelmux.core.actions import Dispatch
 from accelmux.core.events import Demand
 from accelmux.core.types import Reason, ServiceKind
@@ -65,8 +66,6 @@ class CameraState:
 
 def camera_services(runtime: Runtime) -> dict[str, CameraState]:
     """Camera services whose backend can read frames (hosted ones)."""
-    from accelmux.config.backends import InProcessBackendConfig
-
     out: dict[str, CameraState] = {}
     for name, svc in runtime.cfg.services.items():
         if svc.kind is not ServiceKind.CAMERA or not isinstance(

@@ -13,8 +13,9 @@ from accelmux.config.backends import (
     InProcessBackendConfig,
     argv_placeholder_problem,
 )
+from accelmux.config.baselines import group_problems
 from accelmux.config.schema import AccelmuxConfig
-from accelmux.config.wyoming import wyoming_problems
+from accelmux.core.policies import policy_names
 from accelmux.errors import ConfigError
 
 MAX_CONFIG_BYTES = 1024 * 1024
@@ -118,9 +119,6 @@ def _resolve(path: str, base_dir: Path | None) -> Path:
 
 def semantic_problems(cfg: AccelmuxConfig, base_dir: Path | None = None) -> list[str]:
     """Cross-field checks pydantic cannot express field by field."""
-    from accelmux.config.baselines import group_problems
-    from accelmux.core.policies import policy_names
-
     problems: list[str] = []
     for name, dev in cfg.devices.items():
         key = f"devices.{name}"
@@ -219,4 +217,30 @@ def semantic_problems(cfg: AccelmuxConfig, base_dir: Path | None = None) -> list
             f"policy.name: unknown policy (got {cfg.policy.name!r}; known: "
             f"{', '.join(sorted(policy_names()))})"
         )
+    return problems
+
+
+def wyoming_problems(cfg: AccelmuxConfig) -> list[str]:
+    """Cross-field checks of ``server.wyoming``: its services exist and have the right kind,
+    at least one is there, and its port is not the gateway's."""
+    wy = cfg.server.wyoming
+    if wy is None:
+        return []
+    problems: list[str] = []
+    for key in ("asr", "tts"):
+        name = getattr(wy, key)
+        if name is None:
+            continue
+        svc = cfg.services.get(name)
+        if svc is None:
+            problems.append(f"server.wyoming.{key}: unknown service (got {name!r})")
+        elif svc.kind.value != key:
+            problems.append(
+                f"server.wyoming.{key}: service {name!r} is a {svc.kind.value} service, "
+                f"not {key} (got {name!r})"
+            )
+    if not any(s.kind.value in ("asr", "tts") for s in cfg.services.values()):
+        problems.append("server.wyoming: no asr or tts service to serve (got none)")
+    if wy.port == cfg.server.port:
+        problems.append(f"server.wyoming.port: already used by server.port (got {wy.port})")
     return problems

@@ -14,6 +14,7 @@ from accelmux.core.specs import (
     ServiceSpec,
 )
 from accelmux.errors import ConfigError
+from accelmux.models.gguf_profile import gguf_profile, llama_memory_estimate
 
 
 def to_manager_spec(
@@ -124,8 +125,6 @@ GGUF_KV_CEILING_TOKENS = 4096
 def gguf_memory_profile(mem: MemoryConfig) -> MemoryProfile:
     """``memory.gguf``: weights and KV bytes per token from the GGUF header; runtime from
     llama.cpp's estimate; KV floor/ceiling 512/4096 tokens. Sizes set in the config win."""
-    from accelmux.models.gguf_profile import gguf_profile, llama_memory_estimate
-
     assert mem.gguf is not None
     gguf = gguf_profile(mem.gguf)
     est = llama_memory_estimate(gguf, GGUF_KV_FLOOR_TOKENS)

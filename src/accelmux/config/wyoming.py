@@ -7,12 +7,7 @@ Off unless configured; loopback by default.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from pydantic import BaseModel, ConfigDict, Field
-
-if TYPE_CHECKING:
-    from accelmux.config.schema import AccelmuxConfig
 
 #: The conventional port of a Wyoming speech-to-text server (wyoming-faster-whisper).
 WYOMING_STT_PORT = 10300
@@ -51,29 +46,3 @@ class WyomingConfig(BaseModel):
         "(needs a non-loopback host).",
     )
     name: str = Field("accelmux", description="Program name in info and the zeroconf name.")
-
-
-def wyoming_problems(cfg: AccelmuxConfig) -> list[str]:
-    """Cross-field checks of ``server.wyoming``: its services exist and have the right kind,
-    at least one is there, and its port is not the gateway's."""
-    wy = cfg.server.wyoming
-    if wy is None:
-        return []
-    problems: list[str] = []
-    for key in ("asr", "tts"):
-        name = getattr(wy, key)
-        if name is None:
-            continue
-        svc = cfg.services.get(name)
-        if svc is None:
-            problems.append(f"server.wyoming.{key}: unknown service (got {name!r})")
-        elif svc.kind.value != key:
-            problems.append(
-                f"server.wyoming.{key}: service {name!r} is a {svc.kind.value} service, "
-                f"not {key} (got {name!r})"
-            )
-    if not any(s.kind.value in ("asr", "tts") for s in cfg.services.values()):
-        problems.append("server.wyoming: no asr or tts service to serve (got none)")
-    if wy.port == cfg.server.port:
-        problems.append(f"server.wyoming.port: already used by server.port (got {wy.port})")
-    return problems

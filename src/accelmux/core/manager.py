@@ -361,7 +361,7 @@ class Manager:
 
     # ---- reading ----------------------------------------------------------------
     def snapshot(self) -> Snapshot:
-        return build_snapshot(self)
+        return build_snapshot(self.world, self.log, self.counts)
 
     def explain(self, request_id: str) -> list[str] | None:
         w = self.world

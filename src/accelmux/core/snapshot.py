@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from accelmux.core.state import World
 from accelmux.core.types import SERVICE_CATEGORIES, ServiceClass
-
-if TYPE_CHECKING:
-    from accelmux.core.manager import Manager
 
 RECENT_DECISIONS = 50
 
@@ -33,8 +32,17 @@ class Snapshot:
         }
 
 
-def build_snapshot(manager: Manager) -> Snapshot:
-    w = manager.world
+class LogLine(Protocol):
+    """A line of the decision log, as the snapshot shows it."""
+
+    def as_dict(self) -> dict[str, object]: ...
+
+
+def build_snapshot(
+    w: World, log: Iterable[LogLine], counts: Mapping[tuple[str, str], int]
+) -> Snapshot:
+    """The picture of ``w``, with the last decisions of ``log`` and the decision ``counts``
+    (by action and reason)."""
     ledger = w.ledger
     devices = []
     for name, dev in w.devices.items():
@@ -95,13 +103,12 @@ def build_snapshot(manager: Manager) -> Snapshot:
     queues = {c.label: 0 for c in ServiceClass}
     for req in w.waiting.values():
         queues[req.cls.label] += 1
-    decisions = [d.as_dict() for d in list(manager.log)[-RECENT_DECISIONS:]]
-    counts = {f"{k}:{r}": n for (k, r), n in sorted(manager.counts.items())}
+    decisions = [d.as_dict() for d in list(log)[-RECENT_DECISIONS:]]
     return Snapshot(
         time=w.now,
         devices=devices,
         services=services,
         queues=queues,
         decisions=decisions,
-        counts=counts,
+        counts={f"{k}:{r}": n for (k, r), n in sorted(counts.items())},
     )

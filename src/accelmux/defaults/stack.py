@@ -34,7 +34,11 @@ import os
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from accelmux.core.types import GIB, MIB
+from accelmux.models.assets import gemma3_gguf_path, smollm2_gguf_path
+from accelmux.models.gguf_profile import gguf_profile, llama_memory_estimate
 
 #: Context sizes (tokens) of the LLMs' KV pools: floor (idle) and ceiling (ballooned).
 KV_FLOOR_TOKENS = 512
@@ -69,8 +73,6 @@ def default_data_dir() -> Path:
 
 
 def _llm_memory(path: Path, first_llm: bool) -> dict[str, Any]:
-    from accelmux.models.gguf_profile import gguf_profile, llama_memory_estimate
-
     profile = gguf_profile(path)
     estimate = llama_memory_estimate(profile, KV_FLOOR_TOKENS)
     runtime = estimate.runtime_bytes + estimate.output_bytes
@@ -94,11 +96,7 @@ def default_config_data(
     camera_fps: float = 1.0,
 ) -> dict[str, Any]:
     """The default stack as config data (validate with ``load_config_data``)."""
-    from accelmux.models.assets import gemma3_gguf_path, smollm2_gguf_path
-
     if total_ram is None:
-        import psutil
-
         total_ram = int(psutil.virtual_memory().total)
     budget, headroom = host_budget(total_ram)
     hosted: dict[str, Any] = {"type": "inprocess"}

@@ -10,7 +10,9 @@ starts and supervises; a model that crashes takes the worker down, never the man
   their memory accounting (weights, runtime, KV, active);
 * :mod:`~accelmux.host.worker`: the worker's main loop; it shares one loaded copy of a
   model file between the services that name it (refcounted);
-* :mod:`~accelmux.host.client`: the daemon's side of the connection (async, streams);
-* :mod:`~accelmux.host.backend`: the :class:`~accelmux.backends.base.Backend` each
-  hosted service gets; ``isolated: true`` gives a service a worker of its own.
+* :mod:`~accelmux.host.client`: the daemon's side of the connection (async, streams).
+
+The :class:`~accelmux.backends.base.Backend` each hosted service gets lives with the
+other backends (:mod:`accelmux.backends.worker`): the backends use this package, never
+the other way round.
 """

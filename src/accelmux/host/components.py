@@ -18,7 +18,10 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import importlib
 import json
+import resource
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -26,10 +29,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from accelmux import openai_shapes as shapes
 from accelmux.core.types import ServiceKind
 from accelmux.errors import BackendError, RequestError
+from accelmux.host.sample_clip import sample_clip
 from accelmux.models import structured
+from accelmux.models.asr import PocketsphinxRecognizer
+from accelmux.models.assets import gemma3_gguf_path, smollm2_gguf_path
+from accelmux.models.camera import FrameReader
+from accelmux.models.chat import LlamaTextModel
+from accelmux.models.detect import OpenCvDetector
+from accelmux.models.embed import MiniLmEmbedder
+from accelmux.models.gguf_profile import gguf_profile, pad_context
+from accelmux.models.tts import PiperSpeaker
 
 #: Modules each kind of component imports (their first import is the "runtime" cost).
 RUNTIME_MODULES: dict[str, tuple[str, ...]] = {
@@ -51,12 +65,8 @@ def rss_bytes() -> int:
     try:
         with open("/proc/self/statm", "rb") as fh:
             pages = int(fh.read().split()[1])
-        import resource
-
         return pages * resource.getpagesize()
     except (OSError, ValueError, IndexError):
-        import psutil
-
         return int(psutil.Process().memory_info().rss)
 
 
@@ -74,8 +84,6 @@ class Slot:
 def llm_path(kind: ServiceKind, options: dict[str, Any], model_path: str | None) -> Path:
     if model_path:
         return Path(model_path)
-    from accelmux.models.assets import gemma3_gguf_path, smollm2_gguf_path
-
     name = str(options.get("model", DEFAULT_LLM.get(kind, "smollm2")))
     if name == "smollm2":
         return smollm2_gguf_path()
@@ -125,9 +133,6 @@ class Component:
 
     # -- lifecycle ----------------------------------------------------------------------
     def load(self, slot: Slot) -> None:
-        import importlib
-        import sys
-
         before = rss_bytes()
         for module in RUNTIME_MODULES.get(self.ctype, ()):
             if module not in sys.modules:
@@ -227,17 +232,12 @@ class LlamaComponent(Component):
         self.kv_per_token = 0
 
     def _n_ctx(self, slots: list[Slot]) -> int:
-        from accelmux.models.gguf_profile import pad_context
-
         per = max(1, self.kv_per_token)
         wanted = max((s.kv_pool_bytes // per for s in slots), default=0)
         configured = int(self.options.get("n_ctx", 0))
         return pad_context(max(MIN_CTX, wanted or configured or 2048))
 
     def _load(self, slot: Slot) -> None:
-        from accelmux.models.chat import LlamaTextModel
-        from accelmux.models.gguf_profile import gguf_profile
-
         path = llm_path(slot.kind, self.options, self.model_path)
         profile = gguf_profile(path)
         self.kv_per_token = profile.kv_bytes_per_token
@@ -490,8 +490,6 @@ class MiniLmComponent(_ModelComponent):
     endpoint = "/v1/embeddings"
 
     def _make_model(self) -> Any:
-        from accelmux.models.embed import MiniLmEmbedder
-
         threads = self.options.get("n_threads")
         return MiniLmEmbedder(
             model_path=self.model_path, n_threads=int(threads) if threads else None
@@ -523,8 +521,6 @@ class PiperComponent(_ModelComponent):
     endpoint = "/v1/audio/speech"
 
     def _make_model(self) -> Any:
-        from accelmux.models.tts import PiperSpeaker
-
         return PiperSpeaker(model_path=self.model_path)
 
     def _serve(
@@ -546,8 +542,6 @@ class SphinxComponent(_ModelComponent):
     endpoint = "/v1/audio/transcriptions"
 
     def _make_model(self) -> Any:
-        from accelmux.models.asr import PocketsphinxRecognizer
-
         return PocketsphinxRecognizer()
 
     def _serve(
@@ -577,8 +571,6 @@ class OpenCvComponent(_ModelComponent):
         self.data_dir: Path = Path(".")
 
     def _make_model(self) -> Any:
-        from accelmux.models.detect import OpenCvDetector
-
         return OpenCvDetector(cascade_path=self.model_path)
 
     def release(self, slot: Slot) -> None:
@@ -623,14 +615,10 @@ class OpenCvComponent(_ModelComponent):
         return 200, "application/json", _json(obj), 0
 
     def _camera_frame(self, slot: Slot, body: dict[str, Any]) -> tuple[int, str, bytes, int]:
-        from accelmux.models.camera import FrameReader
-
         frames = slot.state.get("frames")
         if frames is None:
             source = str(body.get("source") or slot.options.get("source") or "sample")
             if source == "sample":
-                from accelmux.host.sample_clip import sample_clip
-
                 source = str(sample_clip(self.data_dir))
             fps = float(body.get("fps") or slot.options.get("fps") or 1.0)
             reader = FrameReader(source, fps=fps, pace=False, loop=True)

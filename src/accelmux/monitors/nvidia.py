@@ -7,6 +7,7 @@ memory of its process tree plus what its in-process backend reports.
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import Any
 
 from accelmux.core.events import MemorySampled
@@ -102,8 +103,6 @@ class NvidiaSampler:
         except Exception as exc:
             self.error = str(exc)
             return None
-        import os
-
         per_service: dict[str, int] = {}
         inprocess = 0
         for svc in services:

@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 from accelmux import __version__
 from accelmux.backends.base import Backend
+from accelmux.backends.factory import build_backends
 from accelmux.config.baselines import build_policy
 from accelmux.config.schema import AccelmuxConfig
 from accelmux.config.specs import to_manager_spec, with_capabilities
@@ -54,14 +55,17 @@ from accelmux.core.events import (
 from accelmux.core.manager import Decision, Manager
 from accelmux.core.types import Reason
 from accelmux.errors import BackendError, BackendTimeoutError, ConfigError, is_out_of_memory
-from accelmux.gateway.metrics import Metrics
 from accelmux.monitors.base import DeviceSample, DeviceSampler, ServiceProcesses
+from accelmux.monitors.host import DEFAULT_HOST_BUDGET_FRACTION, HostSampler, host_total
+from accelmux.monitors.nvidia import NvidiaSampler, gpu_total
+from accelmux.monitors.virtual import VirtualSampler
 from accelmux.redact import redact
 from accelmux.runtime.activity import ServiceActivity
 from accelmux.runtime.bus import DecisionBus
 from accelmux.runtime.clock import Clock, LoopClock, seconds_of_day_now
 from accelmux.runtime.driver import Driver
 from accelmux.runtime.explain import eviction_needed, ledger_picture, why_full
+from accelmux.runtime.metrics import Metrics
 from accelmux.runtime.requests import Refused, Ticket
 
 log = logging.getLogger("accelmux.runtime")
@@ -75,9 +79,6 @@ Attempt = Callable[[Dispatch], Awaitable[tuple[T, int | None]]]
 
 def detect_devices(cfg: AccelmuxConfig) -> tuple[dict[str, int], dict[str, int]]:
     """Capacities and default budgets of devices the config leaves to detection."""
-    from accelmux.monitors.host import DEFAULT_HOST_BUDGET_FRACTION, host_total
-    from accelmux.monitors.nvidia import gpu_total
-
     capacities: dict[str, int] = {}
     budgets: dict[str, int] = {}
     for name, dev in cfg.devices.items():
@@ -103,10 +104,6 @@ def detect_devices(cfg: AccelmuxConfig) -> tuple[dict[str, int], dict[str, int]]
 
 
 def build_samplers(manager: Manager, cfg: AccelmuxConfig) -> dict[str, DeviceSampler]:
-    from accelmux.monitors.host import HostSampler
-    from accelmux.monitors.nvidia import NvidiaSampler
-    from accelmux.monitors.virtual import VirtualSampler
-
     out: dict[str, DeviceSampler] = {}
     for spec in manager.spec.devices:
         dev = cfg.devices[spec.name]
@@ -144,8 +141,6 @@ class Runtime:
             cfg, capacities=capacities, budgets=budgets, clock_origin_s_of_day=origin
         )
         if backends is None:
-            from accelmux.backends.factory import build_backends
-
             backends = build_backends(
                 cfg,
                 self.data_dir,

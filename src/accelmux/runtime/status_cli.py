@@ -12,6 +12,7 @@ import argparse
 import json
 import os
 import sys
+import time
 import urllib.error
 import urllib.request
 from typing import Any
@@ -46,8 +47,6 @@ def fetch(url: str, admin_key: str | None, timeout: float = 5.0) -> dict[str, An
 
 def run(args: argparse.Namespace) -> int:
     if args.watch:
-        import time
-
         code = 0
         try:
             while True:

@@ -344,7 +344,7 @@ def _poller(view: View, key: str | None, interval: float, stop: threading.Event)
 
 
 def _curses_main(stdscr: Any, view: View, key: str | None, interval: float) -> None:
-    import curses
+    import curses  # noqa: PLC0415  # optional: missing from some Python builds
 
     curses.curs_set(0)
     stdscr.timeout(100)
@@ -423,7 +423,7 @@ def run(args: argparse.Namespace) -> int:
         size = os.get_terminal_size() if sys.stdout.isatty() else os.terminal_size((120, 60))
         print(plain(frame(view, size.columns, size.lines)))
         return 0
-    import curses
+    import curses  # noqa: PLC0415  # optional: missing from some Python builds
 
     with contextlib.suppress(KeyboardInterrupt):
         curses.wrapper(_curses_main, view, key, args.interval)

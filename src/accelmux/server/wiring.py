@@ -22,11 +22,17 @@ from typing import Any
 from aiohttp import web
 
 from accelmux.backends.base import BackendRequest, BackendResponse
+from accelmux.cameras import CameraRunner, EventStore
+from accelmux.cameras.http import camera_routes
+from accelmux.cameras.runner import camera_services
 from accelmux.core.actions import Dispatch
 from accelmux.core.events import Demand
 from accelmux.core.types import Reason, ServiceKind
+from accelmux.dashboard import routes as dashboard_routes
 from accelmux.errors import BackendError
 from accelmux.gateway.parse import tokens_of
+from accelmux.jobs import JobInputError, JobInputRetry, JobRunner, JobStore
+from accelmux.jobs.http import job_routes
 from accelmux.runtime.daemon import Runtime
 from accelmux.runtime.requests import Refused
 
@@ -69,8 +75,6 @@ async def submit_embeddings(runtime: Runtime, model: str, texts: list[str]) -> l
     Refusals become :class:`~accelmux.jobs.JobInputRetry` (with the Retry-After) or, for
     ``too_large`` and client errors, :class:`~accelmux.jobs.JobInputError`.
     """
-    from accelmux.jobs import JobInputError, JobInputRetry
-
     service = runtime.models.get(model)
     if service is None:
         raise JobInputError(f"unknown model {model!r}")
@@ -130,9 +134,6 @@ class StoreAndRunner:
 
 def mount_jobs(app: web.Application, runtime: Runtime, data_dir: Path) -> StoreAndRunner:
     """Open the job store, add ``/v1/jobs`` to ``app``; start it with ``start()``."""
-    from accelmux.jobs import JobRunner, JobStore
-    from accelmux.jobs.http import job_routes
-
     store = JobStore.open(data_dir / "jobs")
 
     async def submit(model: str, texts: list[str]) -> list[Any]:
@@ -145,10 +146,6 @@ def mount_jobs(app: web.Application, runtime: Runtime, data_dir: Path) -> StoreA
 
 def mount_cameras(app: web.Application, runtime: Runtime, data_dir: Path) -> StoreAndRunner | None:
     """One analysis loop per camera service, and ``/v1/cameras``; None without cameras."""
-    from accelmux.cameras import CameraRunner, EventStore
-    from accelmux.cameras.http import camera_routes
-    from accelmux.cameras.runner import camera_services
-
     if not camera_services(runtime):
         return None
     store = EventStore.open(data_dir / "cameras" / "events.sqlite")
@@ -158,6 +155,4 @@ def mount_cameras(app: web.Application, runtime: Runtime, data_dir: Path) -> Sto
 
 
 def mount_dashboard(app: web.Application, runtime: Runtime) -> None:
-    from accelmux.dashboard import routes
-
-    routes(app, runtime.status)
+    dashboard_routes(app, runtime.status)

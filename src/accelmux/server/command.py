@@ -4,16 +4,26 @@ Without ``-c`` it runs the default stack (:mod:`accelmux.defaults.stack`): real 
 for every modality in one shared inference worker, on this machine's RAM, with a budget
 and headroom chosen from the RAM and printed at start. ``--show-config`` prints that
 config as YAML instead (a starting point for your own file).
+
+The config loader, the daemon and the default stack are imported when the command runs
+(``# noqa: PLC0415``), not when the CLI registers it, so ``accelmux --help`` stays fast.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import psutil
+import yaml
+
+from accelmux.errors import BackendError
 
 NO_MODELS = (
     "accelmux serve: the default stack needs the real models: {error}\n"
@@ -42,9 +52,7 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import logging
-
-    from accelmux.config.load import load_config
+    from accelmux.config.load import load_config  # noqa: PLC0415  # --help stays fast
 
     if args.config:
         cfg = load_config(args.config)
@@ -73,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    from accelmux.runtime.serve import serve
+    from accelmux.server.serve import serve  # noqa: PLC0415  # --help stays fast
 
     with asyncio.Runner(loop_factory=loop_factory(cfg.server.event_loop)) as runner:
         runner.run(serve(cfg))
@@ -83,18 +91,12 @@ def run(args: argparse.Namespace) -> int:
 def default_stack(*, show: bool) -> tuple[Any, int]:
     """(the default stack's config, 0) after printing its summary line, or (None, exit
     code) after printing its YAML (``show``: 0) or why it cannot run (2)."""
-    import json
-
-    import psutil
-    import yaml
-
-    from accelmux.config.load import load_config_data
-    from accelmux.defaults.stack import default_config_data, summary
-    from accelmux.errors import BackendError
+    from accelmux.config.load import load_config_data  # noqa: PLC0415  # --help stays fast
+    from accelmux.defaults import stack  # noqa: PLC0415  # --help stays fast
 
     total = int(psutil.virtual_memory().total)
     try:
-        data = default_config_data(total_ram=total)
+        data = stack.default_config_data(total_ram=total)
     except BackendError as exc:
         print(NO_MODELS.format(error=exc), file=sys.stderr)
         return None, 2
@@ -102,7 +104,7 @@ def default_stack(*, show: bool) -> tuple[Any, int]:
         plain = json.loads(json.dumps(data))  # no shared objects: no YAML anchors
         print(yaml.safe_dump(plain, sort_keys=False), end="")
         return None, 0
-    print(summary(data, total), flush=True)
+    print(stack.summary(data, total), flush=True)
     return load_config_data(data, "default stack"), 0
 
 
@@ -111,7 +113,7 @@ def loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
     if choice == "asyncio":
         return None
     try:
-        import uvloop
+        import uvloop  # noqa: PLC0415  # optional: used only when installed
     except ImportError:
         if choice == "uvloop":
             raise SystemExit(

@@ -19,7 +19,7 @@ from accelmux.gateway.middleware import ProtocolLogger, is_loopback
 from accelmux.gateway.wyoming_api import WyomingServer
 from accelmux.monitors.host import host_total
 from accelmux.runtime.daemon import Runtime
-from accelmux.runtime.wiring import mount_cameras, mount_dashboard, mount_jobs
+from accelmux.server.wiring import mount_cameras, mount_dashboard, mount_jobs
 
 log = logging.getLogger("accelmux")
 

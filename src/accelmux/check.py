@@ -8,6 +8,10 @@ host device's budget above the RAM. A service without a ``backend`` is a problem
 A file with a top-level ``workloads`` key is a simulator scenario: it is validated
 against the scenario schema (the config keys plus ``workloads`` and ``simulation``),
 and the trace files its workloads name must exist.
+
+It sits above both :mod:`accelmux.config` and :mod:`accelmux.sim` (a scenario is a config
+plus workloads); both are imported when the command runs (``# noqa: PLC0415``), so
+``accelmux --help`` stays fast.
 """
 
 from __future__ import annotations
@@ -17,7 +21,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from accelmux.config.machine import machine_problems, missing_backends
 from accelmux.errors import ConfigError
 
 
@@ -38,23 +41,21 @@ def _report(exc: Any) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from accelmux.config.load import load_config_data, parse_yaml, read_text
+    from accelmux.config import load, machine, reference  # noqa: PLC0415  # --help stays fast
 
     if args.reference:
-        from accelmux.config.reference import render_reference
-
-        print(render_reference(), end="")
+        print(reference.render_reference(), end="")
         return 0
     if not args.file:
         print("accelmux check: give a FILE to validate (or --reference)", file=sys.stderr)
         return 2
     path = Path(args.file)
     try:
-        data = parse_yaml(read_text(path), str(path))
+        data = load.parse_yaml(load.read_text(path), str(path))
         if isinstance(data, dict) and "workloads" in data:
             return _check_scenario(data, path)
-        cfg = load_config_data(data, str(path), path.parent)
-        problems = [*missing_backends(cfg), *machine_problems(cfg)]
+        cfg = load.load_config_data(data, str(path), path.parent)
+        problems = [*machine.missing_backends(cfg), *machine.machine_problems(cfg)]
         if problems:
             raise ConfigError(str(path), problems)
     except ConfigError as exc:
@@ -64,7 +65,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _check_scenario(data: dict[str, Any], path: Path) -> int:
-    from accelmux.sim.scenario import load_scenario_data, trace_problems
+    from accelmux.sim.scenario import (  # noqa: PLC0415  # --help stays fast
+        load_scenario_data,
+        trace_problems,
+    )
 
     scn = load_scenario_data(data, str(path), path.parent.resolve())
     problems = trace_problems(scn)
