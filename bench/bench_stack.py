@@ -313,8 +313,8 @@ def _camera_worker(start: Any, stop: Any, source: str, done: Any) -> None:
 
 
 def unmanaged_protection(tmp: Path, args: argparse.Namespace, wav: bytes) -> dict[str, Any]:
-    from accelmux.host.sample_clip import sample_clip
     from accelmux.models import LlamaTextModel, PiperSpeaker, PocketsphinxRecognizer
+    from accelmux.worker.sample_clip import sample_clip
 
     asr, tts = PocketsphinxRecognizer(), PiperSpeaker()
     llm = LlamaTextModel.smollm2(n_ctx=512)

@@ -5,6 +5,9 @@ A config is also checked against this machine (:mod:`accelmux.config.machine`): 
 host device's budget above the RAM. A service without a ``backend`` is a problem too:
 ``serve`` refuses it (such a config is for the simulator only).
 
+An old spelling the config still reads (:mod:`accelmux.config.deprecated`) is named on
+stderr with its key path and the new spelling; the file is still OK.
+
 A file with a top-level ``workloads`` key is a simulator scenario: it is validated
 against the scenario schema (the config keys plus ``workloads`` and ``simulation``),
 and the trace files its workloads name must exist.
@@ -40,6 +43,12 @@ def _report(exc: Any) -> int:
     return 2
 
 
+def _report_deprecations(path: Path, notices: tuple[str, ...]) -> None:
+    """Old spellings still work; each is named with its key path and the new spelling."""
+    for notice in notices:
+        print(f"{path}: {notice}", file=sys.stderr)
+
+
 def run(args: argparse.Namespace) -> int:
     from accelmux.config import load, machine, reference  # noqa: PLC0415  # --help stays fast
 
@@ -60,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(str(path), problems)
     except ConfigError as exc:
         return _report(exc)
+    _report_deprecations(path, cfg.deprecations)
     print(f"{args.file}: OK ({len(cfg.devices)} device(s), {len(cfg.services)} service(s))")
     return 0
 
@@ -75,6 +85,7 @@ def _check_scenario(data: dict[str, Any], path: Path) -> int:
     if problems:
         return _report(ConfigError(str(path), problems))
     cfg = scn.config
+    _report_deprecations(path, cfg.deprecations)
     print(
         f"{path}: OK (scenario: {len(cfg.devices)} device(s), {len(cfg.services)} service(s), "
         f"{len(cfg.workloads)} workload(s))"

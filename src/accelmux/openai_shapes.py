@@ -1,5 +1,5 @@
 """OpenAI's response shapes, built once for every backend that answers in them (the
-embedded models of ``host/components.py``, the fake of ``backends/fake.py``): chat and
+embedded models of ``worker/components.py``, the fake of ``backends/fake.py``): chat and
 text completions, their stream chunks (SSE ``data:`` lines), the final usage chunk, and
 embedding lists.
 

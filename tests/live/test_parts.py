@@ -220,7 +220,7 @@ def test_serve_without_config_shows_the_default_stack(
     code = main(["serve", "--show-config"])
     out = capsys.readouterr()
     if code == 0:  # the real models are installed: the default stack's config
-        assert "kind: host" in out.out and "type: inprocess" in out.out
+        assert "kind: host" in out.out and "type: worker" in out.out
     else:  # they are not: it says how to get them
         assert code == 2 and "setup-models.sh" in out.err
 
@@ -269,11 +269,11 @@ class _EchoModel:
 def test_inprocess_adapter_runs_a_registered_model() -> None:
     from accelmux.backends.base import BackendRequest
     from accelmux.backends.inprocess import InProcessBackend, register_model_factory
-    from accelmux.config.backends import InProcessBackendConfig
+    from accelmux.config.backends import WorkerBackendConfig
 
     register_model_factory("echo-test", lambda service, kind, cfg: _EchoModel())
-    cfg = InProcessBackendConfig(type="inprocess", options={"model_type": "echo-test"})
-    missing = InProcessBackend("m", ServiceKind.CHAT, InProcessBackendConfig(type="inprocess"))
+    cfg = WorkerBackendConfig(type="worker", options={"model_type": "echo-test"})
+    missing = InProcessBackend("m", ServiceKind.CHAT, WorkerBackendConfig(type="worker"))
 
     async def body() -> None:
         b = InProcessBackend("s", ServiceKind.CHAT, cfg)

@@ -44,5 +44,5 @@ def test_only_the_fake_backend_uses_the_fake_outputs() -> None:
 
 
 def test_the_real_backends_answer_in_the_shared_shapes() -> None:
-    assert "accelmux.openai_shapes" in _imports(SRC / "host" / "components.py")
+    assert "accelmux.openai_shapes" in _imports(SRC / "worker" / "components.py")
     assert "accelmux.openai_shapes" in _imports(SRC / "backends" / "fake.py")

@@ -75,7 +75,7 @@ BAD_CONFIGS: dict[str, tuple[dict[str, Any], str]] = {
         "services.chat.memory.gguf",
     ),
     "missing model path": (
-        _with("services.chat.backend", {"type": "inprocess", "model_path": "/nonexistent/m"}),
+        _with("services.chat.backend", {"type": "worker", "model_path": "/nonexistent/m"}),
         "services.chat.backend.model_path",
     ),
     "duplicate ports": (

@@ -257,13 +257,13 @@ def test_camera_credentials_are_masked_and_its_last_error_is_reported(
     cfg = base_config(
         cam={
             **camera,
-            "backend": {"type": "inprocess", "options": {"source": source, "fps": 2.0}},
+            "backend": {"type": "worker", "options": {"source": source, "fps": 2.0}},
         },
         # a second camera whose model never loads: every frame is refused load_failed
         broken={
             **camera,
             "backend": {
-                "type": "inprocess",
+                "type": "worker",
                 "model_path": str(junk_model),
                 "isolated": True,
                 "options": {"source": source, "fps": 2.0},

@@ -10,7 +10,7 @@ import pytest
 
 from accelmux.cameras.store import EventStore
 from accelmux.defaults.stack import host_budget
-from accelmux.host import protocol
+from accelmux.worker import protocol
 
 GIB = 2**30
 MIB = 2**20

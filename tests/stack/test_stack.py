@@ -45,7 +45,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
         "model": "detect-iso",
         "aliases": [],
         "memory": {"weights": 6 * MIB, "runtime": 28 * MIB, "workspace": 8 * MIB},
-        "backend": {"type": "inprocess", "isolated": True},
+        "backend": {"type": "worker", "isolated": True},
     }
     with run_daemon(config, tmp) as daemon:
         daemon.wait_loaded("chat", "tts", "asr")

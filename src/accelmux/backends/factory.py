@@ -8,11 +8,11 @@ from accelmux.backends.base import Backend
 from accelmux.backends.external import ExternalBackend
 from accelmux.backends.fake import FakeBackend
 from accelmux.backends.limits import CgroupSupport, detect_cgroup
-from accelmux.backends.worker import HostPool
+from accelmux.backends.worker import WorkerPool
 from accelmux.config.backends import (
     ExternalBackendConfig,
     FakeBackendConfig,
-    InProcessBackendConfig,
+    WorkerBackendConfig,
 )
 from accelmux.config.machine import missing_backends
 from accelmux.config.schema import AccelmuxConfig
@@ -32,15 +32,15 @@ def build_backends(
 
     ``capacities`` (bytes per device, detected ones included) size an external server's
     ``{gpu_memory_utilization}``; ``profiles`` (the Manager's, GGUF estimates included)
-    give its KV bytes per token and workspace. ``inprocess`` services are hosted by accelmux's
+    give its KV bytes per token and workspace. ``worker`` services are hosted by accelmux's
     inference worker process (one shared worker, or one of its own with
-    ``isolated: true``): see :mod:`accelmux.host`.
+    ``isolated: true``): see :mod:`accelmux.worker`.
     """
     problems = missing_backends(cfg)
     if problems:
         raise ConfigError("config", problems)
     out: dict[str, Backend] = {}
-    hosts: HostPool | None = None
+    workers: WorkerPool | None = None
     cgroup: CgroupSupport | None = None
     for name, svc in cfg.services.items():
         section = svc.backend
@@ -73,8 +73,8 @@ def build_backends(
                 or (int(device.capacity) if device.capacity is not None else None),
                 cgroup=cgroup,
             )
-        elif isinstance(section, InProcessBackendConfig):
-            if hosts is None:
-                hosts = HostPool(data_dir)
-            out[name] = hosts.backend(name, svc.kind, section)
+        elif isinstance(section, WorkerBackendConfig):
+            if workers is None:
+                workers = WorkerPool(data_dir)
+            out[name] = workers.backend(name, svc.kind, section)
     return out

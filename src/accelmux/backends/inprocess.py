@@ -5,9 +5,9 @@ A model implements :class:`InProcessModel` with plain blocking methods; the
 loop never blocks) and turns them into the async :class:`~.base.Backend`. Models plug in
 through :func:`register_model_factory`.
 
-Config ``backend: {type: inprocess}`` does NOT use this: the real models run in
-accelmux's inference worker process (:mod:`accelmux.host`), so a crashing model cannot
-take the daemon down.
+No config section selects it: ``backend: {type: worker}`` runs the real models in
+accelmux's inference worker process (:mod:`accelmux.backends.worker`,
+:mod:`accelmux.worker`), so a crashing model cannot take the daemon down.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol, runtime_checkable
 
 from accelmux.backends.base import BackendRequest, BackendResponse, CrashCallback, LoadReport
-from accelmux.config.backends import InProcessBackendConfig
+from accelmux.config.backends import WorkerBackendConfig
 from accelmux.core.specs import Capabilities
 from accelmux.core.types import ServiceKind
 from accelmux.errors import BackendCrashedError, BackendError
@@ -51,7 +51,7 @@ class InProcessModel(Protocol):
         ...
 
 
-ModelFactory = Callable[[str, ServiceKind, InProcessBackendConfig], InProcessModel]
+ModelFactory = Callable[[str, ServiceKind, WorkerBackendConfig], InProcessModel]
 _FACTORIES: dict[str, ModelFactory] = {}
 
 
@@ -63,7 +63,7 @@ def register_model_factory(name: str, factory: ModelFactory) -> None:
 class InProcessBackend:
     """Adapts an :class:`InProcessModel` to the async Backend Protocol."""
 
-    def __init__(self, service: str, kind: ServiceKind, cfg: InProcessBackendConfig) -> None:
+    def __init__(self, service: str, kind: ServiceKind, cfg: WorkerBackendConfig) -> None:
         self.service = service
         self.kind = kind
         self.cfg = cfg

@@ -1,7 +1,7 @@
-"""The Backend of a hosted service, and the pool of inference workers behind them.
+"""The Backend of a worker-hosted service, and the pool of inference workers behind them.
 
-Every service with ``backend: {type: inprocess}`` is hosted by the one shared worker of
-a :class:`HostPool`; ``isolated: true`` gives a service a worker of its own (same code,
+Every service with ``backend: {type: worker}`` is hosted by the one shared worker of
+a :class:`WorkerPool`; ``isolated: true`` gives a service a worker of its own (same code,
 its own process: a crash there takes only that service down, and nothing is shared).
 
 Memory seen by the daemon's monitors: an isolated service is measured as its worker's
@@ -20,12 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from accelmux.backends.base import BackendRequest, BackendResponse, CrashCallback, LoadReport
-from accelmux.config.backends import InProcessBackendConfig
+from accelmux.config.backends import WorkerBackendConfig
 from accelmux.core.specs import Capabilities
 from accelmux.core.types import ServiceKind
 from accelmux.errors import BackendCrashedError, BackendError, RequestError
-from accelmux.host import protocol
-from accelmux.host.client import HostClient
+from accelmux.worker import protocol
+from accelmux.worker.client import WorkerClient
 
 LOAD_TIMEOUT_S = 300.0
 REQUEST_TIMEOUT_S = 600.0
@@ -43,41 +43,39 @@ def _error_response(exc: RequestError) -> BackendResponse:
     return BackendResponse(status=exc.status, body=json.dumps(body).encode())
 
 
-class HostPool:
+class WorkerPool:
     """The shared worker and the isolated ones; builds each hosted service's backend."""
 
     def __init__(self, data_dir: Path) -> None:
         self.data_dir = data_dir
-        self.shared = HostClient("shared", data_dir)
-        self.clients: dict[str, HostClient] = {"shared": self.shared}
-        self.backends: dict[str, HostedBackend] = {}
+        self.shared = WorkerClient("shared", data_dir)
+        self.clients: dict[str, WorkerClient] = {"shared": self.shared}
+        self.backends: dict[str, WorkerBackend] = {}
 
-    def backend(
-        self, service: str, kind: ServiceKind, cfg: InProcessBackendConfig
-    ) -> HostedBackend:
+    def backend(self, service: str, kind: ServiceKind, cfg: WorkerBackendConfig) -> WorkerBackend:
         if cfg.isolated:
-            client = HostClient(service, self.data_dir)
+            client = WorkerClient(service, self.data_dir)
             self.clients[service] = client
         else:
             client = self.shared
-        backend = HostedBackend(service, kind, cfg, client, self)
+        backend = WorkerBackend(service, kind, cfg, client, self)
         self.backends[service] = backend
         return backend
 
-    def hosted_on(self, client: HostClient) -> list[str]:
+    def hosted_on(self, client: WorkerClient) -> list[str]:
         return [name for name, b in self.backends.items() if b.client is client]
 
 
-class HostedBackend:
+class WorkerBackend:
     """A service whose model runs in an inference worker."""
 
     def __init__(
         self,
         service: str,
         kind: ServiceKind,
-        cfg: InProcessBackendConfig,
-        client: HostClient,
-        pool: HostPool,
+        cfg: WorkerBackendConfig,
+        client: WorkerClient,
+        pool: WorkerPool,
     ) -> None:
         self.service = service
         self.kind = kind
@@ -222,7 +220,7 @@ class HostedBackend:
     def describe(self) -> dict[str, Any]:
         report = self.report()
         return {
-            "type": "inprocess",
+            "type": "worker",
             "worker": self.client.name,
             "isolated": self.isolated,
             "pid": self.client.pid,

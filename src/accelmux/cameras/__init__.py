@@ -1,6 +1,6 @@
 """Camera analysis: a background job per camera service, and the events it records.
 
-A service of kind ``camera`` with an ``inprocess`` backend names its source in the
+A service of kind ``camera`` with a ``worker`` backend names its source in the
 backend options (``source``: a video file, a folder of images, an ``rtsp://`` or
 ``http(s)://`` MJPEG URL, or ``sample`` for the clip the default stack writes into the
 data directory; ``fps``: frames analysed per second). The daemon runs one loop per such

@@ -12,7 +12,7 @@ from typing import Any
 
 from accelmux.backends.base import BackendRequest, BackendResponse
 from accelmux.cameras.store import EventStore
-from accelmux.config.backends import InProcessBackendConfig
+from accelmux.config.backends import WorkerBackendConfig
 from accelmux.core.actions import Dispatch
 from accelmux.core.events import Demand
 from accelmux.core.types import Reason, ServiceKind
@@ -68,9 +68,7 @@ def camera_services(runtime: Runtime) -> dict[str, CameraState]:
     """Camera services whose backend can read frames (hosted ones)."""
     out: dict[str, CameraState] = {}
     for name, svc in runtime.cfg.services.items():
-        if svc.kind is not ServiceKind.CAMERA or not isinstance(
-            svc.backend, InProcessBackendConfig
-        ):
+        if svc.kind is not ServiceKind.CAMERA or not isinstance(svc.backend, WorkerBackendConfig):
             continue
         options = svc.backend.options
         out[name] = CameraState(

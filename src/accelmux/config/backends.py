@@ -2,7 +2,9 @@
 
 ``fake``: a deterministic test double that allocates real memory when told to.
 ``external``: a supervised OpenAI-compatible server started from an argv list.
-``inprocess``: a model hosted in accelmux's shared inference worker.
+``worker``: a model hosted in accelmux's inference worker process (one shared by every
+such service, or one of its own with ``isolated: true``). Its old spelling ``inprocess``
+is still read (:mod:`accelmux.config.deprecated`).
 """
 
 from __future__ import annotations
@@ -159,8 +161,13 @@ class ExternalBackendConfig(_Backend):
         return Capabilities(resize=resize, request_peaks=True)
 
 
-class InProcessBackendConfig(_Backend):
-    type: Literal["inprocess"]
+class WorkerBackendConfig(_Backend):
+    """A real model in accelmux's inference worker process, never in the daemon's own.
+
+    The packaged models, or the file at ``model_path``; services naming the same model
+    file share one loaded copy. Old spelling: ``type: inprocess``."""
+
+    type: Literal["worker"]
     model_path: str | None = None
     isolated: bool = Field(False, description="Run in its own worker process.")
     options: dict[str, str | int | float | bool] = Field(default_factory=dict)
@@ -173,6 +180,6 @@ class InProcessBackendConfig(_Backend):
 
 
 BackendConfig = Annotated[
-    FakeBackendConfig | ExternalBackendConfig | InProcessBackendConfig,
+    FakeBackendConfig | ExternalBackendConfig | WorkerBackendConfig,
     Field(discriminator="type"),
 ]

@@ -10,10 +10,11 @@ from pydantic import ValidationError
 
 from accelmux.config.backends import (
     ExternalBackendConfig,
-    InProcessBackendConfig,
+    WorkerBackendConfig,
     argv_placeholder_problem,
 )
 from accelmux.config.baselines import group_problems
+from accelmux.config.deprecated import modernize
 from accelmux.config.schema import AccelmuxConfig
 from accelmux.core.policies import policy_names
 from accelmux.errors import ConfigError
@@ -71,8 +72,10 @@ def parse_yaml(text: str, source: str) -> object:
 
 
 def load_config_data(data: object, source: str, base_dir: Path | None = None) -> AccelmuxConfig:
+    """Validate parsed YAML; old spellings are read as new ones (``cfg.deprecations``)."""
     if not isinstance(data, dict):
         raise ConfigError(source, [f"(top level): expected a mapping, got {_short(data)}"])
+    data, notices = modernize(data)
     try:
         cfg = AccelmuxConfig.model_validate(data)
     except ValidationError as exc:
@@ -80,6 +83,7 @@ def load_config_data(data: object, source: str, base_dir: Path | None = None) ->
     problems = semantic_problems(cfg, base_dir)
     if problems:
         raise ConfigError(source, problems)
+    cfg.note_deprecations(notices)
     return cfg
 
 
@@ -160,7 +164,7 @@ def semantic_problems(cfg: AccelmuxConfig, base_dir: Path | None = None) -> list
             problems.append(f"{key}.memory.gguf: file not found (got {mem.gguf!r})")
         backend = svc.backend
         if (
-            isinstance(backend, InProcessBackendConfig)
+            isinstance(backend, WorkerBackendConfig)
             and backend.model_path
             and not _resolve(backend.model_path, base_dir).exists()
         ):

@@ -91,7 +91,7 @@ def host_memory_problems(cfg: AccelmuxConfig, total_ram: int) -> list[str]:
 def missing_backends(cfg: AccelmuxConfig) -> list[str]:
     """A problem per service without a ``backend`` section (serve cannot run it)."""
     return [
-        f"services.{name}.backend: required to serve (external, inprocess, or fake for the "
+        f"services.{name}.backend: required to serve (external, worker, or fake for the "
         "test double; a config without backends is for `accelmux simulate` only)"
         for name, svc in cfg.services.items()
         if svc.backend is None

@@ -17,9 +17,10 @@ from pydantic_core import PydanticUndefined
 from accelmux.config.backends import (
     ExternalBackendConfig,
     FakeBackendConfig,
-    InProcessBackendConfig,
+    WorkerBackendConfig,
 )
 from accelmux.config.baselines import LlamaSwapConfig, LlamaSwapGroupConfig, OllamaConfig
+from accelmux.config.deprecated import RENAMED_VALUES
 from accelmux.config.schema import (
     AccelmuxConfig,
     DeviceConfig,
@@ -41,7 +42,7 @@ SECTIONS: tuple[tuple[str, str, type[BaseModel]], ...] = (
     ("Service queue", "services.NAME.queue", QueueConfig),
     ("Service latency objectives", "services.NAME.slo", SloConfig),
     ("Backend: external (supervised server)", "services.NAME.backend", ExternalBackendConfig),
-    ("Backend: inprocess (shared inference host)", "services.NAME.backend", InProcessBackendConfig),
+    ("Backend: worker (accelmux's inference worker)", "services.NAME.backend", WorkerBackendConfig),
     ("Backend: fake (test double)", "services.NAME.backend", FakeBackendConfig),
     ("Policy", "policy", PolicyConfig),
     ("Baseline: ollama+containers", "policy.ollama", OllamaConfig),
@@ -129,4 +130,15 @@ def render_reference() -> str:
                 f"| `{full}` | {_type_name(field.annotation)} | {_default(field)} | {desc} |"
             )
         lines.append("")
+    lines.append("## Old spellings\n")
+    lines.append(
+        "Still read, each as its new spelling; `accelmux check` names every one a file uses "
+        "with its key path, and `accelmux serve` logs it at start.\n"
+    )
+    lines.append("| key | old | new | why |")
+    lines.append("|---|---|---|---|")
+    for rule in RENAMED_VALUES:
+        key = ".".join("NAME" if part == "*" else part for part in rule.path)
+        lines.append(f"| `{key}` | `{rule.old}` | `{rule.new}` | {rule.why} |")
+    lines.append("")
     return "\n".join(lines)

@@ -9,9 +9,10 @@ offending value. ``to_manager_spec`` turns a valid config into the core's plain 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ByteSize, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ByteSize, ConfigDict, Field, PrivateAttr, field_validator
 
 from accelmux.config.backends import BackendConfig
 from accelmux.config.baselines import LlamaSwapConfig, OllamaConfig
@@ -121,7 +122,7 @@ class ServiceConfig(StrictModel):
         default_factory=list, description='Maintenance windows, "HH:MM-HH:MM" local time.'
     )
     backend: BackendConfig | None = Field(
-        None, description="How it runs: external, inprocess or fake (none: simulation only)."
+        None, description="How it runs: external, worker or fake (none: simulation only)."
     )
 
     @field_validator("windows")
@@ -210,6 +211,16 @@ class AccelmuxConfig(StrictModel):
     )
     policy: PolicyConfig = Field(default_factory=PolicyConfig, description="Policy knobs.")
     server: ServerConfig = Field(default_factory=ServerConfig, description="The daemon.")
+    #: Old spellings the loader read as new ones (:mod:`accelmux.config.deprecated`).
+    _deprecations: tuple[str, ...] = PrivateAttr(default=())
+
+    @property
+    def deprecations(self) -> tuple[str, ...]:
+        """One notice per old spelling the file used: its key path and the new spelling."""
+        return self._deprecations
+
+    def note_deprecations(self, notices: Iterable[str]) -> None:
+        self._deprecations = tuple(notices)
 
     def device_of(self, service: str) -> str:
         svc = self.services[service]

@@ -99,7 +99,7 @@ def default_config_data(
     if total_ram is None:
         total_ram = int(psutil.virtual_memory().total)
     budget, headroom = host_budget(total_ram)
-    hosted: dict[str, Any] = {"type": "inprocess"}
+    hosted: dict[str, Any] = {"type": "worker"}
     # Services that share a loaded model each get its full estimate: either may carry the
     # copy alone (the one that loaded it first does; the other takes over when it goes).
     # While both hold it the ledger counts it twice, which errs on the safe side.

@@ -40,7 +40,8 @@ async def serve(cfg: AccelmuxConfig, *, stop: asyncio.Event | None = None) -> No
 
     It refuses to start (one line, exit status 1) on a non-loopback host without API keys
     unless ``server.allow_unauthenticated``, and when ``server.data_dir`` cannot be
-    created or written. A host device's budget above the RAM is logged (it is clamped).
+    created or written. A host device's budget above the RAM is logged (it is clamped),
+    and so is each old spelling the config used (``cfg.deprecations``).
 
     Shutdown: the Manager stops admitting (waiting requests get 503 shutting_down),
     in-flight requests get ``server.drain_s`` to finish, the rest fail with a clear
@@ -54,6 +55,8 @@ async def serve(cfg: AccelmuxConfig, *, stop: asyncio.Event | None = None) -> No
         raise SystemExit(f"accelmux: cannot use server.data_dir {data_dir.absolute()}: {why}")
     for problem in host_memory_problems(cfg, host_total()):
         log.warning("%s", problem)
+    for notice in cfg.deprecations:
+        log.warning("config: %s", notice)
     runtime = Runtime(cfg, data_dir=data_dir)
     app = build_app(runtime)
     jobs = mount_jobs(app, runtime, data_dir) if server.jobs else None

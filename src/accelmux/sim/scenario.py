@@ -23,6 +23,7 @@ from typing import Annotated, Literal
 
 from pydantic import ByteSize, Field, ValidationError, field_validator
 
+from accelmux.config.deprecated import modernize
 from accelmux.config.load import (
     format_validation_error,
     parse_yaml,
@@ -327,6 +328,7 @@ def trace_problems(scn: Scenario, trace_override: str | None = None) -> list[str
 def load_scenario_data(data: object, source: str, base_dir: Path) -> Scenario:
     if not isinstance(data, dict):
         raise ConfigError(source, [f"(top level): expected a mapping, got {type(data).__name__}"])
+    data, notices = modernize(data)
     try:
         cfg = ScenarioConfig.model_validate(data)
     except ValidationError as exc:
@@ -335,6 +337,7 @@ def load_scenario_data(data: object, source: str, base_dir: Path) -> Scenario:
     problems = scenario_problems(cfg, scn)
     if problems:
         raise ConfigError(source, problems)
+    cfg.note_deprecations(notices)
     return scn
 
 

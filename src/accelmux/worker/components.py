@@ -34,7 +34,6 @@ import psutil
 from accelmux import openai_shapes as shapes
 from accelmux.core.types import ServiceKind
 from accelmux.errors import BackendError, RequestError
-from accelmux.host.sample_clip import sample_clip
 from accelmux.models import structured
 from accelmux.models.asr import PocketsphinxRecognizer
 from accelmux.models.assets import gemma3_gguf_path, smollm2_gguf_path
@@ -44,6 +43,7 @@ from accelmux.models.detect import OpenCvDetector
 from accelmux.models.embed import MiniLmEmbedder
 from accelmux.models.gguf_profile import gguf_profile, pad_context
 from accelmux.models.tts import PiperSpeaker
+from accelmux.worker.sample_clip import sample_clip
 
 #: Modules each kind of component imports (their first import is the "runtime" cost).
 RUNTIME_MODULES: dict[str, tuple[str, ...]] = {

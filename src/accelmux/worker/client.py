@@ -1,6 +1,6 @@
 """The daemon's side of one inference worker: start it, talk to it, notice its death.
 
-:class:`HostClient` starts ``python -m accelmux.host.worker`` with one end of a Unix
+:class:`WorkerClient` starts ``python -m accelmux.worker.main`` with one end of a Unix
 socket pair, multiplexes concurrent calls and streams over it by request id, polls the
 worker's memory report every ``poll_s`` seconds, and, when the worker dies without
 being asked to, fails every call in flight with
@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from accelmux.errors import BackendCrashedError, BackendError, BackendTimeoutError, RequestError
-from accelmux.host import protocol
+from accelmux.worker import protocol
 
-log = logging.getLogger("accelmux.host")
+log = logging.getLogger("accelmux.worker")
 
 DeathListener = Callable[[str], None]
 _END = object()
@@ -45,7 +45,7 @@ def _raise_for(header: dict[str, Any]) -> None:
     raise BackendError(message)
 
 
-class HostClient:
+class WorkerClient:
     """One worker process and the connection to it."""
 
     def __init__(
@@ -101,7 +101,7 @@ class HostClient:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-m",
-                "accelmux.host.worker",
+                "accelmux.worker.main",
                 "--fd",
                 str(child.fileno()),
                 "--data-dir",

@@ -1,6 +1,6 @@
-"""The inference worker process: ``python -m accelmux.host.worker --fd N --data-dir D``.
+"""The inference worker process: ``python -m accelmux.worker.main --fd N --data-dir D``.
 
-It reads frames from the socket ``N`` (see :mod:`accelmux.host.protocol`) on its main
+It reads frames from the socket ``N`` (see :mod:`accelmux.worker.protocol`) on its main
 thread and runs every model call on the thread of the component it concerns, so a long
 generation never delays a load, a cancel or a memory report. Replies are written under
 one lock. Components are shared by key and refcounted: the first service to load a
@@ -28,8 +28,8 @@ from typing import Any
 
 from accelmux.core.types import ServiceKind
 from accelmux.errors import BackendError, RequestError
-from accelmux.host import protocol
-from accelmux.host.components import Component, Slot, component_key, make_component, rss_bytes
+from accelmux.worker import protocol
+from accelmux.worker.components import Component, Slot, component_key, make_component, rss_bytes
 
 #: RSS sampling period while requests run (their peak = highest sample - RSS at start).
 SAMPLE_S = 0.01
@@ -335,7 +335,7 @@ class Worker:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="accelmux-host-worker")
+    parser = argparse.ArgumentParser(prog="accelmux-worker")
     parser.add_argument("--fd", type=int, required=True)
     parser.add_argument("--data-dir", default=".")
     args = parser.parse_args(argv)
