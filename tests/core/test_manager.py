@@ -17,7 +17,7 @@ from accelmux.core.events import (
     Tick,
     Unloaded,
 )
-from accelmux.core.manager import Manager
+from accelmux.core.manager import Decision, Manager
 from accelmux.core.specs import ManagerSpec, PolicyKnobs
 from accelmux.core.state import World
 from accelmux.core.types import GIB, MIB, Category, Reason, Residency, ServiceClass, ServiceStatus
@@ -513,3 +513,37 @@ def test_manager_raises_when_a_policy_breaks_the_budget() -> None:
     )
     with pytest.raises(InvariantError, match="decided"):
         Manager(spec, _Overcommitting()).start(0.0)
+
+
+def test_a_broken_budget_is_checked_before_the_actions_leave() -> None:
+    """Strict (the default): the round's actions never leave a broken Manager."""
+    spec = ManagerSpec(
+        devices=(device(budget=4 * GIB),),
+        services=(service("img", profile=plain_profile(weights=8 * GIB)),),
+    )
+    m = Manager(spec, _Overcommitting())
+    with pytest.raises(InvariantError, match="decided"):
+        m.start(0.0)
+    assert list(m.log) == []
+
+
+def test_not_strict_a_broken_budget_is_reported_not_raised() -> None:
+    spec = ManagerSpec(
+        devices=(device(budget=4 * GIB, headroom=0),),
+        services=(service("img", profile=plain_profile(weights=8 * GIB)),),
+    )
+    m = Manager(spec, _Overcommitting(), strict=False)
+    out = m.start(0.0)
+    assert [type(a).__name__ for a in out] == ["Load"]  # the actions still leave
+    (report,) = m.take_broken()
+    assert report.detail == f"device gpu: decided {8 * GIB} > usable {4 * GIB}"
+    assert report.actions == (Decision(0.0, out[0]).as_dict(),)
+    assert report.recent == ()
+    assert m.log[-1] is report and m.log[-1].as_dict()["action"] == "invariant_broken"
+    assert m.snapshot().as_dict()["counts"]["invariant_broken:budget"] == 1
+    assert m.take_broken() == []
+    m.handle(Tick(), 1.0)  # still over: reported once, not at every event
+    assert m.take_broken() == []
+    m.handle(LoadFailed(service="img", error="no"), 2.0)  # back within the budget
+    assert m.take_broken() == []
+    assert report in m.log

@@ -1,8 +1,16 @@
 """The Manager: ``handle(event, now) -> list[Action]`` and ``snapshot()``.
 
 It owns the :class:`World`, applies each event's bookkeeping, lets the policy decide,
-checks the invariants and keeps a bounded decision log. It reads no clock: ``now``
-comes with every call, so the simulator and the live daemon drive it identically.
+checks the invariants before the round's actions leave it, and keeps a bounded decision
+log. It reads no clock: ``now`` comes with every call, so the simulator and the live
+daemon drive it identically.
+
+A broken invariant (the budget: what was decided exceeds ``budget - headroom``) is a
+bug. ``strict`` (the default: tests, the simulator) raises :class:`InvariantError`.
+Otherwise (the daemon) the round's actions still leave, and an :class:`InvariantBroken`
+entry goes into the decision log with the failing detail and the decisions before it,
+for the shell to take (:meth:`Manager.take_broken`) and report; it is never an
+exception in whoever submitted the event.
 """
 
 from __future__ import annotations
@@ -62,15 +70,46 @@ class Decision:
         return out
 
 
+#: Decisions an :class:`InvariantBroken` report keeps from before the round that broke it.
+REPORTED_DECISIONS = 50
+
+
+@dataclass(frozen=True, slots=True)
+class InvariantBroken:
+    """A line of the decision log: an invariant broke in the round ending at ``time``.
+
+    ``actions`` are that round's decisions (they still left the Manager), ``recent`` the
+    decisions logged before them, oldest first."""
+
+    time: float
+    detail: str
+    actions: tuple[dict[str, object], ...]
+    recent: tuple[dict[str, object], ...]
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "t": round(self.time, 6),
+            "action": "invariant_broken",
+            "detail": self.detail,
+            "actions": list(self.actions),
+            "recent": list(self.recent),
+        }
+
+
 class Manager:
-    def __init__(self, spec: ManagerSpec, policy: Policy) -> None:
+    def __init__(self, spec: ManagerSpec, policy: Policy, *, strict: bool = True) -> None:
         self.spec = spec
         self.policy = policy
+        self.strict = strict
         self.world = World(spec)
-        self.log: deque[Decision] = deque(maxlen=spec.knobs.max_decision_log)
+        self.log: deque[Decision | InvariantBroken] = deque(maxlen=spec.knobs.max_decision_log)
         self.counts: dict[tuple[str, str], int] = {}
         self._started = False
         self._last_now = -math.inf
+        #: Reports not yet taken by the shell (``strict=False``), oldest first.
+        self._broken: deque[InvariantBroken] = deque(maxlen=REPORTED_DECISIONS)
+        #: Devices over budget at the last check: a report is made when one goes over.
+        self._over_budget: set[str] = set()
 
     # ---- driving ---------------------------------------------------------------
     def start(self, now: float) -> list[Action]:
@@ -107,22 +146,49 @@ class Manager:
         self.world.now = now
 
     def _finish(self, now: float) -> list[Action]:
+        """Check the invariants, then hand out the round's actions (and log them)."""
+        broken = self._check_budget() if self.policy.enforces_budget else []
+        if broken and self.strict:
+            raise InvariantError("; ".join(broken))
+        recent = tuple(d.as_dict() for d in list(self.log)[-REPORTED_DECISIONS:]) if broken else ()
         actions = self.world.drain()
         for a in actions:
             self.log.append(Decision(now, a))
             key = (action_kind(a), a.reason.value)
             self.counts[key] = self.counts.get(key, 0) + 1
-        if self.policy.enforces_budget:
-            self._check_budget()
+        if broken:
+            report = InvariantBroken(
+                time=now,
+                detail="; ".join(broken),
+                actions=tuple(Decision(now, a).as_dict() for a in actions),
+                recent=recent,
+            )
+            self.log.append(report)
+            key = ("invariant_broken", "budget")
+            self.counts[key] = self.counts.get(key, 0) + 1
+            self._broken.append(report)
         return actions
 
-    def _check_budget(self) -> None:
+    def _check_budget(self) -> list[str]:
+        """What broke the budget: every device over it (strict), or each that went over
+        since the last check (a device that stays over is reported once)."""
         ledger = self.world.ledger
+        over = self._over_budget
+        broken: list[str] = []
         for name, dev in self.world.devices.items():
-            if ledger.decided(name) > dev.usable_bytes:
-                raise InvariantError(
-                    f"device {name}: decided {ledger.decided(name)} > usable {dev.usable_bytes}"
-                )
+            decided = ledger.decided(name)
+            if decided <= dev.usable_bytes:
+                over.discard(name)
+            elif self.strict or name not in over:
+                over.add(name)
+                broken.append(f"device {name}: decided {decided} > usable {dev.usable_bytes}")
+        return broken
+
+    def take_broken(self) -> list[InvariantBroken]:
+        """The invariant reports made since the last call (``strict=False``), oldest first."""
+        out = list(self._broken)
+        self._broken.clear()
+        return out
 
     # ---- bookkeeping per event ---------------------------------------------------
     def _devices_of(self, event: Event) -> Iterable[str]:
@@ -337,15 +403,15 @@ class Manager:
             raise InvariantError(f"admin command for unknown service {event.service!r}")
         if event.op == "pin":
             w.set_kept(svc, pinned=True, admin_wants_loaded=svc.admin_wants_loaded)
-            w.admin_unload.discard(svc.name)
+            w.clear_admin_unload(svc.name)
         elif event.op == "unpin":
             w.set_kept(svc, pinned=False, admin_wants_loaded=svc.admin_wants_loaded)
         elif event.op == "load":
             w.set_kept(svc, pinned=svc.pinned, admin_wants_loaded=True)
-            w.admin_unload.discard(svc.name)
+            w.clear_admin_unload(svc.name)
         elif event.op == "unload":
             w.set_kept(svc, pinned=False, admin_wants_loaded=False)
-            w.admin_unload.add(svc.name)
+            w.request_admin_unload(svc.name)
 
     def _expire_deadlines(self) -> None:
         w = self.world

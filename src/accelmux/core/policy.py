@@ -3,7 +3,8 @@
 The Manager applies an event's bookkeeping to the :class:`~accelmux.core.state.World`
 first (releasing leases, marking loads done, reconciling measurements), then calls
 ``policy.decide(world, now)``. The policy acts only through the World's mutators, so
-every action is recorded and the ledger stays consistent.
+every action is recorded and the ledger stays consistent; ``tests/core/
+test_policy_mutators.py`` fails on a policy that writes the World's state itself.
 """
 
 from __future__ import annotations

@@ -2,8 +2,12 @@
 
 Policies never build actions by hand: they call the mutators here (``dispatch``,
 ``enqueue``, ``reject``, ``load``, ``unload``, ``resize``, ``preempt``), which update the
-ledger and the states consistently and record the action. This keeps every policy,
-baselines included, inside the same bookkeeping.
+ledger and the states consistently and record the action, and they note what they learn
+through the World as well (``mark_announced``, ``clear_admin_unload``,
+``forget_eviction``, ``observe_failure``, ``observe_excess``, ``touch``). This keeps
+every policy, baselines included, inside the same bookkeeping; a test
+(``tests/core/test_policy_mutators.py``) fails on a policy that writes a field of the
+World, a service or a request itself.
 """
 
 from __future__ import annotations
@@ -755,6 +759,29 @@ class World:
         svc.kv_lease = self.ledger.reserve(
             svc.spec.device, svc.name, Category.KV, nbytes, enforce=False
         )
+
+    # ---- what a policy learns and notes ------------------------------------------
+    def mark_announced(self, req: RequestState) -> None:
+        """The policy has considered ``req``: its queue's bound no longer refuses it."""
+        req.announced = True
+
+    def request_admin_unload(self, name: str) -> None:
+        """The operator asked to unload ``name``: the policy does it once it is idle."""
+        self.admin_unload.add(name)
+
+    def clear_admin_unload(self, name: str) -> None:
+        """The operator's unload is done, or no longer wanted (a later pin or load)."""
+        self.admin_unload.discard(name)
+
+    def observe_failure(self, svc: ServiceState, estimated_active: int, lease_bytes: int) -> None:
+        """A request of ``svc`` was in flight when it crashed: raise its calibration."""
+        svc.calibration.observe_failure(estimated_active, lease_bytes)
+
+    def observe_excess(
+        self, svc: ServiceState, estimated_active: int, measured_active: int
+    ) -> None:
+        """``svc``'s running requests were measured above their leases."""
+        svc.calibration.observe_excess(estimated_active, measured_active)
 
     def release_service(self, svc: ServiceState) -> None:
         """Drop every byte a service holds (after Unloaded, LoadFailed or a crash)."""

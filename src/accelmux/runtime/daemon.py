@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import logging
 import os
 import time
@@ -52,7 +53,7 @@ from accelmux.core.events import (
     ShutdownRequested,
     Unloaded,
 )
-from accelmux.core.manager import Decision, Manager
+from accelmux.core.manager import Decision, InvariantBroken, Manager
 from accelmux.core.types import Reason
 from accelmux.errors import BackendError, BackendTimeoutError, ConfigError, is_out_of_memory
 from accelmux.monitors.base import DeviceSample, DeviceSampler, ServiceProcesses
@@ -150,10 +151,14 @@ class Runtime:
         self.backends = backends
         # The Manager trusts only what each backend declares it can do.
         spec = with_capabilities(spec, {n: b.capabilities for n, b in backends.items()})
-        self.manager = Manager(spec, build_policy(cfg.policy.name, cfg.policy))
+        # Not strict: a broken invariant is logged (with the decision log), never raised
+        # into the request handler that submitted the event.
+        self.manager = Manager(spec, build_policy(cfg.policy.name, cfg.policy), strict=False)
         self.clock: Clock = clock or LoopClock()
         self.bus = DecisionBus()
-        self.driver = Driver(self.manager, self.clock, self._execute, self._observe)
+        self.driver = Driver(
+            self.manager, self.clock, self._execute, self._observe, self._invariant_broken
+        )
         self.tickets: dict[str, Ticket] = {}
         self.models: dict[str, str] = {}
         for name, svc in cfg.services.items():
@@ -371,6 +376,21 @@ class Runtime:
             self.bus.publish(Decision(now, action).as_dict())
         if isinstance(action, (Reject, Enqueue)):
             self._record_ledger(action)
+
+    def _invariant_broken(self, report: InvariantBroken) -> None:
+        """A bug in the policy or the Manager: logged with the decisions that led to it."""
+        lines = [json.dumps(d, sort_keys=True) for d in (*report.recent, *report.actions)]
+        log.error(
+            "invariant broken at t=%.3f: %s; the decision log up to it (%d before the round, "
+            "then the round's %d):\n%s",
+            report.time,
+            report.detail,
+            len(report.recent),
+            len(report.actions),
+            "\n".join(lines),
+        )
+        if self.bus.active:
+            self.bus.publish(report.as_dict())
 
     def _record_ledger(self, action: Reject | Enqueue) -> None:
         """Keep the ledger as it stands when a request is delayed or refused."""

@@ -5,7 +5,9 @@ executor and re-arms one timer for the Manager's next wakeup (deadlines, TTLs, w
 backoffs), which submits a ``Tick``. Events submitted while actions execute (an executor
 that completes something synchronously) are queued and handled right after, in order, so
 the Manager is never re-entered. The live daemon uses :class:`~.clock.LoopClock`; tests
-and the parity check use :class:`~.clock.ManualClock`.
+and the parity check use :class:`~.clock.ManualClock`. After each round, the invariant
+reports a non-strict Manager made (:class:`~accelmux.core.manager.InvariantBroken`) go
+to ``report``: never an exception in whoever submitted the event.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from collections.abc import Callable
 
 from accelmux.core.actions import Action
 from accelmux.core.events import Event, Tick
-from accelmux.core.manager import Manager
+from accelmux.core.manager import InvariantBroken, Manager
 from accelmux.runtime.clock import Clock, TimerHandle
 
 #: Timers fire this much after the wakeup the Manager asked for, so "now" is past it.
@@ -29,11 +31,13 @@ class Driver:
         clock: Clock,
         execute: Callable[[Action], None],
         observe: Callable[[float, Action], None] | None = None,
+        report: Callable[[InvariantBroken], None] | None = None,
     ) -> None:
         self.manager = manager
         self.clock = clock
         self.execute = execute
         self.observe = observe
+        self.report = report
         self._pending: deque[Event] = deque()
         self._busy = False
         self._timer: TimerHandle | None = None
@@ -68,6 +72,9 @@ class Driver:
             if observe is not None:
                 observe(now, action)
             self.execute(action)
+        if self.report is not None:
+            for broken in self.manager.take_broken():
+                self.report(broken)
 
     def _rearm(self, now: float) -> None:
         """Keep one timer at (or before) the Manager's next wakeup.

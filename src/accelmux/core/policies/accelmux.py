@@ -180,7 +180,7 @@ class AccelmuxPolicy:
                 world.touch(dev)
                 if learn:
                     for estimated, lease in self._held.get(name, ()):
-                        svc.calibration.observe_failure(estimated, lease)
+                        world.observe_failure(svc, estimated, lease)
             if world.sampled_at.get(dev) != world.now:
                 if not svc.inflight and self._charged.pop(name, None) is not None:
                     world.touch(dev)
@@ -204,7 +204,7 @@ class AccelmuxPolicy:
             self._charged[name] = excess
             if learn:
                 estimated = sum(r.estimate.active_bytes for r in svc.inflight.values())
-                svc.calibration.observe_excess(estimated, measured)
+                world.observe_excess(svc, estimated, measured)
 
     def _may_preempt(self, world: World, req: RequestState) -> bool:
         """A request may be preempted again: it has not reached the bound."""
@@ -601,9 +601,9 @@ class AccelmuxPolicy:
             svc = world.services[name]
             if svc.status is ServiceStatus.LOADED and svc.idle:
                 world.unload(svc, reason=Reason.ADMIN, detail="operator asked")
-                world.admin_unload.discard(name)
+                world.clear_admin_unload(name)
             elif svc.status in (ServiceStatus.UNLOADED, ServiceStatus.CRASHED):
-                world.admin_unload.discard(name)
+                world.clear_admin_unload(name)
 
     def _relieve_pressure(self, world: World) -> None:
         """Foreign or reserved memory grew: give memory back until the ledger balances.
@@ -699,7 +699,7 @@ class AccelmuxPolicy:
             # to skip (both decide the same).
             for req in sorted(world.waiting.values(), key=lambda r: r.sort_key):
                 self._consider(world, req, rnd)
-                req.announced = True
+                world.mark_announced(req)
             return
         # A device whose state (its World epoch) and round inputs are those of a round
         # that changed nothing there (wait reasons aside) would repeat it: it is skipped.
@@ -713,7 +713,7 @@ class AccelmuxPolicy:
             todo = [r for r in self._unsettled(world, cls, rnd) if r.queued_mark <= mark]
             for req in sorted(todo, key=lambda r: r.seq):
                 self._consider(world, req, rnd)
-                req.announced = True
+                world.mark_announced(req)
         self._quiet = {dev: key for dev, key in start.items() if world.epoch(dev) == key[0]}
 
     @staticmethod

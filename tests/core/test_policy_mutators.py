@@ -1,0 +1,230 @@
+"""Policies change the World only through its methods (an AST check of core/policies).
+
+The World's mutators (``dispatch``, ``load``, ``mark_announced``, ``observe_failure``...)
+keep the ledger, the states and the indexes consistent and record every action; a policy
+that wrote a field itself (``req.announced = True``) or changed a collection the World
+owns (``world.admin_unload.discard(name)``, ``svc.calibration.observe_excess(...)``)
+would step around them. In a policy module this test therefore fails on:
+
+* an assignment, augmented assignment or ``del`` of an attribute named like a field of
+  the World, a service state, a request state, the ledger or a calibration (unless it
+  is the policy's own: ``self.x``), or of an item of one of them;
+* a method call on such an attribute (``world.ledger.reserve(...)``), or on a local name
+  bound to one (``ledger = world.ledger``), unless the method only reads;
+* a call of one of the World methods the Manager alone uses (``set_status``, ``drain``...).
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+from pathlib import Path
+
+import accelmux.core.policies
+from accelmux.core.ledger import Ledger
+from accelmux.core.profiles import RatioCalibrator, ServiceCalibration
+from accelmux.core.specs import ManagerSpec
+from accelmux.core.state import RequestState, ServiceSet, ServiceState, World
+
+from .support import device, service
+
+POLICIES = Path(accelmux.core.policies.__file__).parent
+
+
+def _owned_names() -> frozenset[str]:
+    world = World(ManagerSpec(devices=(device(),), services=(service("a"),)))
+    names = {f.name for f in dataclasses.fields(ServiceState)}
+    names |= {f.name for f in dataclasses.fields(RequestState)}
+    names |= set(vars(world)) | set(vars(world.ledger))
+    for cls in (ServiceCalibration, RatioCalibrator, ServiceSet):
+        names |= set(cls.__slots__)
+    assert isinstance(world.ledger, Ledger)
+    return frozenset(names)
+
+
+OWNED = _owned_names()
+#: Methods that only read, callable on what the World owns.
+READ_METHODS = frozenset(
+    {
+        # dict, set, list, deque
+        "get",
+        "keys",
+        "values",
+        "items",
+        "copy",
+        "count",
+        "index",
+        "issubset",
+        "issuperset",
+        "isdisjoint",
+        "union",
+        "intersection",
+        "difference",
+        # ServiceSet
+        "names",
+        # Ledger
+        "amount",
+        "available",
+        "committed",
+        "decided",
+        "device_names",
+        "fits",
+        "foreign",
+        "lease_count",
+        "leases",
+        "service_breakdown",
+        "service_total",
+        "spec",
+        # calibrations
+        "project",
+        "project_active",
+        "project_observed",
+        "project_resident",
+        # the frozen specs and knobs
+        "enabled",
+        "in_window",
+        "seconds_until_edge",
+        "as_dict",
+    }
+)
+#: World methods only the Manager calls (its bookkeeping of events).
+MANAGER_ONLY = frozenset(
+    {
+        "add_waiting",
+        "check_indexes",
+        "drain",
+        "finish",
+        "next_seq",
+        "record",
+        "release_service",
+        "request_admin_unload",
+        "resize_done",
+        "set_kept",
+        "set_status",
+    }
+)
+
+
+def _root(node: ast.expr) -> str | None:
+    while isinstance(node, (ast.Attribute, ast.Subscript, ast.Call)):
+        node = node.func if isinstance(node, ast.Call) else node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def _owned(node: ast.expr, aliases: set[str]) -> bool:
+    """``node`` is something the World owns: ``x.<owned name>``, or a local alias of one."""
+    if isinstance(node, ast.Name):
+        return node.id in aliases
+    return isinstance(node, ast.Attribute) and node.attr in OWNED and _root(node) != "self"
+
+
+def _targets(node: ast.AST) -> list[ast.expr]:
+    if isinstance(node, ast.Assign):
+        found = list(node.targets)
+    elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+        found = [node.target]
+    elif isinstance(node, ast.Delete):
+        found = list(node.targets)
+    else:
+        return []
+    out: list[ast.expr] = []
+    while found:
+        t = found.pop()
+        if isinstance(t, (ast.Tuple, ast.List)):
+            found.extend(t.elts)
+        elif isinstance(t, ast.Starred):
+            found.append(t.value)
+        else:
+            out.append(t)
+    return out
+
+
+def _function_problems(func: ast.AST) -> list[tuple[int, str]]:
+    aliases: set[str] = set()
+    problems: list[tuple[int, str]] = []
+    nodes = sorted(
+        (n for n in ast.walk(func) if hasattr(n, "lineno")),
+        key=lambda n: (n.lineno, n.col_offset),
+    )
+    for node in nodes:
+        if (
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name)
+            and _owned(node.value, aliases)
+        ):
+            aliases.add(node.targets[0].id)
+            continue
+        for t in _targets(node):
+            if isinstance(t, ast.Subscript):  # an item of something the World owns
+                hit = _owned(t.value, aliases)
+            else:  # a field the World owns, or any attribute of something it owns
+                hit = isinstance(t, ast.Attribute) and (
+                    _owned(t, aliases) or _owned(t.value, aliases)
+                )
+            if hit:
+                problems.append((node.lineno, f"writes {ast.unparse(t)}"))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            method, receiver = node.func.attr, node.func.value
+            if _owned(receiver, aliases) and method not in READ_METHODS:
+                problems.append((node.lineno, f"calls {ast.unparse(node.func)}"))
+            elif method in MANAGER_ONLY and _root(receiver) != "self":
+                problems.append((node.lineno, f"calls {ast.unparse(node.func)} (the Manager's)"))
+    return problems
+
+
+def violations(source: str) -> list[str]:
+    problems: set[tuple[int, str]] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            problems.update(_function_problems(node))
+    return [f"line {line}: {what}" for line, what in sorted(problems)]
+
+
+def test_policies_change_the_world_only_through_its_methods() -> None:
+    found = {
+        path.name: v
+        for path in sorted(POLICIES.glob("*.py"))
+        if (v := violations(path.read_text(encoding="utf-8")))
+    }
+    assert found == {}, "use (or add) a World method instead"
+
+
+def test_the_checker_catches_direct_writes() -> None:
+    source = """\
+def decide(self, world, now):
+    req.announced = True
+    svc.loads += 1
+    world.admin_unload.discard(name)
+    svc.calibration.observe_excess(1, 2)
+    ledger = world.ledger
+    ledger.reserve("gpu", "a", cat, 1)
+    svc.queue[rid] = req
+    del world.waiting[rid]
+    world.services["a"].pinned, x = True, 1
+    world.set_status(svc, status)
+    world.ledger.available("gpu")
+    world.dispatch(req, reason=r)
+    world.mark_announced(req)
+    self._charged[name] = 1
+    self.settings = None
+    times.append(now)
+    rnd.quiet = set()
+    sorted(world.admin_unload)
+"""
+    assert violations(source) == [
+        "line 2: writes req.announced",
+        "line 3: writes svc.loads",
+        "line 4: calls world.admin_unload.discard",
+        "line 5: calls svc.calibration.observe_excess",
+        "line 7: calls ledger.reserve",
+        "line 8: writes svc.queue[rid]",
+        "line 9: writes world.waiting[rid]",
+        "line 10: writes world.services['a'].pinned",
+        "line 11: calls world.set_status (the Manager's)",
+    ]
+
+
+def test_the_owned_names_cover_the_world_and_its_states() -> None:
+    assert {"announced", "admin_unload", "last_evicted_at", "calibration", "queue"} <= OWNED
+    assert {"waiting", "inflight", "ledger", "services", "loaded"} <= OWNED
