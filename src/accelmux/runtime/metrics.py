@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-#: Keys of a service's ``usage`` (see :func:`accelmux.runtime.daemon.service_usage`) that
+#: Keys of a service's ``usage`` (see :func:`accelmux.runtime.status.service_usage`) that
 #: ``accelmux_service_usage`` exports; weights, reserved and active are by category in
 #: ``accelmux_service_memory_bytes``.
 USAGE_QUANTITIES = (
