@@ -8,7 +8,8 @@ A doc marks each generated block with a pair of HTML comments::
 
 Every module ``bench/render_*.py`` exposes ``BLOCKS: dict[str, Callable[[], str]]``, each
 function returning the Markdown of one block from the JSON in ``bench/results`` (or
-``docs/``). ``scripts/gen-docs`` rewrites every block of README.md and docs/*.md;
+``docs/``; the dependency picture of docs/architecture.md from the source itself,
+``render_dependencies.py``). ``scripts/gen-docs`` rewrites every block of README.md and docs/*.md;
 ``scripts/gen-docs --check`` (and ``tests/docs``) fails when a block differs from what
 its JSON renders to, when a doc names a block no renderer knows, or when a renderer's
 block appears in no doc.

@@ -4,7 +4,8 @@ Every ``import`` statement counts: at module level, inside ``if TYPE_CHECKING:``
 (a type-only cycle is still a cycle) and inside functions. A module belongs to the
 package right below ``accelmux`` (``accelmux.core.policies.accelmux`` -> ``core``); a
 top-level module is a package of its own (``accelmux.cli`` -> ``cli``, and
-``accelmux/__init__.py`` -> ``accelmux``).
+``accelmux/__init__.py`` -> ``accelmux``). The modules the CLI imports by name
+(``COMMAND_MODULES`` in ``cli.py``) count as imports of ``cli.py``.
 
 Used by ``tests/docs/test_layering.py`` (no cycle, function-local imports justified) and
 ``bench/render_dependencies.py`` (the picture in docs/architecture.md).
@@ -24,6 +25,8 @@ SRC = ROOT / "src"
 PACKAGE = "accelmux"
 
 Graph = dict[str, set[str]]
+#: Module-level names whose tuple of module names a module imports by name (importlib).
+IMPORTED_BY_NAME = frozenset({"COMMAND_MODULES"})
 #: An import statement, and whether it sits inside a function.
 Scoped = tuple[ast.Import | ast.ImportFrom, bool]
 
@@ -81,8 +84,9 @@ def imports_of(source: str, module: str, is_package: bool, known: Iterable[str])
     """The imports of one module's ``source``; ``known``: the tree's module names."""
     names = set(known)
     comments = _comments(source)
-    out: list[Import] = []
-    for node, local in _scoped_imports(ast.parse(source)):
+    tree = ast.parse(source)
+    out = _imported_by_name(tree, module)
+    for node, local in _scoped_imports(tree):
         end = node.end_lineno or node.lineno
         comment = "  ".join(comments[n] for n in range(node.lineno, end + 1) if n in comments)
         targets: list[str] = []
@@ -103,6 +107,20 @@ def imports_of(source: str, module: str, is_package: bool, known: Iterable[str])
                 while target not in names and "." in target:
                     target = target.rpartition(".")[0]  # a name from a module, not a module
             out.append(Import(module, node.lineno, target, local, comment))
+    return out
+
+
+def _imported_by_name(tree: ast.Module, module: str) -> list[Import]:
+    """``COMMAND_MODULES = ("accelmux.x", ...)`` at module level: imports of each."""
+    out: list[Import] = []
+    for node in tree.body:
+        if not isinstance(node, ast.Assign) or not isinstance(node.value, (ast.Tuple, ast.List)):
+            continue
+        if not any(isinstance(t, ast.Name) and t.id in IMPORTED_BY_NAME for t in node.targets):
+            continue
+        for elt in node.value.elts:
+            if isinstance(elt, ast.Constant) and isinstance(elt.value, str):
+                out.append(Import(module, elt.lineno, elt.value, False, "imported by name"))
     return out
 
 

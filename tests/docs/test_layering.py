@@ -14,12 +14,20 @@ import re
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 
 import import_graph as ig  # noqa: E402
+import render_dependencies  # noqa: E402
 
 from accelmux.cli import COMMAND_MODULES  # noqa: E402
+
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+BLOCK = re.compile(
+    r"<!-- generated: dependencies -->\n(?P<body>.*?)<!-- end generated: dependencies -->", re.S
+)
 
 #: Optional dependencies a function may import where it needs them: absent from some
 #: Python builds (curses) or not installed everywhere (uvloop).
@@ -108,3 +116,33 @@ def test_a_cycle_is_found_and_named() -> None:
         "accelmux.a.x:1 -> accelmux.b.y",
         "accelmux.b.y:7 -> accelmux.a (in a function)",
     ]
+
+
+def test_the_dependency_picture_in_the_architecture_doc_is_the_graph() -> None:
+    found = BLOCK.search(ARCHITECTURE.read_text(encoding="utf-8"))
+    assert found is not None, "docs/architecture.md has no generated dependencies block"
+    assert found.group("body") == render_dependencies.render() + "\n", (
+        "docs/architecture.md's dependency picture is stale: run scripts/gen-docs"
+    )
+
+
+def test_every_arrow_of_the_picture_points_down() -> None:
+    graph = ig.package_graph(ig.imports())
+    stack = render_dependencies.layers(graph)
+    layer = {p: n for n, names in enumerate(stack) for p in names}
+    assert all(layer[a] > layer[b] for a, deps in graph.items() for b in deps)
+    assert stack[-1] == ["cli"] and layer["server"] > layer["gateway"] > layer["runtime"]
+    assert layer["runtime"] > layer["backends"] > layer["worker"] > layer["core"]
+
+
+def test_layers_put_each_package_above_what_it_imports_and_refuse_a_cycle() -> None:
+    graph = {"top": {"mid", "low"}, "mid": {"low"}, "side": {"low"}}
+    assert render_dependencies.layers(graph) == [["low"], ["mid", "side"], ["top"]]
+    with pytest.raises(ValueError, match="cycle"):
+        render_dependencies.layers({"a": {"b"}, "b": {"a"}})
+
+
+def test_the_cli_imports_its_command_modules_by_name() -> None:
+    source = 'COMMAND_MODULES = (\n    "accelmux.pkg.command",\n)\n'
+    found = ig.imports_of(source, "accelmux.cli", False, ["accelmux.pkg.command"])
+    assert [(i.target, i.line, i.local) for i in found] == [("accelmux.pkg.command", 2, False)]
