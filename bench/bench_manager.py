@@ -1,8 +1,8 @@
 """Throughput of ``core.Manager`` with the accelmux policy.
 
 A synthetic workload (Zipf-popular services of mixed classes on 1-4 devices, Poisson
-arrivals, a fake executor that answers loads, unloads and requests after plausible
-delays, periodic ticks plus the Manager's own wake-ups) is replayed through a Manager.
+arrivals, a fake executor that answers loads, unloads, resizes and requests after
+plausible delays, periodic ticks plus the Manager's own wake-ups) is replayed through a Manager.
 Only the Manager's work is timed: ``handle(event, now)`` and ``next_wakeup(now)``, as a
 driver calls them after every event.
 
@@ -25,13 +25,14 @@ from pathlib import Path
 
 from meta import run_meta
 
-from accelmux.core.actions import Action, Dispatch, Load, Unload
+from accelmux.core.actions import Action, Dispatch, Load, Resize, Unload
 from accelmux.core.events import (
     Demand,
     Event,
     LoadFinished,
     RequestArrived,
     RequestFinished,
+    ResizeFinished,
     Tick,
     Unloaded,
 )
@@ -173,6 +174,8 @@ def run_once(work: Workload, n_events: int, seed: int) -> dict[str, float]:
                 push(now + a.weights_bytes / 2e9 + 0.5, LoadFinished(service=a.service))
             elif isinstance(a, Unload):
                 push(now + 0.3, Unloaded(service=a.service))
+            elif isinstance(a, Resize):
+                push(now + 0.05, ResizeFinished(service=a.service, kv_pool_bytes=a.kv_pool_bytes))
 
     # arrivals and periodic ticks
     t = 0.0

@@ -4,6 +4,7 @@ ballooning, maintenance windows, foreign pressure, TTLs."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 from hypothesis import given
@@ -302,7 +303,7 @@ def test_victim_score_prefers_rarely_used_large_low_class_services() -> None:
 def test_pinned_busy_queued_and_higher_class_services_are_never_victims() -> None:
     m = manager(
         service("pin", profile=big(3), residency=Residency.PINNED, cls=BG),
-        service("busy", profile=big(3), cls=BG),
+        service("busy", profile=big(3)),  # its work is of the same class: not preemptible
         service("rt", profile=big(3), cls=RT),
         service("new", profile=big(4)),
         knobs=EXACT,
@@ -312,6 +313,24 @@ def test_pinned_busy_queued_and_higher_class_services_are_never_victims() -> Non
     out = m.handle(arrive("n1", "new"), 2.0)
     assert unloads(out) == []
     assert enqueued(out)["n1"].reason is Reason.NO_MEMORY
+
+
+def test_a_busy_batch_model_gives_way_once_its_work_is_preempted() -> None:
+    def first_moves(*disabled: str) -> tuple[list[str], list[str]]:
+        m = manager(
+            service("emb", profile=big(7), cls=BA),
+            service("chat", profile=big(5)),
+            knobs=replace(EXACT, disabled=frozenset(disabled)),
+        )
+        up(m, "emb")
+        m.handle(arrive("e1", "emb"), 1.0)
+        out = m.handle(arrive("c1", "chat"), 2.0)
+        return [a.request_id for a in of(Preempt, out)], [u.service for u in unloads(out)]
+
+    # Preempting the batch request alone frees nothing worth having: its weights are
+    # what the interactive load needs, so the batch model is evicted once idle.
+    assert first_moves() == (["e1"], ["emb"])
+    assert first_moves("evict_after_preemption") == ([], [])
 
 
 def test_admin_loaded_services_are_not_victims() -> None:
@@ -779,6 +798,23 @@ def _restore_case(warm_uses: int, big_uses: int) -> list[Action]:
         m.handle(done(f"b{i}"), 3.0 + i)
     last = 3.0 + max(0, big_uses - 1)
     return m.handle(Tick(), last + 2.0)
+
+
+def test_a_lower_class_service_is_not_restored_at_an_interactive_ones_expense() -> None:
+    m = manager(
+        service("cam", profile=big(3), cls=BG),
+        service("big", profile=big(9), residency=Residency.ON_DEMAND, ttl_s=300.0),
+        knobs=PolicyKnobs(safety_factor=1.0),
+    )
+    up(m, "cam")
+    for i in range(6):
+        m.handle(arrive(f"f{i}", "cam"), 0.1 + i * 0.01)
+        m.handle(done(f"f{i}"), 0.1 + i * 0.01)
+    m.handle(arrive("b0", "big"), 1.0)  # evicts the camera model
+    m.handle(Unloaded(service="cam"), 2.0)
+    m.handle(loaded("big"), 3.0)
+    m.handle(done("b0"), 3.0)
+    assert unloads(m.handle(Tick(), 5.0)) == []
 
 
 def test_a_displaced_warm_service_used_more_often_is_restored_at_once() -> None:

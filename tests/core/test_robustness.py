@@ -18,11 +18,18 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from accelmux.core.actions import Action, Dispatch, Preempt
-from accelmux.core.events import BackendCrashed, Demand, MemorySampled, RequestArrived, Tick
+from accelmux.core.events import (
+    BackendCrashed,
+    Demand,
+    LoadFinished,
+    MemorySampled,
+    RequestArrived,
+    Tick,
+)
 from accelmux.core.manager import Manager
 from accelmux.core.policies import make_policy
 from accelmux.core.policies.accelmux import MAX_PREEMPTIONS
-from accelmux.core.specs import ManagerSpec, MemoryProfile
+from accelmux.core.specs import ManagerSpec, MemoryProfile, PolicyKnobs
 from accelmux.core.state import World
 from accelmux.core.types import GIB, MIB, Category, Reason, ServiceClass, ServiceStatus
 
@@ -265,3 +272,25 @@ def test_preempting_a_caching_service_evicts_it_instead_of_counting_its_lease_fr
     # Without it, the released lease is taken as free memory the device does not have.
     _, out = _caching_embedder("cache_accounting")
     assert unloads(out) == []
+
+
+def test_a_load_larger_than_granted_is_not_taken_for_activation_memory() -> None:
+    # The load measures twice its grant; a memory sample with a request running shows
+    # that excess as reserved. It is resident memory: the requests' calibration stays.
+    m = manager(
+        service("img", profile=MemoryProfile(weights=2 * GIB, workspace=64 * MIB)),
+        knobs=PolicyKnobs(prewarm=False, safety_factor=1.0),
+    )
+    m.handle(RequestArrived(request_id="i1", service="img"), 0.0)
+    m.handle(LoadFinished(service="img", weights_bytes=4 * GIB, runtime_bytes=0), 1.0)
+    svc = m.world.services["img"]
+    assert svc.inflight and svc.load_excess == 2 * GIB
+    before = svc.calibration.active.factor
+    lease = sum(r.active_lease.nbytes for r in svc.inflight.values() if r.active_lease)
+    used = 4 * GIB + lease
+    m.handle(MemorySampled(device="gpu", used_bytes=used, per_service={"img": used}), 2.0)
+    assert svc.calibration.active.factor == before
+    # Activation memory above the lease still counts.
+    used += 256 * MIB
+    m.handle(MemorySampled(device="gpu", used_bytes=used, per_service={"img": used}), 3.0)
+    assert svc.calibration.active.factor > before

@@ -133,6 +133,47 @@ def test_resize_applies_at_the_next_load(tmp_path: Path) -> None:
     run(body())
 
 
+def test_a_request_too_long_for_the_running_context_restarts_the_server_larger(
+    tmp_path: Path,
+) -> None:
+    # llama-server declares resize at next load: the Manager never resizes it live. Its
+    # first start takes what is free beyond the spare fraction; a request whose KV does
+    # not fit that context restarts the idle server with a larger one, and is served.
+    config = llama_config(llama_server_path(), smollm2())
+    config["devices"]["cpu"]["capacity"] = "768MiB"
+    config["services"]["chat"]["memory"]["kv_ceiling"] = "512MiB"
+
+    async def body() -> None:
+        async with live(config, tmp=tmp_path) as lv:
+            async with lv.openai(timeout=120) as client:
+                r = await client.chat.completions.create(model="chat", messages=MSG, max_tokens=4)
+                assert r.choices[0].message.content is not None
+                chat = _chat_service(lv)
+                assert chat["capabilities"]["resize"] == "next_load"
+                first_pid = chat["backend"]["pid"]
+                first_ctx = _ctx_arg(first_pid)
+                per_token = chat["kv_pool_bytes"] // first_ctx
+                long = first_ctx + 64  # just more than the running context holds
+                assert long * per_token <= 512 * MIB
+                r = await client.chat.completions.create(
+                    model="chat", messages=MSG, max_tokens=long, temperature=0
+                )
+                assert r.choices[0].message.content is not None
+            chat = _chat_service(lv)
+            assert chat["loads"] == 2 and chat["evictions"] == 0
+            new_pid = chat["backend"]["pid"]
+            assert new_pid != first_pid and _ctx_arg(new_pid) > first_ctx
+            reasons = [
+                d["reason"]
+                for d in lv.runtime.manager.snapshot().decisions
+                if d["action"] == "unload"
+            ]
+            assert "resize_at_next_load" in reasons
+            assert not any(d["action"] == "resize" for d in lv.runtime.manager.snapshot().decisions)
+
+    run(body())
+
+
 def test_llama_server_dies_with_a_killed_daemon(tmp_path: Path) -> None:
     config = llama_config(llama_server_path(), smollm2())
     with daemon(config, tmp_path, timeout=60) as d:

@@ -356,6 +356,8 @@ class Manager:
                 event.runtime_bytes if event.runtime_bytes is not None else p.runtime
             )
             svc.calibration.observe_load(p.weights + p.runtime, measured)
+            granted = sum(le.nbytes for le in svc.resident_leases)
+            svc.load_excess = max(0, measured - granted)
 
     def _backoff(self, svc_state: ServiceState) -> None:
         w = self.world

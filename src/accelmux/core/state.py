@@ -63,8 +63,8 @@ class ServiceState:
     resize_target: int | None = None
     resize_from: int | None = None
     resize_failures: int = 0
-    #: The backend refused a live resize since this load: until the next load the pool
-    #: is treated as one that changes only at the next load.
+    #: The backend refused a live resize: from then on its pool is treated as one that
+    #: changes only at the next load (a backend that refused once is not asked again).
     resize_refused: bool = False
     inflight: dict[str, RequestState] = field(default_factory=dict)
     #: This service's waiting requests, in the order of ``World.waiting``.
@@ -85,6 +85,9 @@ class ServiceState:
     backoff_until: float = -math.inf
     admin_wants_loaded: bool = False
     measured_bytes: int | None = None
+    #: How much more the last load measured than its resident leases grant: memory
+    #: samples show it as ``reserved``, and it is not its requests' activation memory.
+    load_excess: int = 0
     over_limit: bool = False
     rate: float = 0.0
     rate_at: float = 0.0
@@ -794,6 +797,6 @@ class World:
         self.ledger.drop_service(svc.spec.device, svc.name)
         svc.resize_target = None
         svc.resize_from = None
-        svc.resize_refused = False
+        svc.load_excess = 0
         svc.measured_bytes = None
         svc.over_limit = False

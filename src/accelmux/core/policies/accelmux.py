@@ -74,6 +74,9 @@ HEURISTICS: dict[str, str] = {
     "batch_yield": "batch work yields compute to running interactive requests",
     "preemption": "stop (and re-queue) running lower-class work to make room",
     "preemption_bound": "a request preempted MAX_PREEMPTIONS times is no longer preemptible",
+    "evict_after_preemption": "a service whose running work is all preempted to make room "
+    "counts as a victim too: it is evicted once idle (a busy batch model gives way to an "
+    "interactive one, not only its leases)",
     "ballooning": "shrink elastic KV pools when idle and to make room",
     "victim_scoring": "evict by reload cost x reuse probability x class weight per byte "
     "(off: least recently used first)",
@@ -190,7 +193,8 @@ class AccelmuxPolicy:
                 self._high_water.pop(name, None)
                 self._charged.pop(name, None)
                 continue
-            reserved = world.ledger.amount(dev, name, Category.RESERVED)
+            # What the load measured above its leases is resident memory, not activations.
+            reserved = max(0, world.ledger.amount(dev, name, Category.RESERVED) - svc.load_excess)
             leases = sum(r.active_lease.nbytes for r in svc.inflight.values() if r.active_lease)
             measured = reserved + leases
             before = self._high_water.get(name, 0)
@@ -314,20 +318,35 @@ class AccelmuxPolicy:
         return 1.0 - math.exp(-reuse_rate(svc, world.now, horizon) * horizon) >= 0.5
 
     def _restore_pending(self, world: World, holder: ServiceState) -> bool:
-        """A warm service evicted for memory on ``holder``'s device is likely to be used
-        again, and sooner than ``holder`` (an on-demand service used more often than
-        what it displaced keeps its place)."""
+        """A warm service evicted for memory on ``holder``'s device, of a class at least
+        as high as ``holder``'s, is likely to be used again, sooner than ``holder`` (an
+        on-demand service used more often than what it displaced keeps its place), and
+        would fit once ``holder`` is gone (no service is unloaded for a restore that
+        cannot happen)."""
         horizon = world.knobs.reuse_horizon_s
         own = reuse_rate(holder, world.now, horizon)
+        dev = holder.spec.device
+        room = world.ledger.available(dev) + self.unload_frees(world, holder)
         return any(
             s.status is ServiceStatus.UNLOADED
             and s.spec.residency is Residency.WARM
             and s.last_evicted_at is not None
             and self._likely_reused(world, s)
+            and s.spec.cls <= holder.spec.cls
             and reuse_rate(s, world.now, horizon) > own
+            and self._restore_need(world, s) <= room
             for s in world.evicted_out
-            if s.spec.device == holder.spec.device
+            if s.spec.device == dev
         )
+
+    def _restore_need(self, world: World, svc: ServiceState) -> int:
+        """Free memory a prewarm of ``svc`` needs: its resident size, plus the realtime
+        reserve and a tenth of the budget left free after it (memory measured only at
+        the next sample, e.g. an allocator's cache)."""
+        dev = svc.spec.device
+        pool = self._load_pool(world, svc, svc.spec.profile.kv_floor)
+        spare = self._realtime_reserve(world, dev) + world.devices[dev].usable_bytes // 10
+        return sum(world.projected_resident(svc, pool)) + spare
 
     @staticmethod
     def _preemptible(svc: ServiceState, cls: ServiceClass) -> bool:
@@ -415,11 +434,14 @@ class AccelmuxPolicy:
         cls: ServiceClass,
         exclude: ServiceState | None,
         strict: bool = False,
+        once_preempted: bool = False,
     ) -> bool:
+        """Whether ``svc`` may be evicted for class ``cls``; ``once_preempted``: it is
+        busy, but every request it runs is being preempted for this room."""
         return (
             svc is not exclude
             and svc.status is ServiceStatus.LOADED
-            and svc.idle
+            and (svc.idle or once_preempted)
             and not self._keep(svc)
             and (svc.waiting_count == 0 or svc.spec.cls > cls)
             and (svc.spec.cls > cls if strict else svc.spec.cls >= cls)
@@ -469,16 +491,20 @@ class AccelmuxPolicy:
         knobs = world.knobs
         preempting = knobs.enabled("preemption")
         shrinking = knobs.enabled("ballooning")
+        clearing = knobs.enabled("evict_after_preemption")
         for svc in services:
+            cleared = False
             if preempting and svc.inflight and self._preemptible(svc, cls):
-                preempts.extend(r for r in svc.inflight.values() if self._may_preempt(world, r))
+                mine = [r for r in svc.inflight.values() if self._may_preempt(world, r)]
+                preempts.extend(mine)
+                cleared = clearing and len(mine) == len(svc.inflight)
             if svc is exclude or svc.status is not ServiceStatus.LOADED:
                 continue
             up.append(svc)
             target = max(svc.spec.profile.kv_floor, svc.kv_in_use)
             if shrinking and svc.kv_pool > target and world.resizable(svc):
                 shrinks.append((svc, target))
-            if self._evictable(svc, cls, exclude, strict):
+            if self._evictable(svc, cls, exclude, strict, once_preempted=cleared):
                 victims.append(svc)
 
         # KV freed by a preemption comes back only as far as its pool can shrink.
@@ -560,6 +586,8 @@ class AccelmuxPolicy:
         for svc in victims:
             if ledger.available(device) - kept + pending + freed >= need:
                 break
+            if svc.inflight or svc.status is not ServiceStatus.LOADED:
+                continue  # its work was not all preempted after all
             freed += self.unload_frees(world, svc)
             world.unload(
                 svc,
@@ -981,21 +1009,21 @@ class AccelmuxPolicy:
         return any(r.seq < req.seq and r.wait_reason is Reason.RESIZING for r in svc.queue.values())
 
     def _load_pool(self, world: World, svc: ServiceState, wanted: int) -> int:
-        """The KV pool a load asks for: the KV bytes ``wanted``, or the largest waiting
-        request's if more, within the floor and the ceiling.
+        """The KV pool a load asks for: the KV bytes ``wanted``, within the floor and the
+        ceiling, when the pool can grow and shrink later (a live resize).
 
-        With a live resize that is all: the pool grows and shrinks later. A pool that
-        changes only at the next load also takes the memory that is free beyond the
-        realtime reserve and the spare fraction of the budget, since it cannot grow later
-        without a reload. A backend that cannot resize at all holds its ceiling
-        (:meth:`World.load` sees to it)."""
+        A pool that changes only at the next load is sized for the largest waiting
+        request too, plus the memory that is free beyond the realtime reserve and the
+        spare fraction of the budget, since it cannot grow later without a reload. A
+        backend that cannot resize at all holds its ceiling (:meth:`World.load` sees to
+        it)."""
         p = svc.spec.profile
         if not p.kv_ceiling:
             return 0
+        if svc.resize_support is not ResizeSupport.NEXT_LOAD:
+            return max(p.kv_floor, min(p.kv_ceiling, wanted))
         waiting = max((r.estimate.kv_bytes for r in svc.queue.values()), default=0)
         base = max(p.kv_floor, min(p.kv_ceiling, max(wanted, waiting)))
-        if svc.resize_support is not ResizeSupport.NEXT_LOAD:
-            return base
         dev = svc.spec.device
         free = (
             world.ledger.available(dev)
@@ -1145,19 +1173,18 @@ class AccelmuxPolicy:
                 continue
             dev = svc.spec.device
             pool = self._load_pool(world, svc, svc.spec.profile.kv_floor)
-            need = sum(world.projected_resident(svc, pool))
             # Restoring what was evicted for a short on-demand job returns the device to
             # its steady state: it leaves the realtime reserve and a tenth of the budget
-            # free (memory measured only at the next sample, e.g. an allocator's cache).
-            spare = self._realtime_reserve(world, dev) + world.devices[dev].usable_bytes // 10
-            fits = world.ledger.available(dev) - need >= spare
+            # free (see _restore_need).
+            need_with_spare = self._restore_need(world, svc)
+            fits = world.ledger.available(dev) >= need_with_spare
             if not fits and svc.spec.cls < ServiceClass.BATCH and world.knobs.enabled("restore"):
                 # An interactive service outranks batch and background work: take its
                 # memory back from them (they are preempted or evicted) to restore it.
                 # Only strictly lower classes yield: two services of one class that cannot
                 # both fit must never restore each other in turn (a load/unload loop).
                 fits = self.make_room(
-                    world, dev, need + spare, svc.spec.cls, svc, Reason.PRELOAD, strict=True
+                    world, dev, need_with_spare, svc.spec.cls, svc, Reason.PRELOAD, strict=True
                 )
             if fits:
                 world.load(svc, reason=Reason.PRELOAD, kv_pool=pool, detail="likely reused soon")
