@@ -44,30 +44,30 @@ def text_choice(text: str, *, index: int = 0, finish: str = "stop") -> dict[str,
     return {"index": index, "text": text, "finish_reason": finish}
 
 
-def chat_completion(
-    model: str, rid: str, choices: list[dict[str, Any]], usage: dict[str, int]
-) -> dict[str, Any]:
+def _completion(
+    kind: str, id_prefix: str, model: str, rid: str, choices: list[dict[str, Any]],
+    usage: dict[str, int],
+) -> dict[str, Any]:  # fmt: skip
     return {
-        "id": f"chatcmpl-{rid}",
-        "object": "chat.completion",
+        "id": f"{id_prefix}-{rid}",
+        "object": kind,
         "created": int(time.time()),
         "model": model,
         "choices": choices,
         "usage": usage,
     }
+
+
+def chat_completion(
+    model: str, rid: str, choices: list[dict[str, Any]], usage: dict[str, int]
+) -> dict[str, Any]:
+    return _completion("chat.completion", "chatcmpl", model, rid, choices, usage)
 
 
 def text_completion(
     model: str, rid: str, choices: list[dict[str, Any]], usage: dict[str, int]
 ) -> dict[str, Any]:
-    return {
-        "id": f"cmpl-{rid}",
-        "object": "text_completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": choices,
-        "usage": usage,
-    }
+    return _completion("text_completion", "cmpl", model, rid, choices, usage)
 
 
 def embeddings_list(model: str, vectors: list[Any], usage: dict[str, int]) -> dict[str, Any]:

@@ -334,17 +334,17 @@ class AccelmuxPolicy:
             and self._likely_reused(world, s)
             and s.spec.cls <= holder.spec.cls
             and reuse_rate(s, world.now, horizon) > own
-            and self._restore_need(world, s) <= room
+            and self._restore_need(world, s, self._load_pool(world, s, s.spec.profile.kv_floor))
+            <= room
             for s in world.evicted_out
             if s.spec.device == dev
         )
 
-    def _restore_need(self, world: World, svc: ServiceState) -> int:
-        """Free memory a prewarm of ``svc`` needs: its resident size, plus the realtime
-        reserve and a tenth of the budget left free after it (memory measured only at
-        the next sample, e.g. an allocator's cache)."""
+    def _restore_need(self, world: World, svc: ServiceState, pool: int) -> int:
+        """Free memory a prewarm of ``svc`` with a KV pool of ``pool`` needs: its resident
+        size, plus the realtime reserve and a tenth of the budget left free after it
+        (memory measured only at the next sample, e.g. an allocator's cache)."""
         dev = svc.spec.device
-        pool = self._load_pool(world, svc, svc.spec.profile.kv_floor)
         spare = self._realtime_reserve(world, dev) + world.devices[dev].usable_bytes // 10
         return sum(world.projected_resident(svc, pool)) + spare
 
@@ -1176,7 +1176,7 @@ class AccelmuxPolicy:
             # Restoring what was evicted for a short on-demand job returns the device to
             # its steady state: it leaves the realtime reserve and a tenth of the budget
             # free (see _restore_need).
-            need_with_spare = self._restore_need(world, svc)
+            need_with_spare = self._restore_need(world, svc, pool)
             fits = world.ledger.available(dev) >= need_with_spare
             if not fits and svc.spec.cls < ServiceClass.BATCH and world.knobs.enabled("restore"):
                 # An interactive service outranks batch and background work: take its
