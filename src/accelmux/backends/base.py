@@ -2,11 +2,11 @@
 
 The runtime calls a backend only when the Manager told it to: ``load`` after a Load
 action, ``unload`` after an Unload, ``resize`` after a Resize, ``handle`` after a
-Dispatch. A backend never decides anything; it reports facts back (load sizes, the peak
-memory of a request, whether a resize took, a crash through the ``on_crash`` callback)
-and declares what it can do (:class:`~accelmux.core.specs.Capabilities`): the Manager
-is built from those declarations and asks for nothing else.
-"""
+Dispatch, ``pause`` and ``resume`` after a Pause and a Resume. A backend never decides
+anything; it reports facts back (load sizes, the peak memory of a request, whether a
+resize took, a crash through the ``on_crash`` callback) and declares what it can do
+(:class:`~accelmux.core.specs.Capabilities`): the Manager is built from those
+declarations and asks for nothing else."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from accelmux.core.specs import Capabilities
-from accelmux.core.types import ServiceKind
+from accelmux.core.types import ServiceKind, Tier
 
 #: Called by a backend whose process died (or whose model raised) while loaded.
 CrashCallback = Callable[[str], None]
@@ -90,8 +90,23 @@ class Backend(Protocol):
         """Bring the model up with the granted sizes; raise BackendError on failure."""
         ...
 
-    async def unload(self) -> None:
-        """Release everything (stop the process, free the model). Idempotent."""
+    async def unload(self, *, tier: Tier = Tier.COLD) -> None:
+        """Free the device memory. ``cold``: release everything (stop the process, free
+        the model). ``parked`` (declared ``host_cache``): keep the weights in host RAM
+        for a faster next load. ``sleeping`` (declared ``sleep``): the process stays and
+        sleeps with its weights in host RAM; the next ``load`` wakes it. Idempotent."""
+        ...
+
+    async def pause(self, request_id: str, *, park: bool) -> None:
+        """Pause the running request between tokens (declared ``pause``); its stream
+        stays open and sends nothing until :meth:`resume`. ``park`` (declared ``park``):
+        also save its KV state off the device. Raise BackendError when it cannot; a
+        request that already ended is not an error."""
+        ...
+
+    async def resume(self, request_id: str) -> None:
+        """Continue a paused request where it stopped (restoring a parked KV state),
+        with no lost or repeated output. A request that already ended is not an error."""
         ...
 
     async def resize(self, kv_pool_bytes: int) -> None:

@@ -67,6 +67,7 @@ from accelmux.backends.process_meter import PeakTracker, ProcessTreeMeter
 from accelmux.backends.server_metrics import argv_option, parse_server_metrics, parse_slots
 from accelmux.config.backends import ExternalBackendConfig
 from accelmux.core.specs import Capabilities
+from accelmux.core.types import Tier
 from accelmux.errors import BackendCrashedError, BackendError, BackendTimeoutError
 from accelmux.redact import redact
 
@@ -400,7 +401,7 @@ class ExternalBackend:
         if self._on_crash is not None:
             self._on_crash(f"{self.service}: process exited with code {code}{self._tail()}")
 
-    async def unload(self) -> None:
+    async def unload(self, *, tier: Tier = Tier.COLD) -> None:
         await self._stop_process()
         self._loaded = False
 
@@ -494,6 +495,12 @@ class ExternalBackend:
     @property
     def capabilities(self) -> Capabilities:
         return self.cfg.capabilities()
+
+    async def pause(self, request_id: str, *, park: bool) -> None:
+        raise BackendError(f"{self.service}: this backend does not declare pause")
+
+    async def resume(self, request_id: str) -> None:
+        raise BackendError(f"{self.service}: this backend does not declare pause")
 
     async def resize(self, kv_pool_bytes: int) -> None:
         # Declared next_load or none: the Manager sizes the pool at each start instead.

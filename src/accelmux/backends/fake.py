@@ -26,7 +26,7 @@ from accelmux.backends import fake_outputs as out
 from accelmux.backends.base import BackendRequest, BackendResponse, CrashCallback, LoadReport
 from accelmux.config.backends import FakeBackendConfig
 from accelmux.core.specs import Capabilities
-from accelmux.core.types import ResizeSupport, ServiceKind
+from accelmux.core.types import ResizeSupport, ServiceKind, Tier
 from accelmux.errors import BackendCrashedError, BackendError
 
 
@@ -96,7 +96,7 @@ class FakeBackend:
         self._generation += 1
         return LoadReport(weights_bytes=weights, runtime_bytes=runtime)
 
-    async def unload(self) -> None:
+    async def unload(self, *, tier: Tier = Tier.COLD) -> None:
         self._resident = bytearray()
         self._kv = bytearray()
         self._resident_reported = self._kv_reported = 0
@@ -105,6 +105,12 @@ class FakeBackend:
     @property
     def capabilities(self) -> Capabilities:
         return self.cfg.capabilities(self.kind)
+
+    async def pause(self, request_id: str, *, park: bool) -> None:
+        raise BackendError(f"{self.service}: this backend does not declare pause")
+
+    async def resume(self, request_id: str) -> None:
+        raise BackendError(f"{self.service}: this backend does not declare pause")
 
     async def resize(self, kv_pool_bytes: int) -> None:
         if self.cfg.resize is not ResizeSupport.LIVE or self.cfg.fail_resize:

@@ -22,7 +22,7 @@ from typing import Any
 from accelmux.backends.base import BackendRequest, BackendResponse, CrashCallback, LoadReport
 from accelmux.config.backends import WorkerBackendConfig
 from accelmux.core.specs import Capabilities
-from accelmux.core.types import ServiceKind
+from accelmux.core.types import ServiceKind, Tier
 from accelmux.errors import BackendCrashedError, BackendError, RequestError
 from accelmux.worker import protocol
 from accelmux.worker.client import WorkerClient
@@ -120,7 +120,7 @@ class WorkerBackend:
             runtime += int(reply.get("base_bytes", 0))  # a whole interpreter of its own
         return LoadReport(weights_bytes=int(reply["weights_bytes"]), runtime_bytes=runtime)
 
-    async def unload(self) -> None:
+    async def unload(self, *, tier: Tier = Tier.COLD) -> None:
         was, self.loaded = self.loaded, False
         if was and self.client.alive:
             with contextlib.suppress(BackendCrashedError):
@@ -133,6 +133,12 @@ class WorkerBackend:
     @property
     def capabilities(self) -> Capabilities:
         return self.cfg.capabilities(self.kind)
+
+    async def pause(self, request_id: str, *, park: bool) -> None:
+        raise BackendError(f"{self.service}: this backend does not declare pause")
+
+    async def resume(self, request_id: str) -> None:
+        raise BackendError(f"{self.service}: this backend does not declare pause")
 
     async def resize(self, kv_pool_bytes: int) -> None:
         if not self.loaded or not self.client.alive:

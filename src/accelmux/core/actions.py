@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from accelmux.core.types import Reason
+from accelmux.core.types import Reason, Tier
 
 
 def _require(condition: bool, message: str) -> None:
@@ -64,20 +64,28 @@ class Fail:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Load:
-    """Load the service's model. ``kv_pool_bytes`` sizes an LLM's KV cache pool."""
+    """Load the service's model. ``kv_pool_bytes`` sizes an LLM's KV cache pool;
+    ``from_tier`` is where its weights are now (a parked or sleeping service reloads
+    from host RAM)."""
 
     service: str
     reason: Reason
     weights_bytes: int
     runtime_bytes: int
     kv_pool_bytes: int = 0
+    from_tier: Tier = Tier.COLD
     detail: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Unload:
+    """Free the service's device memory. ``tier``: where its weights go (``cold``: the
+    backend releases everything; ``parked``: it keeps them in host RAM; ``sleeping``:
+    its process sleeps with them in host RAM)."""
+
     service: str
     reason: Reason
+    tier: Tier = Tier.COLD
     detail: str = ""
 
 
@@ -105,7 +113,39 @@ class Preempt:
     detail: str = ""
 
 
-Action = Dispatch | Enqueue | Reject | Fail | Load | Unload | Resize | Preempt
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Pause:
+    """Pause a running request between tokens; it keeps its output so far and resumes
+    later (:class:`Resume`) with nothing lost or repeated. ``park``: its KV state also
+    leaves the device (saved to host RAM, restored on resume); otherwise it keeps its
+    place in the KV pool. Only for services whose backend declares ``pause`` (and
+    ``park``)."""
+
+    request_id: str
+    service: str
+    attempt: int
+    park: bool
+    reason: Reason
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Resume:
+    """Continue a paused request (restoring its KV state first when it was parked).
+    ``lease_bytes`` is the memory granted to it again."""
+
+    request_id: str
+    service: str
+    attempt: int
+    lease_bytes: int
+    reason: Reason
+    detail: str = ""
+
+    def __post_init__(self) -> None:
+        _require(self.lease_bytes >= 0, "lease_bytes must be >= 0")
+
+
+Action = Dispatch | Enqueue | Reject | Fail | Load | Unload | Resize | Preempt | Pause | Resume
 
 
 def action_kind(action: Action) -> str:

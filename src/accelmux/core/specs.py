@@ -27,6 +27,8 @@ class DeviceSpec:
     budget_bytes: int
     headroom_bytes: int
     load_bandwidth_bps: float = 2e9  # bytes/s from disk or page cache into the device
+    #: bytes/s from host RAM into the device: a parked or sleeping service's reload
+    host_bandwidth_bps: float = 12e9
 
     def __post_init__(self) -> None:
         _require(self.capacity_bytes > 0, f"device {self.name}: capacity must be > 0")
@@ -39,6 +41,7 @@ class DeviceSpec:
             f"device {self.name}: headroom must be in [0, budget)",
         )
         _require(self.load_bandwidth_bps > 0, f"device {self.name}: bandwidth must be > 0")
+        _require(self.host_bandwidth_bps > 0, f"device {self.name}: host bandwidth must be > 0")
 
     @property
     def usable_bytes(self) -> int:
@@ -111,9 +114,12 @@ class Capabilities:
     """What a service's backend declares it can do; the core uses nothing else.
 
     ``resize``: when the KV pool can change (see :class:`ResizeSupport`). ``pause``: a
-    running request can be paused between tokens and resumed; ``park``: a paused
-    sequence's state can be moved off the device and back; ``sleep``: the loaded model
-    can be put to sleep (its weights leave the device, the process stays).
+    running request can be paused between tokens and resumed with no lost or repeated
+    output; ``park``: a paused request's KV state can leave the device (saved to host
+    RAM) and be restored instead of recomputing its prompt; ``sleep``: the loaded model
+    can be put to sleep (its weights go to host RAM, the process stays: tier
+    ``sleeping``); ``host_cache``: an unloaded model's weights can be kept in host RAM
+    (the page cache of an mmap'd file) and reloaded from there (tier ``parked``).
     ``request_peaks``: finished requests report their measured peak memory, which
     calibrates the service's estimates.
 
@@ -125,6 +131,7 @@ class Capabilities:
     pause: bool = False
     park: bool = False
     sleep: bool = False
+    host_cache: bool = False
     request_peaks: bool = True
 
     def as_dict(self) -> dict[str, object]:
@@ -133,6 +140,7 @@ class Capabilities:
             "pause": self.pause,
             "park": self.park,
             "sleep": self.sleep,
+            "host_cache": self.host_cache,
             "request_peaks": self.request_peaks,
         }
 
@@ -205,10 +213,14 @@ class ManagerSpec:
     services: tuple[ServiceSpec, ...]
     knobs: PolicyKnobs = field(default_factory=PolicyKnobs)
     clock_origin_s_of_day: float = 0.0
+    #: Host RAM the ledger may fill with parked or sleeping weights and parked KV state
+    #: (0: no parking; every unload is cold).
+    host_budget_bytes: int = 0
 
     def __post_init__(self) -> None:
         names = [d.name for d in self.devices]
         _require(len(set(names)) == len(names), "device names must be unique")
+        _require(self.host_budget_bytes >= 0, "host budget must be >= 0")
         snames = [s.name for s in self.services]
         _require(len(set(snames)) == len(snames), "service names must be unique")
         for s in self.services:

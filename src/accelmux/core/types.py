@@ -59,6 +59,22 @@ class ResizeSupport(StrEnum):
     NONE = "none"
 
 
+class Tier(StrEnum):
+    """Where a service's weights are while it is not loaded on its device.
+
+    ``cold``: on disk only; a load reads them at the device's ``load_bandwidth``.
+    ``parked``: in host RAM (the page cache of an mmap'd GGUF file, kept there by the
+    backend); a load copies them at the device's ``host_bandwidth``. ``sleeping``: the
+    backend's process stays up with its weights in host RAM (vLLM's sleep mode, level
+    1); a wake copies them back at ``host_bandwidth`` and skips the start-up. Parked and
+    sleeping weights are charged to the host budget.
+    """
+
+    COLD = "cold"
+    PARKED = "parked"
+    SLEEPING = "sleeping"
+
+
 class ServiceStatus(StrEnum):
     UNLOADED = "unloaded"
     LOADING = "loading"
@@ -102,6 +118,7 @@ class Reason(StrEnum):
     NO_MEMORY = "no_memory"
     CONCURRENCY_LIMIT = "concurrency_limit"
     RESIZING = "resizing"
+    PAUSED = "paused"
     HIGHER_CLASS_WAITING = "higher_class_waiting"
     OUTSIDE_WINDOW = "outside_window"
     BACKOFF = "backoff"
@@ -133,3 +150,6 @@ class Reason(StrEnum):
     PREEMPTED_FOR_HIGHER_CLASS = "preempted_for_higher_class"
     OVER_ESTIMATE = "over_estimate"
     WINDOW_CLOSED = "window_closed"
+    # pause / resume (token-level time sharing)
+    TIME_SHARE = "time_share"
+    RESUMED = "resumed"

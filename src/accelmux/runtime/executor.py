@@ -1,13 +1,14 @@
 """The action executor: carries out the Manager's actions against the backends.
 
 Request actions (Dispatch, Enqueue, Reject, Fail, Preempt) go to the request's ticket.
-Service actions (Load, Unload, Resize) run as tasks chained per service (never two at
-once for one service) and report back as LoadFinished / LoadFailed, Unloaded and
-ResizeFinished events. A load still running after the service's ``load_timeout_s`` is
-cancelled, unloaded and reported as LoadFailed. A backend that dies while loaded reports
-BackendCrashed at once (from any thread), so the Manager fails its in-flight requests
-before it dispatches anything else to it.
-"""
+Service actions (Load, Unload, Resize) and the Pause and Resume of a running request run
+as tasks chained per service (never two at once for one service, so an Unload waits for
+the Pause before it) and report back as LoadFinished / LoadFailed, Unloaded and
+ResizeFinished events. A Pause or Resume the backend cannot carry out is logged; the
+request's own stream then ends it (its RequestFinished). A load still running after the
+service's ``load_timeout_s`` is cancelled, unloaded and reported as LoadFailed. A
+backend that dies while loaded reports BackendCrashed at once (from any thread), so the
+Manager fails its in-flight requests before it dispatches anything else to it."""
 
 from __future__ import annotations
 
@@ -26,9 +27,11 @@ from accelmux.core.actions import (
     Enqueue,
     Fail,
     Load,
+    Pause,
     Preempt,
     Reject,
     Resize,
+    Resume,
     Unload,
 )
 from accelmux.core.events import (
@@ -80,6 +83,8 @@ class ActionExecutor:
             self._service_op(action.service, lambda: self._unload(action))
         elif isinstance(action, Resize):
             self._service_op(action.service, lambda: self._resize(action))
+        elif isinstance(action, (Pause, Resume)):
+            self._service_op(action.service, lambda: self._pause_or_resume(action))
 
     def crash_callback(
         self, loop: asyncio.AbstractEventLoop, service: str
@@ -172,12 +177,32 @@ class ActionExecutor:
 
     async def _unload(self, action: Unload) -> None:
         try:
-            await self.backends[action.service].unload()
+            await self.backends[action.service].unload(tier=action.tier)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             log.warning("unload of %s failed: %s", action.service, exc)
         self._submit(Unloaded(service=action.service))
+
+    async def _pause_or_resume(self, action: Pause | Resume) -> None:
+        backend = self.backends[action.service]
+        try:
+            if isinstance(action, Pause):
+                await backend.pause(action.request_id, park=action.park)
+            else:
+                await backend.resume(action.request_id)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            shown = redact(str(exc))
+            log.warning(
+                "%s of %s (%s) failed: %s",
+                type(action).__name__.lower(),
+                action.request_id,
+                action.service,
+                shown,
+            )
+            self.last_errors[action.service] = f"{type(action).__name__.lower()} failed: {shown}"
 
     async def _resize(self, action: Resize) -> None:
         """Ask the backend; its answer (done or refused) goes back to the Manager, which
