@@ -16,9 +16,11 @@ from accelmux.core.actions import (
     Enqueue,
     Fail,
     Load,
+    Pause,
     Preempt,
     Reject,
     Resize,
+    Resume,
     Unload,
 )
 from accelmux.core.events import (
@@ -33,7 +35,8 @@ from accelmux.core.events import (
     Unloaded,
 )
 from accelmux.core.manager import Manager
-from accelmux.core.types import Category, Reason, ResizeSupport, ServiceStatus
+from accelmux.core.policies.accelmux import MAX_PAUSES
+from accelmux.core.types import Category, Reason, ResizeSupport, ServiceStatus, Tier
 
 DOWN, LOADING, LOADED, UNLOADING = "down", "loading", "loaded", "unloading"
 _VIEW = {
@@ -43,7 +46,7 @@ _VIEW = {
     ServiceStatus.LOADED: LOADED,
     ServiceStatus.UNLOADING: UNLOADING,
 }
-WAITING, RUNNING, FAILING, ENDED = "waiting", "running", "failing", "ended"
+WAITING, RUNNING, PAUSED, FAILING, ENDED = "waiting", "running", "paused", "failing", "ended"
 
 
 @dataclass
@@ -90,9 +93,9 @@ class FakeExecutor:
                 self.attempts[event.request_id] = 0
             case RequestFinished():
                 if (
-                    self.requests.get(event.request_id) == RUNNING
+                    self.requests.get(event.request_id) in (RUNNING, PAUSED)
                     and self.attempts[event.request_id] == event.attempt
-                ):
+                ):  # a paused request may end as it was paused
                     if event.ok:
                         self._end(event.request_id, "finished")
                     else:
@@ -147,19 +150,43 @@ class FakeExecutor:
                     assert self.requests.get(a.request_id) == RUNNING, a
                     assert a.attempt == self.attempts[a.request_id], a
                     self.requests[a.request_id] = WAITING
+                case Pause():
+                    assert self.requests.get(a.request_id) == RUNNING, a
+                    assert a.attempt == self.attempts[a.request_id], a
+                    caps = world.services[a.service].spec.capabilities
+                    assert caps.pause and (caps.park or not a.park), a
+                    self.requests[a.request_id] = PAUSED
+                case Resume():
+                    assert self.requests.get(a.request_id) == PAUSED, a
+                    assert self.services[a.service] == LOADED, a
+                    assert a.attempt == self.attempts[a.request_id], a
+                    self.lease_bytes[a.request_id] = a.lease_bytes
+                    self.requests[a.request_id] = RUNNING
                 case Fail():
-                    assert self.requests.get(a.request_id) in (RUNNING, FAILING), a
+                    assert self.requests.get(a.request_id) in (RUNNING, FAILING, PAUSED), a
                     self._end(a.request_id, f"fail:{a.reason.value}")
                 case Reject():
                     assert self.requests.get(a.request_id) == WAITING, a
                     self._end(a.request_id, f"reject:{a.reason.value}")
                 case Enqueue():
-                    assert self.requests.get(a.request_id) == WAITING, a
+                    assert self.requests.get(a.request_id) in (WAITING, PAUSED), a
                 case Load():
                     assert self.services[a.service] == DOWN, a
                     self.services[a.service] = LOADING
+                case Unload() if self.services[a.service] == DOWN:
+                    # Only a parked or sleeping copy in host RAM is dropped.
+                    assert a.tier is Tier.COLD and a.reason is not Reason.TTL_EXPIRED, a
                 case Unload():
                     assert self.services[a.service] == LOADED, a
+                    paused = [
+                        r
+                        for r in self.in_state(PAUSED)
+                        if self.owner[r] == a.service and not world.waiting[r].parked_kv
+                    ]
+                    assert not paused, (a, paused)
+                    caps = world.services[a.service].spec.capabilities
+                    assert a.tier is not Tier.SLEEPING or caps.sleep, a
+                    assert a.tier is not Tier.PARKED or caps.host_cache, a
                     running = [r for r in self.in_state(RUNNING) if self.owner[r] == a.service]
                     assert not running, (a, running)
                     self.services[a.service] = UNLOADING
@@ -199,7 +226,7 @@ class FakeExecutor:
             for rid in self.in_state(RUNNING):
                 if self.requests[rid] == RUNNING:  # a crash may have ended it meanwhile
                     self.finish(rid)
-            busy = self.in_state(WAITING) + self.in_state(RUNNING)
+            busy = self.in_state(WAITING) + self.in_state(RUNNING) + self.in_state(PAUSED)
             if (
                 not busy
                 and not self.resizes
@@ -249,10 +276,15 @@ class FakeExecutor:
             )
             total = ledger.service_total(svc.spec.device, svc.name)
             assert total - ledger.amount(svc.spec.device, svc.name, Category.RESERVED) == decided
-            assert svc.kv_in_use == sum(r.kv_bytes for r in svc.inflight.values())
+            assert svc.kv_in_use == sum(r.kv_bytes for r in svc.inflight.values()) + svc.paused_kv
         for req in world.inflight.values():
             assert req.active_lease is not None
             expected += 1
         assert ledger.lease_count() == expected
         assert set(world.inflight) == set(self.in_state(RUNNING))
-        assert set(world.waiting) == set(self.in_state(WAITING))
+        assert set(world.waiting) == set(self.in_state(WAITING) + self.in_state(PAUSED))
+        assert {r for r, q in world.waiting.items() if q.paused} == set(self.in_state(PAUSED))
+        assert all(r.pauses <= MAX_PAUSES for r in world.waiting.values())
+        assert all(r.pauses <= MAX_PAUSES for r in world.inflight.values())
+        assert world.host_used <= world.spec.host_budget_bytes
+        world.check_indexes()

@@ -111,7 +111,13 @@ def manager_specs(draw: st.DrawFn) -> ManagerSpec:
                 queue_limit=draw(st.integers(0, 8)),
                 deadline_s=float(draw(st.integers(1, 60))),
                 windows=windows,
-                capabilities=Capabilities(resize=draw(st.sampled_from(list(ResizeSupport)))),
+                capabilities=Capabilities(
+                    resize=draw(st.sampled_from(list(ResizeSupport))),
+                    pause=(pause := llm and draw(st.booleans())),
+                    park=pause and draw(st.booleans()),
+                    sleep=draw(st.booleans()),
+                    host_cache=draw(st.booleans()),
+                ),
             )
         )
     knobs = PolicyKnobs(
@@ -124,6 +130,7 @@ def manager_specs(draw: st.DrawFn) -> ManagerSpec:
         services=tuple(services),
         knobs=knobs,
         clock_origin_s_of_day=float(draw(st.integers(0, 86_399))),
+        host_budget_bytes=draw(st.sampled_from([0, 2 * GIB, 16 * GIB])),
     )
 
 

@@ -24,6 +24,7 @@ from accelmux.config.deprecated import RENAMED_VALUES
 from accelmux.config.schema import (
     AccelmuxConfig,
     DeviceConfig,
+    HostConfig,
     MemoryConfig,
     PolicyConfig,
     QueueConfig,
@@ -48,6 +49,7 @@ SECTIONS: tuple[tuple[str, str, type[BaseModel]], ...] = (
     ("Baseline: ollama+containers", "policy.ollama", OllamaConfig),
     ("Baseline: llama-swap", "policy.llama_swap", LlamaSwapConfig),
     ("Baseline: llama-swap group", "policy.llama_swap.groups[]", LlamaSwapGroupConfig),
+    ("Host RAM for parked models", "host", HostConfig),
     ("Server", "server", ServerConfig),
     ("Server: Wyoming (Home Assistant voice)", "server.wyoming", WyomingConfig),
 )

@@ -50,6 +50,11 @@ class DeviceConfig(StrictModel):
     load_bandwidth: PositiveBytes = Field(
         ByteSize(2 * 10**9), description="Bytes per second when loading weights."
     )
+    host_bandwidth: PositiveBytes = Field(
+        ByteSize(12 * 10**9),
+        description="Bytes per second when loading weights held in host RAM (a parked "
+        "or sleeping service); the first measured loads replace it.",
+    )
     foreign_pid_dir: str | None = Field(
         None,
         description="virtual only (tests, demos): a directory of *.pid files; the memory of "
@@ -202,6 +207,17 @@ class PolicyConfig(StrictModel):
         return value
 
 
+class HostConfig(StrictModel):
+    """Host RAM that unloaded models may keep their weights in."""
+
+    park_budget: Bytes | None = Field(
+        None,
+        description="Host RAM for parked and sleeping weights and parked KV state "
+        "(default: a quarter of the host's RAM; the simulator: its page cache; 0: every "
+        "unload is cold).",
+    )
+
+
 class AccelmuxConfig(StrictModel):
     devices: dict[Annotated[str, Field(pattern=NAME_PATTERN)], DeviceConfig] = Field(
         min_length=1, description="Memory pools by name (at least one)."
@@ -210,6 +226,7 @@ class AccelmuxConfig(StrictModel):
         default_factory=dict, description="Services by name."
     )
     policy: PolicyConfig = Field(default_factory=PolicyConfig, description="Policy knobs.")
+    host: HostConfig = Field(default_factory=HostConfig, description="Host RAM for parking.")
     server: ServerConfig = Field(default_factory=ServerConfig, description="The daemon.")
     #: Old spellings the loader read as new ones (:mod:`accelmux.config.deprecated`).
     _deprecations: tuple[str, ...] = PrivateAttr(default=())

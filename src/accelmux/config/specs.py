@@ -25,6 +25,7 @@ def to_manager_spec(
     clock_origin_s_of_day: float = 0.0,
     gguf_profiles: dict[str, MemoryProfile] | None = None,
     capabilities: dict[str, Capabilities] | None = None,
+    host_budget: int = 0,
 ) -> ManagerSpec:
     """Build a :class:`ManagerSpec`.
 
@@ -33,6 +34,7 @@ def to_manager_spec(
     ``capabilities`` are what each service's backend declared (the daemon's backends);
     a service without an entry gets what its backend section declares, and one without
     a backend section (a scenario for the simulator) the simulated backend's.
+    ``host_budget`` is the park budget when the config leaves it to detection.
     """
     capacities = capacities or {}
     budgets = budgets or {}
@@ -50,6 +52,7 @@ def to_manager_spec(
                 budget_bytes=min(budget, capacity),
                 headroom_bytes=int(dev.headroom),
                 load_bandwidth_bps=float(dev.load_bandwidth),
+                host_bandwidth_bps=float(dev.host_bandwidth),
             )
         )
     services = []
@@ -105,6 +108,9 @@ def to_manager_spec(
         services=tuple(services),
         knobs=knobs,
         clock_origin_s_of_day=clock_origin_s_of_day,
+        host_budget_bytes=int(cfg.host.park_budget)
+        if cfg.host.park_budget is not None
+        else host_budget,
     )
 
 

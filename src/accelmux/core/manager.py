@@ -215,7 +215,18 @@ class Manager:
                 self._arrive(event)
             case RequestFinished():
                 req = w.inflight.get(event.request_id)
-                if req is None or req.attempt != event.attempt:
+                if req is None:
+                    paused = w.waiting.get(event.request_id)
+                    if paused is not None and paused.paused and paused.attempt == event.attempt:
+                        # It ended just as it was paused: nothing is left to resume.
+                        w.end_paused(
+                            paused,
+                            ok=event.ok,
+                            reason=Reason.BACKEND_CRASHED,
+                            detail=event.error or "failed",
+                        )
+                    return
+                if req.attempt != event.attempt:
                     return  # stale: preempted, failed or cancelled already
                 svc = w.services[req.service]
                 if event.peak_bytes is not None and svc.spec.capabilities.request_peaks:
@@ -273,6 +284,10 @@ class Manager:
                 svc = w.services[event.service]
                 for req in list(svc.inflight.values()):
                     w.fail(req, reason=event.reason, detail=event.error)
+                for req in [r for r in svc.queue.values() if r.paused]:
+                    # Its saved state lived in the backend that died.
+                    w.end_paused(req, ok=False, reason=event.reason, detail=event.error)
+                w.drop_host_copy(svc, reason=event.reason)
                 if svc.holds_memory:
                     w.release_service(svc)
                 w.set_status(svc, ServiceStatus.CRASHED)
@@ -346,6 +361,8 @@ class Manager:
             return
         w.set_status(svc, ServiceStatus.LOADED)
         svc.loaded_at = w.now
+        if svc.loading_since is not None:
+            w.observe_load_seconds(svc, w.now - svc.loading_since)
         svc.consecutive_failures = 0
         if svc.load_reason is Reason.DEMAND or svc.load_reason is Reason.RELOAD_AFTER_CRASH:
             svc.cold_starts += 1

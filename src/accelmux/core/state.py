@@ -24,9 +24,11 @@ from accelmux.core.actions import (
     Enqueue,
     Fail,
     Load,
+    Pause,
     Preempt,
     Reject,
     Resize,
+    Resume,
     Unload,
 )
 from accelmux.core.events import Demand
@@ -40,11 +42,14 @@ from accelmux.core.types import (
     ResizeSupport,
     ServiceClass,
     ServiceStatus,
+    Tier,
 )
 from accelmux.errors import InvariantError
 
 #: How many explanation lines one request keeps.
 EXPLAIN_LINES = 16
+#: The shortest load time a measurement is taken for (an instant load still costs).
+MIN_LOAD_S = 0.01
 
 
 @dataclass(slots=True)
@@ -96,6 +101,16 @@ class ServiceState:
     peak_active_bytes: int = 0
     #: The latest request's keep_alive (None: it gave none, ``spec.ttl_s`` applies).
     keep_alive_s: float | None = None
+    #: Where the weights are while not loaded (cold: disk only), and since when they
+    #: are held in host RAM (for the host budget's least-recently-parked order).
+    tier: Tier = Tier.COLD
+    #: The tier the load in progress reads from, and the measured seconds of past
+    #: loads from each tier (exponentially weighted): reload costs are measured.
+    loading_from: Tier = Tier.COLD
+    load_s: dict[Tier, float] = field(default_factory=dict)
+    #: KV bytes of paused requests that kept their place in the pool (not parked):
+    #: the service cannot unload while they wait.
+    paused_kv: int = 0
 
     @property
     def name(self) -> str:
@@ -150,7 +165,8 @@ class ServiceState:
 
     @property
     def idle(self) -> bool:
-        return not self.inflight
+        """No request runs and none is paused in its KV pool (it may unload)."""
+        return not self.inflight and not self.paused_kv
 
 
 @dataclass(slots=True)
@@ -173,6 +189,14 @@ class RequestState:
     #: When the request last entered the queue (a World counter): ``World.waiting``
     #: is in this order.
     queued_mark: int = 0
+    #: Paused between tokens (it waits for a Resume, not a Dispatch), with its KV
+    #: state parked off the device (``parked_kv`` bytes, charged to the host budget)
+    #: or still in its service's pool (``kv_bytes``). ``pauses``: how often so far.
+    paused: bool = False
+    parked_kv: int = 0
+    pauses: int = 0
+    #: When its current run (dispatch or resume) started.
+    running_since: float | None = None
     explain: deque[str] = field(default_factory=lambda: deque(maxlen=EXPLAIN_LINES))
 
     @property
@@ -310,6 +334,10 @@ class World:
         #: Per device, bumped by every change that can alter a decision there (every
         #: event about it, every action on it but an Enqueue): equal epochs, same state.
         self._epochs: dict[str, int] = dict.fromkeys(self.devices, 0)
+        #: Host RAM held for parked and sleeping weights (per service, oldest first)
+        #: and for parked KV state (total), against ``spec.host_budget_bytes``.
+        self.host_weights: dict[str, int] = {}
+        self.host_kv = 0
 
     # ---- time ---------------------------------------------------------------
     def time_of_day(self, now: float | None = None) -> float:
@@ -500,6 +528,20 @@ class World:
         expect("queue order", marks, sorted(marks))
         live = {e[2].request_id for e in self._deadlines if self._queued_now(e)}
         expect("deadlines", live, set(self.waiting))
+        paused = [r for r in self.waiting.values() if r.paused]
+        expect("host_kv", self.host_kv, sum(r.parked_kv for r in paused))
+        for svc in svcs:
+            mine = [r for r in paused if r.service == svc.name and not r.parked_kv]
+            expect(f"{svc.name}.paused_kv", svc.paused_kv, sum(r.kv_bytes for r in mine))
+            held = sum(r.kv_bytes for r in svc.inflight.values()) + svc.paused_kv
+            expect(f"{svc.name}.kv_in_use", svc.kv_in_use, held)
+            expect(
+                f"{svc.name}.host copy",
+                svc.name in self.host_weights,
+                svc.tier is not Tier.COLD,
+            )
+        if self.host_used > self.spec.host_budget_bytes:
+            raise InvariantError(f"host budget: {self.host_used} > {self.spec.host_budget_bytes}")
         self.ledger.check_totals()
 
     # ---- estimates ------------------------------------------------------------
@@ -518,9 +560,76 @@ class World:
         scale = factor_total / base if base else 1.0
         return (math.ceil(p.weights * scale), math.ceil(p.runtime * scale), kv_pool)
 
-    def load_seconds(self, svc: ServiceState) -> float:
+    def load_seconds(self, svc: ServiceState, tier: Tier | None = None) -> float:
+        """Seconds a load from ``tier`` (default: where the weights are now) takes: the
+        measured mean of past loads from that tier, else the bandwidth model (a sleeping
+        service wakes without the start-up time)."""
+        tier = svc.tier if tier is None else tier
+        measured = svc.load_s.get(tier)
+        if measured is not None:
+            return max(measured, MIN_LOAD_S)
         dev = self.devices[svc.spec.device]
-        return svc.spec.profile.weights / dev.load_bandwidth_bps + svc.spec.init_s
+        weights = svc.spec.profile.weights
+        if tier is Tier.COLD:
+            return weights / dev.load_bandwidth_bps + svc.spec.init_s
+        copy = weights / dev.host_bandwidth_bps
+        return copy if tier is Tier.SLEEPING else copy + svc.spec.init_s
+
+    def observe_load_seconds(self, svc: ServiceState, seconds: float) -> None:
+        """A load from ``svc.loading_from`` took ``seconds`` (LoadFinished)."""
+        before = svc.load_s.get(svc.loading_from)
+        svc.load_s[svc.loading_from] = seconds if before is None else 0.7 * before + 0.3 * seconds
+
+    # ---- host tiers -------------------------------------------------------------
+    @property
+    def host_used(self) -> int:
+        return sum(self.host_weights.values()) + self.host_kv
+
+    def host_free(self) -> int:
+        return self.spec.host_budget_bytes - self.host_used
+
+    def park_tier(self, svc: ServiceState) -> Tier:
+        """Where ``svc``'s weights may go when it unloads, by what its backend declares
+        (``sleep``: sleeping; ``host_cache``: parked) and whether the host budget could
+        hold them (after dropping other parked weights): cold otherwise."""
+        caps = svc.spec.capabilities
+        if not self.spec.host_budget_bytes or not (caps.sleep or caps.host_cache):
+            return Tier.COLD
+        if self._host_weight_bytes(svc) > self.spec.host_budget_bytes - self.host_kv:
+            return Tier.COLD
+        return Tier.SLEEPING if caps.sleep else Tier.PARKED
+
+    def _host_weight_bytes(self, svc: ServiceState) -> int:
+        leased = sum(le.nbytes for le in svc.resident_leases if le.category is Category.WEIGHTS)
+        return leased or svc.spec.profile.weights
+
+    def _make_host_room(self, nbytes: int, keep: ServiceState | None = None) -> bool:
+        """Drop the oldest parked or sleeping weights (each an Unload to ``cold``) until
+        ``nbytes`` fit the host budget; False if they cannot."""
+        for name in list(self.host_weights):
+            if self.host_free() >= nbytes:
+                break
+            other = self.services[name]
+            if other is keep:
+                continue
+            self.drop_host_copy(other, reason=Reason.HOST_BUDGET)
+        return self.host_free() >= nbytes
+
+    def drop_host_copy(self, svc: ServiceState, *, reason: Reason) -> None:
+        """Release the host RAM ``svc``'s parked or sleeping weights hold (an Unload to
+        ``cold`` of a service that is not loaded)."""
+        if self.host_weights.pop(svc.name, None) is None:
+            return
+        tier, svc.tier = svc.tier, Tier.COLD
+        if svc.status in (ServiceStatus.UNLOADED, ServiceStatus.CRASHED):
+            self.record(
+                Unload(
+                    service=svc.name,
+                    reason=reason,
+                    tier=Tier.COLD,
+                    detail=f"drops its {tier.value} weights from host RAM",
+                )
+            )
 
     # ---- request mutators -----------------------------------------------------
     def dispatch(
@@ -532,12 +641,15 @@ class World:
         enforce: bool = True,
         detail: str = "",
     ) -> bool:
-        """Grant memory and start the request. False (and no action) if it does not fit."""
+        """Grant memory and start the request (resume it, when it is paused). False (and
+        no action) if it does not fit."""
         svc = self.services[req.service]
         if not svc.is_up:
             raise InvariantError(f"dispatch to {svc.name} while {svc.status.value}")
         if req.request_id not in self.waiting:
             raise InvariantError(f"dispatch of {req.request_id} which is not waiting")
+        if req.paused:
+            return self._resume(req, svc, reason=reason, active_bytes=active_bytes, detail=detail)
         kv = req.estimate.kv_bytes
         if kv > svc.kv_usable - svc.kv_in_use:
             return False
@@ -552,6 +664,7 @@ class World:
         req.active_lease = lease
         req.kv_bytes = kv
         req.dispatched_at = self.now
+        req.running_since = self.now
         req.wait_reason = None
         svc.kv_in_use += kv
         svc.peak_active_bytes = max(svc.peak_active_bytes, need)
@@ -572,6 +685,127 @@ class World:
         )
         return True
 
+    def _resume(
+        self,
+        req: RequestState,
+        svc: ServiceState,
+        *,
+        reason: Reason,
+        active_bytes: int | None,
+        detail: str,
+    ) -> bool:
+        """Dispatch of a paused request: its KV comes back into the pool (when parked),
+        it gets an activation lease again, and it continues in the same attempt."""
+        restore = req.parked_kv
+        if restore > svc.kv_usable - svc.kv_in_use:
+            return False
+        need = self.projected_active(req) if active_bytes is None else active_bytes
+        lease = self.ledger.reserve(svc.spec.device, svc.name, Category.ACTIVE, need)
+        if lease is None:
+            return False
+        self._remove_waiting(req)
+        if restore:
+            self.host_kv -= restore
+            svc.kv_in_use += restore
+            req.kv_bytes = restore
+        else:
+            svc.paused_kv -= req.kv_bytes
+        req.parked_kv = 0
+        req.paused = False
+        req.active_lease = lease
+        req.running_since = self.now
+        req.wait_reason = None
+        svc.inflight[req.request_id] = req
+        self.busy.add(svc)
+        svc.last_used = self.now
+        self.inflight[req.request_id] = req
+        self._explain(req, f"resume ({reason.value}) lease={need + req.kv_bytes}B {detail}")
+        self.record(
+            Resume(
+                request_id=req.request_id,
+                service=svc.name,
+                attempt=req.attempt,
+                lease_bytes=need + req.kv_bytes,
+                reason=reason,
+                detail=detail,
+            )
+        )
+        return True
+
+    def pause(self, req: RequestState, *, reason: Reason, park: bool, detail: str = "") -> bool:
+        """Pause a running request between tokens: it gives back its activation lease
+        and waits again, at its place, for a Resume. ``park``: its KV state leaves the
+        pool for host RAM (so the service may unload); otherwise it keeps its place in
+        the pool. False (and no action) when its backend does not declare it, or the
+        host budget cannot hold the parked state."""
+        svc = self.services[req.service]
+        caps = svc.spec.capabilities
+        if req.request_id not in self.inflight:
+            raise InvariantError(f"pause of {req.request_id} which is not running")
+        if not caps.pause or (park and not caps.park):
+            return False
+        if park and not self._make_host_room(req.kv_bytes):
+            return False
+        if req.active_lease is not None:
+            self.ledger.release(req.active_lease)
+            req.active_lease = None
+        if park:
+            svc.kv_in_use -= req.kv_bytes
+            self.host_kv += req.kv_bytes
+            req.parked_kv, req.kv_bytes = req.kv_bytes, 0
+        else:
+            svc.paused_kv += req.kv_bytes
+        svc.inflight.pop(req.request_id, None)
+        if not svc.inflight:
+            self.busy.discard(svc)
+        self.inflight.pop(req.request_id, None)
+        req.paused = True
+        req.pauses += 1
+        req.running_since = None
+        req.wait_reason = None
+        # A paused stream has a client waiting on it: its wait is bounded afresh.
+        req.deadline_at = self.now + svc.spec.deadline_s
+        self.add_waiting(req)
+        self._explain(req, f"paused ({reason.value}{', parked' if park else ''}) {detail}")
+        self.record(
+            Pause(
+                request_id=req.request_id,
+                service=svc.name,
+                attempt=req.attempt,
+                park=park,
+                reason=reason,
+                detail=detail,
+            )
+        )
+        return True
+
+    def _release_paused(self, req: RequestState) -> None:
+        """A paused request ends (finished meanwhile, cancelled, failed): its KV state
+        is given back, wherever it is."""
+        svc = self.services[req.service]
+        self._remove_waiting(req)
+        if req.parked_kv:
+            self.host_kv -= req.parked_kv
+            req.parked_kv = 0
+        else:
+            svc.paused_kv -= req.kv_bytes
+            svc.kv_in_use -= req.kv_bytes
+        req.kv_bytes = 0
+        req.paused = False
+
+    def end_paused(self, req: RequestState, *, ok: bool, reason: Reason, detail: str = "") -> None:
+        """A paused request ended: it finished just as it was paused (``ok``), or it is
+        failed (cancelled, its deadline, its backend died)."""
+        self._release_paused(req)
+        self.finished_requests.append(req)
+        if ok:
+            self._explain(req, "finished (while pausing)")
+            return
+        self._explain(req, f"failed while paused ({reason.value}) {detail}".rstrip())
+        self.record(
+            Fail(request_id=req.request_id, service=req.service, reason=reason, detail=detail)
+        )
+
     def enqueue(self, req: RequestState, *, reason: Reason, detail: str = "") -> None:
         """Mark the request waiting; an action is recorded only when the cause changes."""
         if req.wait_reason is reason:
@@ -588,6 +822,10 @@ class World:
     def reject(
         self, req: RequestState, *, reason: Reason, retry_after_s: float, detail: str = ""
     ) -> None:
+        if req.paused and req.request_id in self.waiting:
+            # Part of its answer went out: it ends with an error, not a refusal.
+            self.end_paused(req, ok=False, reason=reason, detail=detail)
+            return
         if not self._remove_waiting(req):
             raise InvariantError(f"reject of {req.request_id} which is not waiting")
         self._explain(req, f"reject ({reason.value}) retry_after={retry_after_s:.0f}s {detail}")
@@ -676,6 +914,10 @@ class World:
         svc.resident_leases = [le for le in leases if le is not None]
         svc.kv_lease = self.ledger.reserve(device, svc.name, Category.KV, pool, enforce=False)
         self.set_status(svc, ServiceStatus.LOADING)
+        from_tier = svc.tier
+        svc.loading_from = from_tier
+        svc.tier = Tier.COLD
+        self.host_weights.pop(svc.name, None)  # the weights move back onto the device
         svc.loading_since = self.now
         svc.load_reason = reason
         svc.loads += 1
@@ -688,21 +930,36 @@ class World:
                 weights_bytes=weights,
                 runtime_bytes=runtime,
                 kv_pool_bytes=pool,
+                from_tier=from_tier,
                 detail=detail,
             )
         )
         return True
 
-    def unload(self, svc: ServiceState, *, reason: Reason, detail: str = "") -> None:
+    def unload(
+        self, svc: ServiceState, *, reason: Reason, tier: Tier = Tier.COLD, detail: str = ""
+    ) -> None:
+        """Unload ``svc``; ``tier`` (see :meth:`park_tier`): where its weights go. A
+        parked or sleeping copy is charged to the host budget, dropping the oldest
+        others if needed (it is cold if the budget cannot hold it)."""
         if svc.status is not ServiceStatus.LOADED:
             raise InvariantError(f"unload of {svc.name} while {svc.status.value}")
-        if svc.inflight:
+        if svc.inflight or svc.paused_kv:
             raise InvariantError(f"unload of {svc.name} with requests in flight")
+        if tier is not Tier.COLD:
+            caps = svc.spec.capabilities
+            declared = caps.sleep if tier is Tier.SLEEPING else caps.host_cache
+            nbytes = self._host_weight_bytes(svc)
+            if not declared or not self._make_host_room(nbytes, keep=svc):
+                tier = Tier.COLD
+            else:
+                self.host_weights[svc.name] = nbytes
+        svc.tier = tier
         if reason not in (Reason.TTL_EXPIRED, Reason.ADMIN, Reason.RESIZE_AT_NEXT_LOAD):
             svc.evictions += 1
             svc.last_evicted_at = self.now
         self.set_status(svc, ServiceStatus.UNLOADING)
-        self.record(Unload(service=svc.name, reason=reason, detail=detail))
+        self.record(Unload(service=svc.name, reason=reason, tier=tier, detail=detail))
 
     def resizable(self, svc: ServiceState) -> bool:
         """Whether the service's KV pool can change now: it is loaded, its backend

@@ -143,6 +143,7 @@ class Reason(StrEnum):
     FOREIGN_PRESSURE = "foreign_pressure"
     WINDOW_OPEN = "window_open"
     RESIZE_AT_NEXT_LOAD = "resize_at_next_load"
+    HOST_BUDGET = "host_budget"
     # resize
     BALLOON_GROW = "balloon_grow"
     BALLOON_SHRINK = "balloon_shrink"

@@ -23,6 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+import psutil
+
 from accelmux import __version__
 from accelmux.backends.base import Backend
 from accelmux.backends.factory import build_backends
@@ -66,7 +68,11 @@ class Runtime:
         capacities, budgets = detect_devices(cfg)
         origin = seconds_of_day_now() if clock_origin_s_of_day is None else clock_origin_s_of_day
         spec = to_manager_spec(
-            cfg, capacities=capacities, budgets=budgets, clock_origin_s_of_day=origin
+            cfg,
+            capacities=capacities,
+            budgets=budgets,
+            clock_origin_s_of_day=origin,
+            host_budget=psutil.virtual_memory().total // 4,
         )
         if backends is None:
             backends = build_backends(

@@ -7,9 +7,16 @@ daemon runs, and turns its actions into simulated effects:
   service), then run its work under processor sharing; on completion the Manager gets
   ``RequestFinished`` with the true peak;
 - ``Load``: allocate the true resident bytes (an OOM is a ``LoadFailed``), then
-  ``LoadFinished`` after ``true weights / bandwidth + init_s`` with the measured sizes;
-- ``Unload``: ``Unloaded`` after ``unload_s``, memory freed then;
+  ``LoadFinished`` after ``true weights / bandwidth + init_s`` with the measured sizes.
+  The bandwidth is the device's host bandwidth when the host cache (the page cache,
+  the same for every policy) still holds the weights, else its load bandwidth; a
+  sleeping service wakes without ``init_s``;
+- ``Unload``: ``Unloaded`` after ``unload_s``, memory freed then; a ``parked`` or
+  ``sleeping`` tier holds the weights in the host cache until the next load;
 - ``Preempt``: stop the job (its stale completion is dropped);
+- ``Pause``: stop the job, keeping its progress, and free its activation memory;
+  ``Resume``: after ``switch_s`` (plus the KV state at host bandwidth when it was
+  parked) allocate its activation again and continue the job where it stopped;
 - ``Resize``: change the KV pool: a growth allocates at once (it may OOM), a shrink
   frees at the end; ``ResizeFinished`` after ``resize_s`` (only backends that declare a
   live resize get one);
@@ -35,9 +42,11 @@ from accelmux.core.actions import (
     Enqueue,
     Fail,
     Load,
+    Pause,
     Preempt,
     Reject,
     Resize,
+    Resume,
     Unload,
 )
 from accelmux.core.events import (
@@ -56,10 +65,10 @@ from accelmux.core.events import (
 from accelmux.core.manager import Decision, Manager
 from accelmux.core.profiles import estimate_request
 from accelmux.core.specs import ServiceSpec
-from accelmux.core.types import ServiceClass
+from accelmux.core.types import ServiceClass, Tier
 from accelmux.sim.compute import ComputeDevice, Job, solo_work
 from accelmux.sim.engine import EventHeap, SimClock
-from accelmux.sim.physical import OomEvent, PhysicalDevice
+from accelmux.sim.physical import HostCache, OomEvent, PhysicalDevice
 from accelmux.sim.scenario import Scenario, ServicePerfConfig
 from accelmux.sim.starvation import StarvationTracker
 from accelmux.sim.workloads import Source, build_sources
@@ -85,6 +94,7 @@ class SimRequest:
     outcome: str | None = None  # "ok" | "rejected" | "failed"
     reason: str | None = None
     preemptions: int = 0
+    pauses: int = 0
     oom: bool = False
     true_active: int = 0
 
@@ -172,6 +182,13 @@ class Simulation:
             self.devices[dev.name] = PhysicalDevice(dev.name, cap)
             self.compute[dev.name] = ComputeDevice(dev.name, isolated=self.policy.infinite_memory)
         self.bandwidth = {d.name: d.load_bandwidth_bps for d in self.spec.devices}
+        self.host_bandwidth = {d.name: d.host_bandwidth_bps for d in self.spec.devices}
+        self.host_cache = HostCache(int(self.sim_cfg.page_cache))
+        #: Jobs of paused requests (their progress), whether each was parked, and a
+        #: counter per request that makes a resume still under way stale.
+        self.paused_jobs: dict[str, Job] = {}
+        self.parked: dict[str, bool] = {}
+        self.pause_gen: dict[str, int] = {}
         err = self.sim_cfg.error
         self.true_resident: dict[str, tuple[int, int]] = {}
         for name, svc in self.services.items():
@@ -402,10 +419,15 @@ class Simulation:
                     self._resize(a, now)
                 case Preempt():
                     self._preempt(a, now)
+                case Pause():
+                    self._pause(a, now)
+                case Resume():
+                    self._resume(a, now)
                 case Reject():
                     self._end(a.request_id, "rejected", a.reason.value, now)
                 case Fail():
                     self._stop_job(a.request_id, now)
+                    self.paused_jobs.pop(a.request_id, None)
                     self._end(a.request_id, "failed", a.reason.value, now)
                 case Enqueue():
                     pass
@@ -512,6 +534,50 @@ class Simulation:
         self.requests[a.request_id].preemptions += 1
         self._stop_job(a.request_id, now)
 
+    def _pause(self, a: Pause, now: float) -> None:
+        rid = a.request_id
+        req = self.requests[rid]
+        dev_name = self._device_of(a.service)
+        self.pause_gen[rid] = self.pause_gen.get(rid, 0) + 1
+        self.parked[rid] = a.park
+        job = self.compute[dev_name].remove(rid, now)
+        if job is None:
+            return  # not running (a resume under way is made stale; its job stays paused)
+        req.pauses += 1
+        self.devices[dev_name].end_request(a.service, rid)
+        self.paused_jobs[rid] = job
+        self._reschedule(dev_name)
+
+    def _resume(self, a: Resume, now: float) -> None:
+        rid = a.request_id
+        req = self.requests[rid]
+        if rid not in self.paused_jobs:
+            return
+        dev_name = self._device_of(a.service)
+        gen = self.pause_gen.get(rid, 0)
+        delay = self.sim_cfg.switch_s
+        if self.parked.get(rid):
+            delay += req.est_kv / self.host_bandwidth[dev_name]
+
+        def go() -> None:
+            if self.pause_gen.get(rid, 0) != gen or req.outcome is not None:
+                return
+            phys = self.devices[dev_name]
+            if not self.alive[a.service] or a.service not in phys.services:
+                return  # the runtime is gone: the Manager fails the request on the crash
+            t = self.clock.now()
+            job = self.paused_jobs.pop(rid, None)
+            if job is None:
+                return
+            if not phys.start_request(a.service, rid, req.true_active):
+                req.oom = True
+                self._oom(dev_name, a.service, "request", req.true_active, t)
+                return
+            self.compute[dev_name].add(job, t)
+            self._reschedule(dev_name)
+
+        self.heap.at(now + delay, go)
+
     def _load(self, a: Load, now: float) -> None:
         self.oom_crashed.discard(a.service)
         self.generation[a.service] += 1
@@ -536,11 +602,23 @@ class Simulation:
             )
             self.heap.at(now, lambda: self._handle(event))
             return
-        took = weights / self.bandwidth[dev_name] + self.services[a.service].init_s
+        init_s = self.services[a.service].init_s
+        warm_init_s = self.perf[a.service].warm_init_s
+        if self.host_cache.holds(a.service):
+            held = a.service in self.host_cache.held
+            if held and a.from_tier is Tier.SLEEPING:
+                init_s = warm_init_s or 0.0
+            elif held and a.from_tier is Tier.PARKED and warm_init_s is not None:
+                init_s = warm_init_s
+            took = weights / self.host_bandwidth[dev_name] + init_s
+        else:
+            took = weights / self.bandwidth[dev_name] + init_s
+        self.host_cache.release(a.service)
 
         def finished() -> None:
             if self.generation[a.service] != gen:
                 return
+            self.host_cache.read(a.service, weights)
             self.alive[a.service] = True
             self._handle(
                 LoadFinished(service=a.service, weights_bytes=weights, runtime_bytes=runtime)
@@ -549,6 +627,14 @@ class Simulation:
         self.heap.at(now + took, finished)
 
     def _unload(self, a: Unload, now: float) -> None:
+        weights = self.true_resident[a.service][0]
+        if a.tier is Tier.COLD:
+            self.host_cache.release(a.service)
+        else:
+            self.host_cache.hold(a.service, weights)
+        dev_name = self._device_of(a.service)
+        if not self.alive[a.service] and a.service not in self.devices[dev_name].services:
+            return  # not loaded: only its host copy is dropped
         self.generation[a.service] += 1
         gen = self.generation[a.service]
         self.alive[a.service] = False

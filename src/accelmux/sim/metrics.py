@@ -196,6 +196,8 @@ def summarize(out: RunOutput) -> dict[str, Any]:
         "max_preemptions_per_request": max(
             (r.preemptions for r in out.requests.values()), default=0
         ),
+        "pauses": sum(r.pauses for r in out.requests.values()),
+        "max_pauses_per_request": max((r.pauses for r in out.requests.values()), default=0),
         "starvation": out.starvation.as_dict(),
         "batch": batch,
         "chains": chains,

@@ -151,3 +151,47 @@ class PhysicalDevice:
 
     def per_service(self) -> dict[str, int]:
         return {name: mem.total for name, mem in self.services.items()}
+
+
+class HostCache:
+    """Host RAM holding model files: the page cache, the same for every policy.
+
+    A load reads a service's weights from here (at the device's host bandwidth) when
+    the file is still cached, else from disk (its load bandwidth), and leaves it
+    cached. Files are dropped least recently read first when room is needed, except
+    those ``held``: weights a backend keeps in host RAM on purpose (parked, or a
+    sleeping process's), which stay until released.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.files: dict[str, int] = {}  # least recently read first
+        self.held: set[str] = set()
+
+    @property
+    def used(self) -> int:
+        return sum(self.files.values())
+
+    def holds(self, service: str) -> bool:
+        return service in self.files
+
+    def read(self, service: str, nbytes: int) -> None:
+        """The weights were read (or copied back): cache them, most recent last."""
+        self.files.pop(service, None)
+        for name in list(self.files):
+            if self.used + nbytes <= self.capacity:
+                break
+            if name not in self.held:
+                del self.files[name]
+        if self.used + nbytes <= self.capacity:
+            self.files[service] = nbytes
+
+    def hold(self, service: str, nbytes: int) -> None:
+        """Keep the weights in host RAM until :meth:`release` (if they fit)."""
+        self.read(service, nbytes)
+        if service in self.files:
+            self.held.add(service)
+
+    def release(self, service: str) -> None:
+        """No longer held on purpose: an ordinary cached file again."""
+        self.held.discard(service)

@@ -113,6 +113,8 @@ def aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "batch_done_in_window": _mean([r["batch_done_in_window"] for r in runs]),
         "preemptions": _mean([r["preemptions"] for r in runs]),
         "max_preemptions_per_request": max(r["max_preemptions_per_request"] for r in runs),
+        "pauses": _mean([r["pauses"] for r in runs]),
+        "max_pauses_per_request": max(r["max_pauses_per_request"] for r in runs),
         "starvation": _mean_tree([r["starvation"] for r in runs]) or {},
         "longest_starved_s": max(
             (v["longest_starved_s"] for r in runs for v in r["starvation"].values()), default=0.0

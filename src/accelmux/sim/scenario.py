@@ -30,7 +30,7 @@ from accelmux.config.load import (
     read_text,
     semantic_problems,
 )
-from accelmux.config.schema import AccelmuxConfig, StrictModel
+from accelmux.config.schema import AccelmuxConfig, Bytes, StrictModel
 from accelmux.config.specs import to_manager_spec
 from accelmux.core.specs import ManagerSpec
 from accelmux.core.types import GIB
@@ -101,6 +101,13 @@ class ServicePerfConfig(StrictModel):
     caching_allocator: bool = Field(
         False, description="Keeps freed activation memory reserved (PyTorch-style)."
     )
+    warm_init_s: float | None = Field(
+        None,
+        ge=0,
+        description="Start-up time of a load whose process is already up: a parked "
+        "model reloaded by accelmux's worker, a sleeping server waking (default: the "
+        "service's init_s when parked, 0 when sleeping).",
+    )
     request_sigma: float | None = Field(None, ge=0, le=2)
 
 
@@ -133,6 +140,19 @@ class SimulationConfig(StrictModel):
         ge=0,
         le=60,
         description="Time a live KV pool resize takes before the backend confirms it.",
+    )
+    page_cache: Bytes = Field(
+        ByteSize(0),
+        description="Host RAM the page cache may fill with model files, for every policy: "
+        "a load of weights still there (or parked, or sleeping) reads them at the "
+        "device's host_bandwidth instead of its load_bandwidth.",
+    )
+    switch_s: float = Field(
+        0.005,
+        ge=0,
+        le=10,
+        description="Time a pause or a resume of a running request takes (a parked "
+        "one's KV state also moves at host_bandwidth).",
     )
     error: ErrorModelConfig = Field(default_factory=ErrorModelConfig)
     services: dict[str, ServicePerfConfig] = Field(default_factory=dict)
@@ -271,7 +291,11 @@ class Scenario:
         The budget keeps the same distance below capacity as configured (a host keeps
         its OS share).
         """
-        spec = to_manager_spec(self.config, clock_origin_s_of_day=self.start_s_of_day)
+        spec = to_manager_spec(
+            self.config,
+            clock_origin_s_of_day=self.start_s_of_day,
+            host_budget=int(self.config.simulation.page_cache),
+        )
         if capacity_gib is None:
             return spec
         devices = []

@@ -49,6 +49,7 @@ from accelmux.core.types import (
     ResizeSupport,
     ServiceClass,
     ServiceStatus,
+    Tier,
 )
 
 
@@ -100,12 +101,31 @@ HEURISTICS: dict[str, str] = {
     "that job's service goes idle",
     "prewarm": "load warm services at start and reload likely-reused evicted ones into "
     "spare memory",
+    "pause": "running LLM requests whose backend can pause are paused (their KV parked) "
+    "instead of preempted: nothing is lost or redone when they resume",
+    "time_share": "an LLM request waiting for its first token may pause the running "
+    "streams of another model of its class (after TIME_SHARE_MIN_RUN_S of theirs) so "
+    "that their model unloads to host RAM and its own loads: models switch between "
+    "tokens instead of a request waiting out a whole answer; a paused stream may do the "
+    "same after TIME_SHARE_QUANTUM_S of theirs",
+    "park_weights": "an unloaded model keeps its weights in host RAM (parked or sleeping, "
+    "as its backend declares) within the host budget; victims are scored by the reload "
+    "cost of the tier they land in",
 }
 
 #: A request is preempted at most this many times; after that it is no longer
 #: preemptible (by higher classes, foreign pressure or its own over-use) and runs to its
 #: end. Preemption thus cannot livelock: every preemption brings a request closer to it.
 MAX_PREEMPTIONS = 3
+
+#: A request is paused for time sharing at most this many times (each pause costs it
+#: only time between two tokens: its output so far and its KV state are kept).
+MAX_PAUSES = 4
+#: Seconds a stream runs before a request of another model waiting for its first
+#: token may pause it (its own first token is out by then), and before a paused stream
+#: may pause it in turn (a quantum: models do not switch back and forth faster).
+TIME_SHARE_MIN_RUN_S = 1.0
+TIME_SHARE_QUANTUM_S = 5.0
 
 #: Measured activation memory within this much of what was accounted is noise.
 EXCESS_TOLERANCE = 16 * 1024 * 1024
@@ -129,8 +149,10 @@ class AccelmuxPolicy:
         #: Cleared at the start of every decide(); valid while no mutator has run.
         self._memo: dict[tuple[str, str], tuple[int, int]] = {}
         #: Per-round memo of make_room failures: (device, class, strict, requester holding
-        #: memory) -> (version, the most it could free).
-        self._room_failed: dict[tuple[str, ServiceClass, bool, str | None], tuple[int, int]] = {}
+        #: memory, a time-sharing requester) -> (version, the most it could free).
+        self._room_failed: dict[
+            tuple[str, ServiceClass, bool, str | None, object], tuple[int, int]
+        ] = {}
         #: Per device, (epoch, round inputs) of the last schedule that changed nothing there.
         self._quiet: dict[str, tuple[int, tuple[object, ...]]] = {}
         #: Services measured above what was accounted at the last sample: name -> bytes.
@@ -143,6 +165,9 @@ class AccelmuxPolicy:
         #: Crash count of each service when last seen, and what its requests held then.
         self._seen_crashes: dict[str, int] = {}
         self._held: dict[str, list[tuple[int, int]]] = {}
+        #: Requests paused to switch models -> the request they were paused for: they
+        #: do not take back the memory they gave until it has started.
+        self._yielded_to: dict[str, str] = {}
 
     def _cached(self, world: World, key: tuple[str, str], compute: Callable[[], int]) -> int:
         hit = self._memo.get(key)
@@ -214,6 +239,73 @@ class AccelmuxPolicy:
         """A request may be preempted again: it has not reached the bound."""
         return not world.knobs.enabled("preemption_bound") or req.attempt <= MAX_PREEMPTIONS
 
+    def _may_stop(self, world: World, req: RequestState) -> bool:
+        """A running request may be stopped for higher-class work: paused (below the
+        pause bound) when its backend can pause, else preempted (below that bound)."""
+        if self._can_pause(world, world.services[req.service]):
+            return req.pauses < MAX_PAUSES
+        return self._may_preempt(world, req)
+
+    def _stop(
+        self, world: World, req: RequestState, cls: ServiceClass, requester: RequestState | None
+    ) -> None:
+        """Stop a running request to make room: pause and park it when its backend can,
+        else preempt it (it starts again later)."""
+        svc = world.services[req.service]
+        if self._can_pause(world, svc):
+            why = requester.request_id if requester is not None else f"class {cls.label}"
+            if world.pause(req, reason=Reason.TIME_SHARE, park=True, detail=f"room for {why}"):
+                if requester is not None:
+                    self._yielded_to[req.request_id] = requester.request_id
+                return
+        world.preempt(
+            req, reason=Reason.PREEMPTED_FOR_HIGHER_CLASS, detail=f"room for class {cls.label}"
+        )
+
+    def _pause_for_first_token(self, world: World, svc: ServiceState, req: RequestState) -> bool:
+        """A new request of a service at its concurrency limit pauses the stream of that
+        service that has run longest (at least ``TIME_SHARE_MIN_RUN_S``, below the
+        pause bound): it gets its first token now, the paused stream resumes at the
+        next free slot. Its KV state is parked only when the pool must make room."""
+        if req.paused or not world.knobs.enabled("time_share") or not self._can_pause(world, svc):
+            return False
+        if not svc.spec.kind.is_llm:
+            return False
+        ran = [
+            r
+            for r in svc.inflight.values()
+            if r.running_since is not None
+            and world.now - r.running_since >= TIME_SHARE_MIN_RUN_S
+            and r.pauses < MAX_PAUSES
+        ]
+        if not ran:
+            return False
+        victim = min(ran, key=lambda r: (r.running_since or 0.0, r.seq))
+        park = svc.kv_in_use + req.estimate.kv_bytes > svc.kv_usable
+        return world.pause(
+            victim, reason=Reason.TIME_SHARE, park=park, detail=f"first token of {req.request_id}"
+        )
+
+    def _yielding(self, world: World, req: RequestState) -> bool:
+        """Whether paused ``req`` still leaves its memory to the request it was paused
+        for: until that one has started (or ended)."""
+        other = self._yielded_to.get(req.request_id)
+        if other is None:
+            return False
+        waiting = world.waiting.get(other)
+        if waiting is not None and not waiting.paused:
+            return True
+        del self._yielded_to[req.request_id]
+        return False
+
+    @staticmethod
+    def _sharing_key(world: World, requester: RequestState | None) -> object:
+        """What a make_room failure depends on beyond its class: the requester, when it
+        may pause other models' streams (time sharing reads its state and the time)."""
+        if requester is None or not world.knobs.enabled("time_share"):
+            return None
+        return (requester.request_id, world.now)
+
     def _preload_warm(self, world: World) -> None:
         """At start, load warm services (class order) into memory nobody else needs yet."""
         order = sorted(world.services.values(), key=lambda s: (int(s.spec.cls), s.name))
@@ -233,6 +325,8 @@ class AccelmuxPolicy:
     def decide(self, world: World, now: float) -> None:
         self._memo.clear()
         self._room_failed.clear()
+        if self._yielded_to:
+            self._yielded_to = {r: o for r, o in self._yielded_to.items() if r in world.waiting}
         self._learn(world)
         self._admin_unloads(world)
         self._relieve_pressure(world)
@@ -402,7 +496,53 @@ class AccelmuxPolicy:
         if svc.spec.residency is Residency.ON_DEMAND:
             weight *= 0.5
         freed = max(1, self.unload_frees(world, svc))
-        return world.load_seconds(svc) * p_reuse * weight / (freed / 1e9)
+        return world.load_seconds(svc, self._tier(world, svc)) * p_reuse * weight / (freed / 1e9)
+
+    @staticmethod
+    def _tier(world: World, svc: ServiceState) -> Tier:
+        """Where ``svc``'s weights go when it unloads."""
+        return world.park_tier(svc) if world.knobs.enabled("park_weights") else Tier.COLD
+
+    def _unload(self, world: World, svc: ServiceState, *, reason: Reason, detail: str) -> None:
+        world.unload(svc, reason=reason, tier=self._tier(world, svc), detail=detail)
+
+    @staticmethod
+    def _can_pause(world: World, svc: ServiceState) -> bool:
+        caps = svc.spec.capabilities
+        return world.knobs.enabled("pause") and caps.pause and caps.park
+
+    def _time_shared(
+        self, world: World, svc: ServiceState, cls: ServiceClass, requester: RequestState | None
+    ) -> list[RequestState]:
+        """The running requests of ``svc`` that ``requester`` (of class ``cls``) may pause
+        to switch models: all of them or none (only an idle service unloads).
+
+        A realtime LLM request pauses interactive streams at once. Within a class, a
+        request waiting for its first token pauses streams that ran
+        ``TIME_SHARE_MIN_RUN_S``, a paused one streams that ran ``TIME_SHARE_QUANTUM_S``.
+        Lower classes are preempted (or paused) by :meth:`_preemptible` already."""
+        if (
+            requester is None
+            or not world.knobs.enabled("time_share")
+            or not world.services[requester.service].spec.kind.is_llm
+            or (
+                svc.spec.cls != cls
+                and not (cls is ServiceClass.REALTIME and svc.spec.cls is ServiceClass.INTERACTIVE)
+            )
+            or not svc.spec.kind.is_llm
+            or not self._can_pause(world, svc)
+            or svc.name == requester.service
+        ):
+            return []
+        run = 0.0 if svc.spec.cls > cls else TIME_SHARE_MIN_RUN_S
+        if requester.paused:
+            run = TIME_SHARE_QUANTUM_S
+        running = list(svc.inflight.values())
+        for r in running:
+            since = r.running_since if r.running_since is not None else world.now
+            if r.pauses >= MAX_PAUSES or world.now - since < run:
+                return []
+        return running
 
     def eviction_cost(self, world: World, svc: ServiceState) -> float:
         """The victim score without the per-byte normalisation."""
@@ -457,11 +597,14 @@ class AccelmuxPolicy:
         reason: Reason,
         *,
         strict: bool = False,
+        requester: RequestState | None = None,
     ) -> bool:
         """Free memory for ``need`` bytes on behalf of class ``cls``.
 
         ``strict``: only strictly lower classes are evicted (for restores, so that two
-        services of one class never evict each other in turn).
+        services of one class never evict each other in turn). ``requester``: the
+        request the room is for, which may pause other models' streams to switch
+        models (:meth:`_time_shared`).
 
         Returns True when ``need`` fits now. Evictions free memory only once the
         backend confirms the unload, so after issuing them this returns False and the
@@ -477,8 +620,8 @@ class AccelmuxPolicy:
         # What can be freed depends on the state, the class and the requester (only when
         # it holds memory), not on the need: a failure answers every need above what it
         # found it could free, until a mutator runs.
-        requester = exclude.name if exclude is not None and exclude.is_up else None
-        memo_key = (device, cls, strict, requester)
+        holding = exclude.name if exclude is not None and exclude.is_up else None
+        memo_key = (device, cls, strict, holding, self._sharing_key(world, requester))
         failed = self._room_failed.get(memo_key)
         if failed is not None and failed[0] == world.version and need > failed[1]:
             return False
@@ -495,9 +638,13 @@ class AccelmuxPolicy:
         for svc in services:
             cleared = False
             if preempting and svc.inflight and self._preemptible(svc, cls):
-                mine = [r for r in svc.inflight.values() if self._may_preempt(world, r)]
+                mine = [r for r in svc.inflight.values() if self._may_stop(world, r)]
                 preempts.extend(mine)
                 cleared = clearing and len(mine) == len(svc.inflight)
+            elif svc.inflight:
+                shared = self._time_shared(world, svc, cls, requester)
+                preempts.extend(shared)
+                cleared = bool(shared)
             if svc is exclude or svc.status is not ServiceStatus.LOADED:
                 continue
             up.append(svc)
@@ -547,9 +694,7 @@ class AccelmuxPolicy:
             if ledger.available(device) - kept + pending >= need:
                 break
             lease = req.active_lease.nbytes if req.active_lease else 0
-            world.preempt(
-                req, reason=Reason.PREEMPTED_FOR_HIGHER_CLASS, detail=f"room for class {cls.label}"
-            )
+            self._stop(world, req, cls, requester)
             holder = world.services[req.service]
             target = max(holder.spec.profile.kv_floor, holder.kv_in_use)
             if (
@@ -563,7 +708,8 @@ class AccelmuxPolicy:
             if holder.name in self._caching and knobs.enabled("cache_accounting"):
                 kept += lease
                 if holder.idle and self._evictable(holder, cls, exclude, strict):
-                    world.unload(
+                    self._unload(
+                        world,
                         holder,
                         reason=Reason.EVICTED_FOR_MEMORY,
                         detail=f"room for class {cls.label}: its allocator keeps freed memory",
@@ -589,7 +735,8 @@ class AccelmuxPolicy:
             if svc.inflight or svc.status is not ServiceStatus.LOADED:
                 continue  # its work was not all preempted after all
             freed += self.unload_frees(world, svc)
-            world.unload(
+            self._unload(
+                world,
                 svc,
                 reason=Reason.EVICTED_FOR_MEMORY,
                 detail=f"room for class {cls.label} ({reason.value})",
@@ -875,6 +1022,11 @@ class AccelmuxPolicy:
         if wait is not None:
             self._queue_or_reject(world, req, *wait)
             return
+        if req.paused and self._yielding(world, req):
+            self._queue_or_reject(
+                world, req, Reason.PAUSED, f"gave its memory to {self._yielded_to[req.request_id]}"
+            )
+            return
         blocked = rnd.blocked.get(dev)
         # Past _must_wait with a lower class waiting for memory, fair progress applies:
         # work that class could preempt may still use idle memory (it takes nothing from
@@ -896,7 +1048,9 @@ class AccelmuxPolicy:
                 world, req, Reason.NO_MEMORY, "uses more than its leases: one at a time"
             )
             return
-        if len(svc.inflight) >= spec.concurrency:
+        if len(svc.inflight) >= spec.concurrency and not self._pause_for_first_token(
+            world, svc, req
+        ):
             self._queue_or_reject(
                 world,
                 req,
@@ -905,7 +1059,8 @@ class AccelmuxPolicy:
             )
             return
         active = world.projected_active(req)
-        kv = req.estimate.kv_bytes
+        # A paused request brings back its parked KV state, or still holds its place.
+        kv = req.parked_kv if req.paused else req.estimate.kv_bytes
         if svc.resize_support is not ResizeSupport.LIVE and svc.kv_in_use + kv > svc.kv_pool:
             self._kv_pool_fixed(world, req, svc)
             return
@@ -973,7 +1128,7 @@ class AccelmuxPolicy:
                 "idle memory too small",
             )
             return
-        if not self.make_room(world, dev, room_needed, cls, svc, Reason.NO_MEMORY):
+        if not self.make_room(world, dev, room_needed, cls, svc, Reason.NO_MEMORY, requester=req):
             rnd.blocked[dev] = min(cls, rnd.blocked.get(dev, cls))
             self._queue_or_reject(
                 world,
@@ -1113,9 +1268,9 @@ class AccelmuxPolicy:
             )
             return
         reason = Reason.RELOAD_AFTER_CRASH if svc.status is ServiceStatus.CRASHED else Reason.DEMAND
-        if self.make_room(world, dev, need + reserve, req.cls, svc, reason) and world.load(
-            svc, reason=reason, kv_pool=pool, detail=f"for {req.request_id}"
-        ):
+        if self.make_room(
+            world, dev, need + reserve, req.cls, svc, reason, requester=req
+        ) and world.load(svc, reason=reason, kv_pool=pool, detail=f"for {req.request_id}"):
             self._queue_or_reject(world, req, Reason.LOADING, "cold start")
             return
         rnd.blocked[dev] = min(req.cls, rnd.blocked.get(dev, req.cls))
@@ -1135,8 +1290,11 @@ class AccelmuxPolicy:
                 and not self._keep(svc)
                 and world.now - svc.last_used >= self._ttl(world, svc)
             ):
-                world.unload(
-                    svc, reason=Reason.TTL_EXPIRED, detail=f"idle {world.now - svc.last_used:.0f}s"
+                self._unload(
+                    world,
+                    svc,
+                    reason=Reason.TTL_EXPIRED,
+                    detail=f"idle {world.now - svc.last_used:.0f}s",
                 )
 
     def _balloon(self, world: World) -> None:
