@@ -253,6 +253,18 @@ def apply_variant(text: str, policy: Any) -> Any:
         raise ValueError(f"unknown policy {name!r} (known: {known})")
     if not overrides:
         return policy
+    if name == "accelmux":
+        # Its one variant setting: heuristics turned off (``accelmux[disable=[a,b]]``).
+        unknown = sorted(set(overrides) - {"disable"})
+        if unknown:
+            raise ValueError(f"variant {text!r}: accelmux varies only 'disable' (got {unknown})")
+        try:
+            return type(policy).model_validate(
+                {**policy.model_dump(), "disable": overrides["disable"]}
+            )
+        except ValidationError as exc:
+            problems = "; ".join(str(e["msg"]) for e in exc.errors())
+            raise ValueError(f"variant {text!r}: {problems}") from None
     section = SECTIONS.get(name)
     if section is None:
         raise ValueError(f"variant {text!r}: policy {name!r} has no settings to vary")

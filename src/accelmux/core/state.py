@@ -195,6 +195,8 @@ class RequestState:
     paused: bool = False
     parked_kv: int = 0
     pauses: int = 0
+    #: Pauses that gave the compute to realtime work (not counted in ``pauses``).
+    yields: int = 0
     #: When its current run (dispatch or resume) started.
     running_since: float | None = None
     explain: deque[str] = field(default_factory=lambda: deque(maxlen=EXPLAIN_LINES))
@@ -732,7 +734,15 @@ class World:
         )
         return True
 
-    def pause(self, req: RequestState, *, reason: Reason, park: bool, detail: str = "") -> bool:
+    def pause(
+        self,
+        req: RequestState,
+        *,
+        reason: Reason,
+        park: bool,
+        detail: str = "",
+        for_realtime: bool = False,
+    ) -> bool:
         """Pause a running request between tokens: it gives back its activation lease
         and waits again, at its place, for a Resume. ``park``: its KV state leaves the
         pool for host RAM (so the service may unload); otherwise it keeps its place in
@@ -760,7 +770,10 @@ class World:
             self.busy.discard(svc)
         self.inflight.pop(req.request_id, None)
         req.paused = True
-        req.pauses += 1
+        if for_realtime:
+            req.yields += 1
+        else:
+            req.pauses += 1
         req.running_since = None
         req.wait_reason = None
         # A paused stream has a client waiting on it: its wait is bounded afresh.

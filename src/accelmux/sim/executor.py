@@ -29,13 +29,14 @@ a ``Tick`` is scheduled at ``manager.next_wakeup(now)``. Nothing here reads a re
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from accelmux.config.baselines import build_policy
+from accelmux.config.baselines import apply_variant, build_policy
 from accelmux.core.actions import (
     Action,
     Dispatch,
@@ -155,6 +156,10 @@ class Simulation:
         self.seed = seed
         self.duration = float(duration_s if duration_s is not None else self.sim_cfg.duration_s)
         self.spec = scenario.manager_spec(capacity_gib)
+        configured = apply_variant(policy, cfg.policy)
+        if configured.disable != cfg.policy.disable:  # accelmux[disable=[...]]
+            knobs = dataclasses.replace(self.spec.knobs, disabled=frozenset(configured.disable))
+            self.spec = dataclasses.replace(self.spec, knobs=knobs)
         self.policy = build_policy(policy, cfg.policy)
         self.manager = Manager(self.spec, self.policy)
         self.clock = SimClock()

@@ -59,6 +59,8 @@ class _Round:
 
     blocked: dict[str, ServiceClass] = field(default_factory=dict)
     realtime_active: set[str] = field(default_factory=set)
+    #: Devices with realtime work running, waiting or within its grace (realtime_yield).
+    realtime_work: set[str] = field(default_factory=set)
     interactive_active: set[str] = field(default_factory=set)
     higher_waiting: dict[str, ServiceClass] = field(default_factory=dict)
     #: Devices where this round would repeat a round that changed nothing.
@@ -108,6 +110,12 @@ HEURISTICS: dict[str, str] = {
     "that their model unloads to host RAM and its own loads: models switch between "
     "tokens instead of a request waiting out a whole answer; a paused stream may do the "
     "same after TIME_SHARE_QUANTUM_S of theirs",
+    "realtime_yield": "while realtime work runs or waits on a device, interactive LLM "
+    "streams there that can pause are paused between tokens (their KV kept in place) and "
+    "new ones wait: the realtime work gets the compute, the streams resume after it",
+    "reserve_fallback": "when the full realtime reserve would keep a lower-class load or "
+    "request out for good although it fits the device, one realtime activation is kept "
+    "free instead",
     "park_weights": "an unloaded model keeps its weights in host RAM (parked or sleeping, "
     "as its backend declares) within the host budget; victims are scored by the reload "
     "cost of the tier they land in",
@@ -168,6 +176,8 @@ class AccelmuxPolicy:
         #: Requests paused to switch models -> the request they were paused for: they
         #: do not take back the memory they gave until it has started.
         self._yielded_to: dict[str, str] = {}
+        #: Requests paused to give the compute to realtime work (realtime_yield).
+        self._yielded_realtime: set[str] = set()
 
     def _cached(self, world: World, key: tuple[str, str], compute: Callable[[], int]) -> int:
         hit = self._memo.get(key)
@@ -325,8 +335,14 @@ class AccelmuxPolicy:
     def decide(self, world: World, now: float) -> None:
         self._memo.clear()
         self._room_failed.clear()
+        if world.knobs.enabled("realtime_yield") and world.busy:
+            self._yield_to_realtime(world)
         if self._yielded_to:
             self._yielded_to = {r: o for r, o in self._yielded_to.items() if r in world.waiting}
+        if self._yielded_realtime:
+            self._yielded_realtime = {
+                r for r in self._yielded_realtime if (q := world.waiting.get(r)) and q.paused
+            }
         self._learn(world)
         self._admin_unloads(world)
         self._relieve_pressure(world)
@@ -475,6 +491,40 @@ class AccelmuxPolicy:
             lambda: self._compute_realtime_reserve(world, device),
         )
 
+    def _yields_to_realtime(self, world: World, svc: ServiceState) -> bool:
+        """Whether realtime work takes ``svc``'s activation leases back at once: it is
+        preempted, or (an interactive LLM that can pause) paused between tokens."""
+        if self._preemptible(svc, ServiceClass.REALTIME):
+            return True
+        return (
+            svc.spec.kind.is_llm
+            and svc.spec.cls is ServiceClass.INTERACTIVE
+            and self._can_pause(world, svc)
+            and world.knobs.enabled("time_share")
+        )
+
+    def _fitting_reserve(self, world: World, svc: ServiceState, need: int, limit: int) -> int:
+        """The realtime reserve a lower-class need of ``need`` bytes of ``svc`` must leave
+        free, when at most ``limit`` bytes could ever be freed for it.
+
+        The full reserve holds every loaded realtime service's next activations at once.
+        When that would keep ``need`` out for good although it fits the device
+        (``reserve_fallback``), it leaves one realtime activation free instead (the
+        largest: a voice chain runs one step at a time).
+        """
+        device = svc.spec.device
+        full = self._realtime_reserve(world, device)
+        if need + full <= limit or need > limit or not world.knobs.enabled("reserve_fallback"):
+            return full
+        largest = 0
+        for s in world.realtime_by_device[device]:
+            if s.holds_memory:
+                typical = self._rt_peak.get(s.name)
+                if typical is None:
+                    typical = s.calibration.active.project(s.spec.profile.workspace)
+                largest = max(largest, typical)
+        return min(full, largest)
+
     def _compute_realtime_reserve(self, world: World, device: str) -> int:
         total = 0
         for s in world.realtime_by_device[device]:
@@ -517,21 +567,24 @@ class AccelmuxPolicy:
         """The running requests of ``svc`` that ``requester`` (of class ``cls``) may pause
         to switch models: all of them or none (only an idle service unloads).
 
-        A realtime LLM request pauses interactive streams at once. Within a class, a
+        A realtime request pauses interactive streams at once. Within a class, an LLM
         request waiting for its first token pauses streams that ran
         ``TIME_SHARE_MIN_RUN_S``, a paused one streams that ran ``TIME_SHARE_QUANTUM_S``.
         Lower classes are preempted (or paused) by :meth:`_preemptible` already."""
+        for_realtime = cls is ServiceClass.REALTIME and svc.spec.cls is ServiceClass.INTERACTIVE
+        same_class_llm = (
+            svc.spec.cls == cls
+            and requester is not None
+            and world.services[requester.service].spec.kind.is_llm
+        )
         if (
             requester is None
             or not world.knobs.enabled("time_share")
-            or not world.services[requester.service].spec.kind.is_llm
-            or (
-                svc.spec.cls != cls
-                and not (cls is ServiceClass.REALTIME and svc.spec.cls is ServiceClass.INTERACTIVE)
-            )
+            or not (for_realtime or same_class_llm)
             or not svc.spec.kind.is_llm
             or not self._can_pause(world, svc)
             or svc.name == requester.service
+            or svc.paused_kv  # a request paused in its pool keeps it loaded
         ):
             return []
         run = 0.0 if svc.spec.cls > cls else TIME_SHARE_MIN_RUN_S
@@ -732,8 +785,8 @@ class AccelmuxPolicy:
         for svc in victims:
             if ledger.available(device) - kept + pending + freed >= need:
                 break
-            if svc.inflight or svc.status is not ServiceStatus.LOADED:
-                continue  # its work was not all preempted after all
+            if not svc.idle or svc.status is not ServiceStatus.LOADED:
+                continue  # its work was not all preempted (or parked) after all
             freed += self.unload_frees(world, svc)
             self._unload(
                 world,
@@ -744,10 +797,12 @@ class AccelmuxPolicy:
         return False
 
     @staticmethod
-    def _kept_floor(s: ServiceState) -> int:
-        """Memory a kept (pinned or admin-loaded) service holds at its KV floor."""
+    def _kept_floor(world: World, s: ServiceState) -> int:
+        """Memory a kept (pinned or admin-loaded) service holds at its KV floor, with
+        the allocator cache measured in it (freed only when it unloads: never)."""
         if (s.pinned or s.admin_wants_loaded) and s.holds_memory:
-            return s.resident_bytes - s.kv_pool + s.spec.profile.kv_floor
+            reserved = world.ledger.amount(s.spec.device, s.name, Category.RESERVED)
+            return s.resident_bytes - s.kv_pool + s.spec.profile.kv_floor + reserved
         return 0
 
     def _max_possible(self, world: World, device: str, exclude: ServiceState) -> int:
@@ -755,9 +810,9 @@ class AccelmuxPolicy:
         held = self._cached(
             world,
             ("kept_floor", device),
-            lambda: sum(self._kept_floor(s) for s in world.kept if s.spec.device == device),
+            lambda: sum(self._kept_floor(world, s) for s in world.kept if s.spec.device == device),
         )
-        return dev.usable_bytes - (held - self._kept_floor(exclude))
+        return dev.usable_bytes - (held - self._kept_floor(world, exclude))
 
     def _retry_after(self, svc: ServiceState) -> float:
         return float(
@@ -844,6 +899,48 @@ class AccelmuxPolicy:
             if self.make_room(world, svc.spec.device, need, svc.spec.cls, svc, reason):
                 world.load(svc, reason=reason, kv_pool=pool)
 
+    @staticmethod
+    def _realtime_devices(world: World) -> set[str]:
+        """Devices where realtime work runs or waits (or ended within the grace)."""
+        out: set[str] = set()
+        grace = world.knobs.realtime_grace_s
+        for dev, svcs in world.realtime_by_device.items():
+            for svc in svcs:
+                if svc.inflight or svc.waiting_count or world.now < svc.last_used + grace:
+                    out.add(dev)
+                    break
+        return out
+
+    def _yields_compute(self, world: World, svc: ServiceState) -> bool:
+        """Interactive LLM work that pauses while realtime work runs beside it."""
+        return (
+            svc.spec.cls is ServiceClass.INTERACTIVE
+            and svc.spec.kind.is_llm
+            and self._can_pause(world, svc)
+            and world.knobs.enabled("realtime_yield")
+        )
+
+    def _yield_to_realtime(self, world: World) -> None:
+        """Pause the running streams of interactive LLMs on devices with realtime work."""
+        devices = self._realtime_devices(world)
+        if not devices:
+            return
+        for svc in list(world.busy):
+            if svc.spec.device not in devices or not self._yields_compute(world, svc):
+                continue
+            for req in list(svc.inflight.values()):
+                since = req.running_since if req.running_since is not None else world.now
+                if world.now - since < TIME_SHARE_MIN_RUN_S:
+                    continue  # its first token comes first
+                if world.pause(
+                    req,
+                    reason=Reason.TIME_SHARE,
+                    park=False,
+                    detail="realtime work running",
+                    for_realtime=True,
+                ):
+                    self._yielded_realtime.add(req.request_id)
+
     def _schedule(self, world: World) -> None:
         if not world.waiting:
             return  # a device's quiet record stays true: it names the state it saw
@@ -855,6 +952,8 @@ class AccelmuxPolicy:
             for svc in svcs:
                 if (hold and svc.inflight) or world.now < svc.last_used + grace:
                     rnd.realtime_active.add(svc.spec.device)
+        if knobs.enabled("realtime_yield"):
+            rnd.realtime_work = self._realtime_devices(world)
         if knobs.enabled("batch_yield"):
             for svc in world.busy:
                 if svc.spec.cls is ServiceClass.INTERACTIVE:
@@ -903,6 +1002,7 @@ class AccelmuxPolicy:
         return {
             dev: (
                 dev in rnd.realtime_active,
+                dev in rnd.realtime_work,
                 dev in rnd.interactive_active,
                 rnd.higher_waiting.get(dev),
                 tuple(items),
@@ -1022,6 +1122,9 @@ class AccelmuxPolicy:
         if wait is not None:
             self._queue_or_reject(world, req, *wait)
             return
+        if req.paused and req.request_id in self._yielded_realtime and dev in rnd.realtime_work:
+            self._queue_or_reject(world, req, Reason.HIGHER_CLASS_WAITING, "realtime work running")
+            return
         if req.paused and self._yielding(world, req):
             self._queue_or_reject(
                 world, req, Reason.PAUSED, f"gave its memory to {self._yielded_to[req.request_id]}"
@@ -1114,8 +1217,8 @@ class AccelmuxPolicy:
         if world.ledger.available(dev) < 0 or not world.knobs.enabled("cache_reuse"):
             own_cache = 0  # under pressure the cache is what has to go, not reuse
         reserve = 0
-        if cls > ServiceClass.REALTIME and not self._preemptible(svc, ServiceClass.REALTIME):
-            reserve = self._realtime_reserve(world, dev)
+        if cls > ServiceClass.REALTIME and not self._yields_to_realtime(world, svc):
+            reserve = self._fitting_reserve(world, svc, need, limit)
         before = world.ledger.available(dev)
         running = len(world.inflight)
         room_needed = max(0, need - own_cache) + reserve
@@ -1244,8 +1347,8 @@ class AccelmuxPolicy:
         if req.cls > ServiceClass.REALTIME:
             # Resident memory must leave the realtime reserve free; the first request's
             # activations may overlap it when realtime work can preempt them.
-            reserve = self._realtime_reserve(world, dev)
-            if self._preemptible(svc, ServiceClass.REALTIME):
+            reserve = self._fitting_reserve(world, svc, need, limit)
+            if self._yields_to_realtime(world, svc):
                 reserve = max(0, reserve - active)
         if need > self._max_possible(world, dev, svc):
             world.reject(
