@@ -20,12 +20,14 @@ class Snapshot:
     queues: dict[str, int]
     decisions: list[dict[str, Any]]
     counts: dict[str, int]
+    host: dict[str, int] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "time": self.time,
             "devices": self.devices,
             "services": self.services,
+            "host": self.host,
             "queues": self.queues,
             "decisions": self.decisions,
             "counts": self.counts,
@@ -79,6 +81,9 @@ def build_snapshot(
                 "inflight": len(svc.inflight),
                 "concurrency": spec.concurrency,
                 "waiting": svc.waiting_count,
+                "paused": sum(1 for r in svc.queue.values() if r.paused),
+                "tier": svc.tier.value,
+                "load_seconds": {t.value: round(v, 3) for t, v in sorted(svc.load_s.items())},
                 "kv_pool_bytes": svc.kv_pool,
                 "kv_in_use_bytes": svc.kv_in_use,
                 "kv_usable_bytes": svc.kv_usable,
@@ -111,4 +116,9 @@ def build_snapshot(
         queues=queues,
         decisions=decisions,
         counts={f"{k}:{r}": n for (k, r), n in sorted(counts.items())},
+        host={
+            "park_budget_bytes": w.spec.host_budget_bytes,
+            "parked_weights_bytes": sum(w.host_weights.values()),
+            "parked_kv_bytes": w.host_kv,
+        },
     )
