@@ -29,7 +29,8 @@ from typing import Any
 from accelmux.core.types import ServiceKind
 from accelmux.errors import BackendError, RequestError
 from accelmux.worker import protocol
-from accelmux.worker.components import Component, Slot, component_key, make_component, rss_bytes
+from accelmux.worker.component_base import Component, Slot, rss_bytes
+from accelmux.worker.components import component_key, make_component
 
 #: RSS sampling period while requests run (their peak = highest sample - RSS at start).
 SAMPLE_S = 0.01
