@@ -26,12 +26,14 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import psutil
 
 from accelmux.core.types import ServiceKind
 from accelmux.errors import BackendError, RequestError
+from accelmux.models.llama_sequences import SequenceReport, TextStream
 
 #: Modules each kind of component imports (their first import is the "runtime" cost).
 RUNTIME_MODULES: dict[str, tuple[str, ...]] = {
@@ -62,6 +64,32 @@ class Slot:
     options: dict[str, Any]
     kv_pool_bytes: int = 0
     state: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class StreamControl:
+    """What the worker and a component's stream share: the cancel flag, the KV bytes the
+    stream holds so far (its peak), and the generation behind it when that generation
+    can pause and park (a llama.cpp :class:`TextStream`; None: it pauses only between
+    the chunks the component yields, holding nothing)."""
+
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    kv: int = 0
+    sequence: TextStream | None = None
+
+    def pause(self, *, park: bool) -> SequenceReport:
+        if self.sequence is None:
+            return SequenceReport("paused")
+        return self.sequence.pause(park=park)
+
+    def resume(self) -> SequenceReport:
+        if self.sequence is None:
+            return SequenceReport("running")
+        return self.sequence.resume()
+
+    @property
+    def parked_bytes(self) -> int:
+        return self.sequence.parked_bytes if self.sequence is not None else 0
 
 
 class Component:
@@ -104,6 +132,11 @@ class Component:
     def kv_bytes(self) -> int:
         return 0
 
+    def weights_file(self) -> Path | None:
+        """The file its weights are memory-mapped from (what parking keeps in RAM);
+        None: its weights are not a mapped file, and it unloads cold."""
+        return None
+
     def resize(self, slots: list[Slot]) -> bool:
         """Apply the KV pools the slots ask for; False when there is nothing to resize."""
         return False
@@ -119,13 +152,10 @@ class Component:
         raise BackendError(f"{self.ctype} serves no endpoint {endpoint}")
 
     def stream(
-        self,
-        slot: Slot,
-        endpoint: str,
-        body: dict[str, Any],
-        cancelled: threading.Event,
-        extra: dict[str, int],
+        self, slot: Slot, endpoint: str, body: dict[str, Any], control: StreamControl
     ) -> Iterator[bytes]:
+        """SSE chunks; the worker pulls them one at a time and may stop between two
+        (a pause) and continue later, on this component's thread."""
         raise RequestError(f"{endpoint} cannot stream here", field="stream")
 
 

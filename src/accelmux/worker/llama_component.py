@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +14,7 @@ from accelmux.models import structured
 from accelmux.models.assets import gemma3_gguf_path, smollm2_gguf_path
 from accelmux.models.chat import LlamaTextModel
 from accelmux.models.gguf_profile import gguf_profile, pad_context
-from accelmux.worker.component_base import Component, Slot, json_body
+from accelmux.worker.component_base import Component, Slot, StreamControl, json_body
 
 DEFAULT_LLM = {ServiceKind.CHAT: "smollm2", ServiceKind.COMPLETION: "gemma3"}
 MIN_CTX = 512
@@ -101,6 +100,9 @@ class LlamaComponent(Component):
         model, self.model = self.model, None
         if model is not None:
             model.unload()
+
+    def weights_file(self) -> Path | None:
+        return Path(self.model.model_path) if self.model is not None else None
 
     def kv_bytes(self) -> int:
         if self.model is None:
@@ -197,12 +199,7 @@ class LlamaComponent(Component):
         return 200, "application/json", json_body(obj), used
 
     def stream(
-        self,
-        slot: Slot,
-        endpoint: str,
-        body: dict[str, Any],
-        cancelled: threading.Event,
-        extra: dict[str, int],
+        self, slot: Slot, endpoint: str, body: dict[str, Any], control: StreamControl
     ) -> Iterator[bytes]:
         if self.model is None:
             raise BackendError("model is not loaded")
@@ -214,7 +211,7 @@ class LlamaComponent(Component):
         model = str(body.get("model", slot.service))
         rid = f"{slot.service}-{time.monotonic_ns():x}"
         if plan is not None and plan.tools:
-            yield from self._stream_tools(slot, body, prompt, plan, kwargs, model, rid, extra)
+            yield from self._stream_tools(slot, body, prompt, plan, kwargs, model, rid, control)
             return
         is_chat = endpoint == "/v1/chat/completions"
         prompt_tokens = (
@@ -226,6 +223,7 @@ class LlamaComponent(Component):
             if chat
             else self.model.complete_stream(prompt, **kwargs)
         )
+        control.sequence = pieces  # the worker pauses and parks it between chunks
         n = 0
         finish = "stop"
         try:
@@ -235,12 +233,12 @@ class LlamaComponent(Component):
                     yield shapes.chat_chunk(model, rid, {"role": "assistant", "content": ""}, None)
                 first = False
                 n += 1
-                extra["kv"] = n * self.kv_per_token
+                control.kv = n * self.kv_per_token
                 if is_chat:
                     yield shapes.chat_chunk(model, rid, {"content": piece}, None)
                 else:
                     yield shapes.text_chunk(model, rid, piece, None)
-                if cancelled.is_set():
+                if control.cancelled.is_set():
                     return
             if first and is_chat:
                 yield shapes.chat_chunk(model, rid, {"role": "assistant", "content": ""}, None)
@@ -265,12 +263,12 @@ class LlamaComponent(Component):
         kwargs: dict[str, Any],
         model: str,
         rid: str,
-        extra: dict[str, int],
+        control: StreamControl,
     ) -> Iterator[bytes]:
         """Tools in a stream: the whole output is read first (a call is one JSON object),
         then sent as the deltas OpenAI streams carry."""
         gen = self._generate(True, prompt, plan, kwargs)
-        extra["kv"] = (gen.prompt_tokens + gen.completion_tokens) * self.kv_per_token
+        control.kv = (gen.prompt_tokens + gen.completion_tokens) * self.kv_per_token
         content, calls = structured.read_output(plan, gen.text, f"call_{rid}_0")
         yield shapes.chat_chunk(model, rid, {"role": "assistant", "content": ""}, None)
         if calls:
