@@ -52,25 +52,26 @@ _LIBC = _libc()
 
 class Mapping:
     """A read-only shared mapping of a whole file, by address (libc ``mmap``, so that
-    ``mincore`` can say what is resident); Python's ``mmap`` where libc is not there."""
+    ``mincore`` can say what is resident); Python's ``mmap`` where libc is not there.
+    ``populate``: read the whole file in (``MAP_POPULATE``, ``MADV_WILLNEED``); without
+    it the mapping only looks (how much of the file is in the page cache)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, populate: bool = True) -> None:
         self.size = path.stat().st_size
         self._addr: int | None = None
         self._fallback: mmap.mmap | None = None
         fd = os.open(path, os.O_RDONLY)
         try:
-            populate = getattr(mmap, "MAP_POPULATE", 0)
+            flags = mmap.MAP_SHARED | (getattr(mmap, "MAP_POPULATE", 0) if populate else 0)
             if _LIBC is not None and self.size:
-                addr = _LIBC.mmap(
-                    None, self.size, mmap.PROT_READ, mmap.MAP_SHARED | populate, fd, 0
-                )
+                addr = _LIBC.mmap(None, self.size, mmap.PROT_READ, flags, fd, 0)
                 if addr is None or addr == MAP_FAILED:
                     raise OSError(ctypes.get_errno(), f"mmap of {path} failed")
                 self._addr = int(addr)
-                _LIBC.madvise(self._addr, self.size, getattr(mmap, "MADV_WILLNEED", 3))
+                if populate:
+                    _LIBC.madvise(self._addr, self.size, getattr(mmap, "MADV_WILLNEED", 3))
             elif self.size:
-                self._fallback = mmap.mmap(fd, 0, flags=mmap.MAP_SHARED | populate)
+                self._fallback = mmap.mmap(fd, 0, flags=flags, prot=mmap.PROT_READ)
         finally:
             os.close(fd)
 
