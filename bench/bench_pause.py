@@ -10,7 +10,7 @@ Three parts, each repeated ``--repeat`` times (medians are reported):
 * ``worker``: through ``WorkerBackend`` and a real worker process: the round trip of a
   pause (it waits for the next token), of a parked pause, of a resume, and from the
   resume to the next chunk.
-* ``loads``: each packaged GGUF loaded by a worker after a cold unload with the file
+* ``loads`` (``--load-repeat`` times): each packaged GGUF loaded by a worker after a cold unload with the file
   dropped from the page cache (``posix_fadvise(DONTNEED)``; the resident share before the
   load is recorded, since pages another process maps cannot be dropped), after a cold
   unload with the file still in the page cache, and after ``unload(tier=parked)``;
@@ -70,11 +70,12 @@ def sequences(repeat: int) -> list[dict[str, Any]]:
         for words in PROMPT_WORDS:
             prompt = messages(words)
             kw = {**SAMPLED, "max_tokens": 16}
-            list(model.chat_stream(prompt, **kw))
-            ref = list(model.chat_stream(prompt, **kw))
             pause_s, save_s, restore_s, recompute_s, sizes, tokens = [], [], [], [], [], []
             identical = True
             for _ in range(repeat):
+                # the reference starts from the cached prompt the paused run starts from
+                list(model.chat_stream(prompt, **kw))
+                ref = list(model.chat_stream(prompt, **kw))
                 stream = model.chat_stream(prompt, **kw)
                 got = [next(stream) for _ in range(8)]
                 t = time.perf_counter()
@@ -264,15 +265,17 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--load-repeat", type=int, default=7)
     args = parser.parse_args()
     t0 = time.monotonic()
     seqs = sequences(args.repeat)
     with tempfile.TemporaryDirectory() as tmp:
         worker = asyncio.run(worker_round_trips(Path(tmp), args.repeat))
         print(f"worker {worker}", flush=True)
-        load_rows = asyncio.run(loads(Path(tmp), args.repeat))
+        load_rows = asyncio.run(loads(Path(tmp), args.load_repeat))
     settings = {
         "repeat": args.repeat,
+        "load_repeat": args.load_repeat,
         "prompt_words": list(PROMPT_WORDS),
         "sampling": SAMPLED,
         "model_filesystems": {
