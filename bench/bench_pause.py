@@ -10,10 +10,11 @@ Three parts, each repeated ``--repeat`` times (medians are reported):
 * ``worker``: through ``WorkerBackend`` and a real worker process: the round trip of a
   pause (it waits for the next token), of a parked pause, of a resume, and from the
   resume to the next chunk.
-* ``loads`` (``--load-repeat`` times): each packaged GGUF loaded by a worker after a cold unload with the file
-  dropped from the page cache (``posix_fadvise(DONTNEED)``; the resident share before the
-  load is recorded, since pages another process maps cannot be dropped), after a cold
-  unload with the file still in the page cache, and after ``unload(tier=parked)``;
+* ``loads`` (``--load-repeat`` times): each packaged GGUF loaded by a worker after a
+  cold unload with the file dropped from the page cache (``posix_fadvise(DONTNEED)``;
+  the resident share before the load is recorded, since pages another process maps
+  cannot be dropped), after a cold unload with the file still in the page cache, and
+  after ``unload(tier=parked)``;
   ``load_s`` is the worker's load, ``first_token_s`` the first request after it (with an
   mmap'd GGUF, pages a load did not touch are read then).
 
