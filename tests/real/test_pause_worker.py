@@ -97,7 +97,10 @@ def test_pause_park_and_resume_by_request_id(tmp_path: Path) -> None:
             assert response.stream is not None
             chunks = response.stream.__aiter__()
             got = [await chunks.__anext__() for _ in range(4)]
-            await backend.pause("r1", park=True)
+            await backend.pause("r1", park=False)
+            assert backend.last_pause["state"] == "paused"
+            assert backend.last_pause["parked_bytes"] == 0  # its cells stay in the context
+            await backend.pause("r1", park=True)  # parked now, on the model's thread
             assert backend.last_pause["state"] == "paused"
             assert backend.last_pause["parked_bytes"] > 20 * 2**10 * 20
             mine = (await memory(backend))["services"]["chat"]
