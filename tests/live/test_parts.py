@@ -9,7 +9,6 @@ import os
 import sys
 import wave
 from pathlib import Path
-from typing import Any
 
 import pytest
 from tests.live.support import UPSTREAM, live, pid_alive, run
@@ -231,84 +230,6 @@ def test_status_cli_reports_unreachable(capsys: pytest.CaptureFixture[str]) -> N
     port = free_port()
     assert main(["status", "--url", f"http://127.0.0.1:{port}"]) == 1
     assert "cannot reach" in capsys.readouterr().err
-
-
-class _EchoModel:
-    """A trivial in-process model, to check the adapter (threads, stream, memory)."""
-
-    thread_safe = False
-
-    def __init__(self) -> None:
-        self.pool = 0
-
-    def load(self, *, kv_pool_bytes: int) -> Any:
-        from accelmux.backends.base import LoadReport
-
-        self.pool = kv_pool_bytes
-        return LoadReport(weights_bytes=10, runtime_bytes=1)
-
-    def unload(self) -> None:
-        self.pool = 0
-
-    def resize(self, kv_pool_bytes: int) -> bool:
-        self.pool = kv_pool_bytes
-        return True
-
-    def infer(self, request: Any) -> Any:
-        from accelmux.backends.base import BackendResponse
-
-        return BackendResponse(body=b'{"ok": true}', peak_bytes=5)
-
-    def stream(self, request: Any) -> Any:
-        return iter([b"data: 1\n\n", b"data: [DONE]\n\n"])
-
-    def memory_bytes(self) -> int:
-        return 11 + self.pool
-
-
-def test_inprocess_adapter_runs_a_registered_model() -> None:
-    from accelmux.backends.base import BackendRequest
-    from accelmux.backends.inprocess import InProcessBackend, register_model_factory
-    from accelmux.config.backends import WorkerBackendConfig
-
-    register_model_factory("echo-test", lambda service, kind, cfg: _EchoModel())
-    cfg = WorkerBackendConfig(type="worker", options={"model_type": "echo-test"})
-    missing = InProcessBackend("m", ServiceKind.CHAT, WorkerBackendConfig(type="worker"))
-
-    async def body() -> None:
-        b = InProcessBackend("s", ServiceKind.CHAT, cfg)
-        try:
-            report = await b.load(weights_bytes=0, runtime_bytes=0, kv_pool_bytes=100)
-            assert report.weights_bytes == 10 and b.memory_bytes() == 111
-            await b.resize(50)
-            assert b.memory_bytes() == 61
-            req = BackendRequest(
-                request_id="r",
-                service="s",
-                kind=ServiceKind.CHAT,
-                endpoint="/v1/chat/completions",
-                body={},
-            )
-            assert (await b.handle(req)).peak_bytes == 5
-            streamed = await b.handle(
-                BackendRequest(
-                    request_id="r",
-                    service="s",
-                    kind=ServiceKind.CHAT,
-                    endpoint="/v1/chat/completions",
-                    body={},
-                    stream=True,
-                )
-            )
-            assert streamed.stream is not None
-            assert [c async for c in streamed.stream] == [b"data: 1\n\n", b"data: [DONE]\n\n"]
-        finally:
-            await b.close()
-        with pytest.raises(BackendError, match="no in-process model"):
-            await missing.load(weights_bytes=0, runtime_bytes=0, kv_pool_bytes=0)
-        await missing.close()
-
-    run(body())
 
 
 def test_external_asr_multipart_is_proxied_with_filename_and_upstream_model(

@@ -8,13 +8,23 @@ Memory seen by the daemon's monitors: an isolated service is measured as its wor
 process tree (PSS). A shared worker's PSS is split between its services in proportion
 to what the worker attributes to each (weights, runtime, KV, active; a shared model is
 carried by the service that loaded it first), so the per-service figures add up to the
-worker's measured memory and none of it shows as foreign.
+worker's measured memory and none of it shows as foreign. Weights a service parked
+(``unload(tier=parked)``: the worker keeps its GGUF file mapped in host RAM) are that
+service's while it is unloaded, and are left out of the split between the loaded ones.
+
+Pause and resume name the Manager's request id (``BackendRequest.request_id``), which
+each infer carries to the worker; the worker pauses the request's stream between two
+chunks. The backend remembers the requests it sent (streamed or not) and the ones that
+ended lately: a pause or resume of an ended one is a no-op, a pause that arrives before
+its request is sent makes the request start paused, and a resume of a request it never
+saw is a BackendError.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +39,15 @@ from accelmux.worker.client import WorkerClient
 
 LOAD_TIMEOUT_S = 300.0
 REQUEST_TIMEOUT_S = 600.0
+#: Ended request ids (and pauses that came before their request) remembered per service.
+REMEMBERED = 1024
+
+
+def _remember(ids: OrderedDict[str, bool], key: str, value: bool) -> None:
+    ids[key] = value
+    ids.move_to_end(key)
+    while len(ids) > REMEMBERED:
+        ids.popitem(last=False)
 
 
 def _error_response(exc: RequestError) -> BackendResponse:
@@ -83,8 +102,14 @@ class WorkerBackend:
         self.client = client
         self.pool = pool
         self.loaded = False
+        #: its weights are parked in the worker (host RAM) while it is unloaded
+        self.parked = False
         self.last_load: dict[str, Any] = {}
+        self.last_pause: dict[str, Any] = {}
         self._on_crash: CrashCallback | None = None
+        self._sent: dict[str, bool] = {}  # request id -> streamed, while it runs
+        self._ended: OrderedDict[str, bool] = OrderedDict()
+        self._early: OrderedDict[str, bool] = OrderedDict()  # paused before it was sent
         client.add_death_listener(self._worker_died)
 
     @property
@@ -111,7 +136,7 @@ class WorkerBackend:
             "kv_pool_bytes": kv_pool_bytes,
         }
         reply, _ = await self.client.call(header, timeout=LOAD_TIMEOUT_S)
-        self.loaded = True
+        self.loaded, self.parked = True, False
         self.last_load = {k: v for k, v in reply.items() if k not in ("id", "type")}
         if reply.get("shared"):
             return LoadReport()  # the model was already loaded (and counted) for another
@@ -121,13 +146,23 @@ class WorkerBackend:
         return LoadReport(weights_bytes=int(reply["weights_bytes"]), runtime_bytes=runtime)
 
     async def unload(self, *, tier: Tier = Tier.COLD) -> None:
+        """``parked`` (LLMs): the worker keeps the GGUF file mapped in host RAM for the
+        next load (an isolated worker stays up for it); any other tier is cold."""
+        park = tier is Tier.PARKED and self.capabilities.host_cache
         was, self.loaded = self.loaded, False
-        if was and self.client.alive:
+        parked, self.parked = self.parked, False
+        if (was or parked) and self.client.alive:
             with contextlib.suppress(BackendCrashedError):
-                await self.client.call(
-                    {"op": "unload", "service": self.service}, timeout=LOAD_TIMEOUT_S
+                reply, _ = await self.client.call(
+                    {
+                        "op": "unload",
+                        "service": self.service,
+                        "tier": Tier.PARKED.value if park else Tier.COLD.value,
+                    },
+                    timeout=LOAD_TIMEOUT_S,
                 )
-        if self.isolated and self.client.alive:
+                self.parked = bool(reply.get("parked"))
+        if self.isolated and self.client.alive and not self.parked:
             await self.client.close()  # its own worker: give the whole process back
 
     @property
@@ -135,10 +170,38 @@ class WorkerBackend:
         return self.cfg.capabilities(self.kind)
 
     async def pause(self, request_id: str, *, park: bool) -> None:
-        raise BackendError(f"{self.service}: this backend does not declare pause")
+        """Pause a streamed request between chunks (returns once it took); ``park``:
+        its llama.cpp sequence is also saved off the context."""
+        if not self.capabilities.pause:
+            raise BackendError(f"{self.service}: this backend does not declare pause")
+        if request_id in self._ended:
+            return
+        streamed = self._sent.get(request_id)
+        if streamed is None:  # dispatched but not sent yet: it will start paused
+            _remember(self._early, request_id, park)
+            return
+        if not streamed:
+            raise BackendError(
+                f"{self.service}: request {request_id} is not streamed; only a streamed "
+                "generation can pause"
+            )
+        header = {"op": "pause", "service": self.service, "request_id": request_id}
+        reply, _ = await self.client.call({**header, "park": park}, timeout=LOAD_TIMEOUT_S)
+        self.last_pause = {k: v for k, v in reply.items() if k not in ("id", "type")}
 
     async def resume(self, request_id: str) -> None:
-        raise BackendError(f"{self.service}: this backend does not declare pause")
+        if request_id in self._ended:
+            return
+        if self._early.pop(request_id, None) is not None:
+            return  # it had not started: it now starts unpaused
+        streamed = self._sent.get(request_id)
+        if streamed is None:
+            raise BackendError(
+                f"{self.service}: no request {request_id!r} to resume (none was sent here)"
+            )
+        if streamed:
+            header = {"op": "resume", "service": self.service, "request_id": request_id}
+            await self.client.call(header, timeout=LOAD_TIMEOUT_S)
 
     async def resize(self, kv_pool_bytes: int) -> None:
         if not self.loaded or not self.client.alive:
@@ -153,19 +216,30 @@ class WorkerBackend:
         if not self.loaded:
             raise BackendCrashedError(f"{self.service}: model is not loaded")
         index, blob = protocol.pack_files(request.files)
-        header = {
+        rid = request.request_id
+        streamed = request.stream and self.kind.is_llm
+        header: dict[str, Any] = {
             "op": "infer",
             "service": self.service,
             "endpoint": request.endpoint,
             "body": request.body,
             "files": index,
+            "request_id": rid,
         }
+        if self._early.pop(rid, None) is not None and streamed:
+            header["paused"] = True  # a pause came first (a non-streamed request runs)
+        self._sent[rid] = streamed
         try:
-            if request.stream and self.kind.is_llm:
-                return await self._stream(header, blob)
+            if streamed:
+                return await self._stream(header, blob, rid)
             reply, data = await self.client.call(header, blob, timeout=REQUEST_TIMEOUT_S)
         except RequestError as exc:
+            self._end(rid)
             return _error_response(exc)
+        except BaseException:
+            self._end(rid)
+            raise
+        self._end(rid)
         return BackendResponse(
             status=int(reply.get("status", 200)),
             content_type=str(reply.get("content_type", "application/json")),
@@ -173,13 +247,20 @@ class WorkerBackend:
             peak_bytes=int(reply["peak_bytes"]) if reply.get("peak_bytes") is not None else None,
         )
 
-    async def _stream(self, header: dict[str, Any], blob: bytes) -> BackendResponse:
+    def _end(self, request_id: str) -> None:
+        if self._sent.pop(request_id, None) is not None:
+            _remember(self._ended, request_id, True)
+
+    async def _stream(self, header: dict[str, Any], blob: bytes, rid: str) -> BackendResponse:
         chunks, final = await self.client.open_stream(header, blob)
         response = BackendResponse(content_type="text/event-stream")
 
         async def relay() -> AsyncIterator[bytes]:
-            async for chunk in chunks:
-                yield chunk
+            try:
+                async for chunk in chunks:
+                    yield chunk
+            finally:
+                self._end(rid)
             if final.done() and not final.cancelled():
                 peak = final.result().get("peak_bytes")
                 response.peak_bytes = int(peak) if peak is not None else None
@@ -199,13 +280,16 @@ class WorkerBackend:
             return None
         memory = self.client.memory
         services: dict[str, Any] = memory.get("services") or {}
+        if not self.loaded:  # parked weights are its own while it is unloaded
+            return int((memory.get("parked") or {}).get(self.service, 0)) if self.parked else 0
         mine = services.get(self.service)
-        if not mine or not self.loaded:
+        if not mine:
             return 0
-        total_pss = int(memory.get("pss_bytes", 0))
+        total_pss = max(0, int(memory.get("pss_bytes", 0)) - int(memory.get("parked_bytes", 0)))
 
         def attributed(entry: dict[str, Any]) -> int:
-            return sum(int(entry.get(k, 0)) for k in ("weights", "runtime", "kv", "active"))
+            kinds = ("weights", "runtime", "kv", "active", "parked_kv")
+            return sum(int(entry.get(k, 0)) for k in kinds)
 
         everyone = sum(attributed(e) for e in services.values())
         if everyone <= 0:
@@ -235,8 +319,14 @@ class WorkerBackend:
             "loaded": self.loaded,
             "component": report.get("component") or self.last_load.get("key"),
             "shared_with": report.get("shared_with", []),
-            "memory": {k: report.get(k) for k in ("weights", "runtime", "kv", "active")},
+            "memory": {
+                k: report.get(k) for k in ("weights", "runtime", "kv", "active", "parked_kv")
+            },
+            "paused_requests": report.get("paused", 0),
+            "parked": self.parked,
+            "parked_bytes": (self.client.memory.get("parked") or {}).get(self.service, 0),
             "last_load": self.last_load,
+            "last_pause": self.last_pause,
             "last_exit": self.client.last_exit,
         }
 

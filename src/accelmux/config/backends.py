@@ -174,17 +174,18 @@ class WorkerBackendConfig(_Backend):
 
     def capabilities(self, kind: ServiceKind | None = None) -> Capabilities:
         """A worker-hosted llama.cpp model rebuilds its context on the loaded weights (a
-        live resize), pauses a stream between tokens, parks a paused sequence's KV state
-        in host RAM, and keeps an unloaded GGUF file in host RAM (parked); every hosted
-        model reports its requests' measured peaks."""
-        llm = kind is not None and kind.is_llm
-        return Capabilities(
-            resize=ResizeSupport.LIVE if llm else ResizeSupport.NONE,
-            pause=llm,
-            park=llm,
-            host_cache=llm,
-            request_peaks=True,
-        )
+        live resize), pauses a streamed generation between tokens and parks its KV state
+        in host RAM, and keeps an unloaded model's GGUF file in host RAM (tier parked);
+        every hosted model reports its requests' measured peaks."""
+        if kind is not None and kind.is_llm:
+            return Capabilities(
+                resize=ResizeSupport.LIVE,
+                pause=True,
+                park=True,
+                host_cache=True,
+                request_peaks=True,
+            )
+        return Capabilities(resize=ResizeSupport.NONE, request_peaks=True)
 
 
 BackendConfig = Annotated[

@@ -35,6 +35,7 @@ from accelmux.models.gguf_profile import (
     gguf_profile,
     llama_memory_estimate,
 )
+from accelmux.models.llama_sequences import SequenceReport, TextStream
 from accelmux.models.tts import PiperSpeaker, Speech
 
 __all__ = [
@@ -51,7 +52,9 @@ __all__ = [
     "PiperSpeaker",
     "PocketsphinxRecognizer",
     "ResizeResult",
+    "SequenceReport",
     "Speech",
+    "TextStream",
     "Transcript",
     "cosine",
     "gguf_profile",

@@ -12,6 +12,12 @@ weights: llama.cpp separates ``llama_model`` (weights) from ``llama_context``
 per-context state ``Llama`` keeps (batch, token and logits buffers). If those
 internals are not there (another llama-cpp-python version), it falls back to a
 full reload and says so in :class:`ResizeResult`.
+
+A streamed generation (:meth:`LlamaTextModel.chat_stream`,
+:meth:`~LlamaTextModel.complete_stream`) is a :class:`TextStream`: it can pause between
+two deltas and park its sequence off the context while other requests use the model,
+then resume token for token as if it never stopped (see
+:mod:`accelmux.models.llama_sequences`).
 """
 
 from __future__ import annotations
@@ -19,7 +25,6 @@ from __future__ import annotations
 import gc
 import json
 import os
-import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -37,6 +42,7 @@ from accelmux.models.gguf_profile import (
     llama_memory_estimate,
     pad_context,
 )
+from accelmux.models.llama_sequences import ContextGate, TextStream
 
 LLAMA_PACKAGE = "llama-cpp-python"
 CHAT_ROLES = frozenset({"system", "user", "assistant"})
@@ -78,8 +84,9 @@ class _Prompt:
 class LlamaTextModel:
     """A GGUF language model: chat (when it has a chat template) and plain completion.
 
-    Not thread-safe by design: one request at a time. A second concurrent call
-    raises :class:`~accelmux.errors.BackendError` instead of blocking.
+    Not thread-safe by design: one request at a time. A second concurrent call, or
+    any call while a stream runs (is open and not paused), raises
+    :class:`~accelmux.errors.BackendError` instead of blocking.
     """
 
     def __init__(
@@ -105,7 +112,7 @@ class LlamaTextModel:
         self._profile: GgufProfile | None = None
         self._llm: Any = None
         self._formatter: Any = None
-        self._busy = threading.Lock()
+        self._gate = ContextGate(self.name)
 
     # -- constructors for the packaged models -------------------------------------------------
 
@@ -169,17 +176,17 @@ class LlamaTextModel:
 
         Raises :class:`BackendError` while a request (or an unfinished stream) runs:
         close the stream first; freeing the model under it would crash the process.
+        Paused streams end (their next step raises BackendError).
         """
-        if not self._busy.acquire(blocking=False):
-            raise BackendError(f"{self.name} is busy with a request; cannot unload it now")
-        try:
+        with self._gate.exclusive("a request; cannot unload it now"):
+            if self._gate.holder is not None:
+                raise BackendError(f"{self.name} is busy with a stream; cannot unload it now")
+            self._gate.end_all(f"{self.name} was unloaded while this stream was paused")
             llm, self._llm, self._formatter = self._llm, None, None
             if llm is not None:
                 llm.close()
                 del llm
                 gc.collect()
-        finally:
-            self._busy.release()
 
     def _new_llama(self, n_ctx: int) -> Any:
         llama_cpp = require("llama_cpp", LLAMA_PACKAGE)
@@ -222,12 +229,10 @@ class LlamaTextModel:
 
     @contextmanager
     def _exclusive(self) -> Iterator[Any]:
-        if not self._busy.acquire(blocking=False):
-            raise BackendError(f"{self.name} is busy with another request")
-        try:
-            yield self._require_loaded()
-        finally:
-            self._busy.release()
+        """The context for one call (a paused stream's sequence is saved first)."""
+        llm = self._require_loaded()
+        with self._gate.claim(llm, None):
+            yield llm
 
     # -- tokens -------------------------------------------------------------------------------
 
@@ -333,13 +338,16 @@ class LlamaTextModel:
         seed: int | None = None,
         schema: Mapping[str, Any] | None = None,
         penalties: Mapping[str, float] | None = None,
-    ) -> Iterator[str]:
-        """Like :meth:`chat`, yielding text deltas as they are generated."""
-        with self._exclusive() as llm:
+    ) -> TextStream:
+        """Like :meth:`chat`, yielding text deltas as they are generated (a
+        :class:`TextStream`: it can pause and resume between deltas)."""
+        llm = self._require_loaded()
+
+        def start() -> Iterator[Any]:
             prompt = self._chat_prompt(llm, messages, schema, penalties)
-            yield from self._stream(
-                llm, prompt, "messages", max_tokens, temperature, top_p, stop, seed
-            )
+            return self._stream(llm, prompt, "messages", max_tokens, temperature, top_p, stop, seed)
+
+        return TextStream(self._gate, llm, start, "messages")
 
     def complete(
         self,
@@ -367,11 +375,16 @@ class LlamaTextModel:
         stop: Sequence[str] = (),
         seed: int | None = None,
         penalties: Mapping[str, float] | None = None,
-    ) -> Iterator[str]:
-        """Like :meth:`complete`, yielding text deltas as they are generated."""
-        with self._exclusive() as llm:
+    ) -> TextStream:
+        """Like :meth:`complete`, yielding text deltas as they are generated (a
+        :class:`TextStream`)."""
+        llm = self._require_loaded()
+
+        def start() -> Iterator[Any]:
             p = self._text_prompt(llm, prompt, penalties)
-            yield from self._stream(llm, p, "prompt", max_tokens, temperature, top_p, stop, seed)
+            return self._stream(llm, p, "prompt", max_tokens, temperature, top_p, stop, seed)
+
+        return TextStream(self._gate, llm, start, "prompt")
 
     def _completion_kwargs(
         self,
@@ -437,17 +450,11 @@ class LlamaTextModel:
         top_p: float,
         stop: Sequence[str],
         seed: int | None,
-    ) -> Iterator[str]:
+    ) -> Iterator[Any]:
+        """llama-cpp-python's chunk generator (nothing runs before its first step)."""
         self._check_fits(llm, prompt, field)
         kwargs = self._completion_kwargs(prompt, max_tokens, temperature, top_p, stop, seed)
-        try:
-            chunks = llm.create_completion(stream=True, **kwargs)
-            for chunk in chunks:
-                text = str(chunk["choices"][0].get("text") or "")
-                if text:
-                    yield text
-        except ValueError as exc:
-            raise RequestError(f"{self.name}: {exc}", field=field) from exc
+        return iter(llm.create_completion(stream=True, **kwargs))
 
     # -- KV pool ------------------------------------------------------------------------------
 
@@ -455,7 +462,8 @@ class LlamaTextModel:
         """Give the model a KV pool of ``n_ctx`` tokens, keeping the loaded weights.
 
         When not loaded this only changes the configured size. Any cached prompt
-        state is dropped (the next request evaluates its prompt afresh).
+        state is dropped (the next request evaluates its prompt afresh); a paused
+        stream's sequence is saved first and restored into the new context on resume.
         """
         new = pad_context(n_ctx)
         if self._llm is None:
@@ -468,6 +476,7 @@ class LlamaTextModel:
                 _swap_context(llm, new, self._n_batch, self._n_ubatch)
             except (AttributeError, TypeError) as exc:
                 # The internals this relies on are missing: reload instead.
+                self._gate.end_all(f"{self.name} was reloaded while this stream was paused")
                 self._llm = self._formatter = None
                 llm.close()
                 del llm

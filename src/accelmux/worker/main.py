@@ -5,7 +5,9 @@ thread and runs every model call on the thread of the component it concerns, so 
 generation never delays a load, a cancel or a memory report. Replies are written under
 one lock. Components are shared by key and refcounted: the first service to load a
 model file loads it, later ones only take a reference, and the last to let go unloads
-it. The worker exits when the daemon closes the socket.
+it. A streamed request can pause between chunks and resume (:mod:`accelmux.worker.streams`):
+while it is paused its component's thread serves other requests. The worker exits when
+the daemon closes the socket.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import functools
 import gc
 import os
 import signal
@@ -22,14 +25,17 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from accelmux.core.types import ServiceKind
 from accelmux.errors import BackendError, RequestError
 from accelmux.worker import protocol
-from accelmux.worker.components import Component, Slot, component_key, make_component, rss_bytes
+from accelmux.worker.component_base import Component, Slot, rss_bytes
+from accelmux.worker.components import component_key, make_component
+from accelmux.worker.parked import ParkedWeights
+from accelmux.worker.streams import StreamRun, Streams
 
 #: RSS sampling period while requests run (their peak = highest sample - RSS at start).
 SAMPLE_S = 0.01
@@ -122,6 +128,8 @@ class Worker:
         self.active: dict[int, tuple[str, int]] = {}  # request id -> (service, sampler token)
         self.sampler = PeakSampler()
         self.base_rss = rss_bytes()
+        self.streams = Streams(self)
+        self.parked = ParkedWeights()
 
     # -- wire -------------------------------------------------------------------------
     def send(self, header: dict[str, Any], blob: bytes = b"") -> None:
@@ -160,9 +168,15 @@ class Worker:
         if op == "memory":
             self.send({"id": rid, "type": "ok", **self.memory()})
         elif op == "cancel":
-            event = self.cancels.get(int(header.get("target", -1)))
+            target = int(header.get("target", -1))
+            event = self.cancels.get(target)
             if event is not None:
                 event.set()
+            self.streams.cancel(target)
+        elif op == "pause":
+            self.streams.op_pause(rid, header)
+        elif op == "resume":
+            self.streams.op_resume(rid, header)
         elif op in ("load", "unload"):
             self.control.submit(self._guarded, rid, getattr(self, f"op_{op}"), header)
         elif op == "resize":
@@ -215,7 +229,11 @@ class Worker:
         if shared:
             held.run(lambda: held.component.resize(held.slots))
         c = held.component
+        weights = c.weights_file()
+        from_parked = weights is not None and self.parked.holds(weights)
+        self.parked.release(service)  # loaded again: its mapping has done its work
         return {
+            "from_parked": from_parked,
             "key": key,
             "shared": shared,
             "owner": held.slots[0].service,
@@ -228,21 +246,38 @@ class Worker:
         }
 
     def op_unload(self, h: dict[str, Any]) -> dict[str, Any]:
+        """Tier ``parked``: the model file stays mapped in RAM for the service (when it
+        was the last to hold it); ``cold`` also drops what it had parked."""
         service = str(h["service"])
+        park = str(h.get("tier") or "cold") == "parked"
         entry = self.slots.pop(service, None)
         if entry is None:
-            return {"unloaded": False}
+            if park:
+                return {"unloaded": False, "parked": service in self.parked.services()}
+            return {"unloaded": False, "parked": False, "released": self.parked.release(service)}
         slot, held = entry
+        why = BackendError(f"{service} was unloaded while this request was paused")
+        for run in self.streams.paused_of(service):
+            held.run(functools.partial(self.streams.drop, run, why))
         held.run(lambda: held.component.release(slot))
         held.slots.remove(slot)
-        if held.slots:
+        if held.slots:  # its weights stay loaded for the others: nothing to park
             held.run(lambda: held.component.resize(held.slots))
-            return {"unloaded": True, "still_held_by": [s.service for s in held.slots]}
+            others = [s.service for s in held.slots]
+            return {"unloaded": True, "still_held_by": others, "parked": False}
         del self.held[held.component.key]
+        weights = held.component.weights_file() if park else None
+        parked: dict[str, Any] = {"parked": False}
+        if weights is not None:  # mapped before the model lets go: its pages stay
+            try:
+                kept = self.parked.park(weights, service)
+                parked = {"parked": True, "park_seconds": round(kept.seconds, 4)}
+            except OSError as exc:
+                print(f"parking {weights} failed: {exc}", file=sys.stderr)
         held.run(held.component.unload)
         held.pool.shutdown(wait=True)
         _trim()
-        return {"unloaded": True, "still_held_by": []}
+        return {"unloaded": True, "still_held_by": [], **parked}
 
     def op_resize(self, h: dict[str, Any]) -> dict[str, Any]:
         entry = self.slots.get(str(h["service"]))
@@ -262,36 +297,33 @@ class Worker:
             )
             return
         slot, held = entry
-        cancelled = threading.Event()
-        self.cancels[rid] = cancelled
         endpoint = str(h.get("endpoint"))
         body = h.get("body") or {}
+        request_id = str(h.get("request_id") or "")
+        if h.get("stream"):
+            run = StreamRun(rid, slot.service, request_id, endpoint, body)
+            self.cancels[rid] = run.control.cancelled
+            self.streams.start(run, paused=bool(h.get("paused")))
+            return
         files = protocol.unpack_files(h.get("files"), blob)
-        stream = bool(h.get("stream"))
+        key = (slot.service, request_id)
+        self.cancels[rid] = threading.Event()
+        self.streams.runs.add_call(key, rid)
 
         def work() -> None:
-            token = self.sampler.begin()
-            self.active[rid] = (slot.service, token)
-            extra: dict[str, int] = {"kv": 0}
+            self.begin_request(rid, slot.service)
             try:
-                if stream:
-                    for chunk in held.component.stream(slot, endpoint, body, cancelled, extra):
-                        self.send({"id": rid, "type": "chunk"}, chunk)
-                    status, ctype, data = 200, "text/event-stream", b""
-                else:
-                    status, ctype, data, extra["kv"] = held.component.infer(
-                        slot, endpoint, body, files
-                    )
+                status, ctype, data, kv = held.component.infer(slot, endpoint, body, files)
             except BaseException as exc:
-                self.sampler.end(token)
+                self.end_request(rid)
                 if not isinstance(exc, (BackendError, RequestError)):
                     traceback.print_exc(file=sys.stderr)
                 self.reply_error(rid, exc)
                 return
             finally:
-                self.active.pop(rid, None)
                 self.cancels.pop(rid, None)
-            peak = self.sampler.end(token) + extra["kv"]
+                self.streams.runs.end(rid, key)
+            peak = self.end_request(rid) + kv
             self.send(
                 {
                     "id": rid,
@@ -305,6 +337,22 @@ class Worker:
 
         future: Future[None] = held.pool.submit(work)
         del future
+
+    # -- what the streams need (streams.Host) -------------------------------------------
+    def begin_request(self, rid: int, service: str) -> None:
+        self.active[rid] = (service, self.sampler.begin())
+
+    def end_request(self, rid: int) -> int:
+        self.cancels.pop(rid, None)
+        entry = self.active.pop(rid, None)
+        return self.sampler.end(entry[1]) if entry is not None else 0
+
+    def component_of(self, service: str) -> tuple[Slot, Component, Executor] | None:
+        entry = self.slots.get(service)
+        if entry is None:
+            return None
+        slot, held = entry
+        return slot, held.component, held.pool
 
     # -- memory --------------------------------------------------------------------------
     def memory(self) -> dict[str, Any]:
@@ -324,6 +372,7 @@ class Worker:
                 "runtime": c.runtime_bytes if owner else 0,
                 "kv": c.kv_bytes() if owner else 0,
                 "active": active.get(service, 0),
+                **self.streams.report(service),
             }
         return {
             "pid": os.getpid(),
@@ -331,7 +380,12 @@ class Worker:
             "pss_bytes": pss_bytes(),
             "base_bytes": self.base_rss,
             "services": services,
+            **self.parked.report(loaded=self._loaded_files()),
         }
+
+    def _loaded_files(self) -> set[Path]:
+        files = (held.component.weights_file() for held in list(self.held.values()))
+        return {f.resolve() for f in files if f is not None}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,9 +10,12 @@ Requests (daemon -> worker) carry ``id`` (unique per connection) and ``op``:
 op         header fields (blob)
 =========  ==================================================================
 load       service, kind, options, model_path, kv_pool_bytes
-unload     service
+unload     service, tier (``cold`` or ``parked``)
 resize     service, kv_pool_bytes
-infer      service, endpoint, body, stream, files (name -> [offset, length]) (blob)
+infer      service, endpoint, body, stream, files (name -> [offset, length]),
+           request_id (the daemon's), paused (start paused: a pause came first) (blob)
+pause      service, request_id, park
+resume     service, request_id
 cancel     target (the id of a running infer)
 memory     -
 =========  ==================================================================
@@ -20,7 +23,11 @@ memory     -
 Replies (worker -> daemon) carry the request's ``id`` and ``type``: ``ok`` (the result
 fields), ``error`` (``error``, ``error_type``: ``request`` / ``backend``, ``status``,
 ``field``), and for a streamed infer any number of ``chunk`` frames (blob) before the
-final ``ok``. The worker sends ``hello`` (pid) once when it is ready.
+final ``ok``. A pause is answered once it took (``state``: ``paused``, with
+``parked_bytes`` and ``seconds``; ``ended`` when the request had ended), a resume once
+the request is queued to continue (``state``: ``resuming``, or ``running`` / ``ended``
+when there was nothing to resume); a request the worker never saw is an ``error``. The
+worker sends ``hello`` (pid) once when it is ready.
 """
 
 from __future__ import annotations

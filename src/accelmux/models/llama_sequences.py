@@ -1,0 +1,322 @@
+"""Pausing a llama.cpp generation between tokens, and parking its sequence off the context.
+
+llama-cpp-python (0.3.36) serves one sequence per ``Llama``: seq 0 of its one
+``llama_context``. A streamed generation is the generator ``Llama.create_completion(
+stream=True)`` returns; between two of its chunks the inner ``Llama.generate`` is
+suspended at ``yield token``: the token it just sampled is not evaluated yet, the KV cells
+hold exactly ``Llama.n_tokens`` tokens and the next step evaluates that token first, so
+no logits need keeping. What the sequence is, besides the Python frames of the suspended
+generators:
+
+* its KV cells: ``llama_state_seq_get_data(ctx, seq 0)`` copies them to host memory
+  (from device buffers too), ``llama_state_seq_set_data`` writes them back (clearing
+  seq 0 first);
+* the fields ``Llama`` keeps per sequence: ``n_tokens``, ``input_ids[:n_tokens]``,
+  ``_requires_eval`` and ``_mirostat_mu``;
+* its sampler chain ``Llama._sampler`` (llama.cpp's ``llama_sampler``): the ``dist``
+  sampler's seeded RNG, the penalties' recent tokens and a grammar's parse state live
+  there. Another generation builds its own chain and overwrites the attribute; putting
+  the saved chain object back makes a resumed generation draw the very numbers it
+  would have drawn unpaused.
+
+A :class:`ContextGate` says who may use the context now: one running stream holds it
+(others are refused as busy); a paused stream lets others in, and the first of them
+saves ("spills") the paused sequence before it touches the cells. ``park`` saves it at
+once. A resumed stream gets its cells back unless nothing else used the context since
+(the gate's ``epoch`` did not move); if llama.cpp refuses the saved cells, the stream's
+tokens are evaluated again (the prompt is recomputed, the sampler is still its own).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from accelmux.errors import BackendError, RequestError
+from accelmux.models._deps import require
+
+LLAMA_PACKAGE = "llama-cpp-python"
+SEQ = 0  # the one sequence llama-cpp-python uses
+
+
+@dataclass(frozen=True)
+class SavedSequence:
+    """One sequence saved off the context (host memory)."""
+
+    kv: Any  # a ctypes uint8 array filled by llama_state_seq_get_data
+    kv_bytes: int
+    input_ids: Any  # numpy copy of Llama.input_ids[:n_tokens]
+    n_tokens: int
+    sampler: Any
+    requires_eval: bool
+    mirostat_mu: Any
+    epoch: int  # the gate's epoch when it was saved
+
+    @property
+    def nbytes(self) -> int:
+        return self.kv_bytes + int(self.input_ids.nbytes)
+
+
+def save_sequence(llm: Any, epoch: int) -> SavedSequence:
+    """Copy seq 0's KV cells and ``llm``'s per-sequence fields (the cells stay too)."""
+    llama_cpp = require("llama_cpp", LLAMA_PACKAGE)
+    ctx = llm._ctx.ctx
+    size = int(llama_cpp.llama_state_seq_get_size(ctx, SEQ))
+    buf = (ctypes.c_uint8 * max(1, size))()
+    written = int(llama_cpp.llama_state_seq_get_data(ctx, buf, size, SEQ)) if size else 0
+    if written > size:
+        raise BackendError(f"llama.cpp wrote {written} bytes of sequence state into {size}")
+    n = int(llm.n_tokens)
+    return SavedSequence(
+        kv=buf,
+        kv_bytes=written,
+        input_ids=llm.input_ids[:n].copy(),
+        n_tokens=n,
+        sampler=llm._sampler,
+        requires_eval=bool(getattr(llm, "_requires_eval", False)),
+        mirostat_mu=getattr(llm, "_mirostat_mu", None),
+        epoch=epoch,
+    )
+
+
+def restore_sequence(llm: Any, saved: SavedSequence) -> bool:
+    """Put ``saved`` back into ``llm``'s context. True: its cells were restored; False:
+    llama.cpp refused them and its tokens were evaluated again."""
+    llama_cpp = require("llama_cpp", LLAMA_PACKAGE)
+    n = saved.n_tokens
+    if n >= int(llm.n_ctx()):
+        raise BackendError(
+            f"a paused sequence of {n} tokens no longer fits the {llm.n_ctx()}-token context"
+        )
+    restored = False
+    if saved.kv_bytes:
+        got = llama_cpp.llama_state_seq_set_data(llm._ctx.ctx, saved.kv, saved.kv_bytes, SEQ)
+        restored = int(got) == saved.kv_bytes
+    if restored:
+        llm.input_ids[:n] = saved.input_ids
+        llm.n_tokens = n
+    else:  # recompute: the same tokens at the same positions
+        llm._ctx.kv_cache_seq_rm(-1, 0, -1)
+        llm.n_tokens = 0
+        if n:
+            llm.eval([int(t) for t in saved.input_ids])
+    llm._sampler = saved.sampler
+    if hasattr(llm, "_requires_eval"):
+        llm._requires_eval = saved.requires_eval
+    if saved.mirostat_mu is not None:
+        llm._mirostat_mu = saved.mirostat_mu
+    return restored
+
+
+@dataclass(frozen=True)
+class SequenceReport:
+    """What a pause or a resume did. ``state``: running, paused or ended."""
+
+    state: str
+    parked_bytes: int = 0
+    seconds: float = 0.0
+    restored: bool = False  # resume: the saved cells were written back
+    recomputed: bool = False  # resume: its tokens were evaluated again instead
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "state": self.state,
+            "parked_bytes": self.parked_bytes,
+            "seconds": round(self.seconds, 6),
+            "restored": self.restored,
+            "recomputed": self.recomputed,
+        }
+
+
+class ContextGate:
+    """Who may use one ``Llama``'s context now, and whose sequence is in its cells.
+
+    ``holder``: a running stream (between its steps too): any other use is refused as
+    busy. ``occupant``: the stream whose sequence the cells hold (running, or paused and
+    not yet saved). ``epoch`` moves whenever a different user takes the context.
+    Not a scheduler: callers take turns; the lock only refuses a second caller at once.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._lock = threading.Lock()
+        self.holder: TextStream | None = None
+        self.occupant: TextStream | None = None
+        self.epoch = 0
+        self._last_user: object | None = None
+        self._streams: weakref.WeakSet[TextStream] = weakref.WeakSet()
+
+    @contextmanager
+    def exclusive(self, what: str = "another request") -> Iterator[None]:
+        if not self._lock.acquire(blocking=False):
+            raise BackendError(f"{self.name} is busy with {what}")
+        try:
+            yield
+        finally:
+            self._lock.release()
+
+    @contextmanager
+    def claim(self, llm: Any, user: TextStream | None) -> Iterator[SequenceReport | None]:
+        """Use the context as ``user`` (a stream, or None: a one-off call): a paused
+        occupant is saved first, ``user``'s own saved sequence is put back. Yields what
+        that restore did (None: nothing to restore)."""
+        with self.exclusive():
+            if self.holder is not None and self.holder is not user:
+                raise BackendError(f"{self.name} is busy with another request")
+            occupant = self.occupant
+            if occupant is not None and occupant is not user:
+                occupant.saved = save_sequence(llm, self.epoch)
+                self.occupant = None
+            report = None
+            if user is not None and user.saved is not None:
+                saved, user.saved = user.saved, None
+                started = time.perf_counter()
+                if saved.epoch == self.epoch:  # nobody used the cells since: still there
+                    report = SequenceReport("running", saved.nbytes)
+                else:
+                    restored = restore_sequence(llm, saved)
+                    report = SequenceReport(
+                        "running",
+                        saved.nbytes,
+                        time.perf_counter() - started,
+                        restored=restored,
+                        recomputed=not restored,
+                    )
+            if self._last_user is not user or user is None:
+                self.epoch += 1
+                self._last_user = user
+            if user is not None:
+                self.occupant = user
+            yield report
+
+    def park(self, llm: Any, stream: TextStream) -> None:
+        """Save ``stream``'s sequence now (it is paused and holds the cells)."""
+        with self.exclusive():
+            if self.occupant is stream and stream.saved is None:
+                stream.saved = save_sequence(llm, self.epoch)
+                self.occupant = None
+
+    def track(self, stream: TextStream) -> None:
+        self._streams.add(stream)
+
+    def end_all(self, why: str) -> None:
+        """End every open stream (the model goes away under them)."""
+        for stream in list(self._streams):
+            stream.end(why)
+        self.holder = self.occupant = None
+        self._last_user = None
+
+
+class TextStream(Iterator[str]):
+    """One streamed generation: an iterator of text deltas that can pause between them.
+
+    Iterating runs one step at a time on the model (a running stream holds it: any other
+    request is refused as busy, as before). :meth:`pause` lets others use the model;
+    ``park=True`` also saves the sequence off the context now (otherwise the first other
+    user saves it). :meth:`resume` takes the model back (restoring the saved sequence),
+    then iteration continues with nothing lost or repeated.
+    """
+
+    def __init__(
+        self, gate: ContextGate, llm: Any, start: Callable[[], Iterator[Any]], field: str
+    ) -> None:
+        self._gate = gate
+        self._llm = llm
+        self._start = start
+        self._field = field
+        self._chunks: Iterator[Any] | None = None
+        self.state = "running"  # running, paused, ended
+        self.saved: SavedSequence | None = None
+        self._why = ""
+        gate.track(self)
+
+    @property
+    def parked_bytes(self) -> int:
+        saved = self.saved
+        return saved.nbytes if saved is not None else 0
+
+    def __iter__(self) -> TextStream:
+        return self
+
+    def __next__(self) -> str:
+        if self.state == "ended":
+            if self._why:
+                raise BackendError(self._why)
+            raise StopIteration
+        if self.state == "paused":
+            raise BackendError(f"{self._gate.name}: this stream is paused; resume it first")
+        with self._gate.claim(self._llm, self):
+            self._gate.holder = self
+            try:
+                if self._chunks is None:
+                    self._chunks = self._start()
+                for chunk in self._chunks:
+                    text = str(chunk["choices"][0].get("text") or "")
+                    if text:
+                        return text
+            except ValueError as exc:
+                self._finish()
+                raise RequestError(f"{self._gate.name}: {exc}", field=self._field) from exc
+            except BaseException:
+                self._finish()
+                raise
+            self._finish()
+        raise StopIteration
+
+    def pause(self, *, park: bool = False) -> SequenceReport:
+        """Stop between two deltas; with ``park``, save the sequence off the context."""
+        if self.state == "ended":
+            return SequenceReport("ended")
+        started = time.perf_counter()
+        self.state = "paused"
+        if self._gate.holder is self:
+            self._gate.holder = None
+        if park:
+            self._gate.park(self._llm, self)
+        return SequenceReport("paused", self.parked_bytes, time.perf_counter() - started)
+
+    def resume(self) -> SequenceReport:
+        """Take the model back; the next delta continues where the stream stopped."""
+        if self.state != "paused":
+            return SequenceReport(self.state)
+        started = time.perf_counter()
+        with self._gate.claim(self._llm, self) as restore:
+            self._gate.holder = self
+            self.state = "running"
+        seconds = time.perf_counter() - started
+        if restore is None:
+            return SequenceReport("running", seconds=seconds)
+        return SequenceReport(
+            "running",
+            restore.parked_bytes,
+            seconds,
+            restored=restore.restored,
+            recomputed=restore.recomputed,
+        )
+
+    def end(self, why: str = "") -> None:
+        """End the stream; a later step raises BackendError(``why``) when one is given."""
+        if self.state != "ended":
+            self._why = why
+            self._finish()
+
+    def close(self) -> None:
+        self.end()
+
+    def _finish(self) -> None:
+        self.state = "ended"
+        self.saved = None
+        if self._gate.holder is self:
+            self._gate.holder = None
+        if self._gate.occupant is self:
+            self._gate.occupant = None
+        chunks, self._chunks = self._chunks, None
+        close = getattr(chunks, "close", None)
+        if close is not None:
+            close()
