@@ -155,6 +155,7 @@ class FakeExecutor:
                     assert a.attempt == self.attempts[a.request_id], a
                     caps = world.services[a.service].spec.capabilities
                     assert caps.pause and (caps.park or not a.park), a
+                    assert world.waiting[a.request_id].pausable, a
                     self.requests[a.request_id] = PAUSED
                 case Resume():
                     assert self.requests.get(a.request_id) == PAUSED, a

@@ -189,7 +189,12 @@ def apply_op(ex: FakeExecutor, spec: ManagerSpec, op: Op, counter: list[int]) ->
         else:
             demand = Demand(units=round(b * 4, 3))
         counter[0] += 1
-        ex.send(RequestArrived(request_id=f"r{counter[0]}", service=svc.name, demand=demand), dt)
+        ex.send(
+            RequestArrived(
+                request_id=f"r{counter[0]}", service=svc.name, demand=demand, pausable=b < 0.7
+            ),
+            dt,
+        )
     elif kind == "finish":
         rid = _pick(ex.in_state(RUNNING), a)
         if rid is not None:

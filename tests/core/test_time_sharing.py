@@ -58,6 +58,7 @@ def ask(rid: str, svc: str, tokens: int = 1024) -> RequestArrived:
         request_id=rid,
         service=svc,
         demand=Demand(kv_tokens=tokens, prompt_tokens=tokens // 2, output_tokens=tokens // 2),
+        pausable=True,
     )
 
 
@@ -114,6 +115,16 @@ def test_a_backend_that_cannot_pause_is_never_paused() -> None:
     assert not of(Pause, out)
     assert not of(Unload, out)  # a is busy: b waits for it
     assert m.world.waiting["b1"].wait_reason is Reason.NO_MEMORY
+
+
+def test_a_request_that_does_not_stream_is_never_paused() -> None:
+    m = build(llm("a"), llm("b"))
+    m.start(0.0)
+    m.handle(dataclasses.replace(ask("a1", "a"), pausable=False), 0.0)
+    m.handle(loaded("a"), 0.0)
+    out = m.handle(ask("b1", "b"), 0.5)
+    out += m.handle(Tick(), 10.0)
+    assert not of(Pause, out)
 
 
 def test_realtime_work_pauses_interactive_streams_and_they_resume_after() -> None:

@@ -49,6 +49,9 @@ class RequestArrived:
     demand: Demand = field(default_factory=Demand)
     job_id: str | None = None
     keep_alive_s: float | None = None
+    #: The request's answer is streamed, so its backend can pause it between tokens
+    #: (when it declares ``pause``): only such a request is ever paused.
+    pausable: bool = False
 
     def __post_init__(self) -> None:
         _require(bool(self.request_id), "request_id must not be empty")

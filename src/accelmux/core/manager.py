@@ -328,6 +328,7 @@ class Manager:
             deadline_at=w.now + svc.spec.deadline_s,
             seq=w.next_seq(),
             job_id=event.job_id,
+            pausable=event.pausable,
         )
         w.add_waiting(req)
         svc.keep_alive_s = event.keep_alive_s

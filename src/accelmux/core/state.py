@@ -192,6 +192,8 @@ class RequestState:
     #: Paused between tokens (it waits for a Resume, not a Dispatch), with its KV
     #: state parked off the device (``parked_kv`` bytes, charged to the host budget)
     #: or still in its service's pool (``kv_bytes``). ``pauses``: how often so far.
+    #: Its answer is streamed: it may be paused (see ``RequestArrived.pausable``).
+    pausable: bool = False
     paused: bool = False
     parked_kv: int = 0
     pauses: int = 0
@@ -752,7 +754,7 @@ class World:
         caps = svc.spec.capabilities
         if req.request_id not in self.inflight:
             raise InvariantError(f"pause of {req.request_id} which is not running")
-        if not caps.pause or (park and not caps.park):
+        if not req.pausable or not caps.pause or (park and not caps.park):
             return False
         if park and not self._make_host_room(req.kv_bytes):
             return False

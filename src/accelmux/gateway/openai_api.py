@@ -128,6 +128,7 @@ async def serve(
             request_id=rid,
             on_dispatch=on_dispatch,
             keep_alive_s=parsed.keep_alive_s,
+            pausable=parsed.stream and kind.is_llm,
         )
     except Refused as exc:
         outcome = exc.reason.value

@@ -206,6 +206,7 @@ class Runtime:
         request_id: str | None = None,
         on_dispatch: Callable[[Ticket], None] | None = None,
         keep_alive_s: float | None = None,
+        pausable: bool = False,
     ) -> T:
         """Admit, wait, run and account one request (:meth:`RequestRunner.run`); raises
         :class:`~accelmux.runtime.requests.Refused` when the Manager rejected or failed it,
@@ -217,6 +218,7 @@ class Runtime:
             request_id=request_id,
             on_dispatch=on_dispatch,
             keep_alive_s=keep_alive_s,
+            pausable=pausable,
         )
 
     def submit(self, event: Event) -> None:

@@ -86,9 +86,11 @@ class RequestRunner:
         request_id: str | None = None,
         on_dispatch: Callable[[Ticket], None] | None = None,
         keep_alive_s: float | None = None,
+        pausable: bool = False,
     ) -> T:
         """Admit, wait, run and account one request; raises :class:`Refused` when the
-        Manager rejected or failed it, BackendError when its backend failed."""
+        Manager rejected or failed it, BackendError when its backend failed.
+        ``pausable``: its answer streams, so the Manager may pause it between tokens."""
         rid = request_id or self.new_request_id()
         if self._closed():
             raise Refused(
@@ -106,7 +108,11 @@ class RequestRunner:
         try:
             self._submit(
                 RequestArrived(
-                    request_id=rid, service=service, demand=demand, keep_alive_s=keep_alive_s
+                    request_id=rid,
+                    service=service,
+                    demand=demand,
+                    keep_alive_s=keep_alive_s,
+                    pausable=pausable,
                 )
             )
             while True:

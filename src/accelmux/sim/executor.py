@@ -269,7 +269,14 @@ class Simulation:
             source=source,
             tag=tag,
         )
-        event = RequestArrived(request_id=rid, service=service, demand=demand, job_id=job_id)
+        # A simulated LLM request streams its answer: its backend may pause it.
+        event = RequestArrived(
+            request_id=rid,
+            service=service,
+            demand=demand,
+            job_id=job_id,
+            pausable=spec.kind.is_llm,
+        )
         self.heap.at(now, lambda: self._handle(event))
         return rid
 
