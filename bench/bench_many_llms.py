@@ -10,8 +10,7 @@ Three parts, every one in the simulator:
 1. ``scenarios/many-llms.yaml`` (three chat models of 3B-8B and the voice chain on a
    12 GiB GPU) at its own size, 5 seeds, for accelmux, accelmux with whole-model
    swapping only (``accelmux[disable=[pause,time_share,park_weights]]``: no paused
-   streams, no parked weights), the baselines (Ollama with OLLAMA_NUM_PARALLEL=2, the
-   scenario's concurrency) and the oracle;
+   streams, no parked weights), the baselines and the oracle;
 2. the same policies on a sweep of device sizes: the smallest device where realtime and
    interactive both reach 99%;
 3. generated homes (``accelmux.sim.generate``) with two or more LLMs, each LLM hosted in
@@ -48,7 +47,7 @@ WHOLE = "accelmux[disable=[pause,time_share,park_weights]]"
 POLICIES = [
     "accelmux",
     WHOLE,
-    "ollama+containers[num_parallel=2]",
+    "ollama+containers",
     "llama-swap",
     "static",
     "independent",
