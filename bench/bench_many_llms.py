@@ -9,8 +9,9 @@ Three parts, every one in the simulator:
 
 1. ``scenarios/many-llms.yaml`` (three chat models of 3B-8B and the voice chain on a
    12 GiB GPU) at its own size, 5 seeds, for accelmux, accelmux with whole-model
-   swapping only (``accelmux[disable=[pause,time_share,park_weights]]``: no paused
-   streams, no parked weights), the baselines and the oracle;
+   swapping only (``accelmux[disable=[time_share,park_weights]]``: no switch of models
+   between tokens, no parked weights; streams still pause for voice and for a first
+   token of their own model), the baselines and the oracle;
 2. the same policies on a sweep of device sizes: the smallest device where realtime and
    interactive both reach 99%;
 3. generated homes (``accelmux.sim.generate``) with two or more LLMs, each LLM hosted in
@@ -43,7 +44,7 @@ from meta import run_meta
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 SCENARIO = ROOT / "scenarios" / "many-llms.yaml"
-WHOLE = "accelmux[disable=[pause,time_share,park_weights]]"
+WHOLE = "accelmux[disable=[time_share,park_weights]]"
 POLICIES = [
     "accelmux",
     WHOLE,
@@ -54,7 +55,7 @@ POLICIES = [
     "oracle",
 ]
 HOME_POLICIES = ["accelmux", WHOLE, "ollama+containers", "llama-swap", "oracle"]
-SWEEP_GIB = [10.0, 11.0, 12.0, 13.0, 14.0, 15.0, 16.0, 18.0, 20.0, 22.0, 24.0]
+SWEEP_GIB = [10.0, 11.0, 12.0, 13.0, 14.0, 15.0, 16.0, 17.0, 18.0, 19.0, 20.0, 22.0, 24.0]
 LLM_SERVICES = ("voice-llm", "chat", "coder", "quick")
 #: Host RAM a generated home's page cache may use for model files (a 32 GiB host).
 HOME_PAGE_CACHE = "16GiB"

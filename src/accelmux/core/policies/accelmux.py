@@ -110,6 +110,9 @@ HEURISTICS: dict[str, str] = {
     "that their model unloads to host RAM and its own loads: models switch between "
     "tokens instead of a request waiting out a whole answer; a paused stream may do the "
     "same after TIME_SHARE_QUANTUM_S of theirs",
+    "first_token_pause": "a new request of a model at its concurrency limit pauses the "
+    "stream of that model that has run longest (at least TIME_SHARE_MIN_RUN_S): it gets "
+    "its first token now, the paused stream resumes at the next free slot",
     "realtime_yield": "while realtime work runs or waits on a device, interactive LLM "
     "streams there that can pause are paused between tokens (their KV kept in place) and "
     "new ones wait: the realtime work gets the compute, the streams resume after it",
@@ -277,7 +280,11 @@ class AccelmuxPolicy:
         service that has run longest (at least ``TIME_SHARE_MIN_RUN_S``, below the
         pause bound): it gets its first token now, the paused stream resumes at the
         next free slot. Its KV state is parked only when the pool must make room."""
-        if req.paused or not world.knobs.enabled("time_share") or not self._can_pause(world, svc):
+        if (
+            req.paused
+            or not world.knobs.enabled("first_token_pause")
+            or not self._can_pause(world, svc)
+        ):
             return False
         if not svc.spec.kind.is_llm:
             return False
