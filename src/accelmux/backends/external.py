@@ -27,7 +27,7 @@ next start (``resize`` returns False).
 The child's pid and start time are kept in ``<data_dir>/run/<service>.pid`` while it
 runs. If accelmux itself was killed (SIGKILL, the OOM killer), the next start finds that
 file and stops the leftover server group before starting a new one, so an orphan never
-keeps holding accelerator memory.
+keeps holding accelerator memory (:mod:`accelmux.backends.leftovers`).
 """
 
 from __future__ import annotations
@@ -48,11 +48,11 @@ from pathlib import Path
 from typing import IO, Any
 
 import aiohttp
-import psutil
 from yarl import URL
 
 from accelmux.backends import child_launch
 from accelmux.backends.base import BackendRequest, BackendResponse, CrashCallback, LoadReport
+from accelmux.backends.leftovers import PidFile
 from accelmux.backends.limits import (
     MPS_LIMIT_ENV,
     CgroupSupport,
@@ -101,32 +101,6 @@ def _uses(argv: list[str], placeholder: str) -> bool:
     return any("{" + placeholder + "}" in arg for arg in argv)
 
 
-def _group_members(pgid: int, started: float) -> list[psutil.Process]:
-    """Live processes of group ``pgid`` started no earlier than ``started`` (the leader's
-    start time): the leftovers of that group, never a later owner of a reused pid."""
-    out = []
-    for proc in psutil.process_iter(["create_time"]):
-        try:
-            if os.getpgid(proc.pid) != pgid:
-                continue
-            if proc.info["create_time"] + 0.01 < started:
-                continue
-        except (OSError, psutil.Error):
-            continue
-        if proc.pid == pgid and abs(proc.info["create_time"] - started) > 0.01:
-            return []  # the pid was reused by another program that leads its own group
-        if _alive(proc):
-            out.append(proc)
-    return out
-
-
-def _alive(proc: psutil.Process) -> bool:
-    try:
-        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
 class ExternalBackend:
     """Supervises one external server process and proxies requests to it."""
 
@@ -151,7 +125,7 @@ class ExternalBackend:
         self.concurrency = concurrency
         self.gpu_index = gpu_index
         self.log_path = (data_dir / "logs" / f"{service}.log") if data_dir else None
-        self.pid_path = (data_dir / "run" / f"{service}.pid") if data_dir else None
+        self.pidfile = PidFile((data_dir / "run" / f"{service}.pid") if data_dir else None)
         self.logs: deque[str] = deque(maxlen=cfg.log_lines)
         self.port: int | None = None
         self.kv_pool_bytes = 0
@@ -323,7 +297,7 @@ class ExternalBackend:
         await self._stop_process()
         self._open_log()
         if self.starts == 0:
-            await self._reap_leftover()
+            await self.pidfile.reap(self.cfg.stop_grace_s, self._log)
         started = time.monotonic()
         self.kv_pool_bytes = kv_pool_bytes
         self._apply_limits(weights_bytes=weights_bytes, runtime_bytes=runtime_bytes)
@@ -346,7 +320,7 @@ class ExternalBackend:
         self.port = port
         self._urls = {}
         self.starts += 1
-        self._write_pid(self._proc.pid)
+        self.pidfile.write(self._proc.pid)
         self._stopping = False
         proc = self._proc
         self._tasks = [asyncio.create_task(self._read_logs(proc))]
@@ -427,7 +401,7 @@ class ExternalBackend:
                     await task
         self._tasks = []
         if proc is not None:
-            self._remove_pid()
+            self.pidfile.remove()
         if self.cgroup_path is not None:
             remove_service_cgroup(self.cgroup_path)
             self.cgroup_path = None
@@ -437,55 +411,6 @@ class ExternalBackend:
         if self._log_file is not None:
             self._log_file.close()
             self._log_file = None
-
-    # ---- leftovers of a previous run ---------------------------------------------------
-    def _write_pid(self, pid: int) -> None:
-        if self.pid_path is None:
-            return
-        try:
-            started = psutil.Process(pid).create_time()
-            self.pid_path.parent.mkdir(parents=True, exist_ok=True)
-            self.pid_path.write_text(f"{pid} {started}\n")
-        except (OSError, psutil.Error):
-            pass
-
-    def _remove_pid(self) -> None:
-        if self.pid_path is not None:
-            with contextlib.suppress(OSError):
-                self.pid_path.unlink()
-
-    async def _reap_leftover(self) -> None:
-        """Stop what a killed accelmux left of a server's process group.
-
-        The server itself died with accelmux (its death signal); processes it started (a
-        server's workers) may not have. They are found by process group (the server's
-        pid, as it led its own session) and start time (not before the server's), so a
-        reused pid is never signalled."""
-        if self.pid_path is None or not self.pid_path.exists():
-            return
-        try:
-            pid_text, started_text = self.pid_path.read_text().split()
-            pid, started = int(pid_text), float(started_text)
-        except (OSError, ValueError):
-            self._remove_pid()
-            return
-        members = _group_members(pid, started)
-        if not members:
-            self._remove_pid()
-            return
-        self._log(
-            f"accelmux: stopping leftover server pid {pid} from a previous run "
-            f"({len(members)} process(es) left in its group)"
-        )
-        for sig, wait_s in ((signal.SIGTERM, self.cfg.stop_grace_s), (signal.SIGKILL, 5.0)):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pid, sig)
-            deadline = time.monotonic() + wait_s
-            while time.monotonic() < deadline and any(_alive(p) for p in members):
-                await asyncio.sleep(0.05)
-            if not any(_alive(p) for p in members):
-                break
-        self._remove_pid()
 
     @staticmethod
     def _signal(proc: asyncio.subprocess.Process, sig: signal.Signals) -> None:
