@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from accelmux.backends.base import BackendRequest
 from accelmux.backends.external import ExternalBackend
 from accelmux.config.backends import ExternalBackendConfig
 from accelmux.core.types import ServiceKind
-from accelmux.errors import BackendError
+from accelmux.errors import BackendCrashedError, BackendError
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 MIB = 1 << 20
@@ -43,7 +44,7 @@ def _backend(tmp: Path) -> ExternalBackend:
     return ExternalBackend("chat", "chat", section, data_dir=tmp)
 
 
-def _request(rid: str, *, chat: bool = False, max_tokens: int = 40, **body: Any) -> BackendRequest:
+def _request(rid: str, *, chat: bool = False, max_tokens: int = 20, **body: Any) -> BackendRequest:
     fields: dict[str, Any] = {"messages": MESSAGES} if chat else {"prompt": PROMPT}
     return BackendRequest(
         request_id=rid, service="chat", kind=ServiceKind.CHAT,
@@ -75,7 +76,7 @@ async def _whole(backend: ExternalBackend, request: BackendRequest) -> list[byte
 
 
 async def _paused(
-    backend: ExternalBackend, request: BackendRequest, parks: list[bool], *, every: int = 6
+    backend: ExternalBackend, request: BackendRequest, parks: list[bool], *, every: int = 5
 ) -> list[bytes]:
     """Read the stream; after every ``every`` chunks pause it (parked or not), check that
     it stays silent (and that a parked slot's file is there), then resume it."""
@@ -108,6 +109,26 @@ async def _paused(
     return chunks
 
 
+async def _paused_at_every_token(backend: ExternalBackend, request: BackendRequest) -> list[bytes]:
+    answer = await backend.handle(request)
+    assert answer.stream is not None
+    chunks: list[bytes] = []
+
+    async def read() -> None:
+        assert answer.stream is not None
+        async for chunk in answer.stream:
+            chunks.append(chunk)
+
+    reader = asyncio.create_task(read())
+    before = backend.describe()["park"]["pauses"]
+    while not reader.done():
+        await backend.pause(request.request_id, park=False)
+        await backend.resume(request.request_id)
+    await reader
+    assert backend.describe()["park"]["pauses"] - before >= 5
+    return chunks
+
+
 async def _upstream(backend: ExternalBackend, path: str, body: dict[str, Any]) -> str:
     async with (
         aiohttp.ClientSession() as session,
@@ -127,7 +148,7 @@ def test_a_paused_and_parked_stream_equals_the_unpaused_one(tmp_path: Path) -> N
             assert caps.pause and caps.park and not caps.sleep
             # text completion: llama-server's own answer, ours unpaused, ours paused twice
             own = await _upstream(
-                backend, "/v1/completions", {"prompt": PROMPT, "max_tokens": 40, "temperature": 0}
+                backend, "/v1/completions", {"prompt": PROMPT, "max_tokens": 20, "temperature": 0}
             )
             whole = await _whole(backend, _request("a", stream_options={"include_usage": True}))
             paused = await _paused(
@@ -135,7 +156,7 @@ def test_a_paused_and_parked_stream_equals_the_unpaused_one(tmp_path: Path) -> N
             )
             assert _text(whole) == _text(paused) == own and own
             usage = _events(paused)[-1]["usage"]
-            assert usage["completion_tokens"] == 40 and usage["prompt_tokens"] == 4
+            assert usage["completion_tokens"] == 20 and usage["prompt_tokens"] == 4
             assert _events(paused)[-2]["choices"][0]["finish_reason"] == "length"
             park = backend.describe()["park"]
             assert park["pauses"] == 2 and park["saves"] == 1 and park["restores"] == 1
@@ -150,13 +171,21 @@ def test_a_paused_and_parked_stream_equals_the_unpaused_one(tmp_path: Path) -> N
             own_chat = await _upstream(
                 backend,
                 "/v1/chat/completions",
-                {"messages": MESSAGES, "max_tokens": 40, "temperature": 0},
+                {"messages": MESSAGES, "max_tokens": 20, "temperature": 0},
             )
             chat = await _paused(backend, _request("c", chat=True), [True])
             assert _text(chat) == own_chat and own_chat
             first = _events(chat)[0]["choices"][0]["delta"]
             assert first == {"role": "assistant", "content": ""}
             assert backend.describe()["park"]["running"] == 0
+            # A stop string the text starts to match ("\n\nThe United" begins like it):
+            # the server holds that text back, so no pause may stop there.
+            stop = _request("d", max_tokens=10, stop="\n\nThe X")
+            stop.body["prompt"] = "The capital of France is"
+            whole = _text(await _whole(backend, stop))
+            assert "\n\nThe" in whole
+            assert _text(await _paused_at_every_token(backend, stop)) == whole
+            assert backend.describe()["park"]["held_back_boundaries"] >= 2  # "\n", "\n\nThe"
         finally:
             await backend.close()
 
@@ -186,6 +215,22 @@ def test_pause_and_resume_of_what_is_not_paused(tmp_path: Path) -> None:
             rest = [chunk async for chunk in stream]
             assert rest and rest[-1].endswith(b"[DONE]\n\n")
             await backend.pause("lp", park=False)  # ended: no error any more
+            # Right after a stream: llama-server closed that connection (though it said
+            # keep-alive), so it must not be reused for this request.
+            plain = _request("plain", max_tokens=2)
+            plain = replace(plain, stream=False, body={**plain.body, "stream": False})
+            assert (await backend.handle(plain)).status == 200
+            # A request paused when the backend closes (accelmux stops) ends its stream.
+            answer = await backend.handle(_request("left", max_tokens=24))
+            assert answer.stream is not None
+            left = aiter(answer.stream)
+            await anext(left)
+            await backend.pause("left", park=True)
+            await backend.close()
+            with pytest.raises(BackendCrashedError, match="closed while left was paused"):
+                async for _ in left:
+                    pass
+            assert list(backend.slot_dir.glob("*.bin")) == []
         finally:
             await backend.close()
 

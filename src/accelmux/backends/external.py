@@ -594,6 +594,10 @@ class ExternalBackend:
         if self.parking is not None and self.parking.handles(request):
             return await self.parking.start(request)
         data, headers = self._payload(request)
+        if request.stream:
+            # llama-server closes a stream's connection right after it (though it says
+            # keep-alive): one reused at that moment fails the next request.
+            headers["Connection"] = "close"
         session = self._session_get()
         token = self.peaks.begin()
         try:

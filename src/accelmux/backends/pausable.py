@@ -155,6 +155,8 @@ class PausableCompletion:
         self.phase = Phase.RUNNING
         self.parked: str | None = None  #: the slot file's name while parked
         self.segments = 0
+        #: Boundaries a pause went past because the server held text back there.
+        self.held_back = 0
         self._client = client
         self._session = session
         self._base_url = base_url
@@ -291,8 +293,8 @@ class PausableCompletion:
         }
         self.segments += 1
         try:
-            # A connection of its own: llama-server closes a stream's connection after
-            # it, and a pooled one reused at that moment fails to send.
+            # llama-server closes a stream's connection right after it (though it says
+            # keep-alive): one reused at that moment fails the next request.
             return await self._session().post(
                 self._base_url() + "/completion", json=body, headers={"Connection": "close"}
             )
@@ -321,11 +323,10 @@ class PausableCompletion:
         self._resp = None
         token = self._peaks.begin()
         before = len(self.tokens)
-        clean_end = False
         try:
             async for line in resp.content:
                 if self._final is not None:
-                    continue  # read to its end, so the connection can be reused
+                    continue  # the rest of the answer, to its end
                 if line.startswith(b"error:"):
                     raise BackendError(f"upstream error: {line[6:300].decode('utf-8', 'replace')}")
                 if not line.startswith(b"data: "):
@@ -344,14 +345,10 @@ class PausableCompletion:
                     return
             if self._final is None:
                 raise BackendCrashedError("the upstream stream ended without its last event")
-            clean_end = True
         except (aiohttp.ClientError, OSError, ValueError) as exc:
             raise BackendCrashedError(f"stream broke off: {exc}") from None
         finally:
-            if clean_end:
-                resp.release()
-            else:
-                resp.close()
+            resp.close()
             self._growth = max(self._growth, self._peaks.end(token))
 
     async def _clean(self) -> bool:
@@ -359,10 +356,11 @@ class PausableCompletion:
         if not self.tokens:
             return True
         try:
-            spelled = await self._client.detokenize(self.tokens)
+            clean = await self._client.detokenize(self.tokens) == "".join(self.text)
         except BackendError:
-            return False
-        return spelled == "".join(self.text)
+            clean = False
+        self.held_back += not clean
+        return clean
 
     # ---- pause and resume -------------------------------------------------------------
     async def pause(self, timeout_s: float) -> bool:
@@ -394,6 +392,14 @@ class PausableCompletion:
             self._resume.set()
 
     # ---- the end ---------------------------------------------------------------------
+    def abort(self, why: str) -> None:
+        """End it now (accelmux is closing the backend): the client's stream ends with
+        ``why``."""
+        if self.phase is not Phase.DONE:
+            self._out.put_nowait(BackendCrashedError(why))
+        if self._reader is not None:
+            self._reader.cancel()
+
     @property
     def last_segment_timings(self) -> dict[str, Any]:
         """The server's timings of the last segment (``cache_n``: prompt tokens found in

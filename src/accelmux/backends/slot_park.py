@@ -78,7 +78,13 @@ class SlotParking:
         self._finished: deque[str] = deque(maxlen=FINISHED_KEPT)
         self._unpausable: OrderedDict[str, str] = OrderedDict()  # in flight elsewhere: why
         self._files = 0
-        self.stats: dict[str, Any] = {"pauses": 0, "saves": 0, "restores": 0, "resumes": 0}
+        self.stats: dict[str, Any] = {
+            "pauses": 0,
+            "saves": 0,
+            "restores": 0,
+            "resumes": 0,
+            "held_back_boundaries": 0,
+        }
 
     # ---- lifecycle --------------------------------------------------------------------
     def prepare(self, *, first: bool) -> None:
@@ -100,6 +106,7 @@ class SlotParking:
     def close(self) -> None:
         for pc in list(self.requests.values()):
             self._drop_file(pc)
+            pc.abort(f"{self.service}: the backend closed while {pc.request_id} was {pc.phase}")
 
     # ---- requests ---------------------------------------------------------------------
     def handles(self, request: BackendRequest) -> bool:
@@ -132,6 +139,7 @@ class SlotParking:
 
     def _ended(self, pc: PausableCompletion) -> None:
         self._drop_file(pc)
+        self.stats["held_back_boundaries"] += pc.held_back
         timings = pc.last_segment_timings
         if pc.segments > 1 and timings:
             self.stats["last_resumed"] = {
