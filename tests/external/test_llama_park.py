@@ -3,7 +3,8 @@ streamed completion paused (and parked with the server's slot save) midway and r
 gives, with greedy sampling, what an unpaused one gives and what llama-server's own
 endpoints answer; the slot file is written while parked and restored (then removed) at
 the resume; a parked request resumes across a restart of the server; pausing what is
-unknown or finished is no error, resuming what is unknown is."""
+unknown or finished is no error, resuming what is unknown is; and the daemon's gateway
+serves such a server to the openai client."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from typing import Any
 
 import aiohttp
 import pytest
-from tests.external.llama_server import llama_server_path, smollm2
-from tests.live.support import run
+from tests.external.llama_server import llama_config, llama_server_path, smollm2
+from tests.live.support import live, run
 
 from accelmux.backends.base import BackendRequest
 from accelmux.backends.external import ExternalBackend
@@ -261,5 +262,36 @@ def test_a_parked_request_resumes_across_a_restart_of_the_server(tmp_path: Path)
             assert park["restores"] == 1 and park["last_resumed"]["prompt_evaluated"] == 1
         finally:
             await backend.close()
+
+    run(body())
+
+
+def test_the_gateway_serves_a_parkable_llama_server(tmp_path: Path) -> None:
+    # Through the daemon, with the openai client: the shapes this path builds are
+    # OpenAI's, the status shows what the server declares and what parking did.
+    config = llama_config(llama_server_path(), smollm2())
+    backend_section = config["services"]["chat"]["backend"]
+    backend_section["argv"] += ["--slot-save-path", "{slot_save_path}"]
+    backend_section["park"] = "llama-server"
+
+    async def body() -> None:
+        async with live(config, tmp=tmp_path) as lv, lv.openai(timeout=120) as client:
+            stream = await client.completions.create(
+                model="chat", prompt=PROMPT, max_tokens=8, temperature=0, stream=True,
+                stream_options={"include_usage": True},
+            )  # fmt: skip
+            pieces, usage = [], None
+            async for chunk in stream:
+                pieces += [c.text for c in chunk.choices]
+                usage = chunk.usage or usage
+            chat = await client.chat.completions.create(
+                model="chat", messages=MESSAGES, max_tokens=8, temperature=0, stream=True
+            )
+            said = [c.choices[0].delta.content or "" async for c in chat if c.choices]
+            status = next(s for s in lv.runtime.status()["services"] if s["name"] == "chat")
+        assert "".join(pieces) and "".join(said)
+        assert usage is not None and usage.completion_tokens == 8
+        assert status["capabilities"]["pause"] and status["capabilities"]["park"]
+        assert status["backend"]["park"]["slot_save_path"] == str(tmp_path / "slots" / "chat")
 
     run(body())
