@@ -420,6 +420,7 @@ class ExternalBackend:
         proc = self._proc
         if proc is None or proc.returncode is not None:
             return None
+        enforced = self.limit_bytes  # what its cgroup (if any) was made with
         self.kv_pool_bytes = kv_pool_bytes
         self.limit_bytes = limit_bytes(
             weights=weights_bytes,
@@ -434,6 +435,7 @@ class ExternalBackend:
                 "accelmux: this load's sizes differ from the sleeping server's; restarting it"
             )
             return None
+        self.limit_bytes = enforced
         started = time.monotonic()
         try:
             session, base = self._session_get(), self._base_url()
