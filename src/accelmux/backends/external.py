@@ -24,10 +24,19 @@ proxied to it; streams pass through chunk by chunk.
 A Resize cannot change a running server's context: it is recorded and applied at the
 next start (``resize`` returns False).
 
+``sleep: vllm`` (:mod:`accelmux.backends.vllm_sleep`): an unload to tier ``sleeping``
+asks vLLM to sleep (the process stays, its device memory drops) and the next load wakes
+it; a server that refuses or does not answer within ``sleep_timeout_s`` is stopped
+instead (a cold unload, or a cold start for the load), with a log line saying why, and a
+load whose sizes differ from the sleeping server's starts it again. Its exit while asleep
+is a crash, reported as any other. ``park: llama-server``
+(:mod:`accelmux.backends.slot_park`): streamed completions are served so that they can be
+paused between tokens and parked with llama-server's slot save and restore.
+
 The child's pid and start time are kept in ``<data_dir>/run/<service>.pid`` while it
 runs. If accelmux itself was killed (SIGKILL, the OOM killer), the next start finds that
 file and stops the leftover server group before starting a new one, so an orphan never
-keeps holding accelerator memory.
+keeps holding accelerator memory (:mod:`accelmux.backends.leftovers`).
 """
 
 from __future__ import annotations
@@ -42,34 +51,34 @@ import signal
 import socket
 import sys
 import time
-from collections import deque
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import aiohttp
-import psutil
 from yarl import URL
 
-from accelmux.backends import child_launch
+from accelmux.backends import child_launch, vllm_sleep
 from accelmux.backends.base import BackendRequest, BackendResponse, CrashCallback, LoadReport
+from accelmux.backends.leftovers import PidFile
 from accelmux.backends.limits import (
     MPS_LIMIT_ENV,
     CgroupSupport,
+    apply_limits,
     gpu_memory_fraction,
     limit_bytes,
-    make_service_cgroup,
     mps_in_use,
     mps_limit_value,
     remove_service_cgroup,
 )
 from accelmux.backends.process_meter import PeakTracker, ProcessTreeMeter
+from accelmux.backends.server_log import ServerLog
 from accelmux.backends.server_metrics import argv_option, parse_server_metrics, parse_slots
+from accelmux.backends.slot_park import SlotParking, slot_dir
 from accelmux.config.backends import ExternalBackendConfig
 from accelmux.core.specs import Capabilities
 from accelmux.core.types import Tier
 from accelmux.errors import BackendCrashedError, BackendError, BackendTimeoutError
-from accelmux.redact import redact
 
 #: ``"total_tokens": N`` in an answer's usage (the last one of a stream counts).
 TOTAL_TOKENS = re.compile(rb'"total_tokens"\s*:\s*(\d+)')
@@ -97,36 +106,6 @@ def template_argv(argv: list[str], values: dict[str, object]) -> list[str]:
     return out
 
 
-def _uses(argv: list[str], placeholder: str) -> bool:
-    return any("{" + placeholder + "}" in arg for arg in argv)
-
-
-def _group_members(pgid: int, started: float) -> list[psutil.Process]:
-    """Live processes of group ``pgid`` started no earlier than ``started`` (the leader's
-    start time): the leftovers of that group, never a later owner of a reused pid."""
-    out = []
-    for proc in psutil.process_iter(["create_time"]):
-        try:
-            if os.getpgid(proc.pid) != pgid:
-                continue
-            if proc.info["create_time"] + 0.01 < started:
-                continue
-        except (OSError, psutil.Error):
-            continue
-        if proc.pid == pgid and abs(proc.info["create_time"] - started) > 0.01:
-            return []  # the pid was reused by another program that leads its own group
-        if _alive(proc):
-            out.append(proc)
-    return out
-
-
-def _alive(proc: psutil.Process) -> bool:
-    try:
-        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
 class ExternalBackend:
     """Supervises one external server process and proxies requests to it."""
 
@@ -150,15 +129,15 @@ class ExternalBackend:
         self.kv_bytes_per_token = kv_bytes_per_token
         self.concurrency = concurrency
         self.gpu_index = gpu_index
-        self.log_path = (data_dir / "logs" / f"{service}.log") if data_dir else None
-        self.pid_path = (data_dir / "run" / f"{service}.pid") if data_dir else None
-        self.logs: deque[str] = deque(maxlen=cfg.log_lines)
+        self.output = ServerLog(
+            (data_dir / "logs" / f"{service}.log") if data_dir else None, cfg.log_lines
+        )
+        self.pidfile = PidFile((data_dir / "run" / f"{service}.pid") if data_dir else None)
         self.port: int | None = None
         self.kv_pool_bytes = 0
         self.starts = 0
         self.last_exit: int | None = None
         self._proc: asyncio.subprocess.Process | None = None
-        self._log_file: IO[str] | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._session: aiohttp.ClientSession | None = None
         self._on_crash: CrashCallback | None = None
@@ -177,6 +156,21 @@ class ExternalBackend:
         self.load_seconds: float | None = None
         self.server_stats: dict[str, Any] = {}
         self.batch_size = argv_option(cfg.argv, "-b", "--batch-size")
+        self.sleeping = False
+        self.sleep_stats: dict[str, Any] = {"sleeps": 0, "wakes": 0, "refused": 0}
+        self._argv: list[str] = []  # what the running process was started with
+        self.slot_dir = slot_dir(data_dir, service)
+        self.parking: SlotParking | None = None
+        if cfg.park == "llama-server":
+            self.parking = SlotParking(
+                service,
+                self.slot_dir,
+                base_url=self._base_url,
+                session=self._session_get,
+                peaks=self.peaks,
+                kv_bytes_per_token=kv_bytes_per_token,
+                log=self.output.write,
+            )
 
     # ---- lifecycle ------------------------------------------------------------------
     def _values(self, port: int) -> dict[str, object]:
@@ -195,12 +189,15 @@ class ExternalBackend:
             "gpu": self.gpu_index if self.gpu_index is not None else "",
             "memory_limit_bytes": self.limit_bytes,
             "gpu_memory_utilization": gpu_memory_fraction(self.limit_bytes, self.device_capacity),
+            "slot_save_path": str(self.slot_dir),
         }
 
     def _env(self) -> dict[str, str]:
         env = dict(os.environ)
         if self.gpu_index is not None:
             env["CUDA_VISIBLE_DEVICES"] = str(self.gpu_index)
+        if self.cfg.sleep == "vllm":
+            env[vllm_sleep.DEV_MODE_ENV] = "1"
         env.update(self.cfg.env)
         if mps_in_use(env) and MPS_LIMIT_ENV not in self.cfg.env and self.limit_bytes:
             env[MPS_LIMIT_ENV] = mps_limit_value(self.limit_bytes)
@@ -217,47 +214,15 @@ class ExternalBackend:
             concurrency=self.concurrency,
             margin=self.cfg.limit_margin,
         )
-        applied: list[str] = []
-        flags = [
-            p for p in ("ctx_size", "parallel", "gpu_memory_utilization") if _uses(self.cfg.argv, p)
-        ]
-        if _uses(self.cfg.argv, "memory_limit_bytes"):
-            flags.append("memory_limit_bytes")
-        if flags:
-            applied.append("flags: " + ", ".join("{" + f + "}" for f in flags))
-        if mps_in_use(self._env_base()):
-            applied.append(f"env: {MPS_LIMIT_ENV}")
-        problem: str | None = None
-        self.cgroup_path = None
-        if self.gpu_index is not None:
-            problem = "cgroup memory.max does not cover GPU memory"
-        elif not self.cfg.memory_limit:
-            problem = "memory_limit is off"
-        elif self.cgroup_support is None or self.cgroup_support.parent is None:
-            problem = self.cgroup_support.problem if self.cgroup_support else "not checked"
-        else:
-            try:
-                self.cgroup_path = make_service_cgroup(
-                    self.cgroup_support.parent, self.service, self.limit_bytes
-                )
-                applied.append(f"cgroup v2 memory.max at {self.cgroup_path}")
-            except OSError as exc:
-                problem = f"cannot make a cgroup under {self.cgroup_support.parent} ({exc})"
-        if self.cgroup_path is not None:
-            summary = f"memory.max {self.limit_bytes} bytes (cgroup v2)"
-        elif mps_in_use(self._env_base()):
-            summary = f"{MPS_LIMIT_ENV} {mps_limit_value(self.limit_bytes)} (CUDA MPS)"
-        else:
-            summary = f"none — {problem}"
-            if flags:
-                summary += "; its own flags carry the ledger's sizes"
-        self.limit = {
-            "memory_max_bytes": self.limit_bytes,
-            "applied": applied,
-            "cgroup": str(self.cgroup_path) if self.cgroup_path else None,
-            "cgroup_problem": problem,
-            "summary": summary,
-        }
+        self.cgroup_path, self.limit = apply_limits(
+            self.service,
+            self.limit_bytes,
+            argv=self.cfg.argv,
+            env=self._env_base(),
+            on_gpu=self.gpu_index is not None,
+            enabled=self.cfg.memory_limit,
+            cgroup=self.cgroup_support,
+        )
 
     def _env_base(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -317,13 +282,20 @@ class ExternalBackend:
             )
         return self._session
 
+    def _base_url(self) -> str:
+        return f"http://{self.cfg.host}:{self.port}"
+
     async def load(
         self, *, weights_bytes: int, runtime_bytes: int, kv_pool_bytes: int
     ) -> LoadReport:
+        if self.sleeping:
+            woken = await self._wake(weights_bytes, runtime_bytes, kv_pool_bytes)
+            if woken is not None:
+                return woken
         await self._stop_process()
-        self._open_log()
+        self.output.open()
         if self.starts == 0:
-            await self._reap_leftover()
+            await self.pidfile.reap(self.cfg.stop_grace_s, self.output.write)
         started = time.monotonic()
         self.kv_pool_bytes = kv_pool_bytes
         self._apply_limits(weights_bytes=weights_bytes, runtime_bytes=runtime_bytes)
@@ -331,7 +303,11 @@ class ExternalBackend:
         argv = template_argv(self.cfg.argv, self._values(port))
         if shutil.which(argv[0]) is None:
             raise BackendError(f"{self.service}: cannot start {argv[0]!r}: no such program")
-        self._log(f"accelmux: starting {argv[0]} on port {port}; limit: {self.limit['summary']}")
+        if self.parking is not None:
+            self.parking.prepare(first=self.starts == 0)
+        self.output.write(
+            f"accelmux: starting {argv[0]} on port {port}; limit: {self.limit['summary']}"
+        )
         try:
             self._proc = await asyncio.create_subprocess_exec(
                 *self._launch_argv(argv),
@@ -344,12 +320,13 @@ class ExternalBackend:
         except OSError as exc:
             raise BackendError(f"{self.service}: cannot start {argv[0]!r}: {exc}") from None
         self.port = port
+        self._argv = argv
         self._urls = {}
         self.starts += 1
-        self._write_pid(self._proc.pid)
+        self.pidfile.write(self._proc.pid)
         self._stopping = False
         proc = self._proc
-        self._tasks = [asyncio.create_task(self._read_logs(proc))]
+        self._tasks = [asyncio.create_task(self.output.read_from(proc))]
         try:
             await self._wait_healthy(proc)
         except BaseException:
@@ -357,7 +334,12 @@ class ExternalBackend:
             raise
         self._loaded = True
         self._tasks.append(asyncio.create_task(self._watch(proc)))
+        if self.parking is not None:
+            await self.parking.learn_slots()
         self.load_seconds = time.monotonic() - started
+        return await self._report(weights_bytes, kv_pool_bytes)
+
+    async def _report(self, weights_bytes: int, kv_pool_bytes: int) -> LoadReport:
         self.resident_bytes = await asyncio.to_thread(self._measure_now)
         if self.resident_bytes is None:
             return LoadReport()
@@ -375,7 +357,7 @@ class ExternalBackend:
             if proc.returncode is not None:
                 raise BackendCrashedError(
                     f"{self.service}: exited with code {proc.returncode} while starting"
-                    f"{self._tail()}"
+                    f"{self.output.tail()}"
                 )
             try:
                 async with session.get(url, timeout=aiohttp.ClientTimeout(total=2)) as resp:
@@ -386,7 +368,7 @@ class ExternalBackend:
             if time.monotonic() > deadline:
                 raise BackendTimeoutError(
                     f"{self.service}: not healthy after {self.cfg.startup_timeout_s:.0f}s"
-                    f"{self._tail()}"
+                    f"{self.output.tail()}"
                 )
             await asyncio.sleep(delay)
             delay = min(0.5, delay * 1.5)
@@ -397,13 +379,85 @@ class ExternalBackend:
         if self._stopping or proc is not self._proc:
             return
         self._loaded = False
-        self._log(f"accelmux: process exited with code {code}")
+        asleep, self.sleeping = self.sleeping, False
+        how = " while asleep" if asleep else ""
+        self.output.write(f"accelmux: process exited with code {code}{how}")
         if self._on_crash is not None:
-            self._on_crash(f"{self.service}: process exited with code {code}{self._tail()}")
+            self._on_crash(
+                f"{self.service}: process exited with code {code}{how}{self.output.tail()}"
+            )
 
     async def unload(self, *, tier: Tier = Tier.COLD) -> None:
+        sleeps = tier is Tier.SLEEPING and self.cfg.sleep == "vllm"
+        if sleeps and (self.sleeping or (self._loaded and await self._sleep())):
+            return
         await self._stop_process()
         self._loaded = False
+
+    # ---- vLLM's sleep mode --------------------------------------------------------------
+    async def _sleep(self) -> bool:
+        """Ask the server to sleep; False (logged) when it did not."""
+        started = time.monotonic()
+        why = await vllm_sleep.sleep(
+            self._session_get(), self._base_url(), self.cfg.sleep_timeout_s
+        )
+        if why is not None:
+            self._sleep_problem(f"sleep refused ({why}); stopping the server instead")
+            return False
+        self._loaded, self.sleeping, self.server_stats = False, True, {}
+        self.sleep_stats["sleeps"] += 1
+        self.sleep_stats["last_sleep_s"] = round(time.monotonic() - started, 3)
+        self.resident_bytes = await asyncio.to_thread(self._measure_now)
+        self.output.write(f"accelmux: asleep; the process holds {self.resident_bytes} bytes")
+        return True
+
+    async def _wake(
+        self, weights_bytes: int, runtime_bytes: int, kv_pool_bytes: int
+    ) -> LoadReport | None:
+        """Wake the sleeping server; None when it has to start again instead: the load
+        asks for other sizes than it runs with (a woken server keeps them), or the wake
+        failed."""
+        proc = self._proc
+        if proc is None or proc.returncode is not None:
+            return None
+        enforced = self.limit_bytes  # what its cgroup (if any) was made with
+        self.kv_pool_bytes = kv_pool_bytes
+        self.limit_bytes = limit_bytes(
+            weights=weights_bytes,
+            runtime=runtime_bytes,
+            kv_pool=kv_pool_bytes,
+            workspace=self.workspace_bytes,
+            concurrency=self.concurrency,
+            margin=self.cfg.limit_margin,
+        )
+        if template_argv(self.cfg.argv, self._values(self.port or 0)) != self._argv:
+            self.output.write(
+                "accelmux: this load's sizes differ from the sleeping server's; restarting it"
+            )
+            return None
+        self.limit_bytes = enforced
+        started = time.monotonic()
+        try:
+            session, base = self._session_get(), self._base_url()
+            why = await vllm_sleep.wake_up(session, base, self.cfg.sleep_timeout_s)
+            if why is None:
+                await self._wait_healthy(proc)
+        except BaseException:
+            await self._stop_process()
+            raise
+        if why is not None:
+            self._sleep_problem(f"wake refused ({why}); starting the server again")
+            return None
+        self._loaded, self.sleeping = True, False
+        self.load_seconds = time.monotonic() - started
+        self.sleep_stats["wakes"] += 1
+        self.sleep_stats["last_wake_s"] = round(self.load_seconds, 3)
+        return await self._report(weights_bytes, kv_pool_bytes)
+
+    def _sleep_problem(self, what: str) -> None:
+        self.sleep_stats["refused"] += 1
+        self.sleep_stats["last_problem"] = what
+        self.output.write(f"accelmux: {what}")
 
     async def _stop_process(self) -> None:
         proc = self._proc
@@ -414,7 +468,7 @@ class ExternalBackend:
                 try:
                     await asyncio.wait_for(proc.wait(), self.cfg.stop_grace_s)
                 except TimeoutError:
-                    self._log("accelmux: no exit after SIGTERM, sending SIGKILL")
+                    self.output.write("accelmux: no exit after SIGTERM, sending SIGKILL")
                     self._signal(proc, signal.SIGKILL)
                     await proc.wait()
             self.last_exit = proc.returncode
@@ -427,65 +481,16 @@ class ExternalBackend:
                     await task
         self._tasks = []
         if proc is not None:
-            self._remove_pid()
+            self.pidfile.remove()
         if self.cgroup_path is not None:
             remove_service_cgroup(self.cgroup_path)
             self.cgroup_path = None
         self._proc = None
+        self._argv = []
+        self.sleeping = False
         self.resident_bytes = None
         self.server_stats = {}
-        if self._log_file is not None:
-            self._log_file.close()
-            self._log_file = None
-
-    # ---- leftovers of a previous run ---------------------------------------------------
-    def _write_pid(self, pid: int) -> None:
-        if self.pid_path is None:
-            return
-        try:
-            started = psutil.Process(pid).create_time()
-            self.pid_path.parent.mkdir(parents=True, exist_ok=True)
-            self.pid_path.write_text(f"{pid} {started}\n")
-        except (OSError, psutil.Error):
-            pass
-
-    def _remove_pid(self) -> None:
-        if self.pid_path is not None:
-            with contextlib.suppress(OSError):
-                self.pid_path.unlink()
-
-    async def _reap_leftover(self) -> None:
-        """Stop what a killed accelmux left of a server's process group.
-
-        The server itself died with accelmux (its death signal); processes it started (a
-        server's workers) may not have. They are found by process group (the server's
-        pid, as it led its own session) and start time (not before the server's), so a
-        reused pid is never signalled."""
-        if self.pid_path is None or not self.pid_path.exists():
-            return
-        try:
-            pid_text, started_text = self.pid_path.read_text().split()
-            pid, started = int(pid_text), float(started_text)
-        except (OSError, ValueError):
-            self._remove_pid()
-            return
-        members = _group_members(pid, started)
-        if not members:
-            self._remove_pid()
-            return
-        self._log(
-            f"accelmux: stopping leftover server pid {pid} from a previous run "
-            f"({len(members)} process(es) left in its group)"
-        )
-        for sig, wait_s in ((signal.SIGTERM, self.cfg.stop_grace_s), (signal.SIGKILL, 5.0)):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pid, sig)
-            deadline = time.monotonic() + wait_s
-            while time.monotonic() < deadline and any(_alive(p) for p in members):
-                await asyncio.sleep(0.05)
-            if not any(_alive(p) for p in members):
-                break
-        self._remove_pid()
+        self.output.close()
 
     @staticmethod
     def _signal(proc: asyncio.subprocess.Process, sig: signal.Signals) -> None:
@@ -497,10 +502,14 @@ class ExternalBackend:
         return self.cfg.capabilities()
 
     async def pause(self, request_id: str, *, park: bool) -> None:
-        raise BackendError(f"{self.service}: this backend does not declare pause")
+        if self.parking is None:
+            raise BackendError(f"{self.service}: this backend does not declare pause")
+        await self.parking.pause(request_id, park=park)
 
     async def resume(self, request_id: str) -> None:
-        raise BackendError(f"{self.service}: this backend does not declare pause")
+        if self.parking is None:
+            raise BackendError(f"{self.service}: this backend does not declare pause")
+        await self.parking.resume(request_id)
 
     async def resize(self, kv_pool_bytes: int) -> None:
         # Declared next_load or none: the Manager sizes the pool at each start instead.
@@ -528,8 +537,8 @@ class ExternalBackend:
             "port": self.port,
             "starts": self.starts,
             "last_exit": self.last_exit,
-            "log_file": str(self.log_path) if self.log_path else None,
-            "log_tail": list(self.logs)[-10:],
+            "log_file": str(self.output.path) if self.output.path else None,
+            "log_tail": list(self.output.lines)[-10:],
             "limit": self.limit,
             "measured": {
                 "source": self.meter.source,
@@ -541,51 +550,18 @@ class ExternalBackend:
                 "batch_size": self.batch_size,
             },
             "server": dict(self.server_stats),
+            "sleep": {"sleeping": self.sleeping, **self.sleep_stats} if self.cfg.sleep else None,
+            "park": self.parking.describe() if self.parking is not None else None,
         }
 
     async def close(self) -> None:
         await self._stop_process()
+        if self.parking is not None:
+            self.parking.close()
         self.peaks.close()
         if self._session is not None:
             await self._session.close()
             self._session = None
-
-    # ---- logs ---------------------------------------------------------------------
-    def _open_log(self) -> None:
-        if self.log_path is None or self._log_file is not None:
-            return
-        try:
-            self.log_path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-            self._log_file = os.fdopen(fd, "a", encoding="utf-8", buffering=1)
-        except OSError:
-            self._log_file = None
-
-    def _log(self, line: str) -> None:
-        # What is kept in memory reaches /admin/status (log_tail) and error messages: a
-        # child may print its environment, so secrets are masked there. The log file
-        # under data_dir (readable by the daemon's user only) keeps the raw output.
-        self.logs.append(redact(line))
-        if self._log_file is not None:
-            with contextlib.suppress(OSError, ValueError):
-                self._log_file.write(line + "\n")
-
-    async def _read_logs(self, proc: asyncio.subprocess.Process) -> None:
-        stream = proc.stdout
-        if stream is None:
-            return
-        while True:
-            try:
-                raw = await stream.readline()
-            except ValueError:  # a line longer than the stream limit
-                raw = await stream.read(65536)
-            if not raw:
-                return
-            self._log(raw.decode("utf-8", "replace").rstrip())
-
-    def _tail(self, n: int = 5) -> str:
-        lines = list(self.logs)[-n:]
-        return ("; last output: " + " | ".join(lines)) if lines else ""
 
     # ---- requests ------------------------------------------------------------------
     def _payload(self, request: BackendRequest) -> tuple[bytes | aiohttp.FormData, dict[str, str]]:
@@ -617,23 +593,29 @@ class ExternalBackend:
             url = self._urls[request.endpoint] = URL(
                 f"http://{self.cfg.host}:{self.port}{request.endpoint}"
             )
+        if self.parking is not None and self.parking.handles(request):
+            return await self.parking.start(request)
         data, headers = self._payload(request)
+        if request.stream:
+            # llama-server closes a stream's connection right after it (though it says
+            # keep-alive): one reused at that moment fails the next request.
+            headers["Connection"] = "close"
         session = self._session_get()
         token = self.peaks.begin()
         try:
             resp = await session.post(url, data=data, headers=headers)
         except (aiohttp.ClientError, OSError) as exc:
-            self.peaks.end(token)
+            self._ended(request, token)
             raise BackendCrashedError(f"{self.service}: upstream unreachable: {exc}") from None
         except TimeoutError:
-            self.peaks.end(token)
+            self._ended(request, token)
             raise BackendTimeoutError(f"{self.service}: upstream timed out") from None
         content_type = resp.headers.get("Content-Type", "application/json")
         if request.stream and resp.status == 200:
             response = BackendResponse(
                 status=resp.status, content_type=content_type, release=resp.release
             )
-            response.stream = self._relay(resp, token, response)
+            response.stream = self._relay(resp, request, token, response)
             return response
         try:
             body = await resp.read()
@@ -643,14 +625,23 @@ class ExternalBackend:
             raise BackendTimeoutError(f"{self.service}: upstream timed out") from None
         finally:
             resp.release()
-            growth = self.peaks.end(token)
+            growth = self._ended(request, token)
         peak = self._peak_bytes(growth, body[-USAGE_TAIL_BYTES:]) if resp.status == 200 else None
         return BackendResponse(
             status=resp.status, content_type=content_type, body=body, peak_bytes=peak
         )
 
+    def _ended(self, request: BackendRequest, token: int) -> int:
+        if self.parking is not None:
+            self.parking.unpausable_ended(request.request_id)
+        return self.peaks.end(token)
+
     async def _relay(
-        self, resp: aiohttp.ClientResponse, token: int, response: BackendResponse
+        self,
+        resp: aiohttp.ClientResponse,
+        request: BackendRequest,
+        token: int,
+        response: BackendResponse,
     ) -> AsyncIterator[bytes]:
         tail = b""
         try:
@@ -661,5 +652,5 @@ class ExternalBackend:
             raise BackendCrashedError(f"{self.service}: stream broke off: {exc}") from None
         finally:
             resp.release()
-            growth = self.peaks.end(token)
+            growth = self._ended(request, token)
         response.peak_bytes = self._peak_bytes(growth, tail)

@@ -18,6 +18,7 @@ import errno
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 MOUNTINFO = Path("/proc/self/mountinfo")
 SELF_CGROUP = Path("/proc/self/cgroup")
@@ -135,3 +136,59 @@ def mps_in_use(env: dict[str, str]) -> bool:
 def mps_limit_value(max_bytes: int) -> str:
     """``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` for the one visible device, in MiB."""
     return f"0={max(1, max_bytes // (1 << 20))}M"
+
+
+def _uses(argv: list[str], placeholder: str) -> bool:
+    return any("{" + placeholder + "}" in arg for arg in argv)
+
+
+def apply_limits(
+    service: str,
+    limit: int,
+    *,
+    argv: list[str],
+    env: dict[str, str],
+    on_gpu: bool,
+    enabled: bool,
+    cgroup: CgroupSupport | None,
+) -> tuple[Path | None, dict[str, Any]]:
+    """How ``limit`` (bytes) is applied to a server started from ``argv`` with ``env``:
+    the cgroup made for it where possible, and the facts ``/admin/status`` shows (what
+    was applied, or why nothing could be)."""
+    applied: list[str] = []
+    flags = [p for p in ("ctx_size", "parallel", "gpu_memory_utilization") if _uses(argv, p)]
+    if _uses(argv, "memory_limit_bytes"):
+        flags.append("memory_limit_bytes")
+    if flags:
+        applied.append("flags: " + ", ".join("{" + f + "}" for f in flags))
+    if mps_in_use(env):
+        applied.append(f"env: {MPS_LIMIT_ENV}")
+    problem: str | None = None
+    cgroup_path: Path | None = None
+    if on_gpu:
+        problem = "cgroup memory.max does not cover GPU memory"
+    elif not enabled:
+        problem = "memory_limit is off"
+    elif cgroup is None or cgroup.parent is None:
+        problem = cgroup.problem if cgroup else "not checked"
+    else:
+        try:
+            cgroup_path = make_service_cgroup(cgroup.parent, service, limit)
+            applied.append(f"cgroup v2 memory.max at {cgroup_path}")
+        except OSError as exc:
+            problem = f"cannot make a cgroup under {cgroup.parent} ({exc})"
+    if cgroup_path is not None:
+        summary = f"memory.max {limit} bytes (cgroup v2)"
+    elif mps_in_use(env):
+        summary = f"{MPS_LIMIT_ENV} {mps_limit_value(limit)} (CUDA MPS)"
+    else:
+        summary = f"none — {problem}"
+        if flags:
+            summary += "; its own flags carry the ledger's sizes"
+    return cgroup_path, {
+        "memory_max_bytes": limit,
+        "applied": applied,
+        "cgroup": str(cgroup_path) if cgroup_path else None,
+        "cgroup_problem": problem,
+        "summary": summary,
+    }

@@ -28,7 +28,11 @@ ARGV_PLACEHOLDERS = (
     "gpu",
     "gpu_memory_utilization",
     "memory_limit_bytes",
+    "slot_save_path",
 )
+
+#: The argv flag vLLM needs for its sleep endpoints (with ``VLLM_SERVER_DEV_MODE=1``).
+VLLM_SLEEP_FLAG = "--enable-sleep-mode"
 
 
 def argv_placeholder_problem(arg: str) -> str | None:
@@ -109,8 +113,9 @@ class ExternalBackendConfig(_Backend):
     ``argv`` is templated with ``{port}``, ``{host}``, ``{ctx_size}`` (tokens the KV pool
     holds), ``{parallel}`` (the service's concurrency), ``{kv_pool_bytes}``, ``{model}``,
     ``{gpu}`` (the device index), ``{memory_limit_bytes}`` (its ledger entry plus
-    ``limit_margin``) and ``{gpu_memory_utilization}`` (that limit as a fraction of the
-    GPU). It is never run through a shell.
+    ``limit_margin``), ``{gpu_memory_utilization}`` (that limit as a fraction of the
+    GPU) and ``{slot_save_path}`` (``<data_dir>/slots/<service>``, for llama-server's
+    ``--slot-save-path``). It is never run through a shell.
     """
 
     type: Literal["external"]
@@ -149,16 +154,62 @@ class ExternalBackendConfig(_Backend):
     slots_path: str | None = Field(
         None, description="llama-server's /slots, read for the context in use."
     )
+    sleep: Literal["vllm"] | None = Field(
+        None,
+        description="vllm: the server is vLLM started with --enable-sleep-mode; an unload to "
+        "tier sleeping puts it to sleep (POST /sleep?level=1: its weights go to host RAM, "
+        "its KV cache is dropped, the process stays) and the next load wakes it (POST "
+        "/wake_up) instead of starting it again. accelmux sets VLLM_SERVER_DEV_MODE=1 in its "
+        "environment, which those endpoints need.",
+    )
+    sleep_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="Longest a sleep or a wake may take: a server that refuses or does not "
+        "answer in time is stopped instead (a cold unload, or a cold start for a wake).",
+    )
+    park: Literal["llama-server"] | None = Field(
+        None,
+        description="llama-server: streamed completions (and chat without tools) can be "
+        "paused between tokens and their KV parked with the server's slot save and restore. "
+        "The argv must pass --slot-save-path {slot_save_path} (a directory accelmux keeps "
+        "under its data dir).",
+    )
 
     def capabilities(self, kind: ServiceKind | None = None) -> Capabilities:
         """A running server's context is fixed: a KV pool templated into its argv
         (``{ctx_size}``, ``{kv_pool_bytes}``) changes at its next start, otherwise never.
-        Each request's peak is measured from outside (its process tree)."""
+        Each request's peak is measured from outside (its process tree). ``sleep: vllm``
+        declares sleep; ``park: llama-server`` declares pause and park."""
         sized = any(
             f"{{{name}}}" in arg for arg in self.argv for name in ("ctx_size", "kv_pool_bytes")
         )
         resize = ResizeSupport.NEXT_LOAD if sized else ResizeSupport.NONE
-        return Capabilities(resize=resize, request_peaks=True)
+        parks = self.park == "llama-server"
+        return Capabilities(
+            resize=resize,
+            pause=parks,
+            park=parks,
+            sleep=self.sleep == "vllm",
+            request_peaks=True,
+        )
+
+
+def external_problems(cfg: ExternalBackendConfig, kind: ServiceKind) -> list[str]:
+    """What an external section asks that its argv (or its service's kind) cannot give,
+    as ``key: why`` lines for the config loader."""
+    problems = []
+    if cfg.sleep == "vllm" and VLLM_SLEEP_FLAG not in cfg.argv:
+        problems.append(f"sleep: vllm needs {VLLM_SLEEP_FLAG} in argv (got none)")
+    if cfg.park == "llama-server":
+        if not kind.is_llm:
+            problems.append(f"park: llama-server is for LLM services (got kind {kind.value})")
+        if not any("{slot_save_path}" in arg for arg in cfg.argv):
+            problems.append(
+                "park: llama-server needs --slot-save-path {slot_save_path} in argv "
+                "(the directory accelmux keeps the saved slots in; got none)"
+            )
+    return problems
 
 
 class WorkerBackendConfig(_Backend):

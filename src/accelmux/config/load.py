@@ -12,6 +12,7 @@ from accelmux.config.backends import (
     ExternalBackendConfig,
     WorkerBackendConfig,
     argv_placeholder_problem,
+    external_problems,
 )
 from accelmux.config.baselines import group_problems
 from accelmux.config.deprecated import modernize
@@ -205,6 +206,8 @@ def semantic_problems(cfg: AccelmuxConfig, base_dir: Path | None = None) -> list
                 why = argv_placeholder_problem(arg)
                 if why is not None:
                     problems.append(f"services.{name}.backend.argv[{i}]: {why}")
+            for why in external_problems(svc.backend, svc.kind):
+                problems.append(f"services.{name}.backend.{why}")
         if isinstance(svc.backend, ExternalBackendConfig) and svc.backend.port is not None:
             where = f"services.{name}.backend.port"
             if svc.backend.port in ports:
