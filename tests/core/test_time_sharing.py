@@ -18,7 +18,16 @@ from accelmux.core.manager import Manager
 from accelmux.core.policies import make_policy
 from accelmux.core.policies.accelmux import TIME_SHARE_MIN_RUN_S
 from accelmux.core.specs import Capabilities, ManagerSpec, ServiceSpec
-from accelmux.core.types import GIB, MIB, Reason, Residency, ServiceClass, ServiceKind, Tier
+from accelmux.core.types import (
+    GIB,
+    MIB,
+    Reason,
+    Residency,
+    ResizeSupport,
+    ServiceClass,
+    ServiceKind,
+    Tier,
+)
 
 from .support import EXACT, device, dispatched, done, llm_profile, loaded, of, service
 
@@ -185,3 +194,28 @@ def test_reload_costs_are_measured_per_tier() -> None:
     m.handle(loaded("a"), 4.0)  # a cold load that took 4 s
     assert w.load_seconds(svc, Tier.COLD) == 4.0
     assert w.load_seconds(svc, Tier.PARKED) == modelled  # no parked load measured yet
+
+
+def test_a_sleeping_server_wakes_with_the_pool_it_slept_with() -> None:
+    caps = Capabilities(sleep=True, resize=ResizeSupport.NEXT_LOAD)
+    m = build(llm("a", caps=caps), llm("b", caps=caps))
+    w = m.world
+    m.handle(ask("a1", "a", tokens=4096), 0.0)
+    m.handle(loaded("a"), 1.0)
+    pool = w.services["a"].kv_pool
+    m.handle(done("a1"), 2.0)
+    out = m.handle(ask("b1", "b"), 3.0)
+    out += m.handle(Tick(), 3.0)
+    (unload,) = of(Unload, out)
+    assert (unload.service, unload.tier) == ("a", Tier.SLEEPING)
+    m.handle(Unloaded(service="a"), 3.5)
+    m.handle(loaded("b"), 4.0)
+    m.handle(done("b1"), 5.0)
+    out = m.handle(ask("a2", "a", tokens=16), 6.0)
+    out += m.handle(Tick(), 6.0)
+    for name in ("b",):
+        if w.services[name].status.value == "unloading":
+            out += m.handle(Unloaded(service=name), 6.5)
+    wakes = [a for a in of(Load, out) if a.service == "a"]
+    assert wakes and wakes[0].from_tier is Tier.SLEEPING
+    assert wakes[0].kv_pool_bytes == pool

@@ -108,6 +108,8 @@ class ServiceState:
     #: loads from each tier (exponentially weighted): reload costs are measured.
     loading_from: Tier = Tier.COLD
     load_s: dict[Tier, float] = field(default_factory=dict)
+    #: The KV pool a sleeping service's process still holds: it wakes with it.
+    slept_pool: int | None = None
     #: KV bytes of paused requests that kept their place in the pool (not parked):
     #: the service cannot unload while they wait.
     paused_kv: int = 0
@@ -917,6 +919,8 @@ class World:
         pool = svc.spec.profile.kv_floor if kv_pool is None else kv_pool
         if svc.spec.capabilities.resize is ResizeSupport.NONE:
             pool = svc.spec.profile.kv_ceiling  # what the backend is configured to hold
+        if svc.tier is Tier.SLEEPING and svc.slept_pool is not None:
+            pool = svc.slept_pool  # a sleeping server wakes with the sizes it started with
         weights, runtime, pool = self.projected_resident(svc, pool)
         total = weights + runtime + pool
         device = svc.spec.device
@@ -970,6 +974,7 @@ class World:
             else:
                 self.host_weights[svc.name] = nbytes
         svc.tier = tier
+        svc.slept_pool = svc.kv_pool if tier is Tier.SLEEPING else None
         if reason not in (Reason.TTL_EXPIRED, Reason.ADMIN, Reason.RESIZE_AT_NEXT_LOAD):
             svc.evictions += 1
             svc.last_evicted_at = self.now
