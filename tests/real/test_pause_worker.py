@@ -36,10 +36,11 @@ def run(coro: Coroutine[Any, Any, None]) -> None:
 
 
 @asynccontextmanager
-async def chat_backend(data_dir: Path) -> AsyncIterator[WorkerBackend]:
+async def chat_backend(data_dir: Path, *, isolated: bool = False) -> AsyncIterator[WorkerBackend]:
     need(LLAMA, SMOLLM2)
     pool = WorkerPool(data_dir)
-    cfg = WorkerBackendConfig(type="worker", options={"n_ctx": 512, "n_threads": 1})
+    options = {"n_ctx": 512, "n_threads": 1}
+    cfg = WorkerBackendConfig(type="worker", options=options, isolated=isolated)
     backend = pool.backend("chat", ServiceKind.CHAT, cfg)
     try:
         await backend.load(weights_bytes=0, runtime_bytes=0, kv_pool_bytes=0)
@@ -195,17 +196,19 @@ def test_parked_weights_reload_from_host_ram(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("tier", "park"), [(Tier.PARKED, True), (Tier.COLD, False)], ids=["parked", "cold-unparked"]
+    ("tier", "park", "isolated"),
+    [(Tier.PARKED, True, False), (Tier.COLD, False, False), (Tier.COLD, True, True)],
+    ids=["parked", "cold-unparked", "cold-isolated"],
 )
 def test_a_paused_request_survives_an_unload_and_the_next_load(
-    tmp_path: Path, tier: Tier, park: bool
+    tmp_path: Path, tier: Tier, park: bool, isolated: bool
 ) -> None:
     """pause -> unload -> (a resume is refused) -> load -> another request -> resume: the
     stream stays open meanwhile, sends nothing, and goes on token for token. Unparked, the
-    unload parks it."""
+    unload parks it; an isolated worker stays up for it."""
 
     async def body() -> None:
-        async with chat_backend(tmp_path) as backend:
+        async with chat_backend(tmp_path, isolated=isolated) as backend:
             await streamed(backend, "warm")
             ref = await streamed(backend, "ref")
             response = await backend.handle(request("r1"))
@@ -223,7 +226,10 @@ def test_a_paused_request_survives_an_unload_and_the_next_load(
                 assert kept["parked_kv"] == backend.last_pause["parked_bytes"]
             assert mem["parked_streams_bytes"] == kept["parked_kv"]
             weights = (mem["parked"] or {}).get("chat", 0)
-            assert backend.hosted_bytes() == weights + kept["parked_kv"]
+            if isolated:  # measured as its own process
+                assert backend.hosted_bytes() is None and backend.pids()
+            else:
+                assert backend.hosted_bytes() == weights + kept["parked_kv"]
             assert backend.describe()["paused_requests"] == 1
             with pytest.raises(BackendError, match="not loaded: request r1 stays paused"):
                 await backend.resume("r1")

@@ -154,7 +154,9 @@ class WorkerBackend:
 
     async def unload(self, *, tier: Tier = Tier.COLD) -> None:
         """``parked`` (LLMs): the worker keeps the GGUF file mapped in host RAM for the
-        next load (an isolated worker stays up for it); any other tier is cold."""
+        next load (an isolated worker stays up for it); any other tier is cold. Paused
+        requests stay paused in the worker for the next load (an isolated worker stays
+        up for them too)."""
         park = tier is Tier.PARKED and self.capabilities.host_cache
         was, self.loaded = self.loaded, False
         parked, self.parked = self.parked, False
@@ -169,8 +171,12 @@ class WorkerBackend:
                     timeout=LOAD_TIMEOUT_S,
                 )
                 self.parked = bool(reply.get("parked"))
-        if self.isolated and self.client.alive and not self.parked:
+        if self.isolated and self.client.alive and not self.parked and not self._paused_kept():
             await self.client.close()  # its own worker: give the whole process back
+
+    def _paused_kept(self) -> bool:
+        """Streamed requests are open (paused ones stay in the worker over an unload)."""
+        return any(self._sent.values())
 
     @property
     def capabilities(self) -> Capabilities:
@@ -349,7 +355,7 @@ class WorkerBackend:
         """The service stops: requests still paused in the worker end (an error), and
         the worker stops with its last service."""
         self.loaded = False
-        if any(self._sent.values()) and self.client.alive:
+        if self._paused_kept() and self.client.alive:
             header = {"op": "unload", "service": self.service, "end_paused": True}
             with contextlib.suppress(BackendError):
                 await self.client.call(header, timeout=LOAD_TIMEOUT_S)
