@@ -57,7 +57,7 @@ def bench_config(data_dir: Path) -> dict[str, Any]:
         "class": "interactive",
         "residency": "warm",
         "model": "assistant",
-        "aliases": ["assistant"],
+        "aliases": [],
         "backend": dict(chat["backend"]),
     }
     return config

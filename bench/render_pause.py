@@ -1,4 +1,5 @@
-"""Doc blocks for the pause/park/resume benchmark (``bench/results/pause.json``)."""
+"""Doc blocks for the pause/park/resume benchmarks (``bench/results/pause.json`` and
+``bench/results/pause_unload.json``)."""
 
 from __future__ import annotations
 
@@ -68,7 +69,39 @@ def pause_loads(report: Report) -> str:
     return "\n".join(lines)
 
 
+def pause_unload(report: Report) -> str:
+    lines = [
+        "| paused stream | kept over the unload | unload (ms) | load (ms) "
+        "| resume: restore (ms) | evaluating them again (ms) | identical |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | :---: |",
+    ]
+    for r in report["sequences"]:
+        what = f"{r['tokens']:,} tokens" + (", JSON schema" if r["schema"] else "")
+        restore = _ms(r["restore_s"]) if r["restored"] else f"{_ms(r['restore_s'])} (recomputed)"
+        lines.append(
+            f"| {what} | {r['kept_bytes'] / MIB:,.1f} MiB | {_ms(r['unload_s'])} "
+            f"| {_ms(r['load_s'])} | {restore} | {_ms(r['recompute_s'])} "
+            f"| {'yes' if r['identical'] else '**no**'} |"
+        )
+    w = report["worker"]
+    lines += [
+        "",
+        f"Through `WorkerBackend` and the worker process (a 1,024-token context): "
+        f"`pause(park=True)` returns in {_ms(w['park'])} ms, `unload(tier=parked)` in "
+        f"{_ms(w['unload'])} ms with {w['kept_bytes'] / MIB:,.1f} MiB kept for the stream, "
+        f"`load` in {_ms(w['load'])} ms, `resume` in {_ms(w['resume'])} ms, and the next "
+        f"chunk follows the resume after {_ms(w['resume_to_chunk'])} ms.",
+        "",
+        "SmolLM2 in one process, a 2,048-token context, sampled with a seed, parked after "
+        f"8 tokens; medians over {report['meta'].get('settings', {}).get('repeat', '?')} "
+        "repeats; identical: the resumed stream gave the tokens of an unpaused one. "
+        + _run(report, "python bench/bench_pause_unload.py"),
+    ]
+    return "\n".join(lines)
+
+
 BLOCKS: dict[str, Callable[[], str]] = {
     "pause-sequences": lambda: pause_sequences(load("pause")),
     "pause-loads": lambda: pause_loads(load("pause")),
+    "pause-unload": lambda: pause_unload(load("pause_unload")),
 }

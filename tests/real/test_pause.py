@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from accelmux.errors import BackendError
-from accelmux.models import LlamaTextModel, TextStream
+from accelmux.models import LlamaTextModel, TextStream, llama_samplers
 
 from .support import LLAMA, SMOLLM2, need
 
@@ -126,7 +126,7 @@ def test_greedy_and_base_model_streams_resume_too(gemma3: LlamaTextModel) -> Non
     assert out == ref
 
 
-def test_unloading_ends_a_paused_stream() -> None:
+def test_a_running_stream_keeps_its_model_loaded() -> None:
     need(LLAMA, SMOLLM2)
     model = LlamaTextModel.smollm2(n_ctx=256, n_threads=1)
     model.load()
@@ -134,8 +134,113 @@ def test_unloading_ends_a_paused_stream() -> None:
     next(stream)
     with pytest.raises(BackendError, match="busy"):
         model.unload()
+    stream.close()
+    model.unload()
+    assert model.kept_streams == 0 and not model.loaded
+
+
+@pytest.mark.parametrize("park", [True, False], ids=["parked", "unparked"])
+def test_a_paused_stream_survives_an_unload_and_the_next_load(park: bool) -> None:
+    """Paused (parked, or only paused: the unload saves it), unloaded, loaded again into
+    a context of another size, another stream run in between: it resumes token for
+    token. A resume before the load is refused and leaves it paused."""
+    need(LLAMA, SMOLLM2)
+    model = LlamaTextModel.smollm2(n_ctx=512, n_threads=1)
+    model.load()
+    ref = reference(model, STORY)
+    stream = model.chat_stream(STORY, **SAMPLED)
+    out = take(stream, 5)
+    stream.pause(park=park)
+    model.unload()
+    assert not model.loaded and model.kept_streams == 1
+    kept = stream.parked_bytes
+    assert kept > 20 * 2**10 * 20  # its cells and tokens stay in host memory
+    with pytest.raises(BackendError, match="not loaded: a paused stream resumes once it loads"):
+        stream.resume()
+    with pytest.raises(BackendError, match="paused"):
+        next(stream)
+    assert stream.state == "paused" and stream.parked_bytes == kept
+    model.resize_context(1024)  # the next load makes a bigger context
+    model.load()
+    assert model.n_ctx == 1024 and model.kept_streams == 0
+    assert "".join(model.chat_stream(RIVERS, **SAMPLED))  # the reloaded model serves others
+    resumed = stream.resume()
+    assert resumed.restored and not resumed.recomputed and resumed.parked_bytes == kept
+    out += list(stream)
+    assert out == ref
+    model.unload()
+
+
+def test_a_json_schema_stream_survives_an_unload() -> None:
+    """Its grammar sampler points into the model's vocabulary: it is freed with the
+    model and grown again on the next load, fed the tokens sampled so far; the rest of
+    the chain (the seeded RNG) is the same object."""
+    need(LLAMA, SMOLLM2)
+    model = LlamaTextModel.smollm2(n_ctx=512, n_threads=1)
+    model.load()
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+        "required": ["name", "age"],
+    }
+    cat = [{"role": "user", "content": "Describe a cat as JSON."}]
+    kwargs = {**SAMPLED, "max_tokens": 32, "schema": schema}
+    list(model.chat_stream(cat, **kwargs))
+    ref = list(model.chat_stream(cat, **kwargs))
+    stream = model.chat_stream(cat, **kwargs)
+    out = take(stream, 5)
     stream.pause(park=True)
     model.unload()
-    with pytest.raises(BackendError, match="unloaded while this stream was paused"):
-        next(stream)
-    assert stream.resume().state == "ended"
+    assert model.kept_streams == 1
+    model.load()
+    assert "".join(model.chat_stream(RIVERS, **kwargs)).startswith("{")  # another grammar
+    assert stream.resume().restored
+    out += list(stream)
+    assert out == ref
+    model.unload()
+
+
+def test_a_sampler_that_cannot_outlive_its_model_ends_at_the_unload(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A sampler not known to keep to itself (here ``dist``, as if it pointed into the
+    model) ends its stream at the unload, saying why; a greedy stream beside it stays."""
+    need(LLAMA, SMOLLM2)
+    monkeypatch.setattr(llama_samplers, "SELF_CONTAINED", llama_samplers.SELF_CONTAINED - {"dist"})
+    model = LlamaTextModel.smollm2(n_ctx=512, n_threads=1)
+    model.load()
+    sampled = model.chat_stream(STORY, **SAMPLED)
+    assert take(sampled, 2)
+    sampled.pause(park=True)
+    greedy = model.chat_stream(STORY, **{**SAMPLED, "temperature": 0.0})
+    assert take(greedy, 2)
+    greedy.pause()
+    model.unload()
+    assert sampled.state == "ended" and greedy.state == "paused"
+    assert model.kept_streams == 1
+    with pytest.raises(BackendError, match=r"its sampler \(dist\) refers to the unloaded model"):
+        next(sampled)
+    assert sampled.resume().state == "ended"
+    model.load()
+    assert greedy.resume().restored
+    assert list(greedy)
+    model.unload()
+
+
+def test_a_base_model_stream_survives_an_unload(gemma3: LlamaTextModel) -> None:
+    """Gemma 3 (its sliding-window cache included), restored into a fresh context."""
+    prompt = "Once upon a time, in a small village by the sea, there lived"
+    kwargs = {"max_tokens": 12, "temperature": 0.8, "seed": 5}
+    list(gemma3.complete_stream(prompt, **kwargs))
+    ref = list(gemma3.complete_stream(prompt, **kwargs))
+    stream = gemma3.complete_stream(prompt, **kwargs)
+    out = take(stream, 4)
+    stream.pause(park=True)
+    gemma3.unload()
+    try:
+        gemma3.load()
+        assert stream.resume().restored
+        out += list(stream)
+    finally:
+        gemma3.load()
+    assert out == ref

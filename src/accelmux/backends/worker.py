@@ -18,6 +18,13 @@ chunks. The backend remembers the requests it sent (streamed or not) and the one
 ended lately: a pause or resume of an ended one is a no-op, a pause that arrives before
 its request is sent makes the request start paused, and a resume of a request it never
 saw is a BackendError.
+
+A paused request outlives an unload of its service (any tier): the worker keeps what it
+parked (its llama.cpp sequence) in host RAM and the daemon's stream stays open, sending
+nothing, until the service is loaded again and the request resumed; a resume before that
+load is a BackendError and leaves it paused. Those bytes (``parked_streams`` in the
+worker's report) are the service's while it is unloaded. :meth:`WorkerBackend.close`
+(the daemon stops) ends them.
 """
 
 from __future__ import annotations
@@ -147,7 +154,9 @@ class WorkerBackend:
 
     async def unload(self, *, tier: Tier = Tier.COLD) -> None:
         """``parked`` (LLMs): the worker keeps the GGUF file mapped in host RAM for the
-        next load (an isolated worker stays up for it); any other tier is cold."""
+        next load (an isolated worker stays up for it); any other tier is cold. Paused
+        requests stay paused in the worker for the next load (an isolated worker stays
+        up for them too)."""
         park = tier is Tier.PARKED and self.capabilities.host_cache
         was, self.loaded = self.loaded, False
         parked, self.parked = self.parked, False
@@ -162,8 +171,12 @@ class WorkerBackend:
                     timeout=LOAD_TIMEOUT_S,
                 )
                 self.parked = bool(reply.get("parked"))
-        if self.isolated and self.client.alive and not self.parked:
+        if self.isolated and self.client.alive and not self.parked and not self._paused_kept():
             await self.client.close()  # its own worker: give the whole process back
+
+    def _paused_kept(self) -> bool:
+        """Streamed requests are open (paused ones stay in the worker over an unload)."""
+        return any(self._sent.values())
 
     @property
     def capabilities(self) -> Capabilities:
@@ -270,9 +283,12 @@ class WorkerBackend:
 
     # -- facts ----------------------------------------------------------------------------
     def report(self) -> dict[str, Any]:
-        """What the worker attributes to this service now (bytes by category)."""
-        services = self.client.memory.get("services") or {}
-        return dict(services.get(self.service) or {})
+        """What the worker attributes to this service now (bytes by category; while it
+        is unloaded, its paused requests: ``paused`` and ``parked_kv``)."""
+        memory = self.client.memory
+        services = memory.get("services") or {}
+        kept = memory.get("parked_streams") or {}
+        return dict(services.get(self.service) or kept.get(self.service) or {})
 
     def hosted_bytes(self) -> int | None:
         """This service's share of its shared worker's measured memory (None: isolated)."""
@@ -280,12 +296,17 @@ class WorkerBackend:
             return None
         memory = self.client.memory
         services: dict[str, Any] = memory.get("services") or {}
-        if not self.loaded:  # parked weights are its own while it is unloaded
-            return int((memory.get("parked") or {}).get(self.service, 0)) if self.parked else 0
+        kept = (memory.get("parked_streams") or {}).get(self.service) or {}
+        if not self.loaded:  # parked weights and paused requests are its own meanwhile
+            weights = int((memory.get("parked") or {}).get(self.service, 0)) if self.parked else 0
+            return weights + int(kept.get("parked_kv", 0))
         mine = services.get(self.service)
         if not mine:
             return 0
-        total_pss = max(0, int(memory.get("pss_bytes", 0)) - int(memory.get("parked_bytes", 0)))
+        held_for_unloaded = int(memory.get("parked_bytes", 0)) + int(
+            memory.get("parked_streams_bytes", 0)
+        )
+        total_pss = max(0, int(memory.get("pss_bytes", 0)) - held_for_unloaded)
 
         def attributed(entry: dict[str, Any]) -> int:
             kinds = ("weights", "runtime", "kv", "active", "parked_kv")
@@ -331,7 +352,13 @@ class WorkerBackend:
         }
 
     async def close(self) -> None:
+        """The service stops: requests still paused in the worker end (an error), and
+        the worker stops with its last service."""
         self.loaded = False
+        if self._paused_kept() and self.client.alive:
+            header = {"op": "unload", "service": self.service, "end_paused": True}
+            with contextlib.suppress(BackendError):
+                await self.client.call(header, timeout=LOAD_TIMEOUT_S)
         if not self.isolated and self.pool.hosted_on(self.client)[-1:] != [self.service]:
             return  # the shared worker stops with the last of its services
         await self.client.close()

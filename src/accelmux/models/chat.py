@@ -17,11 +17,13 @@ A streamed generation (:meth:`LlamaTextModel.chat_stream`,
 :meth:`~LlamaTextModel.complete_stream`) is a :class:`TextStream`: it can pause between
 two deltas and park its sequence off the context while other requests use the model,
 then resume token for token as if it never stopped (see
-:mod:`accelmux.models.llama_sequences`).
+:mod:`accelmux.models.llama_sequences`). Paused streams outlive an unload: their state
+stays in host memory, and they resume once the model is loaded again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
@@ -42,7 +44,7 @@ from accelmux.models.gguf_profile import (
     llama_memory_estimate,
     pad_context,
 )
-from accelmux.models.llama_sequences import ContextGate, TextStream
+from accelmux.models.llama_sequences import ContextGate, Started, TextStream
 
 LLAMA_PACKAGE = "llama-cpp-python"
 CHAT_ROLES = frozenset({"system", "user", "assistant"})
@@ -113,6 +115,10 @@ class LlamaTextModel:
         self._llm: Any = None
         self._formatter: Any = None
         self._gate = ContextGate(self.name)
+        #: the ``Llama`` object paused streams are bound to while the model is unloaded
+        #: (no model, no context: see :meth:`unload`), and the file it was loaded from
+        self._resting: Any = None
+        self._file_id: tuple[int, int] | None = None
 
     # -- constructors for the packaged models -------------------------------------------------
 
@@ -165,28 +171,63 @@ class LlamaTextModel:
         return self.profile.has_chat_template
 
     def load(self) -> None:
-        """Load weights and create the context. A no-op when already loaded."""
+        """Load weights and create the context. A no-op when already loaded.
+
+        Streams paused across an unload continue on the new context (resume them): the
+        same file loads into the ``Llama`` object they are bound to. If the file changed
+        meanwhile, they end."""
         if self._llm is not None:
             return
-        self._llm = self._new_llama(self._requested_n_ctx)
-        self._formatter = self._make_formatter(self._llm)
+        fresh = self._new_llama(self._requested_n_ctx)
+        file_id = _file_id(self.model_path)
+        shell, self._resting = self._resting, None
+        if shell is not None and (file_id != self._file_id or shell._n_vocab != fresh._n_vocab):
+            self._gate.end_all(f"{self.name}'s model file changed while this stream was paused")
+            shell = None
+        if shell is not None:
+            _adopt(shell, fresh)
+            fresh = shell
+        self._llm, self._file_id = fresh, file_id
+        self._formatter = self._make_formatter(fresh)
+        self._gate.wake()
 
     def unload(self) -> None:
         """Free the context and the weights. A no-op when not loaded.
 
         Raises :class:`BackendError` while a request (or an unfinished stream) runs:
         close the stream first; freeing the model under it would crash the process.
-        Paused streams end (their next step raises BackendError).
+        Paused streams stay paused: the sequence still in the cells is saved first, and
+        what each keeps (saved cells, tokens, sampler) stays in host memory until
+        :meth:`load`; a resume before that raises BackendError. A JSON schema's grammar
+        sampler points into the model: it is freed now and grown again on the next
+        load. A stream whose sampler refers to the model otherwise ends (its next step
+        raises BackendError saying so).
         """
         with self._gate.exclusive("a request; cannot unload it now"):
             if self._gate.holder is not None:
                 raise BackendError(f"{self.name} is busy with a stream; cannot unload it now")
-            self._gate.end_all(f"{self.name} was unloaded while this stream was paused")
             llm, self._llm, self._formatter = self._llm, None, None
-            if llm is not None:
-                llm.close()
-                del llm
-                gc.collect()
+            if llm is None:
+                return
+            why = f"{self.name} is not loaded: a paused stream resumes once it loads again"
+            kept = self._gate.rest(llm, why)
+            llm.close()  # frees the context and the model
+            if kept:
+                _strip(llm)
+                self._resting = llm
+            del llm
+            gc.collect()
+
+    @property
+    def kept_streams(self) -> int:
+        """Paused streams kept in host memory while the model is unloaded."""
+        return len(self._gate.paused()) if self._resting is not None else 0
+
+    def discard(self, why: str) -> None:
+        """End the paused streams kept while unloaded (``why``: their error)."""
+        if self._resting is not None:
+            self._gate.end_all(why)
+            self._resting = None
 
     def _new_llama(self, n_ctx: int) -> Any:
         llama_cpp = require("llama_cpp", LLAMA_PACKAGE)
@@ -343,9 +384,12 @@ class LlamaTextModel:
         :class:`TextStream`: it can pause and resume between deltas)."""
         llm = self._require_loaded()
 
-        def start() -> Iterator[Any]:
+        def start() -> Started:
             prompt = self._chat_prompt(llm, messages, schema, penalties)
-            return self._stream(llm, prompt, "messages", max_tokens, temperature, top_p, stop, seed)
+            chunks = self._stream(
+                llm, prompt, "messages", max_tokens, temperature, top_p, stop, seed
+            )
+            return Started(chunks, len(prompt.tokens), prompt.grammar)
 
         return TextStream(self._gate, llm, start, "messages")
 
@@ -380,9 +424,10 @@ class LlamaTextModel:
         :class:`TextStream`)."""
         llm = self._require_loaded()
 
-        def start() -> Iterator[Any]:
+        def start() -> Started:
             p = self._text_prompt(llm, prompt, penalties)
-            return self._stream(llm, p, "prompt", max_tokens, temperature, top_p, stop, seed)
+            chunks = self._stream(llm, p, "prompt", max_tokens, temperature, top_p, stop, seed)
+            return Started(chunks, len(p.tokens), p.grammar)
 
         return TextStream(self._gate, llm, start, "prompt")
 
@@ -559,6 +604,32 @@ def _check_messages(messages: Sequence[Message]) -> list[dict[str, str]]:
             raise RequestError(f"messages[{i}].content must be a string", field="messages")
         out.append({"role": role, "content": content})
     return out
+
+
+def _file_id(path: Path) -> tuple[int, int]:
+    st = path.stat()
+    return (st.st_size, st.st_mtime_ns)
+
+
+def _strip(llm: Any) -> None:
+    """Drop what a closed ``Llama`` sizes per context (kept only for paused streams)."""
+    np = require("numpy", "numpy")
+    llm.input_ids = np.ndarray((0,), dtype=np.intc)
+    llm.scores = np.ndarray((0, llm._n_vocab), dtype=np.single)
+    llm._candidates = None
+    llm._sampler = None
+
+
+def _adopt(shell: Any, fresh: Any) -> None:
+    """Make ``shell`` (a closed ``Llama`` paused generators are bound to) the freshly
+    loaded ``fresh``: it takes all of ``fresh``'s state (model, context, batch, buffers),
+    and ``fresh`` is left with nothing to free. The generators read every field through
+    ``self``, so they find the new model and context."""
+    state = dict(fresh.__dict__)
+    fresh.__dict__.clear()
+    fresh._stack = contextlib.ExitStack()  # its __del__ closes nothing
+    shell.__dict__.clear()
+    shell.__dict__.update(state)
 
 
 def _swap_context(llm: Any, n_ctx: int, n_batch: int, n_ubatch: int) -> None:

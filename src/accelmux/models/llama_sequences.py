@@ -25,24 +25,42 @@ saves ("spills") the paused sequence before it touches the cells. ``park`` saves
 once. A resumed stream gets its cells back unless nothing else used the context since
 (the gate's ``epoch`` did not move); if llama.cpp refuses the saved cells, the stream's
 tokens are evaluated again (the prompt is recomputed, the sampler is still its own).
+
+An unload (:meth:`ContextGate.rest`) saves the paused sequence still in the cells and
+keeps every paused stream whose sampler chain may outlive the model
+(:func:`~accelmux.models.llama_samplers.model_bound`); the others end. The suspended
+generators stay bound to their ``Llama`` object, which keeps no model or context while
+unloaded; the next load of the same file gives that very object a new model and context
+(:meth:`ContextGate.wake`), and a resume restores the saved cells into the new context.
 """
 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from accelmux.errors import BackendError, RequestError
 from accelmux.models._deps import require
+from accelmux.models.llama_samplers import detach_grammar, model_bound
 
 LLAMA_PACKAGE = "llama-cpp-python"
 SEQ = 0  # the one sequence llama-cpp-python uses
+
+
+class Started(NamedTuple):
+    """A generation as it starts: its chunks, its prompt's length in tokens, and the
+    ``LlamaGrammar`` its output follows (None: free text)."""
+
+    chunks: Iterator[Any]
+    n_prompt: int
+    grammar: Any = None
 
 
 @dataclass(frozen=True)
@@ -149,6 +167,8 @@ class ContextGate:
         self.holder: TextStream | None = None
         self.occupant: TextStream | None = None
         self.epoch = 0
+        #: why the context cannot be used now (its model is unloaded); "" when loaded
+        self.resting = ""
         self._last_user: object | None = None
         self._streams: weakref.WeakSet[TextStream] = weakref.WeakSet()
 
@@ -167,6 +187,8 @@ class ContextGate:
         occupant is saved first, ``user``'s own saved sequence is put back. Yields what
         that restore did (None: nothing to restore)."""
         with self.exclusive():
+            if self.resting:
+                raise BackendError(self.resting)
             if self.holder is not None and self.holder is not user:
                 raise BackendError(f"{self.name} is busy with another request")
             occupant = self.occupant
@@ -175,11 +197,11 @@ class ContextGate:
                 self.occupant = None
             report = None
             if user is not None and user.saved is not None:
-                saved, user.saved = user.saved, None
+                saved = user.saved
                 started = time.perf_counter()
                 if saved.epoch == self.epoch:  # nobody used the cells since: still there
                     report = SequenceReport("running", saved.nbytes)
-                else:
+                else:  # a failure keeps the saved state (the stream stays paused)
                     restored = restore_sequence(llm, saved)
                     report = SequenceReport(
                         "running",
@@ -188,6 +210,7 @@ class ContextGate:
                         restored=restored,
                         recomputed=not restored,
                     )
+                user.saved = None
             if self._last_user is not user or user is None:
                 self.epoch += 1
                 self._last_user = user
@@ -204,6 +227,53 @@ class ContextGate:
 
     def track(self, stream: TextStream) -> None:
         self._streams.add(stream)
+
+    def rest(self, llm: Any, why: str) -> int:
+        """The model unloads (the caller holds :meth:`exclusive` and frees ``llm``'s
+        model and context next): the paused sequence still in the cells is saved, every
+        paused stream whose sampler may outlive the model is kept (its saved state stays
+        in host memory), the others end. Until :meth:`wake` every use is refused with
+        ``why``. Returns how many paused streams are kept."""
+        if self.holder is not None:
+            raise BackendError(f"{self.name} is busy with a stream")
+        occupant = self.occupant
+        if occupant is not None and occupant.state == "paused" and occupant.saved is None:
+            occupant.saved = save_sequence(llm, self.epoch)
+        kept = 0
+        for stream in list(self._streams):
+            if stream.state != "paused":
+                continue
+            saved = stream.saved
+            bound = model_bound(saved.sampler) if saved is not None else []
+            if saved is not None and bound == ["grammar"]:
+                regrown = detach_grammar(saved.sampler, stream.grammar, stream.n_prompt, llm)
+                if regrown is not None:
+                    stream.saved = dataclasses.replace(saved, sampler=regrown)
+                    bound = []
+            if bound:
+                stream.end(
+                    f"{self.name} was unloaded while this stream was paused, and its "
+                    f"sampler ({', '.join(bound)}) refers to the unloaded model's "
+                    "vocabulary: it cannot continue on another copy of the model"
+                )
+            else:
+                kept += 1
+        self.holder = self.occupant = None
+        self._last_user = None
+        self.epoch += 1
+        self.resting = why
+        return kept
+
+    def wake(self) -> None:
+        """The model is loaded again (a new context): saved sequences are restored on
+        resume."""
+        self.resting = ""
+        self._last_user = None
+        self.epoch += 1
+
+    def paused(self) -> list[TextStream]:
+        """The paused streams of this context (or of its unloaded model)."""
+        return [s for s in list(self._streams) if s.state == "paused"]
 
     def end_all(self, why: str) -> None:
         """End every open stream (the model goes away under them)."""
@@ -224,7 +294,7 @@ class TextStream(Iterator[str]):
     """
 
     def __init__(
-        self, gate: ContextGate, llm: Any, start: Callable[[], Iterator[Any]], field: str
+        self, gate: ContextGate, llm: Any, start: Callable[[], Started], field: str
     ) -> None:
         self._gate = gate
         self._llm = llm
@@ -233,6 +303,8 @@ class TextStream(Iterator[str]):
         self._chunks: Iterator[Any] | None = None
         self.state = "running"  # running, paused, ended
         self.saved: SavedSequence | None = None
+        self.n_prompt = 0
+        self.grammar: Any = None
         self._why = ""
         gate.track(self)
 
@@ -240,6 +312,11 @@ class TextStream(Iterator[str]):
     def parked_bytes(self) -> int:
         saved = self.saved
         return saved.nbytes if saved is not None else 0
+
+    @property
+    def why(self) -> str:
+        """Why it ended, when it ended on an error ("" otherwise)."""
+        return self._why
 
     def __iter__(self) -> TextStream:
         return self
@@ -255,7 +332,7 @@ class TextStream(Iterator[str]):
             self._gate.holder = self
             try:
                 if self._chunks is None:
-                    self._chunks = self._start()
+                    self._chunks, self.n_prompt, self.grammar = self._start()
                 for chunk in self._chunks:
                     text = str(chunk["choices"][0].get("text") or "")
                     if text:
@@ -282,7 +359,11 @@ class TextStream(Iterator[str]):
         return SequenceReport("paused", self.parked_bytes, time.perf_counter() - started)
 
     def resume(self) -> SequenceReport:
-        """Take the model back; the next delta continues where the stream stopped."""
+        """Take the model back; the next delta continues where the stream stopped.
+
+        Raises BackendError while the model is unloaded or busy, or when its saved
+        sequence cannot be restored (it does not fit the context): the stream stays
+        paused, its saved state kept."""
         if self.state != "paused":
             return SequenceReport(self.state)
         started = time.perf_counter()

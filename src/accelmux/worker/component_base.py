@@ -141,6 +141,14 @@ class Component:
         """Apply the KV pools the slots ask for; False when there is nothing to resize."""
         return False
 
+    def kept_streams(self) -> int:
+        """Paused streams it keeps in host memory while unloaded (they continue after
+        its next load); a component that keeps some outlives its unload."""
+        return 0
+
+    def discard(self, why: str) -> None:
+        """End the paused streams it kept while unloaded (``why``: their error)."""
+
     def release(self, slot: Slot) -> None:
         """A service lets go of this component (per-service state is closed)."""
 

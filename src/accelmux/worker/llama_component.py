@@ -69,6 +69,8 @@ class LlamaComponent(Component):
     def __init__(self, key: str, model_path: str | None, options: dict[str, Any]) -> None:
         super().__init__(key, model_path, options)
         self.model: Any = None
+        #: the unloaded model that keeps paused streams for the next load
+        self.resting: LlamaTextModel | None = None
         self.kv_per_token = 0
 
     def _n_ctx(self, slots: list[Slot]) -> int:
@@ -82,10 +84,20 @@ class LlamaComponent(Component):
         profile = gguf_profile(path)
         self.kv_per_token = profile.kv_bytes_per_token
         threads = self.options.get("n_threads")
-        model = LlamaTextModel(
-            path, n_ctx=self._n_ctx([slot]), n_threads=int(threads) if threads else None
-        )
-        model.load()
+        n_ctx = self._n_ctx([slot])
+        model, self.resting = self.resting, None
+        if model is not None and model.model_path.resolve() != path.resolve():
+            model.discard(f"{slot.service} now loads {path}: a paused stream cannot continue")
+            model = None
+        if model is None:
+            model = LlamaTextModel(path, n_ctx=n_ctx, n_threads=int(threads) if threads else None)
+        else:  # its paused streams continue on this load (a context of the new size)
+            model.resize_context(n_ctx)
+        try:
+            model.load()
+        except BaseException:
+            self.resting = model if model.kept_streams else None
+            raise
         self.model = model
 
     def load(self, slot: Slot) -> None:
@@ -100,6 +112,16 @@ class LlamaComponent(Component):
         model, self.model = self.model, None
         if model is not None:
             model.unload()
+            if model.kept_streams:
+                self.resting = model
+
+    def kept_streams(self) -> int:
+        return self.resting.kept_streams if self.resting is not None else 0
+
+    def discard(self, why: str) -> None:
+        resting, self.resting = self.resting, None
+        if resting is not None:
+            resting.discard(why)
 
     def weights_file(self) -> Path | None:
         return Path(self.model.model_path) if self.model is not None else None

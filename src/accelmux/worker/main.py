@@ -6,8 +6,10 @@ generation never delays a load, a cancel or a memory report. Replies are written
 one lock. Components are shared by key and refcounted: the first service to load a
 model file loads it, later ones only take a reference, and the last to let go unloads
 it. A streamed request can pause between chunks and resume (:mod:`accelmux.worker.streams`):
-while it is paused its component's thread serves other requests. The worker exits when
-the daemon closes the socket.
+while it is paused its component's thread serves other requests. A component whose
+service unloads while some of its streams are paused keeps them (``resting``: their
+saved state in host memory) and serves them again when a service loads the same model.
+The worker exits when the daemon closes the socket.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from accelmux.worker import protocol
 from accelmux.worker.component_base import Component, Slot, rss_bytes
 from accelmux.worker.components import component_key, make_component
 from accelmux.worker.parked import ParkedWeights
-from accelmux.worker.streams import StreamRun, Streams
+from accelmux.worker.streams import RunState, StreamRun, Streams
 
 #: RSS sampling period while requests run (their peak = highest sample - RSS at start).
 SAMPLE_S = 0.01
@@ -130,6 +132,8 @@ class Worker:
         self.base_rss = rss_bytes()
         self.streams = Streams(self)
         self.parked = ParkedWeights()
+        #: unloaded components that keep paused streams, by key (reused by the next load)
+        self.resting: dict[str, Component] = {}
 
     # -- wire -------------------------------------------------------------------------
     def send(self, header: dict[str, Any], blob: bytes = b"") -> None:
@@ -173,6 +177,7 @@ class Worker:
             if event is not None:
                 event.set()
             self.streams.cancel(target)
+            self.control.submit(self._prune_resting)  # a resting model may keep no more
         elif op == "pause":
             self.streams.op_pause(rid, header)
         elif op == "resume":
@@ -212,20 +217,28 @@ class Worker:
         model_path = h.get("model_path")
         slot = Slot(service, kind, options, kv_pool_bytes=int(h.get("kv_pool_bytes", 0)))
         key = component_key(kind, options, model_path)
+        self._end_elsewhere(service, key)
         held = self.held.get(key)
         shared = held is not None
+        kept = 0
         if held is None:
-            component = make_component(kind, options, model_path, self.data_dir)
+            component = self.resting.pop(key, None)  # its paused streams continue
+            if component is None:
+                component = make_component(kind, options, model_path, self.data_dir)
+            kept = component.kept_streams()
             held = Held(component)
             try:
                 held.run(lambda: component.load(slot))
             except BaseException:
                 held.pool.shutdown(wait=False)
+                if component.kept_streams():
+                    self.resting[key] = component  # they wait for a load that works
                 _trim()
                 raise
             self.held[key] = held
         held.slots.append(slot)
         self.slots[service] = (slot, held)
+        kept = max(0, kept - self._end_unkept())  # the file changed since: they end
         if shared:
             held.run(lambda: held.component.resize(held.slots))
         c = held.component
@@ -236,6 +249,7 @@ class Worker:
             "from_parked": from_parked,
             "key": key,
             "shared": shared,
+            "paused_kept": kept,
             "owner": held.slots[0].service,
             "weights_bytes": 0 if shared else c.weights_bytes,
             "runtime_bytes": 0 if shared else c.runtime_bytes,
@@ -247,26 +261,42 @@ class Worker:
 
     def op_unload(self, h: dict[str, Any]) -> dict[str, Any]:
         """Tier ``parked``: the model file stays mapped in RAM for the service (when it
-        was the last to hold it); ``cold`` also drops what it had parked."""
+        was the last to hold it); ``cold`` also drops what it had parked. Either way the
+        service's paused streams stay paused (their state in host memory) for its next
+        load, except those its component cannot keep; ``end_paused`` (the service
+        stops) ends them all."""
         service = str(h["service"])
         park = str(h.get("tier") or "cold") == "parked"
         entry = self.slots.pop(service, None)
+        if h.get("end_paused"):
+            why = BackendError(f"{service} stopped while this request was paused")
+            for run in self.streams.paused_of(service):
+                drop = functools.partial(self.streams.drop, run, why)
+                if entry is not None:
+                    entry[1].run(drop)  # on the model's thread while it is loaded
+                else:
+                    drop()
+            self._prune_resting()
         if entry is None:
             if park:
                 return {"unloaded": False, "parked": service in self.parked.services()}
             return {"unloaded": False, "parked": False, "released": self.parked.release(service)}
         slot, held = entry
-        why = BackendError(f"{service} was unloaded while this request was paused")
-        for run in self.streams.paused_of(service):
-            held.run(functools.partial(self.streams.drop, run, why))
         held.run(lambda: held.component.release(slot))
         held.slots.remove(slot)
+        paused = len(self.streams.paused_of(service))
         if held.slots:  # its weights stay loaded for the others: nothing to park
             held.run(lambda: held.component.resize(held.slots))
             others = [s.service for s in held.slots]
-            return {"unloaded": True, "still_held_by": others, "parked": False}
-        del self.held[held.component.key]
-        weights = held.component.weights_file() if park else None
+            return {
+                "unloaded": True,
+                "still_held_by": others,
+                "parked": False,
+                "paused_kept": paused,
+            }
+        component = held.component
+        del self.held[component.key]
+        weights = component.weights_file() if park else None
         parked: dict[str, Any] = {"parked": False}
         if weights is not None:  # mapped before the model lets go: its pages stay
             try:
@@ -274,10 +304,50 @@ class Worker:
                 parked = {"parked": True, "park_seconds": round(kept.seconds, 4)}
             except OSError as exc:
                 print(f"parking {weights} failed: {exc}", file=sys.stderr)
-        held.run(held.component.unload)
+        started = time.perf_counter()
+        held.run(component.unload)  # paused llama.cpp sequences are saved first
         held.pool.shutdown(wait=True)
+        if component.kept_streams():
+            self.resting[component.key] = component
+        ended = self._end_unkept()
         _trim()
-        return {"unloaded": True, "still_held_by": [], **parked}
+        return {
+            "unloaded": True,
+            "still_held_by": [],
+            **parked,
+            "paused_kept": paused - ended,
+            "paused_ended": ended,
+            "unload_seconds": round(time.perf_counter() - started, 4),
+        }
+
+    def _end_unkept(self) -> int:
+        """End the paused runs whose sequence their component did not keep (over an
+        unload, or a load of a changed file), with the reason the sequence gives.
+        Returns how many."""
+        ended = 0
+        for run in self.streams.runs.of_all():
+            sequence = run.control.sequence
+            if run.state is RunState.PAUSED and sequence is not None and sequence.state == "ended":
+                why = sequence.why or f"{run.service} was unloaded while this request was paused"
+                self.streams.drop(run, BackendError(why))
+                ended += 1
+        return ended
+
+    def _end_elsewhere(self, service: str, key: str) -> None:
+        """``service`` loads component ``key``: its paused runs kept by another (resting)
+        component cannot continue there."""
+        for run in self.streams.paused_of(service):
+            if run.component and run.component != key and run.chunks is not None:
+                why = f"{service} now loads another model; its paused request cannot continue"
+                self.streams.drop(run, BackendError(why))
+        self._prune_resting()
+
+    def _prune_resting(self) -> None:
+        """Let go of resting components that no longer keep a paused stream."""
+        for key, component in list(self.resting.items()):
+            if not component.kept_streams():
+                del self.resting[key]
+                component.discard("its model is gone")
 
     def op_resize(self, h: dict[str, Any]) -> dict[str, Any]:
         entry = self.slots.get(str(h["service"]))
@@ -301,7 +371,7 @@ class Worker:
         body = h.get("body") or {}
         request_id = str(h.get("request_id") or "")
         if h.get("stream"):
-            run = StreamRun(rid, slot.service, request_id, endpoint, body)
+            run = StreamRun(rid, slot.service, request_id, endpoint, body, held.component.key)
             self.cancels[rid] = run.control.cancelled
             self.streams.start(run, paused=bool(h.get("paused")))
             return
@@ -374,12 +444,20 @@ class Worker:
                 "active": active.get(service, 0),
                 **self.streams.report(service),
             }
+        # paused requests of services not loaded now: what they parked is host memory
+        kept: dict[str, dict[str, int]] = {}
+        for service in {r.service for r in self.streams.runs.of_all()} - set(services):
+            report = self.streams.report(service)
+            if report["paused"]:
+                kept[service] = report
         return {
             "pid": os.getpid(),
             "rss_bytes": rss_bytes(),
             "pss_bytes": pss_bytes(),
             "base_bytes": self.base_rss,
             "services": services,
+            "parked_streams": kept,
+            "parked_streams_bytes": sum(r["parked_kv"] for r in kept.values()),
             **self.parked.report(loaded=self._loaded_files()),
         }
 

@@ -10,7 +10,7 @@ Requests (daemon -> worker) carry ``id`` (unique per connection) and ``op``:
 op         header fields (blob)
 =========  ==================================================================
 load       service, kind, options, model_path, kv_pool_bytes
-unload     service, tier (``cold`` or ``parked``)
+unload     service, tier (``cold`` or ``parked``), end_paused (its paused requests end)
 resize     service, kv_pool_bytes
 infer      service, endpoint, body, stream, files (name -> [offset, length]),
            request_id (the daemon's), paused (start paused: a pause came first) (blob)
@@ -26,8 +26,12 @@ fields), ``error`` (``error``, ``error_type``: ``request`` / ``backend``, ``stat
 final ``ok``. A pause is answered once it took (``state``: ``paused``, with
 ``parked_bytes`` and ``seconds``; ``ended`` when the request had ended), a resume once
 the request is queued to continue (``state``: ``resuming``, or ``running`` / ``ended``
-when there was nothing to resume); a request the worker never saw is an ``error``. The
-worker sends ``hello`` (pid) once when it is ready.
+when there was nothing to resume); a request the worker never saw is an ``error``, and
+so is a resume of a request whose service is not loaded (it stays paused). Paused
+requests outlive an unload; the ``memory`` reply gives those of services not loaded
+(``parked_streams``: per service, ``paused`` and ``parked_kv`` bytes;
+``parked_streams_bytes``: in all). The worker sends ``hello`` (pid) once when it is
+ready.
 """
 
 from __future__ import annotations

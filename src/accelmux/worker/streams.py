@@ -18,8 +18,13 @@ resume is answered when the run is queued again: it continues when its component
 thread is free (after the task running there now: another stream runs on until it ends
 or pauses). Requests are named by the daemon's request id, per service; the ones that
 ended lately are remembered, so a late pause or resume of a finished request is told
-"ended" rather than "unknown". A paused run ends when its service unloads or its client
-goes away (a cancel).
+"ended" rather than "unknown". A paused run outlives an unload of its service: its
+component keeps what it parked in host memory (a llama.cpp sequence:
+:meth:`~accelmux.models.chat.LlamaTextModel.unload`) and it continues after the next
+load of the same model; a resume before that load is answered with an error and leaves
+it paused. It ends when its client goes away (a cancel), when its component cannot keep
+it over an unload, when its service loads another model, or when the service stops
+(``unload`` with ``end_paused``).
 """
 
 from __future__ import annotations
@@ -61,6 +66,8 @@ class StreamRun:
     request_id: str
     endpoint: str
     body: dict[str, Any]
+    #: the key of the component it runs on
+    component: str = ""
     control: StreamControl = field(default_factory=StreamControl)
     chunks: Iterator[bytes] | None = None
     state: RunState = RunState.QUEUED
@@ -118,6 +125,10 @@ class Runs:
         with self._lock:
             return [r for r in self.by_rid.values() if r.service == service]
 
+    def of_all(self) -> list[StreamRun]:
+        with self._lock:
+            return list(self.by_rid.values())
+
 
 class Host(Protocol):
     """What :class:`Streams` needs of the worker."""
@@ -156,11 +167,19 @@ class Streams:
             self._queue(run)
 
     def _queue(self, run: StreamRun) -> None:
+        if not self._submit(run):
+            self.finish(run, BackendError(f"{run.service} is not loaded here"))
+
+    def _submit(self, run: StreamRun) -> bool:
+        """Queue ``run`` on its component's thread; False when its service is not loaded."""
         where = self.host.component_of(run.service)
         if where is None:
-            self.finish(run, BackendError(f"{run.service} is not loaded here"))
-            return
-        where[2].submit(self.drive, run)
+            return False
+        try:
+            where[2].submit(self.drive, run)
+        except RuntimeError:  # its thread stopped: the service is unloading
+            return False
+        return True
 
     def drive(self, run: StreamRun) -> None:
         """Pull ``run``'s chunks (on its component's thread) until it ends or pauses."""
@@ -317,8 +336,18 @@ class Streams:
             elif state is RunState.PAUSED:
                 run.state = RunState.QUEUED
                 queue = True
-        if queue:
-            self._queue(run)
+        if queue and not self._submit(run):
+            with run.lock:
+                if run.state is RunState.QUEUED:
+                    run.state = RunState.PAUSED
+            self.host.reply_error(
+                rid,
+                BackendError(
+                    f"{run.service} is not loaded: request {run.request_id} stays paused "
+                    "until it loads again"
+                ),
+            )
+            return
         for waiter in waiters:
             self.host.send({"id": waiter, "type": "ok", "state": RunState.RUNNING.value})
         reply = "resuming" if queue else state.value
@@ -340,7 +369,7 @@ class Streams:
             self.drop(run, None)
 
     def paused_of(self, service: str) -> list[StreamRun]:
-        """The paused runs of ``service`` (to :meth:`drop` before it unloads)."""
+        """The paused runs of ``service``."""
         return [r for r in self.runs.of_service(service) if r.state is RunState.PAUSED]
 
     # -- facts --------------------------------------------------------------------------
