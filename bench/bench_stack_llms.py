@@ -10,9 +10,10 @@ users are interactive, its voice assistant realtime.
 
 Reported: the voice chain's p95 under that load divided by its p95 alone (at least 20
 chains per phase), the TTFT (time to the first streamed token) p50/p95 of each LLM, and
-how many streams ended in an error (none may). The budget is the default stack's with
-the LLMs' KV ceilings replaced: their resident floors, plus everything else loaded,
-plus half of the two ceilings.
+how many streams ended in an error (none may). The budget is measured in a first run:
+every service loaded at its KV floor, plus the most memory the voice chain's requests
+held at once (two chains, sampled every 20 ms), plus half of what the two LLMs' pools
+may grow: both pools cannot be at their ceiling at once.
 
     .venv/bin/python bench/bench_stack_llms.py            # 30 chains per phase
     .venv/bin/python bench/bench_stack_llms.py --quick    # 8 chains (no p95)
@@ -63,8 +64,34 @@ def bench_config(data_dir: Path) -> dict[str, Any]:
     return config
 
 
-def tight_budget(daemon: Daemon) -> tuple[int, dict[str, Any]]:
-    """A budget that holds everything at its floor but not both LLM pools at ceiling."""
+def voice_peak(daemon: Daemon, wav: bytes) -> int:
+    """The most bytes the voice chain's requests held at once over two chains."""
+    peak = 0
+    done = threading.Event()
+
+    def sample() -> None:
+        nonlocal peak
+        while not done.is_set():
+            services = daemon.services()
+            held = sum(
+                int(services[n]["ledger"]["active"]) + int(services[n]["ledger"]["reserved"])
+                for n in VOICE_SERVICES
+            )
+            peak = max(peak, held)
+            time.sleep(0.02)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    run_chains(lambda: managed_chain(daemon, wav), 2, 0.2)
+    done.set()
+    sampler.join(5)
+    return peak
+
+
+def tight_budget(daemon: Daemon, wav: bytes) -> tuple[int, dict[str, Any]]:
+    """A budget that holds everything at its floor and the voice chain's working set, but
+    not both LLM pools at their ceiling."""
+    voice = voice_peak(daemon, wav)
     services = daemon.services()
     floors = 0
     ceilings = 0
@@ -76,8 +103,12 @@ def tight_budget(daemon: Daemon) -> tuple[int, dict[str, Any]]:
             ceilings += int(s["kv_ceiling_bytes"]) - int(s["kv_floor_bytes"])
     device = daemon.status()["devices"][0]
     headroom = int(device.get("headroom_bytes") or 256 * 2**20)
-    budget = floors + ceilings // 2 + headroom
-    return budget, {"floors_bytes": floors, "ceilings_above_floor_bytes": ceilings}
+    budget = floors + voice + ceilings // 2 + headroom
+    return budget, {
+        "floors_bytes": floors,
+        "voice_working_set_bytes": voice,
+        "ceilings_above_floor_bytes": ceilings,
+    }
 
 
 class AlternatingLoad:
@@ -161,7 +192,7 @@ def main() -> int:
             daemon.post("/admin/services/completion/load")
             daemon.post("/admin/services/assistant/load")
             daemon.wait_loaded("completion", "assistant", timeout=120)
-            budget, sizes = tight_budget(daemon)
+            budget, sizes = tight_budget(daemon, wav)
         config = bench_config(tmp / "run" / "data")
         for dev in config["devices"].values():
             dev["budget"] = budget

@@ -939,10 +939,12 @@ class AccelmuxPolicy:
                 since = req.running_since if req.running_since is not None else world.now
                 if world.now - since < TIME_SHARE_MIN_RUN_S:
                     continue  # its first token comes first
+                # Parked (when it can be): its model may then be evicted if the realtime
+                # work needs the memory, instead of a paused stream pinning it.
                 if world.pause(
                     req,
                     reason=Reason.TIME_SHARE,
-                    park=False,
+                    park=svc.spec.capabilities.park,
                     detail="realtime work running",
                     for_realtime=True,
                 ):
