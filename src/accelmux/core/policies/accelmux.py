@@ -927,6 +927,14 @@ class AccelmuxPolicy:
             and world.knobs.enabled("realtime_yield")
         )
 
+    @staticmethod
+    def _compute_is_shared(world: World, device: str) -> bool:
+        """A host device computes on the CPU cores every model shares: anything running
+        beside realtime work slows it in proportion, so interactive streams yield at
+        once and new ones wait. An accelerator runs a batch-1 decode beside it for
+        less, and a new stream gets its first token first."""
+        return world.devices[device].kind == "host"
+
     def _yield_to_realtime(self, world: World) -> None:
         """Pause the running streams of interactive LLMs on devices with realtime work."""
         devices = self._realtime_devices(world)
@@ -935,9 +943,10 @@ class AccelmuxPolicy:
         for svc in list(world.busy):
             if svc.spec.device not in devices or not self._yields_compute(world, svc):
                 continue
+            shared_cores = self._compute_is_shared(world, svc.spec.device)
             for req in list(svc.inflight.values()):
                 since = req.running_since if req.running_since is not None else world.now
-                if world.now - since < TIME_SHARE_MIN_RUN_S:
+                if not shared_cores and world.now - since < TIME_SHARE_MIN_RUN_S:
                     continue  # its first token comes first
                 # Parked (when it can be): its model may then be evicted if the realtime
                 # work needs the memory, instead of a paused stream pinning it.
@@ -1131,7 +1140,14 @@ class AccelmuxPolicy:
         if wait is not None:
             self._queue_or_reject(world, req, *wait)
             return
-        if req.paused and req.request_id in self._yielded_realtime and dev in rnd.realtime_work:
+        if dev in rnd.realtime_work and (
+            (req.paused and req.request_id in self._yielded_realtime)
+            or (
+                not req.paused
+                and self._yields_compute(world, svc)
+                and self._compute_is_shared(world, dev)
+            )
+        ):
             self._queue_or_reject(world, req, Reason.HIGHER_CLASS_WAITING, "realtime work running")
             return
         if req.paused and self._yielding(world, req):
