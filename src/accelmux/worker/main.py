@@ -74,11 +74,17 @@ class Held:
 
 
 class PeakSampler:
-    """Tracks the highest RSS while at least one request runs."""
+    """Tracks the highest RSS while at least one request runs.
+
+    A paused request is suspended: what other requests of the process allocate while it
+    waits is not charged to it. Its peak is the highest over its running spans, each
+    measured from the RSS when it began.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._active: dict[int, list[int]] = {}  # token -> [start, peak]
+        self._suspended: dict[int, int] = {}  # token -> its highest peak so far
         self._wake = threading.Event()
         self._next = 0
         threading.Thread(target=self._loop, daemon=True, name="rss-sampler").start()
@@ -95,13 +101,33 @@ class PeakSampler:
     def end(self, token: int) -> int:
         rss = rss_bytes()
         with self._lock:
-            start, peak = self._active.pop(token)
-        return max(0, max(peak, rss) - start)
+            span = self._active.pop(token, None)
+            before = self._suspended.pop(token, 0)
+        if span is None:
+            return before
+        start, peak = span
+        return max(before, max(peak, rss) - start)
+
+    def suspend(self, token: int) -> None:
+        rss = rss_bytes()
+        with self._lock:
+            span = self._active.pop(token, None)
+            if span is not None:
+                start, peak = span
+                self._suspended[token] = max(self._suspended.get(token, 0), max(peak, rss) - start)
+
+    def resume(self, token: int) -> None:
+        rss = rss_bytes()
+        with self._lock:
+            if token in self._suspended and token not in self._active:
+                self._active[token] = [rss, rss]
+        self._wake.set()
 
     def current(self, token: int) -> int:
         with self._lock:
             start, peak = self._active.get(token, [0, 0])
-        return max(0, peak - start)
+            before = self._suspended.get(token, 0)
+        return max(before, peak - start)
 
     def _loop(self) -> None:
         while True:
@@ -416,6 +442,16 @@ class Worker:
         self.cancels.pop(rid, None)
         entry = self.active.pop(rid, None)
         return self.sampler.end(entry[1]) if entry is not None else 0
+
+    def suspend_request(self, rid: int) -> None:
+        entry = self.active.get(rid)
+        if entry is not None:
+            self.sampler.suspend(entry[1])
+
+    def resume_request(self, rid: int) -> None:
+        entry = self.active.get(rid)
+        if entry is not None:
+            self.sampler.resume(entry[1])
 
     def component_of(self, service: str) -> tuple[Slot, Component, Executor] | None:
         entry = self.slots.get(service)

@@ -145,6 +145,14 @@ class Host(Protocol):
         """A request ended: its measured peak (bytes above its start)."""
         ...
 
+    def suspend_request(self, rid: int) -> None:
+        """A request paused: what the process allocates meanwhile is not its memory."""
+        ...
+
+    def resume_request(self, rid: int) -> None:
+        """A paused request runs again: its peak is measured again from now."""
+        ...
+
     def component_of(self, service: str) -> tuple[Slot, Component, Executor] | None:
         """The service's slot, its component and that component's thread."""
         ...
@@ -197,6 +205,7 @@ class Streams:
                 self.host.begin_request(run.rid, run.service)
                 run.chunks = component.stream(slot, run.endpoint, run.body, run.control)
             else:
+                self.host.resume_request(run.rid)
                 run.control.resume()  # puts a parked sequence back
             while True:
                 with run.lock:
@@ -211,6 +220,7 @@ class Streams:
                 self.host.send({"id": run.rid, "type": "chunk"}, chunk)
             if not ended:
                 # a resume arriving now queues behind this task: the pause completes first
+                self.host.suspend_request(run.rid)
                 report = run.control.pause(park=park)
         except BaseException as exc:
             self.finish(run, exc)

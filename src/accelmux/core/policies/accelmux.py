@@ -929,10 +929,12 @@ class AccelmuxPolicy:
 
     @staticmethod
     def _compute_is_shared(world: World, device: str) -> bool:
-        """A host device computes on the CPU cores every model shares: anything running
-        beside realtime work slows it in proportion, so interactive streams yield at
-        once and new ones wait. An accelerator runs a batch-1 decode beside it for
-        less, and a new stream gets its first token first."""
+        """A host device (shared memory: CPU cores, or an integrated accelerator whose
+        decode runs at the RAM's bandwidth) shares its compute and its memory bandwidth
+        with every model and the OS: anything running beside realtime work slows it in
+        proportion, so interactive streams yield at once and new ones wait. A discrete
+        accelerator runs a batch-1 decode beside it for less, and a new stream gets its
+        first token first."""
         return world.devices[device].kind == "host"
 
     def _yield_to_realtime(self, world: World) -> None:
