@@ -10,7 +10,7 @@ users are interactive, its voice assistant realtime.
 
 Reported: the voice chain's p95 under that load divided by its p95 alone (at least 20
 chains per phase; the loaded phase goes on until each LLM streamed 20 times, at most
-three times as many chains), the TTFT (time to the first streamed token) p50/p95 of
+five times as many chains), the TTFT (time to the first streamed token) p50/p95 of
 each LLM, and
 how many streams ended in an error (none may). The budget is measured in a first run:
 every service loaded at its KV floor, plus the most memory the voice chain's requests
@@ -206,8 +206,8 @@ def main() -> int:
             load.start()
             time.sleep(3.0)
             loaded = run_chains(lambda: managed_chain(daemon, wav), args.chains, args.gap)
-            # Chains go on until each LLM has enough TTFT samples for a p95 (at most 3x).
-            while len(loaded) < 3 * args.chains and min(map(len, load.ttft.values())) < 20:
+            # Chains go on until each LLM has enough TTFT samples for a p95 (at most 5x).
+            while len(loaded) < 5 * args.chains and min(map(len, load.ttft.values())) < 20:
                 loaded += run_chains(lambda: managed_chain(daemon, wav), 1, args.gap)
             load.stop()
             status = daemon.status()
