@@ -294,6 +294,8 @@ class World:
         self.kept = ServiceSet()
         #: Evicted (``last_evicted_at`` set) and UNLOADED since.
         self.evicted_out = ServiceSet()
+        #: Status CRASHED (a crash or a failed load); a policy learns from crashes here.
+        self.crashed = ServiceSet()
         for svc in self.services.values():
             self.kept.update(svc, svc.pinned or svc.admin_wants_loaded)
         #: Waiting requests per ``wait_reason`` (None: not yet told why).
@@ -346,6 +348,7 @@ class World:
         svc.status = status
         self.loaded.update(svc, status is ServiceStatus.LOADED)
         self._loaded_by_device[svc.spec.device].update(svc, status is ServiceStatus.LOADED)
+        self.crashed.update(svc, status is ServiceStatus.CRASHED)
         self._update_evicted(svc)
 
     def loaded_on(self, device: str) -> ServiceSet:
@@ -459,6 +462,11 @@ class World:
                 self.loaded_on(dev).names(),
                 {s.name for s in svcs if s.is_up and s.spec.device == dev},
             )
+        expect(
+            "crashed",
+            self.crashed.names(),
+            {s.name for s in svcs if s.status is ServiceStatus.CRASHED},
+        )
         expect("busy", self.busy.names(), {s.name for s in svcs if s.inflight})
         expect("busy services are loaded", self.busy.names() - self.loaded.names(), set())
         expect("queued", self.queued.names(), {s.name for s in svcs if s.waiting_count})

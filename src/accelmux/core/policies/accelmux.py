@@ -175,7 +175,7 @@ class AccelmuxPolicy:
         """
         knobs = world.knobs
         learn = knobs.enabled("failure_calibration")
-        for svc in world.services.values():
+        for svc in self._learners(world):
             name = svc.name
             dev = svc.spec.device
             if svc.crashes != self._seen_crashes.get(name, 0):
@@ -209,6 +209,22 @@ class AccelmuxPolicy:
             if learn:
                 estimated = sum(r.estimate.active_bytes for r in svc.inflight.values())
                 world.observe_excess(svc, estimated, measured)
+
+    def _learners(self, world: World) -> list[ServiceState]:
+        """The services :meth:`_learn` may learn from this round, in spec order.
+
+        A crash leaves its service CRASHED until the round after it (the Manager applies
+        the event, then the policy decides), a charge is lifted only from a charged
+        service, and measurements come for the services of a device sampled now: every
+        other service would pass through ``_learn`` unchanged, so it is not visited.
+        """
+        found = {s.name: s for s in world.crashed}
+        for name in self._charged:
+            found[name] = world.services[name]
+        for dev, at in world.sampled_at.items():
+            if at == world.now:
+                found.update((s.name, s) for s in world.services_by_device[dev])
+        return sorted(found.values(), key=lambda s: s.index)
 
     def _may_preempt(self, world: World, req: RequestState) -> bool:
         """A request may be preempted again: it has not reached the bound."""
@@ -248,8 +264,7 @@ class AccelmuxPolicy:
                 (r.estimate.active_bytes, r.active_lease.nbytes if r.active_lease else 0)
                 for r in s.inflight.values()
             ]
-            for s in world.services.values()
-            if s.inflight
+            for s in world.busy  # the services with requests in flight
         }
 
     def next_wakeup(self, world: World, now: float) -> float | None:
@@ -304,10 +319,11 @@ class AccelmuxPolicy:
         processes, loads and prewarming then find room without an eviction first).
         """
         dev = svc.spec.device
+        causes = world.waiting_causes  # waiting requests per (device, class, wait reason)
         if any(
-            r.wait_reason in (Reason.NO_MEMORY, Reason.HIGHER_CLASS_WAITING)
-            and world.services[r.service].spec.device == dev
-            for r in world.waiting.values()
+            causes.get((dev, cls, Reason.NO_MEMORY))
+            or causes.get((dev, cls, Reason.HIGHER_CLASS_WAITING))
+            for cls in ServiceClass
         ):
             return True
         return world.ledger.available(dev) < self._realtime_reserve(world, dev)
