@@ -125,11 +125,13 @@ class AccelmuxPolicy:
     def __init__(self) -> None:
         #: Largest projected activation of each realtime service's requests so far.
         self._rt_peak: dict[str, int] = {}
-        #: Per-round memo of per-device aggregates: key -> (world.version, value).
-        #: Cleared at the start of every decide(); valid while no mutator has run.
+        #: Per-round memo of per-device aggregates: key -> (stamp, value), the stamp being
+        #: world.version (no mutator has run since) or the device's epoch (nothing on the
+        #: device has changed since: an aggregate of what no wait reason changes).
+        #: Cleared at the start of every decide().
         self._memo: dict[tuple[str, str], tuple[int, int]] = {}
         #: Per-round memo of make_room failures: (device, class, strict, requester holding
-        #: memory) -> (version, the most it could free).
+        #: memory) -> (device epoch, the most it could free).
         self._room_failed: dict[tuple[str, ServiceClass, bool, str | None], tuple[int, int]] = {}
         #: Per device, (epoch, round inputs) of the last schedule that changed nothing there.
         self._quiet: dict[str, tuple[int, tuple[object, ...]]] = {}
@@ -144,12 +146,19 @@ class AccelmuxPolicy:
         self._seen_crashes: dict[str, int] = {}
         self._held: dict[str, list[tuple[int, int]]] = {}
 
-    def _cached(self, world: World, key: tuple[str, str], compute: Callable[[], int]) -> int:
+    def _cached(
+        self,
+        world: World,
+        key: tuple[str, str],
+        compute: Callable[[], int],
+        stamp: int | None = None,
+    ) -> int:
+        mark = world.version if stamp is None else stamp
         hit = self._memo.get(key)
-        if hit is not None and hit[0] == world.version:
+        if hit is not None and hit[0] == mark:
             return hit[1]
         value = compute()
-        self._memo[key] = (world.version, value)
+        self._memo[key] = (mark, value)
         return value
 
     # ---- Protocol -------------------------------------------------------------
@@ -442,6 +451,7 @@ class AccelmuxPolicy:
                 for s in world.services_by_device[device]
                 if s.status is ServiceStatus.UNLOADING or s.resizing
             ),
+            world.epoch(device),
         )
 
     def _evictable(
@@ -492,11 +502,12 @@ class AccelmuxPolicy:
             return False
         # What can be freed depends on the state, the class and the requester (only when
         # it holds memory), not on the need: a failure answers every need above what it
-        # found it could free, until a mutator runs.
+        # found it could free, until something on the device changes (its epoch; a new
+        # wait reason frees nothing).
         requester = exclude.name if exclude is not None and exclude.is_up else None
         memo_key = (device, cls, strict, requester)
         failed = self._room_failed.get(memo_key)
-        if failed is not None and failed[0] == world.version and need > failed[1]:
+        if failed is not None and failed[0] == world.epoch(device) and need > failed[1]:
             return False
         services = world.loaded_on(device)  # services with requests in flight are loaded
         # One pass collects what could be freed; sorting waits until it is enough.
@@ -536,7 +547,7 @@ class AccelmuxPolicy:
         gain_later = sum(self.unload_frees(world, s) for s in victims)
         freeable = available + pending + gain_now + gain_later
         if freeable < need:
-            self._room_failed[memo_key] = (world.version, freeable)
+            self._room_failed[memo_key] = (world.epoch(device), freeable)
             return False
         shrinks.sort(key=lambda st: -int(st[0].spec.cls))  # stable: lowest class first
         preempts.sort(key=lambda r: (-int(r.cls), -(r.dispatched_at or 0.0)))
@@ -625,6 +636,7 @@ class AccelmuxPolicy:
             world,
             ("kept_floor", device),
             lambda: sum(self._kept_floor(s) for s in world.kept if s.spec.device == device),
+            world.epoch(device),
         )
         return dev.usable_bytes - (held - self._kept_floor(exclude))
 
