@@ -40,6 +40,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from accelmux.core.state import RequestState, ServiceState, World, reuse_rate
 from accelmux.core.types import (
@@ -133,6 +134,8 @@ class AccelmuxPolicy:
         #: Per-round memo of make_room failures: (device, class, strict, requester holding
         #: memory) -> (device epoch, the most it could free).
         self._room_failed: dict[tuple[str, ServiceClass, bool, str | None], tuple[int, int]] = {}
+        #: Per-round memo of :meth:`_restorable`: device -> ((version, now), candidates).
+        self._restorable_memo: dict[str, tuple[tuple[int, float], list[list[Any]]]] = {}
         #: Per device, (epoch, round inputs) of the last schedule that changed nothing there.
         self._quiet: dict[str, tuple[int, tuple[object, ...]]] = {}
         #: Services measured above what was accounted at the last sample: name -> bytes.
@@ -258,6 +261,7 @@ class AccelmuxPolicy:
     def decide(self, world: World, now: float) -> None:
         self._memo.clear()
         self._room_failed.clear()
+        self._restorable_memo.clear()
         self._learn(world)
         self._admin_unloads(world)
         self._relieve_pressure(world)
@@ -277,29 +281,56 @@ class AccelmuxPolicy:
         }
 
     def next_wakeup(self, world: World, now: float) -> float | None:
-        times: list[float] = []
+        # The earliest of the times below after ``now``. A TTL that a pending restore
+        # would shorten is settled last, and only when either TTL could be the earliest.
+        best: float | None = None
+        unsure: list[tuple[ServiceState, float, float]] = []
         tod = world.time_of_day(now)
+        balloon_idle_s = world.knobs.balloon_idle_s
         for svc in world.loaded:  # the World's indexes: only services that can ask
             if svc.idle and not self._keep(svc):
-                ttl = self._ttl(world, svc)
-                if math.isfinite(ttl):
-                    times.append(svc.last_used + ttl)
+                short, ttl = self._ttl_range(world, svc)
+                if short < ttl:
+                    unsure.append((svc, short, ttl))
+                elif math.isfinite(ttl):
+                    t = svc.last_used + ttl
+                    if t > now and (best is None or t < best):
+                        best = t
             if svc.kv_pool > svc.spec.profile.kv_floor and world.resizable(svc):
-                times.append(svc.last_used + world.knobs.balloon_idle_s)
+                t = svc.last_used + balloon_idle_s
+                if t > now and (best is None or t < best):
+                    best = t
         for svc in world.kept:
-            if svc.backoff_until > now:
-                times.append(svc.backoff_until)
+            t = svc.backoff_until
+            if t > now and (best is None or t < best):
+                best = t
         for svc in world.queued:
-            if svc.backoff_until > now:
-                times.append(svc.backoff_until)
+            t = svc.backoff_until
+            if t > now and (best is None or t < best):
+                best = t
             if svc.spec.windows:
-                times.append(now + min(w.seconds_until_edge(tod) for w in svc.spec.windows))
-        if world.knobs.realtime_grace_s > 0:
+                t = now + min(w.seconds_until_edge(tod) for w in svc.spec.windows)
+                if t > now and (best is None or t < best):
+                    best = t
+        grace = world.knobs.realtime_grace_s
+        if grace > 0:
             for svcs in world.realtime_by_device.values():
                 for svc in svcs:  # held work resumes
-                    times.append(svc.last_used + world.knobs.realtime_grace_s)
-        future = [t for t in times if t > now]
-        return min(future) if future else None
+                    t = svc.last_used + grace
+                    if t > now and (best is None or t < best):
+                        best = t
+        for svc, short, ttl in unsure:
+            # ``short`` (finite) if a restore is pending, else ``ttl`` (inf: no wake-up).
+            pending = svc.last_used + short
+            not_pending = svc.last_used + ttl if math.isfinite(ttl) else None
+            if any(
+                t is not None and t > now and (best is None or t < best)
+                for t in (pending, not_pending)
+            ):
+                t = pending if self._restore_pending(world, svc) else not_pending
+                if t is not None and t > now and (best is None or t < best):
+                    best = t
+        return best
 
     # ---- helpers ----------------------------------------------------------------
     @staticmethod
@@ -307,18 +338,33 @@ class AccelmuxPolicy:
         return svc.pinned or svc.admin_wants_loaded
 
     def _ttl(self, world: World, svc: ServiceState) -> float:
+        short, ttl = self._ttl_range(world, svc)
+        if short < ttl and self._restore_pending(world, svc):
+            return short
+        return ttl
+
+    def _ttl_range(self, world: World, svc: ServiceState) -> tuple[float, float]:
+        """(the TTL if a restore is pending, the TTL if not) of ``svc``, without asking
+        whether one is (:meth:`_restore_pending` is the costly part of a TTL)."""
         if svc.spec.residency is Residency.ON_DEMAND:
             ttl = svc.ttl_s
             if not world.knobs.enabled("on_demand_keep") or self._memory_wanted(world, svc):
                 ttl = min(ttl, world.knobs.on_demand_ttl_s)
-            if (
-                world.knobs.prewarm
-                and world.knobs.enabled("restore")
-                and self._restore_pending(world, svc)
-            ):
-                ttl = min(ttl, RESTORE_GRACE_S)
-            return ttl
-        return svc.ttl_s
+            if world.knobs.prewarm and world.knobs.enabled("restore"):
+                return min(ttl, RESTORE_GRACE_S), ttl
+            return ttl, ttl
+        return svc.ttl_s, svc.ttl_s
+
+    def _idle_past_ttl(self, world: World, svc: ServiceState) -> bool:
+        """``world.now - svc.last_used >= self._ttl(world, svc)``, asking whether a
+        restore is pending only when the answer depends on it."""
+        idle_s = world.now - svc.last_used
+        short, ttl = self._ttl_range(world, svc)
+        if idle_s >= ttl:
+            return True
+        if idle_s < short:
+            return False
+        return self._restore_pending(world, svc)
 
     def _memory_wanted(self, world: World, svc: ServiceState) -> bool:
         """Whether memory an idle on-demand service holds is wanted by something else.
@@ -352,18 +398,41 @@ class AccelmuxPolicy:
         own = reuse_rate(holder, world.now, horizon)
         dev = holder.spec.device
         room = world.ledger.available(dev) + self.unload_frees(world, holder)
-        return any(
-            s.status is ServiceStatus.UNLOADED
-            and s.spec.residency is Residency.WARM
-            and s.last_evicted_at is not None
-            and self._likely_reused(world, s)
-            and s.spec.cls <= holder.spec.cls
-            and reuse_rate(s, world.now, horizon) > own
-            and self._restore_need(world, s, self._load_pool(world, s, s.spec.profile.kv_floor))
-            <= room
-            for s in world.evicted_out
-            if s.spec.device == dev
-        )
+        for candidate in self._restorable(world, dev):
+            s, rate, need = candidate
+            if s.spec.cls <= holder.spec.cls and rate > own:
+                if need is None:
+                    pool = self._load_pool(world, s, s.spec.profile.kv_floor)
+                    need = candidate[2] = self._restore_need(world, s, pool)
+                if need <= room:
+                    return True
+        return False
+
+    def _restorable(self, world: World, device: str) -> list[list[Any]]:
+        """The warm services evicted from ``device`` that are likely to be used again, in
+        spec order, as ``[service, reuse rate, restore need (None: not computed yet)]``.
+
+        What every holder's :meth:`_restore_pending` asks about them: kept until anything
+        changes (an action) or time passes, and for the round only (decide clears it).
+        """
+        stamp = (world.version, world.now)
+        hit = self._restorable_memo.get(device)
+        if hit is not None and hit[0] == stamp:
+            return hit[1]
+        horizon = world.knobs.reuse_horizon_s
+        found: list[list[Any]] = []
+        for s in world.evicted_out:
+            if (
+                s.spec.device == device
+                and s.status is ServiceStatus.UNLOADED
+                and s.spec.residency is Residency.WARM
+                and s.last_evicted_at is not None
+            ):
+                rate = reuse_rate(s, world.now, horizon)
+                if 1.0 - math.exp(-rate * horizon) >= 0.5:  # _likely_reused
+                    found.append([s, rate, None])
+        self._restorable_memo[device] = (stamp, found)
+        return found
 
     def _restore_need(self, world: World, svc: ServiceState, pool: int) -> int:
         """Free memory a prewarm of ``svc`` with a KV pool of ``pool`` needs: its resident
@@ -1161,7 +1230,7 @@ class AccelmuxPolicy:
                 and svc.idle
                 and svc.waiting_count == 0
                 and not self._keep(svc)
-                and world.now - svc.last_used >= self._ttl(world, svc)
+                and self._idle_past_ttl(world, svc)
             ):
                 world.unload(
                     svc, reason=Reason.TTL_EXPIRED, detail=f"idle {world.now - svc.last_used:.0f}s"
