@@ -327,9 +327,9 @@ class AccelmuxPolicy:
                 t is not None and t > now and (best is None or t < best)
                 for t in (pending, not_pending)
             ):
-                t = pending if self._restore_pending(world, svc) else not_pending
-                if t is not None and t > now and (best is None or t < best):
-                    best = t
+                chosen = pending if self._restore_pending(world, svc) else not_pending
+                if chosen is not None and chosen > now and (best is None or chosen < best):
+                    best = chosen
         return best
 
     # ---- helpers ----------------------------------------------------------------
