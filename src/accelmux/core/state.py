@@ -286,6 +286,8 @@ class World:
         #: Status LOADED, all and per device. Services with requests in flight are loaded.
         self.loaded = ServiceSet()
         self._loaded_by_device = {d: ServiceSet() for d in self.devices}
+        #: Status UNLOADING, per device (their memory is on its way back).
+        self._unloading_by_device = {d: ServiceSet() for d in self.devices}
         #: At least one request in flight.
         self.busy = ServiceSet()
         #: At least one waiting request.
@@ -348,11 +350,15 @@ class World:
         svc.status = status
         self.loaded.update(svc, status is ServiceStatus.LOADED)
         self._loaded_by_device[svc.spec.device].update(svc, status is ServiceStatus.LOADED)
+        self._unloading_by_device[svc.spec.device].update(svc, status is ServiceStatus.UNLOADING)
         self.crashed.update(svc, status is ServiceStatus.CRASHED)
         self._update_evicted(svc)
 
     def loaded_on(self, device: str) -> ServiceSet:
         return self._loaded_by_device[device]
+
+    def unloading_on(self, device: str) -> ServiceSet:
+        return self._unloading_by_device[device]
 
     def set_kept(self, svc: ServiceState, *, pinned: bool, admin_wants_loaded: bool) -> None:
         svc.pinned = pinned
@@ -462,10 +468,24 @@ class World:
                 self.loaded_on(dev).names(),
                 {s.name for s in svcs if s.is_up and s.spec.device == dev},
             )
+            expect(
+                f"unloading on {dev}",
+                self.unloading_on(dev).names(),
+                {
+                    s.name
+                    for s in svcs
+                    if s.status is ServiceStatus.UNLOADING and s.spec.device == dev
+                },
+            )
         expect(
             "crashed",
             self.crashed.names(),
             {s.name for s in svcs if s.status is ServiceStatus.CRASHED},
+        )
+        expect(
+            "resizing services are loaded or unloading",
+            {s.name for s in svcs if s.resizing} - self.loaded.names(),
+            {s.name for s in svcs if s.resizing and s.status is ServiceStatus.UNLOADING},
         )
         expect("busy", self.busy.names(), {s.name for s in svcs if s.inflight})
         expect("busy services are loaded", self.busy.names() - self.loaded.names(), set())

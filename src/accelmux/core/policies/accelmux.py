@@ -513,12 +513,10 @@ class AccelmuxPolicy:
         return self._cached(
             world,
             ("pending_free", device),
-            lambda: sum(
-                self.unload_frees(world, s)
-                if s.status is ServiceStatus.UNLOADING
-                else s.kv_shrinking
-                for s in world.services_by_device[device]
-                if s.status is ServiceStatus.UNLOADING or s.resizing
+            # A resize awaits its answer only while loaded or unloading (check_indexes).
+            lambda: (
+                sum(self.unload_frees(world, s) for s in world.unloading_on(device))
+                + sum(s.kv_shrinking for s in world.loaded_on(device) if s.resizing)
             ),
             world.epoch(device),
         )
