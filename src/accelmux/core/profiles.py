@@ -41,13 +41,15 @@ def estimate_request(profile: MemoryProfile, demand: Demand) -> RequestEstimate:
 class RatioCalibrator:
     """Keeps the last N observed/estimated ratios; projects with a safety factor."""
 
-    __slots__ = ("_peak", "_ratios", "safety_factor")
+    __slots__ = ("_peak", "_ratios", "safety_factor", "version")
 
     def __init__(self, *, window: int, safety_factor: float) -> None:
         self._ratios: deque[float] = deque(maxlen=window)
         self.safety_factor = safety_factor
         #: ``max(self._ratios)`` while no ratio was added since (None: to recompute).
         self._peak: float | None = None
+        #: Bumped by every ratio added: equal versions, equal projections.
+        self.version = 0
 
     def _worst_ratio(self) -> float:
         """The largest ratio kept (there is one): projections read it on every decision."""
@@ -64,6 +66,7 @@ class RatioCalibrator:
             return
         self._ratios.append(observed / estimated)
         self._peak = None
+        self.version += 1
 
     @property
     def factor(self) -> float:
@@ -85,6 +88,7 @@ class RatioCalibrator:
         if ratio > 0:
             self._ratios.append(ratio)
             self._peak = None
+            self.version += 1
 
     @property
     def worst(self) -> float:

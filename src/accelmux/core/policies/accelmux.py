@@ -134,6 +134,9 @@ class AccelmuxPolicy:
         #: Per-round memo of make_room failures: (device, class, strict, requester holding
         #: memory) -> (device epoch, the most it could free).
         self._room_failed: dict[tuple[str, ServiceClass, bool, str | None], tuple[int, int]] = {}
+        #: What :meth:`_load_sizes` found per waiting request: id -> (request,
+        #: calibration versions, sizes).
+        self._sizes: dict[str, tuple[RequestState, tuple[int, int], tuple[int, int, int, int]]] = {}
         #: Per-round memo of :meth:`_restorable`: device -> ((version, now), candidates).
         self._restorable_memo: dict[str, tuple[tuple[int, float], list[list[Any]]]] = {}
         #: Per device, (epoch, round inputs) of the last schedule that changed nothing there.
@@ -262,6 +265,8 @@ class AccelmuxPolicy:
         self._memo.clear()
         self._room_failed.clear()
         self._restorable_memo.clear()
+        if len(self._sizes) > 2 * len(world.waiting) + 64:
+            self._sizes = {k: v for k, v in self._sizes.items() if k in world.waiting}
         self._learn(world)
         self._admin_unloads(world)
         self._relieve_pressure(world)
@@ -1169,12 +1174,9 @@ class AccelmuxPolicy:
         idle_only: bool = False,
     ) -> None:
         dev = svc.spec.device
-        pool = self._load_pool(world, svc, req.estimate.kv_bytes)
-        active = world.projected_active(req)
-        resident = sum(world.projected_resident(svc, pool))
+        pool, active, resident, observed = self._load_sizes(world, req, svc)
         need = resident + active
         limit = self._max_possible(world, dev, svc)
-        observed = svc.calibration.active.project_observed(req.estimate.active_bytes)
         if need > limit >= resident + observed and world.knobs.enabled("degrade_to_raw"):
             # Only the calibration margin does not fit: plan for the estimate scaled by
             # what was measured (the dispatch degrades the same way).
@@ -1218,8 +1220,38 @@ class AccelmuxPolicy:
             world,
             req,
             Reason.NO_MEMORY,
-            f"load needs {need} B, {world.ledger.available(dev)} B available",
+            ""  # told once: a request waiting for this reason is not told again
+            if req.wait_reason is Reason.NO_MEMORY
+            else f"load needs {need} B, {world.ledger.available(dev)} B available",
         )
+
+    def _load_sizes(
+        self, world: World, req: RequestState, svc: ServiceState
+    ) -> tuple[int, int, int, int]:
+        """(KV pool, projected activation, resident size, activation as measured so far)
+        of loading ``svc`` for ``req``.
+
+        Kept per request while the service's calibrations stay as they were, unless its
+        pool is sized from the ledger and the queue (a resize at the next load): a
+        waiting request is planned again on every event about its device.
+        """
+        cal = svc.calibration
+        stamp = (cal.active.version, cal.resident.version)
+        fixed = svc.resize_support is not ResizeSupport.NEXT_LOAD
+        if fixed:
+            hit = self._sizes.get(req.request_id)
+            if hit is not None and hit[0] is req and hit[1] == stamp:
+                return hit[2]
+        pool = self._load_pool(world, svc, req.estimate.kv_bytes)
+        sizes = (
+            pool,
+            world.projected_active(req),
+            sum(world.projected_resident(svc, pool)),
+            cal.active.project_observed(req.estimate.active_bytes),
+        )
+        if fixed:
+            self._sizes[req.request_id] = (req, stamp, sizes)
+        return sizes
 
     def _expire_idle(self, world: World) -> None:
         for svc in world.loaded:
