@@ -194,20 +194,24 @@ class ServiceSet:
     removed meanwhile is still visited (loops re-check the state they filter on).
     """
 
-    __slots__ = ("_members", "_ordered")
+    __slots__ = ("_members", "_ordered", "version")
 
     def __init__(self) -> None:
         self._members: dict[str, ServiceState] = {}
         self._ordered: list[ServiceState] | None = []
+        #: Bumped by every change of members: what is derived from them may be kept.
+        self.version = 0
 
     def add(self, svc: ServiceState) -> None:
         if svc.spec.name not in self._members:
             self._members[svc.spec.name] = svc
             self._ordered = None
+            self.version += 1
 
     def discard(self, svc: ServiceState) -> None:
         if self._members.pop(svc.spec.name, None) is not None:
             self._ordered = None
+            self.version += 1
 
     def update(self, svc: ServiceState, member: bool) -> None:
         if member:

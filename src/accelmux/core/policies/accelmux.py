@@ -42,7 +42,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from accelmux.core.state import RequestState, ServiceState, World, reuse_rate
+from accelmux.core.specs import seconds_until_next
+from accelmux.core.state import RequestState, ServiceSet, ServiceState, World, reuse_rate
 from accelmux.core.types import (
     Category,
     Reason,
@@ -138,6 +139,8 @@ class AccelmuxPolicy:
         #: calibration versions, sizes).
         self._sizes: dict[str, tuple[RequestState, tuple[int, int], tuple[int, int, int, int]]] = {}
         #: Per-round memo of :meth:`_restorable`: device -> ((version, now), candidates).
+        #: What :meth:`_window_edges` found: (the set, its version, the edges).
+        self._edges_memo: tuple[ServiceSet, int, tuple[float, ...]] | None = None
         self._restorable_memo: dict[str, tuple[tuple[int, float], list[list[Any]]]] = {}
         #: Per device, (epoch, round inputs) of the last schedule that changed nothing there.
         self._quiet: dict[str, tuple[int, tuple[object, ...]]] = {}
@@ -313,10 +316,11 @@ class AccelmuxPolicy:
             t = svc.backoff_until
             if t > now and (best is None or t < best):
                 best = t
-            if svc.spec.windows:
-                t = now + min(w.seconds_until_edge(tod) for w in svc.spec.windows)
-                if t > now and (best is None or t < best):
-                    best = t
+        edges = self._window_edges(world)
+        if edges:  # the next edge of any window of a service with waiting requests
+            t = now + seconds_until_next(edges, tod)
+            if t > now and (best is None or t < best):
+                best = t
         grace = world.knobs.realtime_grace_s
         if grace > 0:
             for svcs in world.realtime_by_device.values():
@@ -336,6 +340,16 @@ class AccelmuxPolicy:
                 if chosen is not None and chosen > now and (best is None or chosen < best):
                     best = chosen
         return best
+
+    def _window_edges(self, world: World) -> tuple[float, ...]:
+        """The edges of the windows of the services with waiting requests (sorted, each
+        once), kept while those services stay the same."""
+        queued = world.queued
+        memo = self._edges_memo
+        if memo is None or memo[0] is not queued or memo[1] != queued.version:
+            edges = {e for svc in queued for w in svc.spec.windows for e in w.edges}
+            memo = self._edges_memo = (queued, queued.version, tuple(sorted(edges)))
+        return memo[2]
 
     # ---- helpers ----------------------------------------------------------------
     @staticmethod
