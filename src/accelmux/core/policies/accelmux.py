@@ -64,6 +64,11 @@ class _Round:
     higher_waiting: dict[str, ServiceClass] = field(default_factory=dict)
     #: Devices where this round would repeat a round that changed nothing.
     quiet: set[str] = field(default_factory=set)
+    #: (service, class) -> (world.version, outside its windows, why it waits): see
+    #: AccelmuxPolicy._service_wait.
+    waits: dict[tuple[str, ServiceClass], tuple[int, bool, tuple[Reason, str] | None]] = field(
+        default_factory=dict
+    )
 
 
 #: The policy's heuristics by name, each of which ``policy.disable`` can turn off (for
@@ -897,8 +902,7 @@ class AccelmuxPolicy:
             ) == world.waiting_classes.get((dev, cls), 0):
                 continue
             for svc in services:
-                outside = not svc.spec.in_window(world.time_of_day())
-                wait = self._must_wait(world, svc, cls, outside, rnd)
+                wait = self._service_wait(world, svc, cls, rnd)[1]
                 if wait is None:
                     out.extend(svc.queue.values())
                 else:
@@ -937,6 +941,22 @@ class AccelmuxPolicy:
         if not fair_progress and blocked is not None and blocked < cls:
             return Reason.HIGHER_CLASS_WAITING, f"{blocked.label} request waits for memory"
         return None
+
+    def _service_wait(
+        self, world: World, svc: ServiceState, cls: ServiceClass, rnd: _Round
+    ) -> tuple[bool, tuple[Reason, str] | None]:
+        """(whether ``svc`` is outside its windows, :meth:`_must_wait` for its requests of
+        ``cls``), found once per service while no action runs: the round's state it reads
+        does not change during the class's turn (``blocked`` below the class stays as it
+        is), the service's only through an action."""
+        key = (svc.name, cls)
+        hit = rnd.waits.get(key)
+        if hit is not None and hit[0] == world.version:
+            return hit[1], hit[2]
+        outside = not svc.spec.in_window(world.time_of_day())
+        wait = self._must_wait(world, svc, cls, outside, rnd)
+        rnd.waits[key] = (world.version, outside, wait)
+        return outside, wait
 
     def _must_wait(
         self, world: World, svc: ServiceState, cls: ServiceClass, outside: bool, rnd: _Round
@@ -984,8 +1004,7 @@ class AccelmuxPolicy:
                 f"{spec.profile.kv_ceiling} B",
             )
             return
-        outside = not spec.in_window(world.time_of_day())
-        wait = self._must_wait(world, svc, cls, outside, rnd)
+        outside, wait = self._service_wait(world, svc, cls, rnd)
         if wait is not None:
             self._queue_or_reject(world, req, *wait)
             return
