@@ -493,11 +493,13 @@ class AccelmuxPolicy:
         """
         if not world.knobs.enabled("realtime_reserve"):
             return 0
-        return self._cached(
-            world,
-            ("realtime_reserve", device),
-            lambda: self._compute_realtime_reserve(world, device),
-        )
+        key = ("realtime_reserve", device)
+        hit = self._memo.get(key)  # _cached, inlined: asked for every request considered
+        if hit is not None and hit[0] == world.version:
+            return hit[1]
+        value = self._compute_realtime_reserve(world, device)
+        self._memo[key] = (world.version, value)
+        return value
 
     def _compute_realtime_reserve(self, world: World, device: str) -> int:
         total = 0
@@ -723,12 +725,14 @@ class AccelmuxPolicy:
 
     def _max_possible(self, world: World, device: str, exclude: ServiceState) -> int:
         dev = world.devices[device]
-        held = self._cached(
-            world,
-            ("kept_floor", device),
-            lambda: sum(self._kept_floor(s) for s in world.kept if s.spec.device == device),
-            world.epoch(device),
-        )
+        key = ("kept_floor", device)
+        epoch = world.epoch(device)
+        hit = self._memo.get(key)  # _cached, inlined: asked for every request considered
+        if hit is not None and hit[0] == epoch:
+            held = hit[1]
+        else:
+            held = sum(self._kept_floor(s) for s in world.kept if s.spec.device == device)
+            self._memo[key] = (epoch, held)
         return dev.usable_bytes - (held - self._kept_floor(exclude))
 
     def _retry_after(self, svc: ServiceState) -> float:
@@ -1222,7 +1226,7 @@ class AccelmuxPolicy:
             reserve = self._realtime_reserve(world, dev)
             if self._preemptible(svc, ServiceClass.REALTIME):
                 reserve = max(0, reserve - active)
-        if need > self._max_possible(world, dev, svc):
+        if need > limit:  # what _max_possible says (nothing changed since it was asked)
             world.reject(
                 req,
                 reason=Reason.TOO_LARGE,
