@@ -871,10 +871,12 @@ class AccelmuxPolicy:
     def _round_inputs(world: World, rnd: _Round) -> dict[str, tuple[object, ...]]:
         """Per device, what a round's decisions there read besides its state: time."""
         tod = world.time_of_day()
+        now = world.now
         queued: dict[str, list[tuple[int, bool, bool]]] = {dev: [] for dev in world.devices}
         for svc in world.queued:
-            queued[svc.spec.device].append(
-                (svc.index, svc.spec.in_window(tod), world.now < svc.backoff_until)
+            spec = svc.spec
+            queued[spec.device].append(
+                (svc.index, not spec.windows or spec.in_window(tod), now < svc.backoff_until)
             )
         return {
             dev: (
