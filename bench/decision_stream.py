@@ -1,10 +1,10 @@
 """The exact decision stream of simulated runs: proof that two versions of the core decide alike.
 
 Every call the simulator (or the Manager benchmark) makes into the Manager is written as
-text: the time and ``repr`` of each event, of each action it returned and of the
-``next_wakeup`` that followed. Two versions of ``core/`` decide alike on a run when their
-streams are byte for byte equal. The script uses only what the simulator and the
-benchmark have always had, so it runs against any checkout's ``src``:
+text: the time and every field of each event, of each action it returned (one JSON
+object a line) and the ``next_wakeup`` that followed. Two versions of ``core/`` decide
+alike on a run when their streams are byte for byte equal. The script uses only what the
+simulator and the benchmark have always had, so it runs against any checkout's ``src``:
 
     # the streams of every shipped scenario x policy (and the benchmark workloads),
     # one file each under DIR, with a digest per run on stdout
@@ -23,6 +23,8 @@ seeds per run (default 1).
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import enum
 import hashlib
 import json
 import sys
@@ -43,12 +45,33 @@ GOLDEN_DURATION_S = 600.0
 BENCH_CASES = ((10, 1, 4000), (100, 2, 4000))
 
 
+def _plain(value: Any) -> Any:
+    """``value`` as JSON-ready data that reads the same on every Python version."""
+    if isinstance(value, enum.Enum):
+        return value.value
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {"type": type(value).__name__} | {
+            f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)
+        }
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | frozenset | set):
+        items = [_plain(v) for v in value]
+        return sorted(items, key=repr) if isinstance(value, frozenset | set) else items
+    return value
+
+
+def line(value: Any) -> str:
+    """One event or action as a line of the stream."""
+    return json.dumps(_plain(value), sort_keys=True)
+
+
 def _record(manager: Any, lines: list[str]) -> None:
     """Wrap ``manager``'s driving methods so that every call appends its lines."""
     start, handle, wakeup = manager.start, manager.handle, manager.next_wakeup
 
     def emit(actions: list[Any]) -> None:
-        lines.extend(f"  {a!r}" for a in actions)
+        lines.extend(f"  {line(a)}" for a in actions)
 
     def rec_start(now: float) -> list[Any]:
         out = start(now)
@@ -58,7 +81,7 @@ def _record(manager: Any, lines: list[str]) -> None:
 
     def rec_handle(event: Any, now: float) -> list[Any]:
         out = handle(event, now)
-        lines.append(f"{now!r} {event!r}")
+        lines.append(f"{now!r} {line(event)}")
         emit(out)
         return out  # type: ignore[no-any-return]
 
