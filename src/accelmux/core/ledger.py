@@ -33,10 +33,11 @@ class Lease:
 
 
 class _DeviceAccount:
-    __slots__ = ("decided", "foreign", "reserved_total", "services", "spec")
+    __slots__ = ("decided", "foreign", "reserved_total", "services", "spec", "usable")
 
     def __init__(self, spec: DeviceSpec) -> None:
         self.spec = spec
+        self.usable = spec.usable_bytes  # the spec is frozen: read on every decision
         self.foreign = 0
         self.decided = 0
         self.reserved_total = 0
@@ -85,7 +86,7 @@ class Ledger:
     def available(self, device: str) -> int:
         """budget - headroom - foreign - committed (may be negative under pressure)."""
         acc = self._devices[device]
-        return acc.spec.usable_bytes - acc.foreign - acc.decided - acc.reserved_total
+        return acc.usable - acc.foreign - acc.decided - acc.reserved_total
 
     def lease_count(self) -> int:
         return len(self._leases)

@@ -41,11 +41,21 @@ def estimate_request(profile: MemoryProfile, demand: Demand) -> RequestEstimate:
 class RatioCalibrator:
     """Keeps the last N observed/estimated ratios; projects with a safety factor."""
 
-    __slots__ = ("_ratios", "safety_factor")
+    __slots__ = ("_peak", "_ratios", "safety_factor", "version")
 
     def __init__(self, *, window: int, safety_factor: float) -> None:
         self._ratios: deque[float] = deque(maxlen=window)
         self.safety_factor = safety_factor
+        #: ``max(self._ratios)`` while no ratio was added since (None: to recompute).
+        self._peak: float | None = None
+        #: Bumped by every ratio added: equal versions, equal projections.
+        self.version = 0
+
+    def _worst_ratio(self) -> float:
+        """The largest ratio kept (there is one): projections read it on every decision."""
+        if self._peak is None:
+            self._peak = max(self._ratios)
+        return self._peak
 
     @property
     def observations(self) -> int:
@@ -55,13 +65,15 @@ class RatioCalibrator:
         if estimated <= 0 or observed < 0:
             return
         self._ratios.append(observed / estimated)
+        self._peak = None
+        self.version += 1
 
     @property
     def factor(self) -> float:
         """The multiplier applied to the next estimate (>= 1)."""
         if not self._ratios:
             return self.safety_factor
-        worst = max(self._ratios) * RATIO_MARGIN
+        worst = self._worst_ratio() * RATIO_MARGIN
         # Enough evidence lets the factor fall below the cold-start safety factor,
         # but never below the worst ratio recently seen.
         if len(self._ratios) >= 8:
@@ -75,11 +87,13 @@ class RatioCalibrator:
         """Record an observed/estimated ratio directly (a failure's lower bound)."""
         if ratio > 0:
             self._ratios.append(ratio)
+            self._peak = None
+            self.version += 1
 
     @property
     def worst(self) -> float:
         """The worst observed/estimated ratio kept, without margin (1.0 before any)."""
-        return max(1.0, max(self._ratios, default=1.0))
+        return max(1.0, self._worst_ratio()) if self._ratios else 1.0
 
     def project_observed(self, estimated: int) -> int:
         """The estimate scaled by what was observed alone (no safety factor, no margin)."""

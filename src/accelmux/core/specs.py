@@ -5,6 +5,7 @@ These are plain frozen dataclasses; ``accelmux.config`` builds them from YAML.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from accelmux.core.types import Residency, ResizeSupport, ServiceClass, ServiceKind
@@ -100,13 +101,24 @@ class Window:
 
     def seconds_until_edge(self, time_of_day_s: float) -> float:
         """Seconds until the window next opens or closes (always > 0)."""
-        t = time_of_day_s % DAY_S
-        best = DAY_S
-        for edge in (self.start_s, self.end_s % DAY_S):
-            delta = (edge - t) % DAY_S
-            if delta > 0:
-                best = min(best, delta)
-        return best
+        return seconds_until_next(self.edges, time_of_day_s)
+
+    @property
+    def edges(self) -> tuple[float, float]:
+        """When it opens and when it closes, in seconds since midnight (< a day)."""
+        return (self.start_s, self.end_s % DAY_S)
+
+
+def seconds_until_next(edges: Iterable[float], time_of_day_s: float) -> float:
+    """Seconds until the next of ``edges`` (seconds since midnight) after the time of day
+    (always > 0; a day when no edge is ahead, or there is none)."""
+    t = time_of_day_s % DAY_S
+    best = DAY_S
+    for edge in edges:
+        delta = (edge - t) % DAY_S
+        if delta > 0:
+            best = min(best, delta)
+    return best
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

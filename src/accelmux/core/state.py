@@ -224,20 +224,24 @@ class ServiceSet:
     removed meanwhile is still visited (loops re-check the state they filter on).
     """
 
-    __slots__ = ("_members", "_ordered")
+    __slots__ = ("_members", "_ordered", "version")
 
     def __init__(self) -> None:
         self._members: dict[str, ServiceState] = {}
         self._ordered: list[ServiceState] | None = []
+        #: Bumped by every change of members: what is derived from them may be kept.
+        self.version = 0
 
     def add(self, svc: ServiceState) -> None:
         if svc.spec.name not in self._members:
             self._members[svc.spec.name] = svc
             self._ordered = None
+            self.version += 1
 
     def discard(self, svc: ServiceState) -> None:
         if self._members.pop(svc.spec.name, None) is not None:
             self._ordered = None
+            self.version += 1
 
     def update(self, svc: ServiceState, member: bool) -> None:
         if member:
@@ -316,6 +320,8 @@ class World:
         #: Status LOADED, all and per device. Services with requests in flight are loaded.
         self.loaded = ServiceSet()
         self._loaded_by_device = {d: ServiceSet() for d in self.devices}
+        #: Status UNLOADING, per device (their memory is on its way back).
+        self._unloading_by_device = {d: ServiceSet() for d in self.devices}
         #: At least one request in flight.
         self.busy = ServiceSet()
         #: At least one waiting request.
@@ -324,6 +330,8 @@ class World:
         self.kept = ServiceSet()
         #: Evicted (``last_evicted_at`` set) and UNLOADED since.
         self.evicted_out = ServiceSet()
+        #: Status CRASHED (a crash or a failed load); a policy learns from crashes here.
+        self.crashed = ServiceSet()
         for svc in self.services.values():
             self.kept.update(svc, svc.pinned or svc.admin_wants_loaded)
         #: Waiting requests per ``wait_reason`` (None: not yet told why).
@@ -380,10 +388,15 @@ class World:
         svc.status = status
         self.loaded.update(svc, status is ServiceStatus.LOADED)
         self._loaded_by_device[svc.spec.device].update(svc, status is ServiceStatus.LOADED)
+        self._unloading_by_device[svc.spec.device].update(svc, status is ServiceStatus.UNLOADING)
+        self.crashed.update(svc, status is ServiceStatus.CRASHED)
         self._update_evicted(svc)
 
     def loaded_on(self, device: str) -> ServiceSet:
         return self._loaded_by_device[device]
+
+    def unloading_on(self, device: str) -> ServiceSet:
+        return self._unloading_by_device[device]
 
     def set_kept(self, svc: ServiceState, *, pinned: bool, admin_wants_loaded: bool) -> None:
         svc.pinned = pinned
@@ -493,6 +506,25 @@ class World:
                 self.loaded_on(dev).names(),
                 {s.name for s in svcs if s.is_up and s.spec.device == dev},
             )
+            expect(
+                f"unloading on {dev}",
+                self.unloading_on(dev).names(),
+                {
+                    s.name
+                    for s in svcs
+                    if s.status is ServiceStatus.UNLOADING and s.spec.device == dev
+                },
+            )
+        expect(
+            "crashed",
+            self.crashed.names(),
+            {s.name for s in svcs if s.status is ServiceStatus.CRASHED},
+        )
+        expect(
+            "resizing services are loaded or unloading",
+            {s.name for s in svcs if s.resizing} - self.loaded.names(),
+            {s.name for s in svcs if s.resizing and s.status is ServiceStatus.UNLOADING},
+        )
         expect("busy", self.busy.names(), {s.name for s in svcs if s.inflight})
         expect("busy services are loaded", self.busy.names() - self.loaded.names(), set())
         expect("queued", self.queued.names(), {s.name for s in svcs if s.waiting_count})

@@ -40,8 +40,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
-from accelmux.core.state import RequestState, ServiceState, World, reuse_rate
+from accelmux.core.specs import seconds_until_next
+from accelmux.core.state import RequestState, ServiceSet, ServiceState, World, reuse_rate
 from accelmux.core.types import (
     Category,
     Reason,
@@ -65,6 +67,11 @@ class _Round:
     higher_waiting: dict[str, ServiceClass] = field(default_factory=dict)
     #: Devices where this round would repeat a round that changed nothing.
     quiet: set[str] = field(default_factory=set)
+    #: (service, class) -> (world.version, outside its windows, why it waits): see
+    #: AccelmuxPolicy._service_wait.
+    waits: dict[tuple[str, ServiceClass], tuple[int, bool, tuple[Reason, str] | None]] = field(
+        default_factory=dict
+    )
 
 
 #: The policy's heuristics by name, each of which ``policy.disable`` can turn off (for
@@ -156,14 +163,23 @@ class AccelmuxPolicy:
     def __init__(self) -> None:
         #: Largest projected activation of each realtime service's requests so far.
         self._rt_peak: dict[str, int] = {}
-        #: Per-round memo of per-device aggregates: key -> (world.version, value).
-        #: Cleared at the start of every decide(); valid while no mutator has run.
+        #: Per-round memo of per-device aggregates: key -> (stamp, value), the stamp being
+        #: world.version (no mutator has run since) or the device's epoch (nothing on the
+        #: device has changed since: an aggregate of what no wait reason changes).
+        #: Cleared at the start of every decide().
         self._memo: dict[tuple[str, str], tuple[int, int]] = {}
         #: Per-round memo of make_room failures: (device, class, strict, requester holding
-        #: memory, a time-sharing requester) -> (version, the most it could free).
+        #: memory, a time-sharing requester) -> (device epoch, the most it could free).
         self._room_failed: dict[
             tuple[str, ServiceClass, bool, str | None, object], tuple[int, int]
         ] = {}
+        #: What :meth:`_load_sizes` found per waiting request: id -> (request,
+        #: calibration versions, sizes).
+        self._sizes: dict[str, tuple[RequestState, tuple[int, int], tuple[int, int, int, int]]] = {}
+        #: Per-round memo of :meth:`_restorable`: device -> ((version, now), candidates).
+        #: What :meth:`_window_edges` found: (the set, its version, the edges).
+        self._edges_memo: tuple[ServiceSet, int, tuple[float, ...]] | None = None
+        self._restorable_memo: dict[str, tuple[tuple[int, float], list[list[Any]]]] = {}
         #: Per device, (epoch, round inputs) of the last schedule that changed nothing there.
         self._quiet: dict[str, tuple[int, tuple[object, ...]]] = {}
         #: Services measured above what was accounted at the last sample: name -> bytes.
@@ -182,12 +198,19 @@ class AccelmuxPolicy:
         #: Requests paused to give the compute to realtime work (realtime_yield).
         self._yielded_realtime: set[str] = set()
 
-    def _cached(self, world: World, key: tuple[str, str], compute: Callable[[], int]) -> int:
+    def _cached(
+        self,
+        world: World,
+        key: tuple[str, str],
+        compute: Callable[[], int],
+        stamp: int | None = None,
+    ) -> int:
+        mark = world.version if stamp is None else stamp
         hit = self._memo.get(key)
-        if hit is not None and hit[0] == world.version:
+        if hit is not None and hit[0] == mark:
             return hit[1]
         value = compute()
-        self._memo[key] = (world.version, value)
+        self._memo[key] = (mark, value)
         return value
 
     # ---- Protocol -------------------------------------------------------------
@@ -213,7 +236,7 @@ class AccelmuxPolicy:
         """
         knobs = world.knobs
         learn = knobs.enabled("failure_calibration")
-        for svc in world.services.values():
+        for svc in self._learners(world):
             name = svc.name
             dev = svc.spec.device
             if svc.crashes != self._seen_crashes.get(name, 0):
@@ -247,6 +270,22 @@ class AccelmuxPolicy:
             if learn:
                 estimated = sum(r.estimate.active_bytes for r in svc.inflight.values())
                 world.observe_excess(svc, estimated, measured)
+
+    def _learners(self, world: World) -> list[ServiceState]:
+        """The services :meth:`_learn` may learn from this round, in spec order.
+
+        A crash leaves its service CRASHED until the round after it (the Manager applies
+        the event, then the policy decides), a charge is lifted only from a charged
+        service, and measurements come for the services of a device sampled now: every
+        other service would pass through ``_learn`` unchanged, so it is not visited.
+        """
+        found = {s.name: s for s in world.crashed}
+        for name in self._charged:
+            found[name] = world.services[name]
+        for dev, at in world.sampled_at.items():
+            if at == world.now:
+                found.update((s.name, s) for s in world.services_by_device[dev])
+        return sorted(found.values(), key=lambda s: s.index)
 
     def _may_preempt(self, world: World, req: RequestState) -> bool:
         """A request may be preempted again: it has not reached the bound."""
@@ -342,6 +381,9 @@ class AccelmuxPolicy:
     def decide(self, world: World, now: float) -> None:
         self._memo.clear()
         self._room_failed.clear()
+        self._restorable_memo.clear()
+        if len(self._sizes) > 2 * len(world.waiting) + 64:
+            self._sizes = {k: v for k, v in self._sizes.items() if k in world.waiting}
         if world.knobs.enabled("realtime_yield") and world.busy:
             self._yield_to_realtime(world)
         if self._yielded_to:
@@ -365,34 +407,71 @@ class AccelmuxPolicy:
                 (r.estimate.active_bytes, r.active_lease.nbytes if r.active_lease else 0)
                 for r in s.inflight.values()
             ]
-            for s in world.services.values()
-            if s.inflight
+            for s in world.busy  # the services with requests in flight
         }
 
     def next_wakeup(self, world: World, now: float) -> float | None:
-        times: list[float] = []
+        # The earliest of the times below after ``now``. A TTL that a pending restore
+        # would shorten is settled last, and only when either TTL could be the earliest.
+        best: float | None = None
+        unsure: list[tuple[ServiceState, float, float]] = []
         tod = world.time_of_day(now)
+        balloon_idle_s = world.knobs.balloon_idle_s
         for svc in world.loaded:  # the World's indexes: only services that can ask
             if svc.idle and not self._keep(svc):
-                ttl = self._ttl(world, svc)
-                if math.isfinite(ttl):
-                    times.append(svc.last_used + ttl)
+                short, ttl = self._ttl_range(world, svc)
+                if short < ttl:
+                    unsure.append((svc, short, ttl))
+                elif math.isfinite(ttl):
+                    t = svc.last_used + ttl
+                    if t > now and (best is None or t < best):
+                        best = t
             if svc.kv_pool > svc.spec.profile.kv_floor and world.resizable(svc):
-                times.append(svc.last_used + world.knobs.balloon_idle_s)
+                t = svc.last_used + balloon_idle_s
+                if t > now and (best is None or t < best):
+                    best = t
         for svc in world.kept:
-            if svc.backoff_until > now:
-                times.append(svc.backoff_until)
+            t = svc.backoff_until
+            if t > now and (best is None or t < best):
+                best = t
         for svc in world.queued:
-            if svc.backoff_until > now:
-                times.append(svc.backoff_until)
-            if svc.spec.windows:
-                times.append(now + min(w.seconds_until_edge(tod) for w in svc.spec.windows))
-        if world.knobs.realtime_grace_s > 0:
+            t = svc.backoff_until
+            if t > now and (best is None or t < best):
+                best = t
+        edges = self._window_edges(world)
+        if edges:  # the next edge of any window of a service with waiting requests
+            t = now + seconds_until_next(edges, tod)
+            if t > now and (best is None or t < best):
+                best = t
+        grace = world.knobs.realtime_grace_s
+        if grace > 0:
             for svcs in world.realtime_by_device.values():
                 for svc in svcs:  # held work resumes
-                    times.append(svc.last_used + world.knobs.realtime_grace_s)
-        future = [t for t in times if t > now]
-        return min(future) if future else None
+                    t = svc.last_used + grace
+                    if t > now and (best is None or t < best):
+                        best = t
+        for svc, short, ttl in unsure:
+            # ``short`` (finite) if a restore is pending, else ``ttl`` (inf: no wake-up).
+            pending = svc.last_used + short
+            not_pending = svc.last_used + ttl if math.isfinite(ttl) else None
+            if any(
+                t is not None and t > now and (best is None or t < best)
+                for t in (pending, not_pending)
+            ):
+                chosen = pending if self._restore_pending(world, svc) else not_pending
+                if chosen is not None and chosen > now and (best is None or chosen < best):
+                    best = chosen
+        return best
+
+    def _window_edges(self, world: World) -> tuple[float, ...]:
+        """The edges of the windows of the services with waiting requests (sorted, each
+        once), kept while those services stay the same."""
+        queued = world.queued
+        memo = self._edges_memo
+        if memo is None or memo[0] is not queued or memo[1] != queued.version:
+            edges = {e for svc in queued for w in svc.spec.windows for e in w.edges}
+            memo = self._edges_memo = (queued, queued.version, tuple(sorted(edges)))
+        return memo[2]
 
     # ---- helpers ----------------------------------------------------------------
     @staticmethod
@@ -400,18 +479,33 @@ class AccelmuxPolicy:
         return svc.pinned or svc.admin_wants_loaded
 
     def _ttl(self, world: World, svc: ServiceState) -> float:
+        short, ttl = self._ttl_range(world, svc)
+        if short < ttl and self._restore_pending(world, svc):
+            return short
+        return ttl
+
+    def _ttl_range(self, world: World, svc: ServiceState) -> tuple[float, float]:
+        """(the TTL if a restore is pending, the TTL if not) of ``svc``, without asking
+        whether one is (:meth:`_restore_pending` is the costly part of a TTL)."""
         if svc.spec.residency is Residency.ON_DEMAND:
             ttl = svc.ttl_s
             if not world.knobs.enabled("on_demand_keep") or self._memory_wanted(world, svc):
                 ttl = min(ttl, world.knobs.on_demand_ttl_s)
-            if (
-                world.knobs.prewarm
-                and world.knobs.enabled("restore")
-                and self._restore_pending(world, svc)
-            ):
-                ttl = min(ttl, RESTORE_GRACE_S)
-            return ttl
-        return svc.ttl_s
+            if world.knobs.prewarm and world.knobs.enabled("restore"):
+                return min(ttl, RESTORE_GRACE_S), ttl
+            return ttl, ttl
+        return svc.ttl_s, svc.ttl_s
+
+    def _idle_past_ttl(self, world: World, svc: ServiceState) -> bool:
+        """``world.now - svc.last_used >= self._ttl(world, svc)``, asking whether a
+        restore is pending only when the answer depends on it."""
+        idle_s = world.now - svc.last_used
+        short, ttl = self._ttl_range(world, svc)
+        if idle_s >= ttl:
+            return True
+        if idle_s < short:
+            return False
+        return self._restore_pending(world, svc)
 
     def _memory_wanted(self, world: World, svc: ServiceState) -> bool:
         """Whether memory an idle on-demand service holds is wanted by something else.
@@ -421,10 +515,11 @@ class AccelmuxPolicy:
         processes, loads and prewarming then find room without an eviction first).
         """
         dev = svc.spec.device
+        causes = world.waiting_causes  # waiting requests per (device, class, wait reason)
         if any(
-            r.wait_reason in (Reason.NO_MEMORY, Reason.HIGHER_CLASS_WAITING)
-            and world.services[r.service].spec.device == dev
-            for r in world.waiting.values()
+            causes.get((dev, cls, Reason.NO_MEMORY))
+            or causes.get((dev, cls, Reason.HIGHER_CLASS_WAITING))
+            for cls in ServiceClass
         ):
             return True
         return world.ledger.available(dev) < self._realtime_reserve(world, dev)
@@ -444,18 +539,41 @@ class AccelmuxPolicy:
         own = reuse_rate(holder, world.now, horizon)
         dev = holder.spec.device
         room = world.ledger.available(dev) + self.unload_frees(world, holder)
-        return any(
-            s.status is ServiceStatus.UNLOADED
-            and s.spec.residency is Residency.WARM
-            and s.last_evicted_at is not None
-            and self._likely_reused(world, s)
-            and s.spec.cls <= holder.spec.cls
-            and reuse_rate(s, world.now, horizon) > own
-            and self._restore_need(world, s, self._load_pool(world, s, s.spec.profile.kv_floor))
-            <= room
-            for s in world.evicted_out
-            if s.spec.device == dev
-        )
+        for candidate in self._restorable(world, dev):
+            s, rate, need = candidate
+            if s.spec.cls <= holder.spec.cls and rate > own:
+                if need is None:
+                    pool = self._load_pool(world, s, s.spec.profile.kv_floor)
+                    need = candidate[2] = self._restore_need(world, s, pool)
+                if need <= room:
+                    return True
+        return False
+
+    def _restorable(self, world: World, device: str) -> list[list[Any]]:
+        """The warm services evicted from ``device`` that are likely to be used again, in
+        spec order, as ``[service, reuse rate, restore need (None: not computed yet)]``.
+
+        What every holder's :meth:`_restore_pending` asks about them: kept until anything
+        changes (an action) or time passes, and for the round only (decide clears it).
+        """
+        stamp = (world.version, world.now)
+        hit = self._restorable_memo.get(device)
+        if hit is not None and hit[0] == stamp:
+            return hit[1]
+        horizon = world.knobs.reuse_horizon_s
+        found: list[list[Any]] = []
+        for s in world.evicted_out:
+            if (
+                s.spec.device == device
+                and s.status is ServiceStatus.UNLOADED
+                and s.spec.residency is Residency.WARM
+                and s.last_evicted_at is not None
+            ):
+                rate = reuse_rate(s, world.now, horizon)
+                if 1.0 - math.exp(-rate * horizon) >= 0.5:  # _likely_reused
+                    found.append([s, rate, None])
+        self._restorable_memo[device] = (stamp, found)
+        return found
 
     def _restore_need(self, world: World, svc: ServiceState, pool: int) -> int:
         """Free memory a prewarm of ``svc`` with a KV pool of ``pool`` needs: its resident
@@ -492,11 +610,13 @@ class AccelmuxPolicy:
         """
         if not world.knobs.enabled("realtime_reserve"):
             return 0
-        return self._cached(
-            world,
-            ("realtime_reserve", device),
-            lambda: self._compute_realtime_reserve(world, device),
-        )
+        key = ("realtime_reserve", device)
+        hit = self._memo.get(key)  # _cached, inlined: asked for every request considered
+        if hit is not None and hit[0] == world.version:
+            return hit[1]
+        value = self._compute_realtime_reserve(world, device)
+        self._memo[key] = (world.version, value)
+        return value
 
     def _yields_to_realtime(self, world: World, svc: ServiceState) -> bool:
         """Whether realtime work takes ``svc``'s activation leases back at once: it is
@@ -619,13 +739,12 @@ class AccelmuxPolicy:
         return self._cached(
             world,
             ("pending_free", device),
-            lambda: sum(
-                self.unload_frees(world, s)
-                if s.status is ServiceStatus.UNLOADING
-                else s.kv_shrinking
-                for s in world.services_by_device[device]
-                if s.status is ServiceStatus.UNLOADING or s.resizing
+            # A resize awaits its answer only while loaded or unloading (check_indexes).
+            lambda: (
+                sum(self.unload_frees(world, s) for s in world.unloading_on(device))
+                + sum(s.kv_shrinking for s in world.loaded_on(device) if s.resizing)
             ),
+            world.epoch(device),
         )
 
     def _evictable(
@@ -679,11 +798,12 @@ class AccelmuxPolicy:
             return False
         # What can be freed depends on the state, the class and the requester (only when
         # it holds memory), not on the need: a failure answers every need above what it
-        # found it could free, until a mutator runs.
+        # found it could free, until something on the device changes (its epoch; a new
+        # wait reason frees nothing).
         holding = exclude.name if exclude is not None and exclude.is_up else None
         memo_key = (device, cls, strict, holding, self._sharing_key(world, requester))
         failed = self._room_failed.get(memo_key)
-        if failed is not None and failed[0] == world.version and need > failed[1]:
+        if failed is not None and failed[0] == world.epoch(device) and need > failed[1]:
             return False
         services = world.loaded_on(device)  # services with requests in flight are loaded
         # One pass collects what could be freed; sorting waits until it is enough.
@@ -727,7 +847,7 @@ class AccelmuxPolicy:
         gain_later = sum(self.unload_frees(world, s) for s in victims)
         freeable = available + pending + gain_now + gain_later
         if freeable < need:
-            self._room_failed[memo_key] = (world.version, freeable)
+            self._room_failed[memo_key] = (world.epoch(device), freeable)
             return False
         shrinks.sort(key=lambda st: -int(st[0].spec.cls))  # stable: lowest class first
         preempts.sort(key=lambda r: (-int(r.cls), -(r.dispatched_at or 0.0)))
@@ -814,11 +934,14 @@ class AccelmuxPolicy:
 
     def _max_possible(self, world: World, device: str, exclude: ServiceState) -> int:
         dev = world.devices[device]
-        held = self._cached(
-            world,
-            ("kept_floor", device),
-            lambda: sum(self._kept_floor(world, s) for s in world.kept if s.spec.device == device),
-        )
+        key = ("kept_floor", device)
+        epoch = world.epoch(device)
+        hit = self._memo.get(key)  # _cached, inlined: asked for every request considered
+        if hit is not None and hit[0] == epoch:
+            held = hit[1]
+        else:
+            held = sum(self._kept_floor(world, s) for s in world.kept if s.spec.device == device)
+            self._memo[key] = (epoch, held)
         return dev.usable_bytes - (held - self._kept_floor(world, exclude))
 
     def _retry_after(self, svc: ServiceState) -> float:
@@ -1014,10 +1137,12 @@ class AccelmuxPolicy:
     def _round_inputs(world: World, rnd: _Round) -> dict[str, tuple[object, ...]]:
         """Per device, what a round's decisions there read besides its state: time."""
         tod = world.time_of_day()
+        now = world.now
         queued: dict[str, list[tuple[int, bool, bool]]] = {dev: [] for dev in world.devices}
         for svc in world.queued:
-            queued[svc.spec.device].append(
-                (svc.index, svc.spec.in_window(tod), world.now < svc.backoff_until)
+            spec = svc.spec
+            queued[spec.device].append(
+                (svc.index, not spec.windows or spec.in_window(tod), now < svc.backoff_until)
             )
         return {
             dev: (
@@ -1050,8 +1175,7 @@ class AccelmuxPolicy:
             ) == world.waiting_classes.get((dev, cls), 0):
                 continue
             for svc in services:
-                outside = not svc.spec.in_window(world.time_of_day())
-                wait = self._must_wait(world, svc, cls, outside, rnd)
+                wait = self._service_wait(world, svc, cls, rnd)[1]
                 if wait is None:
                     out.extend(svc.queue.values())
                 else:
@@ -1090,6 +1214,22 @@ class AccelmuxPolicy:
         if not fair_progress and blocked is not None and blocked < cls:
             return Reason.HIGHER_CLASS_WAITING, f"{blocked.label} request waits for memory"
         return None
+
+    def _service_wait(
+        self, world: World, svc: ServiceState, cls: ServiceClass, rnd: _Round
+    ) -> tuple[bool, tuple[Reason, str] | None]:
+        """(whether ``svc`` is outside its windows, :meth:`_must_wait` for its requests of
+        ``cls``), found once per service while no action runs: the round's state it reads
+        does not change during the class's turn (``blocked`` below the class stays as it
+        is), the service's only through an action."""
+        key = (svc.name, cls)
+        hit = rnd.waits.get(key)
+        if hit is not None and hit[0] == world.version:
+            return hit[1], hit[2]
+        outside = not svc.spec.in_window(world.time_of_day())
+        wait = self._must_wait(world, svc, cls, outside, rnd)
+        rnd.waits[key] = (world.version, outside, wait)
+        return outside, wait
 
     def _must_wait(
         self, world: World, svc: ServiceState, cls: ServiceClass, outside: bool, rnd: _Round
@@ -1137,8 +1277,7 @@ class AccelmuxPolicy:
                 f"{spec.profile.kv_ceiling} B",
             )
             return
-        outside = not spec.in_window(world.time_of_day())
-        wait = self._must_wait(world, svc, cls, outside, rnd)
+        outside, wait = self._service_wait(world, svc, cls, rnd)
         if wait is not None:
             self._queue_or_reject(world, req, *wait)
             return
@@ -1359,12 +1498,9 @@ class AccelmuxPolicy:
         idle_only: bool = False,
     ) -> None:
         dev = svc.spec.device
-        pool = self._load_pool(world, svc, req.estimate.kv_bytes)
-        active = world.projected_active(req)
-        resident = sum(world.projected_resident(svc, pool))
+        pool, active, resident, observed = self._load_sizes(world, req, svc)
         need = resident + active
         limit = self._max_possible(world, dev, svc)
-        observed = svc.calibration.active.project_observed(req.estimate.active_bytes)
         if need > limit >= resident + observed and world.knobs.enabled("degrade_to_raw"):
             # Only the calibration margin does not fit: plan for the estimate scaled by
             # what was measured (the dispatch degrades the same way).
@@ -1377,7 +1513,7 @@ class AccelmuxPolicy:
             reserve = self._fitting_reserve(world, svc, need, limit)
             if self._yields_to_realtime(world, svc):
                 reserve = max(0, reserve - active)
-        if need > self._max_possible(world, dev, svc):
+        if need > limit:  # what _max_possible says (nothing changed since it was asked)
             world.reject(
                 req,
                 reason=Reason.TOO_LARGE,
@@ -1408,8 +1544,38 @@ class AccelmuxPolicy:
             world,
             req,
             Reason.NO_MEMORY,
-            f"load needs {need} B, {world.ledger.available(dev)} B available",
+            ""  # told once: a request waiting for this reason is not told again
+            if req.wait_reason is Reason.NO_MEMORY
+            else f"load needs {need} B, {world.ledger.available(dev)} B available",
         )
+
+    def _load_sizes(
+        self, world: World, req: RequestState, svc: ServiceState
+    ) -> tuple[int, int, int, int]:
+        """(KV pool, projected activation, resident size, activation as measured so far)
+        of loading ``svc`` for ``req``.
+
+        Kept per request while the service's calibrations stay as they were, unless its
+        pool is sized from the ledger and the queue (a resize at the next load): a
+        waiting request is planned again on every event about its device.
+        """
+        cal = svc.calibration
+        stamp = (cal.active.version, cal.resident.version)
+        fixed = svc.resize_support is not ResizeSupport.NEXT_LOAD
+        if fixed:
+            hit = self._sizes.get(req.request_id)
+            if hit is not None and hit[0] is req and hit[1] == stamp:
+                return hit[2]
+        pool = self._load_pool(world, svc, req.estimate.kv_bytes)
+        sizes = (
+            pool,
+            world.projected_active(req),
+            sum(world.projected_resident(svc, pool)),
+            cal.active.project_observed(req.estimate.active_bytes),
+        )
+        if fixed:
+            self._sizes[req.request_id] = (req, stamp, sizes)
+        return sizes
 
     def _expire_idle(self, world: World) -> None:
         for svc in world.loaded:
@@ -1418,7 +1584,7 @@ class AccelmuxPolicy:
                 and svc.idle
                 and svc.waiting_count == 0
                 and not self._keep(svc)
-                and world.now - svc.last_used >= self._ttl(world, svc)
+                and self._idle_past_ttl(world, svc)
             ):
                 self._unload(
                     world,

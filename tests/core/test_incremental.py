@@ -1,0 +1,397 @@
+"""The per-event work kept proportional to what changed decides as a recomputation would.
+
+The accelmux policy reads indexes and memos where it once scanned every service or
+request: the services that can learn (crashed, charged, sampled), the waiting-cause
+counts, the restorable services of a device, a request's load sizes, a service's wait
+reason in a class turn, memory on its way back, the window edges of the queued services,
+and TTLs that ask about a pending restore only when the answer matters. ``PlainAccelmux``
+below is the policy with each of them replaced by the from-scratch computation it stands
+for; for any event sequence both make the same decisions and ask for the same wake-ups.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from accelmux.core.actions import Resize, Unload
+from accelmux.core.events import Demand, RequestArrived, Tick
+from accelmux.core.manager import Manager
+from accelmux.core.policies.accelmux import (
+    HEURISTICS,
+    RESTORE_GRACE_S,
+    AccelmuxPolicy,
+    _Round,
+)
+from accelmux.core.profiles import RATIO_MARGIN, RatioCalibrator
+from accelmux.core.specs import ManagerSpec, PolicyKnobs, Window, seconds_until_next
+from accelmux.core.state import RequestState, ServiceSet, ServiceState, World, reuse_rate
+from accelmux.core.types import (
+    Reason,
+    Residency,
+    ResizeSupport,
+    ServiceClass,
+    ServiceKind,
+    ServiceStatus,
+)
+
+from .fake_executor import FakeExecutor
+from .support import (
+    EXACT,
+    arrive,
+    device,
+    done,
+    llm_profile,
+    loaded,
+    manager,
+    of,
+    resized,
+    service,
+    up,
+)
+from .test_indexes import two_device_specs
+from .test_properties import SETTINGS, Op, apply_op, manager_specs, ops_strategy
+
+
+class PlainAccelmux(AccelmuxPolicy):
+    """The accelmux policy recomputing from scratch what the real one keeps or skips."""
+
+    def _learners(self, world: World) -> list[ServiceState]:
+        return list(world.services.values())
+
+    def _memory_wanted(self, world: World, svc: ServiceState) -> bool:
+        dev = svc.spec.device
+        if any(
+            r.wait_reason in (Reason.NO_MEMORY, Reason.HIGHER_CLASS_WAITING)
+            and world.services[r.service].spec.device == dev
+            for r in world.waiting.values()
+        ):
+            return True
+        return world.ledger.available(dev) < self._realtime_reserve(world, dev)
+
+    def _ttl(self, world: World, svc: ServiceState) -> float:
+        if svc.spec.residency is Residency.ON_DEMAND:
+            ttl = svc.ttl_s
+            if not world.knobs.enabled("on_demand_keep") or self._memory_wanted(world, svc):
+                ttl = min(ttl, world.knobs.on_demand_ttl_s)
+            if (
+                world.knobs.prewarm
+                and world.knobs.enabled("restore")
+                and self._restore_pending(world, svc)
+            ):
+                ttl = min(ttl, RESTORE_GRACE_S)
+            return ttl
+        return svc.ttl_s
+
+    def _idle_past_ttl(self, world: World, svc: ServiceState) -> bool:
+        return world.now - svc.last_used >= self._ttl(world, svc)
+
+    def _restore_pending(self, world: World, holder: ServiceState) -> bool:
+        horizon = world.knobs.reuse_horizon_s
+        own = reuse_rate(holder, world.now, horizon)
+        dev = holder.spec.device
+        room = world.ledger.available(dev) + self.unload_frees(world, holder)
+        return any(
+            s.status is ServiceStatus.UNLOADED
+            and s.spec.residency is Residency.WARM
+            and s.last_evicted_at is not None
+            and self._likely_reused(world, s)
+            and s.spec.cls <= holder.spec.cls
+            and reuse_rate(s, world.now, horizon) > own
+            and self._restore_need(world, s, self._load_pool(world, s, s.spec.profile.kv_floor))
+            <= room
+            for s in world.services.values()
+            if s.spec.device == dev
+        )
+
+    def _pending_free(self, world: World, device: str) -> int:
+        return sum(
+            self.unload_frees(world, s) if s.status is ServiceStatus.UNLOADING else s.kv_shrinking
+            for s in world.services_by_device[device]
+            if s.status is ServiceStatus.UNLOADING or s.resizing
+        )
+
+    def _max_possible(self, world: World, device: str, exclude: ServiceState) -> int:
+        held = sum(
+            self._kept_floor(world, s) for s in world.services.values() if s.spec.device == device
+        )
+        return world.devices[device].usable_bytes - (held - self._kept_floor(world, exclude))
+
+    def _load_sizes(
+        self, world: World, req: RequestState, svc: ServiceState
+    ) -> tuple[int, int, int, int]:
+        pool = self._load_pool(world, svc, req.estimate.kv_bytes)
+        return (
+            pool,
+            world.projected_active(req),
+            sum(world.projected_resident(svc, pool)),
+            svc.calibration.active.project_observed(req.estimate.active_bytes),
+        )
+
+    def _service_wait(
+        self, world: World, svc: ServiceState, cls: ServiceClass, rnd: _Round
+    ) -> tuple[bool, tuple[Reason, str] | None]:
+        outside = not svc.spec.in_window(world.time_of_day())
+        return outside, self._must_wait(world, svc, cls, outside, rnd)
+
+    def next_wakeup(self, world: World, now: float) -> float | None:
+        times: list[float] = []
+        tod = world.time_of_day(now)
+        for svc in world.services.values():
+            if svc.status is not ServiceStatus.LOADED:
+                continue
+            if svc.idle and not self._keep(svc):
+                ttl = self._ttl(world, svc)
+                if math.isfinite(ttl):
+                    times.append(svc.last_used + ttl)
+            if svc.kv_pool > svc.spec.profile.kv_floor and world.resizable(svc):
+                times.append(svc.last_used + world.knobs.balloon_idle_s)
+        for svc in world.services.values():
+            if (svc.pinned or svc.admin_wants_loaded or svc.waiting_count) and (
+                svc.backoff_until > now
+            ):
+                times.append(svc.backoff_until)
+            if svc.waiting_count and svc.spec.windows:
+                times.append(now + min(w.seconds_until_edge(tod) for w in svc.spec.windows))
+        if world.knobs.realtime_grace_s > 0:
+            for svc in world.services.values():
+                if svc.spec.cls is ServiceClass.REALTIME:  # held work resumes
+                    times.append(svc.last_used + world.knobs.realtime_grace_s)
+        future = [t for t in times if t > now]
+        return min(future) if future else None
+
+
+KEEP_ALIVES = (None, 0.0, 7.0, math.inf)
+
+
+def apply(ex: FakeExecutor, spec: ManagerSpec, op: Op, counter: list[int]) -> None:
+    """``apply_op``, where an arrival may also carry a client's keep_alive."""
+    kind, a, b, dt = op
+    keep_alive = KEEP_ALIVES[(a // 7) % len(KEEP_ALIVES)]
+    if kind != "arrive" or keep_alive is None:
+        apply_op(ex, spec, op, counter)
+        return
+    svc = spec.services[a % len(spec.services)]
+    counter[0] += 1
+    demand = Demand(units=round(b * 4, 3)) if not svc.profile.kv_bytes_per_token else Demand()
+    event = RequestArrived(
+        request_id=f"r{counter[0]}", service=svc.name, demand=demand, keep_alive_s=keep_alive
+    )
+    ex.send(event, dt)
+
+
+def drive(
+    spec: ManagerSpec, policy: AccelmuxPolicy, ops: list[Op]
+) -> tuple[FakeExecutor, list[float | None]]:
+    """Apply ``ops``; after each, ask for the wake-up and sometimes tick at it."""
+    ex = FakeExecutor(Manager(spec, policy))
+    counter = [0]
+    wakes: list[float | None] = []
+    for op in ops:
+        apply(ex, spec, op, counter)
+        world = ex.manager.world
+        wake = policy.next_wakeup(world, ex.now)
+        wakes.append(wake)
+        if wake is not None and op[2] < 0.3:
+            ex.send(Tick(), wake - ex.now)  # the policy's own wake-up, not the deadlines
+            wakes.append(policy.next_wakeup(world, ex.now))
+    return ex, wakes
+
+
+@SETTINGS
+@given(
+    spec=st.one_of(manager_specs(), two_device_specs()),
+    ops=ops_strategy,
+    disabled=st.frozensets(st.sampled_from(sorted(HEURISTICS))),
+    grace=st.sampled_from([0.0, 2.0]),
+)
+def test_kept_and_skipped_work_decides_like_recomputing_it(
+    spec: ManagerSpec, ops: list[Op], disabled: frozenset[str], grace: float
+) -> None:
+    spec = replace(spec, knobs=replace(spec.knobs, disabled=disabled, realtime_grace_s=grace))
+    fast, fast_wakes = drive(spec, AccelmuxPolicy(), ops)
+    plain, plain_wakes = drive(spec, PlainAccelmux(), ops)
+    assert fast.actions == plain.actions
+    assert fast_wakes == plain_wakes
+    assert [d.as_dict() for d in fast.manager.log] == [d.as_dict() for d in plain.manager.log]
+
+
+def assert_helpers_agree(policy: AccelmuxPolicy, world: World) -> None:
+    """Each kept or skipped computation of ``policy`` equals its plain recomputation, on
+    the World as it is now (memos populated here are pure: decide clears them)."""
+    plain = PlainAccelmux()
+    plain.__dict__.update(policy.__dict__)
+    now = world.now
+    assert policy.next_wakeup(world, now) == plain.next_wakeup(world, now)
+    learners = {s.name for s in policy._learners(world)}
+    for svc in world.services.values():
+        learns = (
+            svc.crashes != policy._seen_crashes.get(svc.name, 0)
+            or svc.name in policy._charged
+            or world.sampled_at.get(svc.spec.device) == now
+        )
+        assert svc.name in learners or not learns
+        assert policy._memory_wanted(world, svc) == plain._memory_wanted(world, svc)
+        if svc.status is ServiceStatus.LOADED:
+            assert policy._restore_pending(world, svc) == plain._restore_pending(world, svc)
+            assert policy._ttl(world, svc) == plain._ttl(world, svc)
+            assert policy._idle_past_ttl(world, svc) == plain._idle_past_ttl(world, svc)
+        assert policy._max_possible(world, svc.spec.device, svc) == plain._max_possible(
+            world, svc.spec.device, svc
+        )
+    for dev in world.devices:
+        assert policy._pending_free(world, dev) == plain._pending_free(world, dev)
+
+
+@SETTINGS
+@given(
+    spec=st.one_of(manager_specs(), two_device_specs()),
+    ops=ops_strategy,
+    disabled=st.frozensets(st.sampled_from(["on_demand_keep", "restore", "realtime_reserve"])),
+)
+def test_each_kept_or_skipped_computation_equals_a_recomputation(
+    spec: ManagerSpec, ops: list[Op], disabled: frozenset[str]
+) -> None:
+    spec = replace(spec, knobs=replace(spec.knobs, disabled=disabled))
+    policy = AccelmuxPolicy()
+    ex = FakeExecutor(Manager(spec, policy))
+    counter = [0]
+    for op in ops:
+        apply(ex, spec, op, counter)
+        assert_helpers_agree(policy, ex.manager.world)
+        wake = policy.next_wakeup(ex.manager.world, ex.now)
+        if wake is not None and op[2] < 0.5:
+            ex.send(Tick(), wake - ex.now)  # time passes: TTLs run out, reuse decays
+            assert_helpers_agree(policy, ex.manager.world)
+
+
+@SETTINGS
+@given(
+    spec=st.one_of(manager_specs(), two_device_specs()),
+    ops=ops_strategy,
+)
+def test_kept_load_sizes_and_window_edges_equal_a_recomputation(
+    spec: ManagerSpec, ops: list[Op]
+) -> None:
+    policy = AccelmuxPolicy()
+    ex = FakeExecutor(Manager(spec, policy))
+    world = ex.manager.world
+    counter = [0]
+    for op in ops:
+        apply_op(ex, spec, op, counter)
+        ex.manager.next_wakeup(ex.now)
+        for rid, (req, stamp, sizes) in policy._sizes.items():
+            svc = world.services[req.service]
+            cal = svc.calibration
+            if (
+                world.waiting.get(rid) is req
+                and stamp == (cal.active.version, cal.resident.version)
+                and svc.resize_support is not ResizeSupport.NEXT_LOAD
+            ):  # what a request waiting now would be given
+                assert sizes == PlainAccelmux._load_sizes(policy, world, req, svc)
+        edges = {e for s in world.queued for w in s.spec.windows for e in w.edges}
+        assert policy._window_edges(world) == tuple(sorted(edges))
+
+
+@given(
+    ratios=st.lists(
+        st.tuples(st.integers(0, 10**9), st.integers(-5, 10**9)), min_size=0, max_size=40
+    ),
+    window=st.integers(1, 8),
+)
+def test_a_calibrators_kept_worst_ratio_equals_a_recomputation(
+    ratios: list[tuple[int, int]], window: int
+) -> None:
+    cal = RatioCalibrator(window=window, safety_factor=1.2)
+    versions = [cal.version]
+    for estimated, observed in ratios:
+        if observed % 3 == 0:
+            cal.observe_ratio(observed / max(1, estimated))
+        else:
+            cal.observe(estimated, observed)
+        kept = list(cal._ratios)
+        worst = max(kept, default=None)
+        assert cal.worst == max(1.0, worst if worst is not None else 1.0)
+        if worst is None:
+            assert cal.factor == cal.safety_factor
+        elif len(kept) >= 8:
+            assert cal.factor == max(1.0, worst * RATIO_MARGIN)
+        else:
+            assert cal.factor == max(cal.safety_factor, worst * RATIO_MARGIN)
+        versions.append(cal.version)
+    # the version moves whenever a ratio was kept, so equal versions mean equal ratios
+    assert versions == sorted(versions)
+
+
+@given(steps=st.lists(st.tuples(st.booleans(), st.integers(0, 4)), max_size=40))
+def test_a_service_sets_version_moves_whenever_its_members_change(
+    steps: list[tuple[bool, int]],
+) -> None:
+    spec = ManagerSpec(devices=(device(),), services=tuple(service(f"s{i}") for i in range(5)))
+    world = World(spec)
+    members = ServiceSet()
+    for add, i in steps:
+        svc = world.services[f"s{i}"]
+        before, version = members.names(), members.version
+        members.update(svc, add)
+        assert (members.names() != before) == (members.version != version)
+        assert [s.name for s in members] == sorted(members.names(), key=lambda n: int(n[1:]))
+
+
+@given(
+    edges=st.lists(st.integers(0, 86_399).map(float), max_size=6),
+    tod=st.floats(0.0, 10 * 86_400.0),
+)
+def test_the_next_edge_over_windows_is_the_earliest_of_each_windows_next(
+    edges: list[float], tod: float
+) -> None:
+    windows = [Window(start_s=e, end_s=(e + 3600.0) % 86_400 or 86_400) for e in edges]
+    union = {x for w in windows for x in w.edges}
+    expected = min((w.seconds_until_edge(tod) for w in windows), default=86_400.0)
+    assert seconds_until_next(sorted(union), tod) == expected
+
+
+def test_memory_on_its_way_back_counts_a_pool_shrinking_and_a_service_unloading() -> None:
+    m = manager(
+        service("chat", kind=ServiceKind.CHAT, profile=llm_profile(), residency=Residency.WARM),
+        service("img", ttl_s=5.0, residency=Residency.WARM),
+        knobs=EXACT,
+    )
+    policy = m.policy
+    assert isinstance(policy, AccelmuxPolicy)
+    up(m, "chat", "img")
+    grow = m.handle(arrive("r1", "chat", kv_tokens=12_000), 1.0)  # the pool grows for it
+    m.handle(resized("chat", of(Resize, grow)[0].kv_pool_bytes), 1.0)
+    m.handle(done("r1"), 2.0)
+    assert of(Unload, m.handle(Tick(), 10.0))  # img idle past its TTL
+    assert of(Resize, m.handle(Tick(), 40.0))  # chat idle past balloon_idle_s: it shrinks
+    world = m.world
+    assert world.unloading_on("gpu").names() == {"img"}
+    assert [s.name for s in world.loaded_on("gpu") if s.resizing] == ["chat"]
+    plain = PlainAccelmux()
+    plain.__dict__.update(policy.__dict__)
+    pending = policy._pending_free(world, "gpu")
+    assert pending == plain._pending_free(world, "gpu")
+    assert pending > world.services["chat"].kv_shrinking > 0
+
+
+def test_a_client_keeping_a_service_loaded_forever_asks_for_no_wake_up() -> None:
+    m = manager(
+        service("img", residency=Residency.ON_DEMAND, ttl_s=60.0),
+        knobs=PolicyKnobs(prewarm=True),
+    )
+    m.start(0.0)
+    m.handle(RequestArrived(request_id="r1", service="img", keep_alive_s=math.inf), 0.0)
+    m.handle(loaded("img"), 1.0)
+    m.handle(done("r1"), 2.0)
+    policy = m.policy
+    assert isinstance(policy, AccelmuxPolicy)
+    svc = m.world.services["img"]
+    assert svc.is_up and svc.idle and policy._ttl_range(m.world, svc) == (RESTORE_GRACE_S, math.inf)
+    assert policy.next_wakeup(m.world, 2.0) is None
+    plain = PlainAccelmux()
+    plain.__dict__.update(policy.__dict__)
+    assert plain.next_wakeup(m.world, 2.0) is None
