@@ -12,8 +12,11 @@ for; for any event sequence both make the same decisions and ask for the same wa
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import replace
+from pathlib import Path
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -27,9 +30,16 @@ from accelmux.core.policies.accelmux import (
     _Round,
 )
 from accelmux.core.profiles import RATIO_MARGIN, RatioCalibrator
-from accelmux.core.specs import ManagerSpec, PolicyKnobs, Window, seconds_until_next
+from accelmux.core.specs import (
+    Capabilities,
+    ManagerSpec,
+    PolicyKnobs,
+    Window,
+    seconds_until_next,
+)
 from accelmux.core.state import RequestState, ServiceSet, ServiceState, World, reuse_rate
 from accelmux.core.types import (
+    GIB,
     Reason,
     Residency,
     ResizeSupport,
@@ -53,7 +63,12 @@ from .support import (
     up,
 )
 from .test_indexes import two_device_specs
-from .test_properties import SETTINGS, Op, apply_op, manager_specs, ops_strategy
+from .test_properties import SETTINGS, Op, apply_op, manager_specs, ops_strategy, profiles
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+import bench_manager
+import decision_stream
 
 
 class PlainAccelmux(AccelmuxPolicy):
@@ -187,6 +202,7 @@ def drive(
     spec: ManagerSpec, policy: AccelmuxPolicy, ops: list[Op]
 ) -> tuple[FakeExecutor, list[float | None]]:
     """Apply ``ops``; after each, ask for the wake-up and sometimes tick at it."""
+    policy.few_waiting = 0  # no short-queue path: what skips is skipped however short
     ex = FakeExecutor(Manager(spec, policy))
     counter = [0]
     wakes: list[float | None] = []
@@ -201,10 +217,54 @@ def drive(
     return ex, wakes
 
 
+@st.composite
+def crowded_specs(draw: st.DrawFn) -> ManagerSpec:
+    """More services than fit, on one or two devices: long queues of services down."""
+    devices = tuple(
+        device(name, budget=draw(st.integers(6, 12)) * GIB, headroom=GIB // 4)
+        for name in ("gpu", "gpu2")[: draw(st.integers(1, 2))]  # memory samples are of "gpu"
+    )
+    services = []
+    for i in range(draw(st.integers(3, 7))):
+        llm = draw(st.booleans())
+        services.append(
+            replace(
+                service(
+                    f"s{i}",
+                    cls=draw(st.sampled_from(list(ServiceClass))),
+                    residency=draw(st.sampled_from(list(Residency))),
+                    profile=draw(profiles(llm)),
+                    kind=ServiceKind.CHAT if llm else ServiceKind.IMAGE,
+                    device_name=devices[i % len(devices)].name,
+                    concurrency=draw(st.integers(1, 2)),
+                    queue_limit=16,
+                    deadline_s=float(draw(st.integers(20, 120))),
+                    windows=draw(st.sampled_from([(), (Window(start_s=0.0, end_s=3600.0),)])),
+                ),
+                capabilities=Capabilities(resize=draw(st.sampled_from(list(ResizeSupport)))),
+            )
+        )
+    knobs = PolicyKnobs(prewarm=draw(st.booleans()), safety_factor=1.2)
+    return ManagerSpec(devices=devices, services=tuple(services), knobs=knobs)
+
+
+#: Mostly arrivals: queues grow, and the requests of services that do not fit wait.
+crowded_ops = st.lists(
+    st.tuples(
+        st.sampled_from(("arrive",) * 6 + ("finish", "finish", "load_done", "tick", "unloaded")),
+        st.integers(0, 10**6),
+        st.floats(0.0, 1.0),
+        st.floats(0.0, 2.0),
+    ),
+    min_size=30,
+    max_size=120,
+)
+
+
 @SETTINGS
 @given(
-    spec=st.one_of(manager_specs(), two_device_specs()),
-    ops=ops_strategy,
+    spec=st.one_of(manager_specs(), two_device_specs(), crowded_specs()),
+    ops=st.one_of(ops_strategy, crowded_ops),
     disabled=st.frozensets(st.sampled_from(sorted(HEURISTICS))),
     grace=st.sampled_from([0.0, 2.0]),
 )
@@ -395,3 +455,37 @@ def test_a_client_keeping_a_service_loaded_forever_asks_for_no_wake_up() -> None
     plain = PlainAccelmux()
     plain.__dict__.update(policy.__dict__)
     assert plain.next_wakeup(m.world, 2.0) is None
+
+
+def benchmark_stream(
+    policy_class: type[AccelmuxPolicy],
+    services: int,
+    devices: int,
+    seed: int,
+    monkeypatch: pytest.MonkeyPatch,
+) -> list[str]:
+    """The decision stream of the Manager benchmark's workload with ``policy_class``."""
+    lines: list[str] = []
+
+    def recording(spec: ManagerSpec, policy: object) -> Manager:
+        manager = Manager(spec, policy_class())
+        decision_stream._record(manager, lines)
+        return manager
+
+    monkeypatch.setattr(bench_manager, "Manager", recording)
+    work = bench_manager.build_workload(services, devices, seed=seed)
+    bench_manager.run_once(work, 1500, seed=seed)
+    return lines
+
+
+@pytest.mark.parametrize(("services", "devices", "seed"), [(10, 1, 1), (12, 1, 2), (30, 2, 3)])
+def test_crowded_benchmark_homes_decide_alike(
+    services: int, devices: int, seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # bench/bench_manager.py's workload: long queues of services that do not fit, whose
+    # requests wait for memory behind each other (what the short property runs rarely
+    # reach).
+    fast = benchmark_stream(AccelmuxPolicy, services, devices, seed, monkeypatch)
+    plain = benchmark_stream(PlainAccelmux, services, devices, seed, monkeypatch)
+    assert len(fast) > 1500
+    assert fast == plain

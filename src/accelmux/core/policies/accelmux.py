@@ -515,14 +515,18 @@ class AccelmuxPolicy:
         processes, loads and prewarming then find room without an eviction first).
         """
         dev = svc.spec.device
+        key = ("memory_wanted", dev)
+        hit = self._memo.get(key)  # the same for every service of the device, per version
+        if hit is not None and hit[0] == world.version:
+            return bool(hit[1])
         causes = world.waiting_causes  # waiting requests per (device, class, wait reason)
-        if any(
+        wanted = any(
             causes.get((dev, cls, Reason.NO_MEMORY))
             or causes.get((dev, cls, Reason.HIGHER_CLASS_WAITING))
             for cls in ServiceClass
-        ):
-            return True
-        return world.ledger.available(dev) < self._realtime_reserve(world, dev)
+        ) or world.ledger.available(dev) < self._realtime_reserve(world, dev)
+        self._memo[key] = (world.version, int(wanted))
+        return wanted
 
     @staticmethod
     def _likely_reused(world: World, svc: ServiceState) -> bool:
