@@ -155,7 +155,13 @@ class FakeExecutor:
                     assert a.attempt == self.attempts[a.request_id], a
                     caps = world.services[a.service].spec.capabilities
                     assert caps.pause and (caps.park or not a.park), a
-                    assert world.waiting[a.request_id].pausable, a
+                    # It may have resumed (or ended) later in the same round.
+                    req = world.waiting.get(a.request_id) or world.inflight.get(a.request_id)
+                    if req is None:
+                        req = next(
+                            r for r in world.finished_requests if r.request_id == a.request_id
+                        )
+                    assert req.pausable, a
                     self.requests[a.request_id] = PAUSED
                 case Resume():
                     assert self.requests.get(a.request_id) == PAUSED, a
