@@ -647,23 +647,30 @@ class AccelmuxPolicy:
         full = self._realtime_reserve(world, device)
         if need + full <= limit or need > limit or not world.knobs.enabled("reserve_fallback"):
             return full
-        largest = 0
-        for s in world.realtime_by_device[device]:
-            if s.holds_memory:
-                typical = self._rt_peak.get(s.name)
-                if typical is None:
-                    typical = s.calibration.active.project(s.spec.profile.workspace)
-                largest = max(largest, typical)
+        largest = max(
+            (
+                self._typical_activation(s)
+                for s in world.realtime_by_device[device]
+                if s.holds_memory
+            ),
+            default=0,
+        )
         return min(full, largest)
+
+    def _typical_activation(self, svc: ServiceState) -> int:
+        """A realtime service's next activation: the largest projected so far, or its
+        workspace estimate before any request."""
+        typical = self._rt_peak.get(svc.name)
+        if typical is None:
+            typical = svc.calibration.active.project(svc.spec.profile.workspace)
+        return typical
 
     def _compute_realtime_reserve(self, world: World, device: str) -> int:
         total = 0
         for s in world.realtime_by_device[device]:
             if not s.holds_memory:
                 continue
-            typical = self._rt_peak.get(s.name)
-            if typical is None:
-                typical = s.calibration.active.project(s.spec.profile.workspace)
+            typical = self._typical_activation(s)
             held = sum(r.active_lease.nbytes for r in s.inflight.values() if r.active_lease)
             total += max(0, s.spec.concurrency * typical - held)
         return total
