@@ -17,6 +17,7 @@ from accelmux.config.backends import (
 from accelmux.config.baselines import group_problems
 from accelmux.config.deprecated import modernize
 from accelmux.config.schema import AccelmuxConfig
+from accelmux.core.placement import place_pinned
 from accelmux.core.policies import policy_names
 from accelmux.errors import ConfigError
 
@@ -122,6 +123,18 @@ def _resolve(path: str, base_dir: Path | None) -> Path:
     return p
 
 
+def _usable(cfg: AccelmuxConfig, device: str) -> int | None:
+    """A device's budget less headroom, None when its size is left to detection."""
+    dev = cfg.devices[device]
+    limit = dev.budget or dev.capacity
+    return None if limit is None else int(limit - dev.headroom)
+
+
+def _fits(cfg: AccelmuxConfig, device: str, nbytes: int) -> bool:
+    usable = _usable(cfg, device)
+    return usable is None or nbytes <= usable
+
+
 def semantic_problems(cfg: AccelmuxConfig, base_dir: Path | None = None) -> list[str]:
     """Cross-field checks pydantic cannot express field by field."""
     problems: list[str] = []
@@ -143,13 +156,18 @@ def semantic_problems(cfg: AccelmuxConfig, base_dir: Path | None = None) -> list
 
     seen_models: dict[str, str] = {}
     pinned_floor: dict[str, int] = {}
+    pinned: list[tuple[str, int, list[str]]] = []
     for name, svc in cfg.services.items():
         key = f"services.{name}"
+        if svc.device is not None and svc.devices is not None:
+            problems.append(f"{key}.devices: give device or devices, not both (got both)")
+            continue
         if svc.device is not None and svc.device not in cfg.devices:
             problems.append(f"{key}.device: unknown device (got {svc.device!r})")
             continue
-        if svc.device is None and len(cfg.devices) > 1:
-            problems.append(f"{key}.device: required when several devices exist (got None)")
+        unknown = [d for d in svc.devices or () if d not in cfg.devices]
+        if unknown:
+            problems.append(f"{key}.devices: unknown device (got {', '.join(unknown)})")
             continue
         mem = svc.memory
         if mem.kv_floor > mem.kv_ceiling:
@@ -176,20 +194,26 @@ def semantic_problems(cfg: AccelmuxConfig, base_dir: Path | None = None) -> list
                     f"{key}.model: name {model!r} already used by service {seen_models[model]!r}"
                 )
             seen_models[model] = name
-        device = cfg.device_of(name)
-        dev = cfg.devices[device]
-        limit = dev.budget or dev.capacity
         floor = mem.weights + mem.runtime + mem.kv_floor
-        if limit is not None:
-            usable = limit - dev.headroom
-            if floor + mem.workspace > usable:
-                problems.append(
-                    f"{key}.memory: needs {floor + mem.workspace} B to run but device {device!r} "
-                    f"offers {usable} B after headroom (got weights={mem.weights.human_readable()})"
-                )
-        if svc.residency.value == "pinned":
-            pinned_floor[device] = pinned_floor.get(device, 0) + floor
+        explicit = svc.device is not None or svc.devices is not None
+        candidates = cfg.devices_of(name)
+        fitting = [d for d in candidates if _fits(cfg, d, floor + mem.workspace)]
+        too_small = [d for d in candidates if d not in fitting]
+        if too_small and (explicit or not fitting):
+            usable = _usable(cfg, too_small[0])
+            problems.append(
+                f"{key}.memory: needs {floor + mem.workspace} B to run but device "
+                f"{too_small[0]!r} offers {usable} B after headroom "
+                f"(got weights={mem.weights.human_readable()})"
+            )
+        if svc.residency.value == "pinned" and fitting:
+            pinned.append((name, floor, fitting))
 
+    room = {d: _usable(cfg, d) or 0 for d in cfg.devices}
+    for name, device in place_pinned(room, pinned).items():
+        pinned_floor[device] = pinned_floor.get(device, 0) + next(
+            f for n, f, _ in pinned if n == name
+        )
     for device, floor in pinned_floor.items():
         dev = cfg.devices[device]
         limit = dev.budget or dev.capacity

@@ -109,7 +109,16 @@ class ServiceConfig(StrictModel):
         "loaded per burst, evicted first.",
     )
     ttl_s: float = Field(300.0, ge=0, description="Warm: unload after this idle time.")
-    device: str | None = Field(None, description="Device name (default: the only device).")
+    device: str | None = Field(
+        None, description="The one device it runs on (default: see `devices`)."
+    )
+    devices: list[str] | None = Field(
+        None,
+        min_length=1,
+        description="Devices it may run on: the policy places it, and may keep a replica "
+        "on more than one (default: every device it fits on; a pinned service is placed "
+        "once, at start).",
+    )
     model: str | None = Field(None, description="Model name clients send (default: service).")
     aliases: list[str] = Field(default_factory=list, description="More model names to accept.")
     concurrency: int = Field(1, ge=1, le=1024, description="Requests it runs at once.")
@@ -240,10 +249,18 @@ class AccelmuxConfig(StrictModel):
         self._deprecations = tuple(notices)
 
     def device_of(self, service: str) -> str:
+        """The first device ``service`` may run on."""
+        return self.devices_of(service)[0]
+
+    def devices_of(self, service: str) -> list[str]:
+        """The devices ``service`` may run on, in config order: its ``device``, else its
+        ``devices``, else every device."""
         svc = self.services[service]
         if svc.device is not None:
-            return svc.device
-        return next(iter(self.devices))
+            return [svc.device]
+        if svc.devices is not None:
+            return list(dict.fromkeys(svc.devices))
+        return list(self.devices)
 
 
 def parse_window(text: str) -> Window:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from accelmux.config.schema import AccelmuxConfig, MemoryConfig, parse_window
+from accelmux.core.placement import place_pinned, replica_name
 from accelmux.core.specs import (
     Capabilities,
     DeviceSpec,
@@ -13,6 +14,7 @@ from accelmux.core.specs import (
     PolicyKnobs,
     ServiceSpec,
 )
+from accelmux.core.types import Residency
 from accelmux.errors import ConfigError
 from accelmux.models.gguf_profile import gguf_profile, llama_memory_estimate
 
@@ -55,13 +57,13 @@ def to_manager_spec(
                 host_bandwidth_bps=float(dev.host_bandwidth),
             )
         )
-    services = []
+    profiles: dict[str, MemoryProfile] = {}
     for name, svc in cfg.services.items():
         mem = svc.memory
         profile = (gguf_profiles or {}).get(name)
         if profile is None and mem.gguf:
             profile = gguf_memory_profile(mem)
-        profile = profile or MemoryProfile(
+        profiles[name] = profile or MemoryProfile(
             weights=int(mem.weights),
             runtime=int(mem.runtime),
             kv_bytes_per_token=int(mem.kv_per_token),
@@ -70,25 +72,40 @@ def to_manager_spec(
             workspace=int(mem.workspace),
             per_unit=float(mem.per_unit),
         )
-        services.append(
-            ServiceSpec(
-                name=name,
-                kind=svc.kind,
-                cls=svc.cls,
-                residency=svc.residency,
-                device=cfg.device_of(name),
-                profile=profile,
-                concurrency=svc.concurrency,
-                ttl_s=svc.ttl_s,
-                init_s=svc.init_s,
-                queue_limit=svc.queue.limit,
-                deadline_s=svc.queue.deadline_s,
-                windows=tuple(parse_window(w) for w in svc.windows),
-                model=svc.model or name,
-                capabilities=(capabilities or {}).get(name)
-                or (svc.backend.capabilities(svc.kind) if svc.backend else Capabilities()),
-            )
+    placement = service_devices(cfg, devices, profiles)
+    services = []
+    for name, svc in cfg.services.items():
+        spec = ServiceSpec(
+            name=name,
+            kind=svc.kind,
+            cls=svc.cls,
+            residency=svc.residency,
+            device=placement[name][0],
+            profile=profiles[name],
+            concurrency=svc.concurrency,
+            ttl_s=svc.ttl_s,
+            init_s=svc.init_s,
+            queue_limit=svc.queue.limit,
+            deadline_s=svc.queue.deadline_s,
+            windows=tuple(parse_window(w) for w in svc.windows),
+            model=svc.model or name,
+            capabilities=(capabilities or {}).get(name)
+            or (svc.backend.capabilities(svc.kind) if svc.backend else Capabilities()),
         )
+        if len(placement[name]) == 1:
+            services.append(spec)
+            continue
+        for device in placement[name]:
+            replica = replica_name(name, device)
+            services.append(
+                dataclasses.replace(
+                    spec,
+                    name=replica,
+                    group=name,
+                    device=device,
+                    capabilities=(capabilities or {}).get(replica, spec.capabilities),
+                )
+            )
     p = cfg.policy
     knobs = PolicyKnobs(
         safety_factor=p.safety_factor,
@@ -112,6 +129,27 @@ def to_manager_spec(
         if cfg.host.park_budget is not None
         else host_budget,
     )
+
+
+def service_devices(
+    cfg: AccelmuxConfig, devices: list[DeviceSpec], profiles: dict[str, MemoryProfile]
+) -> dict[str, list[str]]:
+    """The devices each service runs on: one for a service given one device or pinned
+    (placed once, :func:`~accelmux.core.placement.place_pinned`), else every device it
+    may use that can hold it (one replica each)."""
+    usable = {d.name: d.usable_bytes for d in devices}
+    out: dict[str, list[str]] = {}
+    pinned: list[tuple[str, int, list[str]]] = []
+    for name, svc in cfg.services.items():
+        p = profiles[name]
+        candidates = cfg.devices_of(name)
+        fitting = [d for d in candidates if p.resident_floor + p.workspace <= usable[d]]
+        out[name] = fitting or candidates[:1]
+        if svc.residency is Residency.PINNED and len(out[name]) > 1:
+            pinned.append((name, p.resident_floor, out[name]))
+    for name, device in place_pinned(usable, pinned).items():
+        out[name] = [device]
+    return out
 
 
 def with_capabilities(spec: ManagerSpec, declared: dict[str, Capabilities]) -> ManagerSpec:

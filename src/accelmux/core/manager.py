@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from accelmux.core.actions import Action, Fail, action_kind
 from accelmux.core.events import (
     AdminCommand,
     BackendCrashed,
+    Demand,
     Event,
     LoadFailed,
     LoadFinished,
@@ -36,6 +37,7 @@ from accelmux.core.events import (
     Tick,
     Unloaded,
 )
+from accelmux.core.placement import first_up
 from accelmux.core.policy import Policy
 from accelmux.core.snapshot import Snapshot, build_snapshot
 from accelmux.core.specs import ManagerSpec
@@ -199,7 +201,9 @@ class Manager:
         service: str | None = getattr(event, "service", None)
         if service is not None:
             svc = w.services.get(service)
-            return (svc.spec.device,) if svc is not None else ()
+            if svc is None:  # a service with replicas: any of their devices
+                return tuple(dict.fromkeys(r.spec.device for r in w.groups.get(service, ())))
+            return (svc.spec.device,)
         request_id: str | None = getattr(event, "request_id", None)
         if request_id is not None:
             req = w.inflight.get(request_id) or w.waiting.get(request_id)
@@ -314,9 +318,7 @@ class Manager:
         w = self.world
         if event.request_id in w.waiting or event.request_id in w.inflight:
             raise InvariantError(f"duplicate request id {event.request_id}")
-        svc = w.services.get(event.service)
-        if svc is None:
-            raise InvariantError(f"request for unknown service {event.service!r}")
+        svc = w.services.get(event.service) or self._route(event)
         estimate = w.estimate(svc.name, event.demand)
         req = RequestState(
             request_id=event.request_id,
@@ -342,6 +344,20 @@ class Manager:
                 retry_after_s=30.0,
                 detail="accelmux is shutting down",
             )
+
+    def _route(self, event: RequestArrived) -> ServiceState:
+        """The replica a request for a service with replicas waits on (the policy's
+        ``route``, else the one replica that is up)."""
+        replicas = self.world.groups.get(event.service)
+        if not replicas:
+            raise InvariantError(f"request for unknown service {event.service!r}")
+        route: Callable[[World, Sequence[ServiceState], Demand], ServiceState] | None = getattr(
+            self.policy, "route", None
+        )
+        chosen = first_up(replicas) if route is None else route(self.world, replicas, event.demand)
+        if chosen not in replicas:
+            raise InvariantError(f"policy routed {event.service!r} to {chosen.name!r}")
+        return chosen
 
     def _cancel(self, request_id: str) -> None:
         w = self.world
@@ -419,6 +435,14 @@ class Manager:
     def _admin(self, event: AdminCommand) -> None:
         w = self.world
         svc = w.services.get(event.service)
+        if svc is None and event.service in w.groups:
+            # A service with replicas: unload and unpin reach every replica; load and
+            # pin the one that is up, else the first.
+            replicas = w.groups[event.service]
+            targets = replicas if event.op in ("unload", "unpin") else (first_up(replicas),)
+            for replica in targets:
+                self._admin(AdminCommand(service=replica.name, op=event.op))
+            return
         if svc is None:
             raise InvariantError(f"admin command for unknown service {event.service!r}")
         if event.op == "pin":

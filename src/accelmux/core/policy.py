@@ -9,9 +9,11 @@ test_policy_mutators.py`` fails on a policy that writes the World's state itself
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
-from accelmux.core.state import World
+from accelmux.core.events import Demand
+from accelmux.core.state import ServiceState, World
 
 
 class Policy(Protocol):
@@ -33,4 +35,14 @@ class Policy(Protocol):
 
     def next_wakeup(self, world: World, now: float) -> float | None:
         """The next time a Tick is needed (a TTL, window edge or backoff), or None."""
+        ...
+
+
+class PlacingPolicy(Policy, Protocol):
+    """A policy that places: it routes each request for a service with replicas on
+    several devices (:mod:`accelmux.core.placement`). A policy without ``route`` gets
+    :func:`~accelmux.core.placement.first_up`: one replica, never two."""
+
+    def route(self, world: World, replicas: Sequence[ServiceState], demand: Demand) -> ServiceState:
+        """The replica a new request of ``demand`` waits on."""
         ...

@@ -173,6 +173,9 @@ class ServiceSpec:
     windows: tuple[Window, ...] = ()
     model: str = ""
     capabilities: Capabilities = field(default_factory=Capabilities)
+    #: The service clients address when this spec is one replica of a service that may
+    #: run on several devices (``chat@gpu1`` of ``chat``); "" when it is the service.
+    group: str = ""
 
     def __post_init__(self) -> None:
         _require(self.concurrency >= 1, f"service {self.name}: concurrency must be >= 1")
@@ -180,6 +183,11 @@ class ServiceSpec:
         _require(self.queue_limit >= 0, f"service {self.name}: queue_limit must be >= 0")
         _require(self.deadline_s > 0, f"service {self.name}: deadline must be > 0")
         _require(self.init_s >= 0, f"service {self.name}: init_s must be >= 0")
+
+    @property
+    def addressed_as(self) -> str:
+        """The name requests use: the group of a replica, else the service's own name."""
+        return self.group or self.name
 
     def in_window(self, time_of_day_s: float) -> bool:
         """True when the service has no windows or one of them is open."""
@@ -237,3 +245,7 @@ class ManagerSpec:
         _require(len(set(snames)) == len(snames), "service names must be unique")
         for s in self.services:
             _require(s.device in names, f"service {s.name}: unknown device {s.device!r}")
+            _require(
+                not s.group or s.group not in snames,
+                f"service {s.name}: its group {s.group!r} is also a service's name",
+            )

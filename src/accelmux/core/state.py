@@ -298,6 +298,12 @@ class World:
         self.services_by_device: dict[str, list[ServiceState]] = {d: [] for d in self.devices}
         for svc in self.services.values():
             self.services_by_device[svc.spec.device].append(svc)
+        #: The replicas of each service that may run on several devices, by the name
+        #: requests address (``core.placement``), in config order.
+        self.groups: dict[str, tuple[ServiceState, ...]] = {}
+        for svc in self.services.values():
+            if svc.spec.group:
+                self.groups[svc.spec.group] = (*self.groups.get(svc.spec.group, ()), svc)
         #: Realtime services per device (classes never change at run time).
         self.realtime_by_device: dict[str, list[ServiceState]] = {
             d: [s for s in svcs if s.spec.cls is ServiceClass.REALTIME]

@@ -64,6 +64,7 @@ from accelmux.core.events import (
     Unloaded,
 )
 from accelmux.core.manager import Decision, Manager
+from accelmux.core.placement import without_replicas
 from accelmux.core.profiles import estimate_request
 from accelmux.core.specs import ServiceSpec
 from accelmux.core.types import ServiceClass, Tier
@@ -98,6 +99,8 @@ class SimRequest:
     pauses: int = 0
     oom: bool = False
     true_active: int = 0
+    #: The replica that runs it (``service`` unless the service has replicas).
+    replica: str = ""
 
 
 @dataclass(slots=True)
@@ -161,6 +164,9 @@ class Simulation:
             knobs = dataclasses.replace(self.spec.knobs, disabled=frozenset(configured.disable))
             self.spec = dataclasses.replace(self.spec, knobs=knobs)
         self.policy = build_policy(policy, cfg.policy)
+        if getattr(self.policy, "route", None) is None:
+            # A policy that does not place runs each service on its first device.
+            self.spec = without_replicas(self.spec)
         self.manager = Manager(self.spec, self.policy)
         self.clock = SimClock()
         self.heap = EventHeap(self.clock)
@@ -168,9 +174,15 @@ class Simulation:
         self.record_events = record_events
         self.decisions: list[dict[str, Any]] = []
         self.events: list[tuple[float, Event]] = []
+        #: Specs by name: the replicas (``chat@gpu1``) where a service has them.
         self.services = {s.name: s for s in self.spec.services}
+        #: Specs by the name requests address (a service's first replica stands for it).
+        self.addressed: dict[str, ServiceSpec] = {}
+        for s in self.spec.services:
+            self.addressed.setdefault(s.addressed_as, s)
         self.perf = {
-            name: self.sim_cfg.services.get(name, ServicePerfConfig()) for name in self.services
+            name: self.sim_cfg.services.get(spec.addressed_as, ServicePerfConfig())
+            for name, spec in (self.services | self.addressed).items()
         }
         self.slo = {
             name: {
@@ -197,7 +209,7 @@ class Simulation:
         err = self.sim_cfg.error
         self.true_resident: dict[str, tuple[int, int]] = {}
         for name, svc in self.services.items():
-            rng = random.Random(f"{seed}:resident:{name}")
+            rng = random.Random(f"{seed}:resident:{svc.addressed_as}")
             f = err.resident_bias * math.exp(rng.gauss(0.0, err.resident_sigma))
             if not err.enabled:
                 f = 1.0
@@ -228,7 +240,8 @@ class Simulation:
         return self.scenario.start_s_of_day
 
     def is_llm(self, service: str) -> bool:
-        return self.services[service].kind.is_llm
+        spec = self.services.get(service) or self.addressed[service]
+        return spec.kind.is_llm
 
     def truth(self, rng: random.Random, service: str) -> float:
         err = self.sim_cfg.error
@@ -255,7 +268,7 @@ class Simulation:
         self._rid += 1
         rid = f"r{self._rid}"
         now = self.clock.now()
-        spec = self.services[service]
+        spec = self.addressed[service]
         est = estimate_request(spec.profile, demand)
         self.requests[rid] = SimRequest(
             rid=rid,
@@ -307,7 +320,7 @@ class Simulation:
             duration_s=self.duration,
             warmup_s=min(self.sim_cfg.warmup_s, self.duration / 2),
             requests=self.requests,
-            services=self.services,
+            services=self.addressed,
             slo=self.slo,
             ooms=self.ooms,
             samples=self.samples,
@@ -324,7 +337,7 @@ class Simulation:
         """Per service, the simulated intervals during which its windows are open."""
         out: dict[str, list[tuple[float, float]]] = {}
         step = 60.0
-        for name, svc in self.services.items():
+        for name, svc in self.addressed.items():
             if not svc.windows:
                 continue
             spans: list[tuple[float, float]] = []
@@ -450,6 +463,7 @@ class Simulation:
     def _dispatch(self, a: Dispatch, now: float) -> None:
         req = self.requests[a.request_id]
         req.attempt = a.attempt
+        req.replica = a.service
         if req.first_dispatch_at is None:
             req.first_dispatch_at = now
         req.started_at = now
@@ -527,9 +541,11 @@ class Simulation:
         req = self.requests.get(rid)
         if req is None:
             return
-        dev_name = self._device_of(req.service)
+        if not req.replica:
+            return  # never dispatched: no job runs
+        dev_name = self._device_of(req.replica)
         if self.compute[dev_name].remove(rid, now) is not None:
-            self.devices[dev_name].end_request(req.service, rid)
+            self.devices[dev_name].end_request(req.replica, rid)
             self._reschedule(dev_name)
 
     def _end(self, rid: str, outcome: str, reason: str, now: float) -> None:

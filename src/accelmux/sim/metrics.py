@@ -154,20 +154,23 @@ def summarize(out: RunOutput) -> dict[str, Any]:
     world = out.manager.world
     svc_out: dict[str, Any] = {}
     for name, acc in services.items():
-        st = world.services[name]
+        states = world.groups.get(name) or (world.services[name],)
+        replicas = {st.name for st in states}
         d = acc.as_dict()
         d.update(
             {
                 "class": out.services[name].cls.label,
-                "loads": st.loads,
-                "cold_starts": st.cold_starts,
-                "evictions": st.evictions,
-                "thrash": st.thrash,
-                "crashes": st.crashes,
-                "ooms": sum(1 for o in out.ooms if o.service == name),
+                "loads": sum(st.loads for st in states),
+                "cold_starts": sum(st.cold_starts for st in states),
+                "evictions": sum(st.evictions for st in states),
+                "thrash": sum(st.thrash for st in states),
+                "crashes": sum(st.crashes for st in states),
+                "ooms": sum(1 for o in out.ooms if o.service in replicas),
                 "outcomes": dict(sorted(per_service_rej[name].items())),
             }
         )
+        if len(states) > 1:
+            d["replica_loads"] = {st.name: st.loads for st in states}
         svc_out[name] = d
 
     batch = _batch(out)

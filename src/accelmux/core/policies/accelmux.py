@@ -38,10 +38,12 @@ Each heuristic has a name in ``HEURISTICS`` and can be turned off (``policy.disa
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from accelmux.core.events import Demand
+from accelmux.core.placement import first_up
 from accelmux.core.specs import seconds_until_next
 from accelmux.core.state import RequestState, ServiceSet, ServiceState, World, reuse_rate
 from accelmux.core.types import (
@@ -126,6 +128,10 @@ HEURISTICS: dict[str, str] = {
     "reserve_fallback": "when the full realtime reserve would keep a lower-class load or "
     "request out for good although it fits the device, one realtime activation is kept "
     "free instead",
+    "placement": "a request for a service with replicas on several devices goes to the "
+    "replica expected to start it soonest: a free loaded one, else the shortest queue or a "
+    "load where memory is free or held by idle services (a second replica of a busy "
+    "service loads when that is sooner than its queue); off: the replica that is up",
     "park_weights": "an unloaded model keeps its weights in host RAM (parked or sleeping, "
     "as its backend declares) within the host budget; victims are scored by the reload "
     "cost of the tier they land in",
@@ -674,6 +680,74 @@ class AccelmuxPolicy:
             held = sum(r.active_lease.nbytes for r in s.inflight.values() if r.active_lease)
             total += max(0, s.spec.concurrency * typical - held)
         return total
+
+    # ---- placement ------------------------------------------------------------------
+    def route(self, world: World, replicas: Sequence[ServiceState], demand: Demand) -> ServiceState:
+        """The replica expected to start a new request of ``demand`` soonest (ties: the
+        device running fewer requests, then the one with more memory free, then config
+        order). Routing to a replica that is not loaded loads it: placement and a second
+        replica for a busy service are both decided here."""
+        if not world.knobs.enabled("placement"):
+            return first_up(replicas)
+        return min(
+            replicas,
+            key=lambda r: (
+                self._expected_start_s(world, r, demand),
+                sum(len(s.inflight) for s in world.loaded_on(r.spec.device)),
+                -world.ledger.available(r.spec.device),
+                r.index,
+            ),
+        )
+
+    def _expected_start_s(self, world: World, svc: ServiceState, demand: Demand) -> float:
+        """Seconds until ``svc`` could start a new request: its queue ahead of it, plus
+        the rest of a load in progress or the whole load (and making room) if it is not
+        loaded. A replica that could start only once busy work ends scores its deadline."""
+        per_slot = svc.mean_service_s / svc.spec.concurrency
+        ahead = len(svc.inflight) + svc.waiting_count - svc.spec.concurrency + 1
+        queue_s = max(0, ahead) * per_slot
+        if svc.status is ServiceStatus.LOADED:
+            return queue_s
+        if svc.status is ServiceStatus.LOADING:
+            since = svc.loading_since if svc.loading_since is not None else world.now
+            left = world.load_seconds(svc, svc.loading_from) - (world.now - since)
+            return max(0.0, left) + queue_s
+        if svc.status is ServiceStatus.CRASHED and svc.backoff_until > world.now:
+            queue_s += svc.backoff_until - world.now
+        room_s = self._room_seconds(world, svc, demand)
+        if room_s is None:
+            return svc.spec.deadline_s + queue_s
+        return world.load_seconds(svc, svc.tier) + room_s + queue_s
+
+    def _room_seconds(self, world: World, svc: ServiceState, demand: Demand) -> float | None:
+        """The expected reload seconds others pay for ``svc`` to load now (0: it fits in
+        free memory), or None when it fits only once busy work ends."""
+        device = svc.spec.device
+        weights, runtime, _ = world.projected_resident(svc, 0)
+        est = world.estimate(svc.name, demand)
+        need = (
+            weights
+            + runtime
+            + svc.spec.profile.kv_floor
+            + svc.calibration.project_active(est)
+            + self._realtime_reserve(world, device)
+        )
+        short = need - world.ledger.available(device) - self._pending_free(world, device)
+        if short <= 0:
+            return 0.0
+        horizon = world.knobs.reuse_horizon_s
+        victims = sorted(
+            (s for s in world.loaded_on(device) if self._evictable(s, svc.spec.cls, svc)),
+            key=lambda s: self.victim_score(world, s),
+        )
+        cost = 0.0
+        for v in victims:
+            p_reuse = 1.0 - math.exp(-reuse_rate(v, world.now, horizon) * horizon)
+            cost += world.load_seconds(v, self._tier(world, v)) * p_reuse
+            short -= self.unload_frees(world, v)
+            if short <= 0:
+                return cost
+        return None
 
     def victim_score(self, world: World, svc: ServiceState) -> float:
         """Lower is a better victim: cheap to reload, unlikely reused, large."""

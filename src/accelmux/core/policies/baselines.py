@@ -26,9 +26,11 @@ simulator's physical model decides whether a peak crosses the device (an OOM).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from accelmux.core.events import Demand
+from accelmux.core.placement import first_up
 from accelmux.core.policy import Policy
 from accelmux.core.specs import ServiceSpec
 from accelmux.core.state import RequestState, ServiceState, World
@@ -385,6 +387,12 @@ def _split_hosted(
     return hosted, others
 
 
+def _spare_replica(world: World, svc: ServiceState) -> bool:
+    """A replica other than the first of its service: a process started by hand runs on
+    one device (the first it may use), so a container never has a second one."""
+    return bool(svc.spec.group) and world.groups[svc.spec.group][0] is not svc
+
+
 class _Containers:
     """The services a proxy does not host: each its own always-on process, uncoordinated.
 
@@ -400,7 +408,7 @@ class _Containers:
 
     def start(self, world: World, hosts: Callable[[ServiceState], bool]) -> None:
         for svc in world.services.values():
-            if not hosts(svc):
+            if not hosts(svc) and not _spare_replica(world, svc):
                 _load_whole(
                     world, svc, reason=Reason.PRELOAD, detail=f"own process beside {self.beside}"
                 )
@@ -409,7 +417,7 @@ class _Containers:
         self, world: World, requests: list[RequestState], hosts: Callable[[ServiceState], bool]
     ) -> None:
         for svc in world.services.values():
-            if not hosts(svc):
+            if not hosts(svc) and not _spare_replica(world, svc):
                 _restart_crashed(world, svc)
         _serve_own_queues(world, requests, self._seen, reason=Reason.UNCOORDINATED, projected=False)
 
@@ -443,6 +451,11 @@ class OllamaContainersPolicy:
       loaded for good: what a user sets for the models the scenario pins. A model kept
       forever is still unloaded to make room when nothing else can be (sorted last).
     - No priorities and no memory reservation per request.
+    - Several devices: one runner per model, never two; a model that is not loaded goes
+      to the device with the most free memory where it fits whole
+      (``pickBestFullFitByLibrary`` sorts the GPUs by free memory, descending, and takes
+      the first that fits; with none, the one with the most free memory, where the
+      eviction above makes room). A container stays on the device it was given.
     """
 
     name = "ollama+containers"
@@ -464,6 +477,14 @@ class OllamaContainersPolicy:
 
     def start(self, world: World, now: float) -> None:
         self._containers.start(world, self.hosts)
+
+    def route(self, world: World, replicas: Sequence[ServiceState], demand: Demand) -> ServiceState:
+        up = first_up(replicas)
+        if not self.hosts(up) or up.status in (ServiceStatus.LOADED, ServiceStatus.LOADING):
+            return up
+        by_free = sorted(replicas, key=lambda r: -self._free(world, r.spec.device))
+        fits = [r for r in by_free if _resident_whole(r) <= self._free(world, r.spec.device)]
+        return (fits or by_free)[0]
 
     def _free(self, world: World, device: str) -> int:
         dev = world.devices[device]
@@ -769,6 +790,13 @@ class OraclePolicy(_WarmPerServicePolicy):
     preload_detail = "all warm"
     projected = True
     dispatch_reason = Reason.FITS
+
+    def route(self, world: World, replicas: Sequence[ServiceState], demand: Demand) -> ServiceState:
+        """Every replica is loaded: the one with the fewest requests per slot."""
+        return min(
+            replicas,
+            key=lambda r: ((len(r.inflight) + r.waiting_count) / r.spec.concurrency, r.index),
+        )
 
 
 BASELINES: dict[str, Callable[[BaselineSettings], Policy]] = {
