@@ -58,6 +58,9 @@ class FakeExecutor:
     attempts: dict[str, int] = field(default_factory=dict)
     lease_bytes: dict[str, int] = field(default_factory=dict)
     owner: dict[str, str] = field(default_factory=dict)
+    #: Paused requests whose state left the device (``Pause(park=True)``): their service
+    #: may unload, whatever the size of that state (a request may hold no KV yet).
+    parked: set[str] = field(default_factory=set)
     endings: dict[str, list[str]] = field(default_factory=dict)
     actions: list[Action] = field(default_factory=list)
     pinned_evictions: list[Unload] = field(default_factory=list)
@@ -163,12 +166,17 @@ class FakeExecutor:
                         )
                     assert req.pausable, a
                     self.requests[a.request_id] = PAUSED
+                    if a.park:
+                        self.parked.add(a.request_id)
+                    else:
+                        self.parked.discard(a.request_id)
                 case Resume():
                     assert self.requests.get(a.request_id) == PAUSED, a
                     assert self.services[a.service] == LOADED, a
                     assert a.attempt == self.attempts[a.request_id], a
                     self.lease_bytes[a.request_id] = a.lease_bytes
                     self.requests[a.request_id] = RUNNING
+                    self.parked.discard(a.request_id)
                 case Fail():
                     assert self.requests.get(a.request_id) in (RUNNING, FAILING, PAUSED), a
                     self._end(a.request_id, f"fail:{a.reason.value}")
@@ -188,7 +196,7 @@ class FakeExecutor:
                     paused = [
                         r
                         for r in self.in_state(PAUSED)
-                        if self.owner[r] == a.service and not world.waiting[r].parked_kv
+                        if self.owner[r] == a.service and r not in self.parked
                     ]
                     assert not paused, (a, paused)
                     caps = world.services[a.service].spec.capabilities

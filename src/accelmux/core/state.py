@@ -861,6 +861,23 @@ class World:
             Fail(request_id=req.request_id, service=req.service, reason=reason, detail=detail)
         )
 
+    def reroute(self, req: RequestState, to: ServiceState, *, detail: str) -> None:
+        """Move a waiting request that never ran to another replica of its service (it
+        keeps its deadline; its estimate is the new replica's)."""
+        here = self.services[req.service]
+        if (
+            req.dispatched_at is not None
+            or req.paused
+            or not to.spec.group
+            or to.spec.group != here.spec.group
+        ):
+            raise InvariantError(f"request {req.request_id} cannot move to {to.name}")
+        self._remove_waiting(req)
+        req.service = to.name
+        req.estimate = self.estimate(to.name, req.demand)
+        self.add_waiting(req)
+        self._explain(req, f"moved to {to.name}: {detail}")
+
     def enqueue(self, req: RequestState, *, reason: Reason, detail: str = "") -> None:
         """Mark the request waiting; an action is recorded only when the cause changes."""
         if req.wait_reason is reason:

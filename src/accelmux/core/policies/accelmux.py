@@ -376,6 +376,7 @@ class AccelmuxPolicy:
                 svc.status is not ServiceStatus.UNLOADED
                 or svc.spec.residency is not Residency.WARM
                 or not svc.spec.in_window(world.time_of_day())
+                or not self._placed_here(world, svc)
             ):
                 continue
             dev = svc.spec.device
@@ -402,6 +403,8 @@ class AccelmuxPolicy:
         self._admin_unloads(world)
         self._relieve_pressure(world)
         self._keep_pinned_loaded(world)
+        if world.groups and world.knobs.enabled("placement"):
+            self._reroute_to_free_replicas(world)
         self._schedule(world)
         self._expire_idle(world)
         if world.knobs.enabled("ballooning"):
@@ -689,15 +692,81 @@ class AccelmuxPolicy:
         replica for a busy service are both decided here."""
         if not world.knobs.enabled("placement"):
             return first_up(replicas)
+        # A second replica is worth only memory nobody else holds: once one replica is
+        # up, another is a candidate only where it fits in free memory.
+        any_up = any(r.holds_memory for r in replicas)
+        candidates = [
+            r
+            for r in replicas
+            if r.holds_memory or not any_up or self._room_seconds(world, r, demand) == 0.0
+        ]
         return min(
-            replicas,
+            candidates,
             key=lambda r: (
-                self._expected_start_s(world, r, demand),
+                round(self._expected_start_s(world, r, demand), 1),
+                # then worst fit: the device left with the most free memory, so models
+                # spread out and the next load evicts no one
+                -(
+                    world.ledger.available(r.spec.device)
+                    - (0 if r.holds_memory else self._footprint(world, r))
+                ),
                 sum(len(s.inflight) for s in world.loaded_on(r.spec.device)),
-                -world.ledger.available(r.spec.device),
                 r.index,
             ),
         )
+
+    @staticmethod
+    def _reroute_to_free_replicas(world: World) -> None:
+        """A request waiting on a replica that is not loaded moves to a loaded replica
+        of its service with a free slot and no queue: it starts there now."""
+        for replicas in world.groups.values():
+            free = [
+                r
+                for r in replicas
+                if r.status is ServiceStatus.LOADED
+                and not r.queue
+                and len(r.inflight) < r.spec.concurrency
+            ]
+            if not free:
+                continue
+            waiting = sorted(
+                (
+                    q
+                    for r in replicas
+                    if r.status is not ServiceStatus.LOADED
+                    for q in r.queue.values()
+                    if q.dispatched_at is None and not q.paused
+                ),
+                key=lambda q: q.queued_mark,
+            )
+            for to in free:
+                for _ in range(to.spec.concurrency - len(to.inflight)):
+                    if not waiting:
+                        return
+                    world.reroute(waiting.pop(0), to, detail="a replica is free now")
+
+    @staticmethod
+    def _other_replica_up(world: World, svc: ServiceState) -> bool:
+        """Whether another replica of ``svc``'s service holds memory: a spare replica
+        is loaded only for a request (:meth:`route`), never to keep warm."""
+        group = svc.spec.group
+        return bool(group) and any(r.holds_memory for r in world.groups[group] if r is not svc)
+
+    def _placed_here(self, world: World, svc: ServiceState) -> bool:
+        """Whether a warm service preloads as ``svc``: an ordinary service does; of a
+        service with replicas only the one placement picks, and only while none is up."""
+        group = svc.spec.group
+        if not group:
+            return True
+        if self._other_replica_up(world, svc):
+            return False
+        return self.route(world, world.groups[group], Demand()) is svc
+
+    @staticmethod
+    def _footprint(world: World, svc: ServiceState) -> int:
+        """What loading ``svc`` commits at its KV floor, calibrated."""
+        weights, runtime, _ = world.projected_resident(svc, 0)
+        return weights + runtime + svc.spec.profile.kv_floor
 
     def _expected_start_s(self, world: World, svc: ServiceState, demand: Demand) -> float:
         """Seconds until ``svc`` could start a new request: its queue ahead of it, plus
@@ -723,26 +792,34 @@ class AccelmuxPolicy:
         """The expected reload seconds others pay for ``svc`` to load now (0: it fits in
         free memory), or None when it fits only once busy work ends."""
         device = svc.spec.device
-        weights, runtime, _ = world.projected_resident(svc, 0)
         est = world.estimate(svc.name, demand)
         need = (
-            weights
-            + runtime
-            + svc.spec.profile.kv_floor
+            self._footprint(world, svc)
             + svc.calibration.project_active(est)
             + self._realtime_reserve(world, device)
         )
         short = need - world.ledger.available(device) - self._pending_free(world, device)
+        if short > 0 and world.knobs.enabled("ballooning"):
+            # KV pools above what their requests use shrink at no reload cost to anyone
+            short -= sum(
+                max(0, s.kv_pool - max(s.spec.profile.kv_floor, s.kv_in_use))
+                for s in world.loaded_on(device)
+                if s is not svc and world.resizable(s)
+            )
         if short <= 0:
             return 0.0
+        # A victim costs its reload if it is wanted while ``svc`` holds its memory: about
+        # the load and a few of ``svc``'s requests (its reuse rate over a long horizon).
         horizon = world.knobs.reuse_horizon_s
+        hold_s = world.load_seconds(svc, svc.tier) + 2.0 * svc.mean_service_s
         victims = sorted(
             (s for s in world.loaded_on(device) if self._evictable(s, svc.spec.cls, svc)),
             key=lambda s: self.victim_score(world, s),
         )
         cost = 0.0
         for v in victims:
-            p_reuse = 1.0 - math.exp(-reuse_rate(v, world.now, horizon) * horizon)
+            wanted = 0.0 if self._other_replica_up(world, v) else reuse_rate(v, world.now, horizon)
+            p_reuse = 1.0 - math.exp(-wanted * hold_s)
             cost += world.load_seconds(v, self._tier(world, v)) * p_reuse
             short -= self.unload_frees(world, v)
             if short <= 0:
@@ -1706,6 +1783,7 @@ class AccelmuxPolicy:
                 or svc.last_evicted_at is None
                 or world.now < svc.backoff_until
                 or not svc.spec.in_window(world.time_of_day())
+                or self._other_replica_up(world, svc)
             ):
                 continue
             if 1.0 - math.exp(-reuse_rate(svc, world.now, horizon) * horizon) < 0.5:
