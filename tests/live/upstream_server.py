@@ -12,7 +12,8 @@ helper child process in the server's process group (its pid in ``/v1/models``), 
 servers with worker processes do.
 ``--startup-delay`` delays readiness; the argv it was started with is echoed in
 ``/v1/models`` (so tests can check ``{ctx_size}``/``{parallel}`` templating), and so is
-``CUDA_VISIBLE_DEVICES``.
+``CUDA_VISIBLE_DEVICES``. ``--gpu-memory-utilization`` is accepted (vLLM's flag, for
+tests of ``{gpu_memory_utilization}``) and only echoed.
 
 Run: python tests/live/upstream_server.py --port 8700
 """
@@ -187,6 +188,7 @@ def main() -> None:
     parser.add_argument("--parallel", type=int, default=1)
     parser.add_argument("--hold-mib", type=int, default=0)
     parser.add_argument("--helper", action="store_true")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.0)
     args = parser.parse_args()
     ARGS.startup_delay = args.startup_delay
     if args.hold_mib:

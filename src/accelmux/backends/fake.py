@@ -49,8 +49,12 @@ class FakeBackend:
         *,
         sleep: Callable[[float], Awaitable[None]] | None = None,
         profile: tuple[int, int] | None = None,
+        answers_as: str | None = None,
     ) -> None:
         self.service = service
+        #: The name its outputs are seeded with: the service clients address, so every
+        #: replica of a service gives the same answer to the same input.
+        self.answers_as = answers_as or service
         #: How the fake waits (load_s, latency_s): asyncio.sleep, or a manual clock's.
         self.sleep = sleep or asyncio.sleep
         #: The configured (weights, runtime) the fake "measures" after a load, like a real
@@ -199,7 +203,7 @@ class FakeBackend:
 
     def _respond(self, request: BackendRequest) -> BackendResponse:
         body = request.body
-        seed = _seed(self.service, body, request.files)
+        seed = _seed(self.answers_as, body, request.files)
         rid = request.request_id
         model = str(body.get("model", self.model))
         endpoint = request.endpoint
@@ -270,7 +274,7 @@ class FakeBackend:
         self._requests_reported += peak
         try:
             body = request.body
-            seed = _seed(self.service, body, {})
+            seed = _seed(self.answers_as, body, {})
             words = out.reply_words(seed, _max_tokens(body))
             model = str(body.get("model", self.model))
             rid = request.request_id

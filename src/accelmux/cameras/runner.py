@@ -101,14 +101,13 @@ class CameraRunner:
     async def analyse_one(self, state: CameraState) -> dict[str, Any]:
         """Read and analyse one frame through the Manager; returns the frame's result."""
         runtime = self.runtime
-        backend = runtime.backends[state.name]
         body = {"model": state.name, "source": state.source, "fps": state.fps}
 
         async def attempt(d: Dispatch) -> tuple[BackendResponse, int | None]:
-            answer = await backend.handle(
+            answer = await runtime.backends[d.service].handle(
                 BackendRequest(
                     request_id=rid,
-                    service=state.name,
+                    service=d.service,
                     kind=ServiceKind.CAMERA,
                     endpoint=FRAME_ENDPOINT,
                     body=body,
@@ -159,7 +158,7 @@ class CameraRunner:
                 delay = max(0.0, float(exc.retry_after_s or 0.0))
                 if exc.reason in FAILURE_REASONS:  # its model cannot load or crashed
                     # "load failed: ..." / "crashed: ...", else the refusal itself
-                    self._failed(state, self.runtime.last_errors.get(state.name) or str(exc))
+                    self._failed(state, self.runtime.last_error(state.name) or str(exc))
                     delay = max(delay, self._backoff(state))
             except Exception as exc:  # a camera must never stop the daemon
                 self._failed(state, str(exc))

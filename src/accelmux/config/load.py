@@ -22,6 +22,8 @@ from accelmux.core.policies import policy_names
 from accelmux.errors import ConfigError
 
 MAX_CONFIG_BYTES = 1024 * 1024
+#: The variable accelmux sets to an external server's GPU (per replica).
+CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -157,6 +159,7 @@ def semantic_problems(cfg: AccelmuxConfig, base_dir: Path | None = None) -> list
     seen_models: dict[str, str] = {}
     pinned_floor: dict[str, int] = {}
     pinned: list[tuple[str, int, list[str]]] = []
+    replicated: dict[str, list[str]] = {}  # service -> the devices of its replicas
     for name, svc in cfg.services.items():
         key = f"services.{name}"
         if svc.device is not None and svc.devices is not None:
@@ -208,6 +211,8 @@ def semantic_problems(cfg: AccelmuxConfig, base_dir: Path | None = None) -> list
             )
         if svc.residency.value == "pinned" and fitting:
             pinned.append((name, floor, fitting))
+        elif len(fitting) > 1:
+            replicated[name] = fitting
 
     room = {d: _usable(cfg, d) or 0 for d in cfg.devices}
     for name, device in place_pinned(room, pinned).items():
@@ -232,6 +237,8 @@ def semantic_problems(cfg: AccelmuxConfig, base_dir: Path | None = None) -> list
                     problems.append(f"services.{name}.backend.argv[{i}]: {why}")
             for why in external_problems(svc.backend, svc.kind):
                 problems.append(f"services.{name}.backend.{why}")
+            if name in replicated:
+                problems += replica_problems(cfg, name, svc.backend, replicated[name])
         if isinstance(svc.backend, ExternalBackendConfig) and svc.backend.port is not None:
             where = f"services.{name}.backend.port"
             if svc.backend.port in ports:
@@ -247,6 +254,30 @@ def semantic_problems(cfg: AccelmuxConfig, base_dir: Path | None = None) -> list
         problems.append(
             f"policy.name: unknown policy (got {cfg.policy.name!r}; known: "
             f"{', '.join(sorted(policy_names()))})"
+        )
+    return problems
+
+
+def replica_problems(
+    cfg: AccelmuxConfig, service: str, backend: ExternalBackendConfig, devices: list[str]
+) -> list[str]:
+    """Why an external server cannot run one replica per device of ``devices``: each
+    replica is a process of its own, on its own port and (NVIDIA) its own GPU."""
+    key = f"services.{service}.backend"
+    on = ", ".join(devices)
+    problems = []
+    if backend.port is not None:
+        problems.append(
+            f"{key}.port: a fixed port cannot serve one replica per device ({on}); leave "
+            f"port unset (each replica gets a free one) or give the service one device "
+            f"(device: {devices[0]}) (got {backend.port})"
+        )
+    on_gpus = any(cfg.devices[d].kind == "nvidia" for d in devices)
+    if on_gpus and CUDA_VISIBLE_DEVICES in backend.env:
+        problems.append(
+            f"{key}.env.{CUDA_VISIBLE_DEVICES}: accelmux sets it per replica to the "
+            f"replica's GPU ({on}); remove it, or give the service one device "
+            f"(got {backend.env[CUDA_VISIBLE_DEVICES]!r})"
         )
     return problems
 

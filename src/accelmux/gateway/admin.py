@@ -2,6 +2,9 @@
 
 ``POST /admin/services/{name}/unload`` on a pinned service (by config or by ``pin``) is
 refused with 409 ``service_pinned``: unpin it first. The other operations always apply.
+A service that runs on several devices is addressed by its name (``chat``): unload and
+unpin reach every replica, load and pin the one that is up (else the first); one replica
+can be named too (``chat@gpu1``). The answer lists the replicas and their states.
 
 ``GET /admin/explain/{id}`` gives the Manager's lines for a request and, when it was
 delayed or refused, the ledger at that moment (each service's bytes by category, foreign,
@@ -14,9 +17,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from typing import Any
 
 from aiohttp import web
 
+from accelmux.core.state import ServiceState
 from accelmux.gateway.errors import ApiError
 from accelmux.gateway.keys import RUNTIME
 
@@ -36,11 +41,12 @@ async def service_op(request: web.Request) -> web.Response:
         raise ApiError(
             404, f"unknown operation {op!r} (known: {', '.join(ADMIN_OPS)})", code="not_found"
         )
-    if name not in rt.manager.world.services:
+    replicas = rt.replicas(name)
+    if not replicas:
         raise ApiError(404, f"unknown service {name!r}", param="name", code="service_not_found")
     if rt.stopping:
         raise ApiError(503, "accelmux is shutting down", code="shutting_down", retry_after_s=30)
-    if op == "unload" and rt.manager.world.services[name].pinned:
+    if op == "unload" and any(r.pinned for r in replicas):
         # An unload never lifts a pin behind the operator's back: unpin is its own step.
         raise ApiError(
             409,
@@ -50,16 +56,26 @@ async def service_op(request: web.Request) -> web.Response:
             code="service_pinned",
         )
     rt.admin(name, op)
-    svc = rt.manager.world.services[name]
-    return web.json_response(
-        {
-            "service": name,
-            "op": op,
-            "accepted": True,
-            "state": svc.status.value,
-            "pinned": svc.pinned,
-        }
-    )
+    svc = rt.service_state(name)
+    answer: dict[str, Any] = {
+        "service": name,
+        "op": op,
+        "accepted": True,
+        "state": svc.status.value,
+        "pinned": svc.pinned,
+    }
+    if svc.spec.group == name:
+        answer["replicas"] = [_replica(r) for r in rt.replicas(name)]
+    return web.json_response(answer)
+
+
+def _replica(state: ServiceState) -> dict[str, Any]:
+    return {
+        "name": state.name,
+        "device": state.spec.device,
+        "state": state.status.value,
+        "pinned": state.pinned,
+    }
 
 
 async def explain(request: web.Request) -> web.Response:

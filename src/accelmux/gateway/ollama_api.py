@@ -33,6 +33,7 @@ from aiohttp import web
 from accelmux import __version__
 from accelmux.core.actions import Dispatch
 from accelmux.core.events import Demand
+from accelmux.core.state import ServiceState
 from accelmux.core.types import Residency, ServiceKind, ServiceStatus
 from accelmux.gateway import parse
 from accelmux.gateway.errors import ApiError, bad_field, refusal
@@ -164,7 +165,7 @@ async def _warm(
     """An empty request: load the model (through the Manager), or unload it (keep_alive 0)."""
     rt = request.app[RUNTIME]
     unload = keep_alive_s == 0
-    state = rt.manager.world.services[service]
+    state = rt.service_state(service)
     if not (unload and state.status in (ServiceStatus.UNLOADED, ServiceStatus.CRASHED)):
 
         async def attempt(d: Dispatch) -> tuple[bool, int | None]:
@@ -184,7 +185,7 @@ async def _warm(
 
 
 def _kind(rt: Runtime, service: str) -> ServiceKind:
-    return rt.manager.world.services[service].spec.kind
+    return rt.service_state(service).spec.kind
 
 
 def _need_llm(rt: Runtime, name: str, service: str) -> None:
@@ -272,7 +273,7 @@ async def embeddings(request: web.Request) -> web.StreamResponse:
 # ---- model listings ----------------------------------------------------------------------
 def _details(rt: Runtime, service: str) -> dict[str, Any]:
     svc_cfg = rt.cfg.services[service]
-    backend = rt.backends[service].describe()
+    backend = rt.backend_of(service).describe()
     return {
         "parent_model": "",
         "format": "gguf" if _kind(rt, service) in LLM_KINDS else "onnx",
@@ -284,7 +285,7 @@ def _details(rt: Runtime, service: str) -> dict[str, Any]:
 
 
 def _size(rt: Runtime, service: str) -> int:
-    profile = rt.manager.world.services[service].spec.profile
+    profile = rt.service_state(service).spec.profile
     return int(profile.weights)
 
 
@@ -308,8 +309,7 @@ async def tags(request: web.Request) -> web.Response:
     return web.json_response({"models": [_entry(rt, m, s) for m, s in _listed(rt)]})
 
 
-def _expires_at(rt: Runtime, service: str) -> datetime:
-    svc = rt.manager.world.services[service]
+def _expires_at(rt: Runtime, svc: ServiceState) -> datetime:
     if svc.pinned or svc.admin_wants_loaded:
         return NEVER
     ttl = svc.ttl_s
@@ -328,17 +328,19 @@ async def ps(request: web.Request) -> web.Response:
     models = []
     seen: set[str] = set()
     for model, service in _listed(rt):  # one entry per service, by its model name
-        svc = rt.manager.world.services[service]
-        if svc.status is not ServiceStatus.LOADED or service in seen:
+        loaded = [r for r in rt.replicas(service) if r.status is ServiceStatus.LOADED]
+        if not loaded or service in seen:
             continue
         seen.add(service)
         entry = _entry(rt, model, service)
         entry.pop("modified_at")
-        size = svc.resident_bytes
-        entry["size"] = size
-        on_gpu = rt.cfg.devices[svc.spec.device].kind == "nvidia"
-        entry["size_vram"] = size if on_gpu else 0
-        entry["expires_at"] = _expires_at(rt, service).isoformat().replace("+00:00", "Z")
+        # a service loaded on several devices: what its replicas hold together
+        entry["size"] = sum(r.resident_bytes for r in loaded)
+        entry["size_vram"] = sum(
+            r.resident_bytes for r in loaded if rt.cfg.devices[r.spec.device].kind == "nvidia"
+        )
+        expires = max(_expires_at(rt, r) for r in loaded)
+        entry["expires_at"] = expires.isoformat().replace("+00:00", "Z")
         models.append(entry)
     return web.json_response({"models": models})
 

@@ -36,7 +36,7 @@ def _route(rt: Runtime, parsed: parse.Parsed) -> str:
             param="model",
             code="model_not_found",
         )
-    kind = rt.manager.world.services[service].spec.kind
+    kind = rt.service_state(service).spec.kind
     allowed = parse.ENDPOINT_KINDS[parsed.endpoint]
     if kind not in allowed:
         raise ApiError(
@@ -60,8 +60,7 @@ async def serve(
     when the client speaks another API)."""
     rt = request.app[RUNTIME]
     service = _route(rt, parsed)
-    backend = rt.backends[service]
-    kind = rt.manager.world.services[service].spec.kind
+    kind = rt.service_state(service).spec.kind
     rid = request_id(request)
     started = time.perf_counter()
     metrics = rt.metrics
@@ -72,7 +71,7 @@ async def serve(
     def backend_request(d: Dispatch) -> BackendRequest:
         return BackendRequest(
             request_id=rid,
-            service=service,
+            service=d.service,
             kind=kind,
             endpoint=parsed.endpoint,
             body=parsed.body,
@@ -91,7 +90,8 @@ async def serve(
         if stream_resp is not None:
             # preempted after part of a stream went out: a rerun would repeat it
             raise BackendError("stream preempted for higher-class work after partial output")
-        answer = await backend.handle(backend_request(d))
+        # the replica the Manager dispatched it to (any of a replicated service's)
+        answer = await rt.backends[d.service].handle(backend_request(d))
         if answer.stream is None:
             return answer, answer.peak_bytes
         chunks = answer.stream
@@ -241,7 +241,7 @@ async def detections(request: web.Request) -> web.StreamResponse:
 
 
 def _model_entry(rt: Runtime, model: str, service: str) -> dict[str, Any]:
-    state = rt.manager.world.services[service]
+    state = rt.service_state(service)
     return {
         "id": model,
         "object": "model",

@@ -356,7 +356,7 @@ class VoiceHandler(AsyncEventHandler):
 
     def _warm(self, service: str) -> None:
         """Start loading ``service`` through the Manager unless it is resident."""
-        status = self.rt.manager.world.services[service].status
+        status = self.rt.service_state(service).status
         if status in (ServiceStatus.LOADED, ServiceStatus.LOADING):
             return
 
@@ -454,8 +454,7 @@ class VoiceHandler(AsyncEventHandler):
     ) -> BackendResponse:
         """One request through the Manager, as the HTTP gateway sends it."""
         rt = self.rt
-        backend = rt.backends[service]
-        kind = rt.manager.world.services[service].spec.kind
+        kind = rt.service_state(service).spec.kind
         rid = rt.new_request_id()
         files = files or {}
         started = time.perf_counter()
@@ -464,10 +463,10 @@ class VoiceHandler(AsyncEventHandler):
             rt.metrics.queue_wait.labels(service).observe(time.monotonic() - ticket.arrived)
 
         async def attempt(d: Dispatch) -> tuple[BackendResponse, int | None]:
-            answer = await backend.handle(
+            answer = await rt.backends[d.service].handle(
                 BackendRequest(
                     request_id=rid,
-                    service=service,
+                    service=d.service,
                     kind=kind,
                     endpoint=endpoint,
                     body=body,

@@ -11,6 +11,13 @@
 The Runtime builds them around one Manager (not strict: a broken invariant is logged,
 never raised into the request handler that submitted the event), starts and stops them
 together, and is what the gateway, the jobs, the cameras and the tests hold.
+
+Its ``backends`` are keyed by the Manager's service names: a service that may run on
+several devices has one backend per replica (``chat@gpu0``, ``chat@gpu1``,
+:mod:`accelmux.core.placement`). Clients address the service (``chat``):
+:meth:`Runtime.service_state`, :meth:`Runtime.backend_of` and :meth:`Runtime.replicas`
+resolve that name, and a request's attempt calls the backend of the replica its
+Dispatch names (``backends[dispatch.service]``), which the Manager chose.
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -33,6 +40,9 @@ from accelmux.config.schema import AccelmuxConfig
 from accelmux.config.specs import to_manager_spec, with_capabilities
 from accelmux.core.events import AdminCommand, Demand, Event, ShutdownRequested
 from accelmux.core.manager import Manager
+from accelmux.core.placement import first_up
+from accelmux.core.specs import ServiceSpec
+from accelmux.core.state import ServiceState
 from accelmux.monitors.base import DeviceSample, DeviceSampler
 from accelmux.runtime.activity import ServiceActivity
 from accelmux.runtime.bus import DecisionBus
@@ -50,6 +60,8 @@ from accelmux.runtime.status import build_status
 
 log = logging.getLogger("accelmux.runtime")
 T = TypeVar("T")
+#: Builds the backend of each of the Manager's services (replicas included), by name.
+BackendMaker = Callable[[Sequence[ServiceSpec]], dict[str, Backend]]
 
 
 class Runtime:
@@ -57,7 +69,7 @@ class Runtime:
         self,
         cfg: AccelmuxConfig,
         *,
-        backends: dict[str, Backend] | None = None,
+        make_backends: BackendMaker | None = None,
         clock: Clock | None = None,
         clock_origin_s_of_day: float | None = None,
         sample: bool = True,
@@ -74,13 +86,16 @@ class Runtime:
             clock_origin_s_of_day=origin,
             host_budget=psutil.virtual_memory().total // 4,
         )
-        if backends is None:
+        if make_backends is None:
             backends = build_backends(
                 cfg,
                 self.data_dir,
+                spec.services,
                 capacities={d.name: d.capacity_bytes for d in spec.devices},
-                profiles={s.name: s.profile for s in spec.services},
             )
+        else:
+            backends = make_backends(spec.services)
+        #: The backend of each of the Manager's services (each replica's own).
         self.backends = backends
         # The Manager trusts only what each backend declares it can do.
         spec = with_capabilities(spec, {n: b.capabilities for n, b in backends.items()})
@@ -93,13 +108,15 @@ class Runtime:
             for alias in svc.aliases:
                 self.models[alias] = name
         self.activity = {
-            name: ServiceActivity(started_at=time.monotonic()) for name in cfg.services
+            name: ServiceActivity(started_at=time.monotonic())
+            for name in self.manager.world.services
         }
         self.metrics = Metrics(self.status)
         self.request_runner = RequestRunner(self.submit, closed=lambda: self.driver.closed)
         self.executor = ActionExecutor(
             cfg,
             backends,
+            services=self.manager.spec.services,
             submit=self.submit,
             deliver=self.request_runner.deliver,
             metrics=self.metrics,
@@ -152,6 +169,38 @@ class Runtime:
     @property
     def decision_ledgers(self) -> dict[str, dict[str, Any]]:
         return self.decisions.ledgers
+
+    # ---- the names clients use ---------------------------------------------------------
+    def replicas(self, name: str) -> tuple[ServiceState, ...]:
+        """The Manager's services behind a service name clients use: the service itself,
+        or each replica of a service that runs on several devices; () when unknown."""
+        world = self.manager.world
+        state = world.services.get(name)
+        return (state,) if state is not None else world.groups.get(name, ())
+
+    def knows(self, name: str) -> bool:
+        """Whether ``name`` is a service (or one replica of one)."""
+        return bool(self.replicas(name))
+
+    def service_state(self, name: str) -> ServiceState:
+        """The state of service ``name``; for a service with replicas, the replica that
+        is up, else the first (what to describe before a request is dispatched). Raises
+        KeyError for an unknown name."""
+        replicas = self.replicas(name)
+        if not replicas:
+            raise KeyError(name)
+        return first_up(replicas)
+
+    def last_error(self, name: str) -> str | None:
+        """The last load failure, refused resize or crash of service ``name`` (the first
+        replica's that has one, for a service with replicas)."""
+        errors = (self.last_errors.get(r.name) for r in self.replicas(name))
+        return next((e for e in errors if e), None)
+
+    def backend_of(self, name: str) -> Backend:
+        """The backend of :meth:`service_state` (for describing, never for a request:
+        an attempt calls the backend of the replica it was dispatched to)."""
+        return self.backends[self.service_state(name).name]
 
     # ---- lifecycle ---------------------------------------------------------------
     async def start(self) -> None:

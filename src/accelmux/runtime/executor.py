@@ -8,7 +8,11 @@ ResizeFinished events. A Pause or Resume the backend cannot carry out is logged;
 request's own stream then ends it (its RequestFinished). A load still running after the
 service's ``load_timeout_s`` is cancelled, unloaded and reported as LoadFailed. A
 backend that dies while loaded reports BackendCrashed at once (from any thread), so the
-Manager fails its in-flight requests before it dispatches anything else to it."""
+Manager fails its in-flight requests before it dispatches anything else to it.
+
+Actions name the Manager's services, replicas included (``chat@gpu1``): each has its own
+backend and its own chain of operations; its config (``load_timeout_s``) is the one of
+the service it is a replica of, and load metrics are labelled with that service's name."""
 
 from __future__ import annotations
 
@@ -16,7 +20,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from accelmux.backends.base import Backend
@@ -42,6 +46,7 @@ from accelmux.core.events import (
     ResizeFinished,
     Unloaded,
 )
+from accelmux.core.specs import ServiceSpec
 from accelmux.errors import BackendTimeoutError, is_out_of_memory
 from accelmux.redact import redact
 from accelmux.runtime.activity import ServiceActivity
@@ -58,12 +63,16 @@ class ActionExecutor:
         cfg: AccelmuxConfig,
         backends: dict[str, Backend],
         *,
+        services: Sequence[ServiceSpec] = (),
         submit: Callable[[Event], None],
         deliver: Callable[[RequestAction], None],
         metrics: Metrics,
         activity: dict[str, ServiceActivity],
     ) -> None:
         self.cfg = cfg
+        #: The name clients use for each of the Manager's services (a replica's group;
+        #: a service not listed in ``services`` is addressed by its own name).
+        self.addressed_as = {s.name: s.addressed_as for s in services}
         self.backends = backends
         self._submit = submit
         self._deliver = deliver
@@ -135,7 +144,8 @@ class ActionExecutor:
     async def _load(self, action: Load) -> None:
         backend = self.backends[action.service]
         started = time.monotonic()
-        svc_cfg = self.cfg.services.get(action.service)
+        group = self.addressed_as.get(action.service, action.service)
+        svc_cfg = self.cfg.services.get(group)
         limit = svc_cfg.load_timeout_s if svc_cfg is not None else None
         try:
             async with asyncio.timeout(limit):
@@ -157,15 +167,13 @@ class ActionExecutor:
             shown = redact(str(exc))
             log.warning("load of %s failed: %s", action.service, shown)
             self.last_errors[action.service] = f"load failed: {shown}"
-            self._metrics.load_seconds.labels(action.service, "failed").observe(
-                time.monotonic() - started
-            )
+            self._metrics.load_seconds.labels(group, "failed").observe(time.monotonic() - started)
             self._submit(
                 LoadFailed(service=action.service, error=shown, out_of_memory=is_out_of_memory(exc))
             )
             return
         took = time.monotonic() - started
-        self._metrics.load_seconds.labels(action.service, "ok").observe(took)
+        self._metrics.load_seconds.labels(group, "ok").observe(took)
         self._activity[action.service].loaded(time.monotonic(), took)
         self._submit(
             LoadFinished(

@@ -3,6 +3,11 @@
 Gauges and decision counters are read from the Manager's snapshot at scrape time (one
 source of truth); latency histograms are observed by the gateway. Labels carry service,
 device, category, class, action and reason names only: never keys or request content.
+
+The ``service`` label is the name clients use: the replicas of a service that runs on
+several devices (``chat@gpu0``, ``chat@gpu1``) are exported as ``service="chat"``, told
+apart by ``device`` where the metric has one, and added up where it has none (loaded
+when any replica is; usage figures that are not amounts are the largest replica's).
 """
 
 from __future__ import annotations
@@ -27,6 +32,18 @@ USAGE_QUANTITIES = (
     "switches_per_hour",
     "cold_start_s",
 )
+#: Usage quantities that add up over a service's replicas (the others: the largest).
+ADDITIVE_USAGE = frozenset(
+    {
+        "kv_in_use_bytes",
+        "kv_pool_bytes",
+        "concurrency",
+        "context_in_use_tokens",
+        "switches_per_hour",
+    }
+)
+#: Per-service counts that add up over a service's replicas.
+SERVICE_COUNTS = ("inflight", "waiting", "cold_starts", "loads", "evictions", "crashes")
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
@@ -70,11 +87,12 @@ class _SnapshotCollector(Collector):
             labels=["service", "quantity"],
         )
         for s in snap["services"]:
-            name, dev = s["name"], s["device"]
+            name, dev = s.get("group") or s["name"], s["device"]
             for cat, n in s["ledger"].items():
                 est.add_metric([name, dev, cat], n)
             if s.get("measured_bytes") is not None:
                 measured.add_metric([name, dev], s["measured_bytes"])
+        for name, s in by_group(snap["services"]).items():
             state.add_metric([name], 1.0 if s["state"] == "loaded" else 0.0)
             inflight.add_metric([name], s["inflight"])
             waiting.add_metric([name], s["waiting"])
@@ -113,6 +131,37 @@ class _SnapshotCollector(Collector):
             action, _, reason = key.partition(":")
             decisions.add_metric([action, reason], n)
         yield decisions
+
+
+def by_group(services: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The status entries of ``services`` merged per name clients use (``group``): an
+    ordinary service as it is, a replicated one's replicas added up."""
+    out: dict[str, dict[str, Any]] = {}
+    for s in services:
+        name = s.get("group") or s["name"]
+        seen = out.get(name)
+        out[name] = dict(s) if seen is None else _merged(seen, s)
+    return out
+
+
+def _merged(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """Two replicas' status entries as one: counts added, loaded when either is."""
+    out = dict(a)
+    for key in SERVICE_COUNTS:
+        out[key] = a[key] + b[key]
+    if b["state"] == "loaded":
+        out["state"] = "loaded"
+    usage = dict(a.get("usage") or {})
+    for key, value in (b.get("usage") or {}).items():
+        mine = usage.get(key)
+        if mine is None or value is None:
+            usage[key] = value if mine is None else mine
+        elif key in ADDITIVE_USAGE:
+            usage[key] = mine + value
+        else:
+            usage[key] = max(mine, value)
+    out["usage"] = usage
+    return out
 
 
 class Metrics:

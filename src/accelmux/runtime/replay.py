@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +23,7 @@ from accelmux.config.backends import FakeBackendConfig
 from accelmux.config.schema import AccelmuxConfig
 from accelmux.core.actions import Dispatch
 from accelmux.core.events import Demand
+from accelmux.core.specs import ServiceSpec
 from accelmux.core.types import ServiceKind
 from accelmux.runtime.clock import ManualClock
 from accelmux.runtime.daemon import Runtime
@@ -65,22 +67,31 @@ async def live_decision_log(
 ) -> list[dict[str, Any]]:
     """Run ``arrivals`` through a Runtime with fake backends on a manual clock."""
     clock = ManualClock()
-    backends: dict[str, Backend] = {}
+    sections: dict[str, FakeBackendConfig] = {}
     for name, svc in cfg.services.items():
-        section = svc.backend if isinstance(svc.backend, FakeBackendConfig) else None
-        if section is None:
+        if not isinstance(svc.backend, FakeBackendConfig):
             raise ValueError(f"service {name}: replay needs a fake backend")
-        backends[name] = FakeBackend(
-            name,
-            svc.kind,
-            svc.model or name,
-            section.model_copy(update={"allocate": False}),
-            sleep=clock.sleep,
-            profile=(int(svc.memory.weights), int(svc.memory.runtime)),
-        )
+        sections[name] = svc.backend.model_copy(update={"allocate": False})
+
+    def fakes(services: Sequence[ServiceSpec]) -> dict[str, Backend]:
+        """A fake on the manual clock for each of the Manager's services (replicas too)."""
+        out: dict[str, Backend] = {}
+        for spec in services:
+            svc = cfg.services[spec.addressed_as]
+            out[spec.name] = FakeBackend(
+                spec.name,
+                svc.kind,
+                svc.model or spec.addressed_as,
+                sections[spec.addressed_as],
+                sleep=clock.sleep,
+                profile=(int(svc.memory.weights), int(svc.memory.runtime)),
+                answers_as=spec.addressed_as,
+            )
+        return out
+
     runtime = Runtime(
         cfg,
-        backends=backends,
+        make_backends=fakes,
         clock=clock,
         clock_origin_s_of_day=clock_origin_s_of_day,
         sample=False,
@@ -90,14 +101,13 @@ async def live_decision_log(
     tasks: list[asyncio.Task[Any]] = []
 
     async def one(arrival: Arrival) -> None:
-        backend = runtime.backends[arrival.service]
-        kind = runtime.manager.world.services[arrival.service].spec.kind
+        kind = runtime.service_state(arrival.service).spec.kind
 
         async def attempt(d: Dispatch) -> tuple[None, int | None]:
-            answer = await backend.handle(
+            answer = await runtime.backends[d.service].handle(
                 BackendRequest(
                     request_id=arrival.request_id,
-                    service=arrival.service,
+                    service=d.service,
                     kind=kind,
                     endpoint=KIND_ENDPOINT[kind],
                     body={},

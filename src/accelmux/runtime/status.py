@@ -4,6 +4,11 @@ Per device, the last memory sample; per service, what its backend describes, its
 error, the activity the daemon measured (switches per hour, cold starts), its memory
 limit and its usage figures in one place (:func:`service_usage`, which ``/metrics``
 exports too); and the server's own state.
+
+A service that runs on several devices shows as one entry per replica (``chat@gpu1``,
+each with its own device, state and backend); every entry's ``group`` names the service
+clients address (an ordinary service's own name), and ``groups`` lists each replicated
+service's replicas.
 """
 
 from __future__ import annotations
@@ -43,7 +48,9 @@ def build_status(
     for dev in snap["devices"]:
         dev["measured"] = monitors.get(dev["name"])
     now = time.monotonic()
+    world = manager.world
     for svc in snap["services"]:
+        svc["group"] = world.services[svc["name"]].spec.addressed_as
         backend = backends.get(svc["name"])
         described = backend.describe() if backend is not None else None
         svc["backend"] = described
@@ -52,6 +59,7 @@ def build_status(
         svc["activity"] = used
         svc["limit"] = (described or {}).get("limit", {}).get("summary")
         svc["usage"] = service_usage(svc, described or {}, used)
+    snap["groups"] = {g: [r.name for r in reps] for g, reps in world.groups.items()}
     snap["server"] = server
     return snap
 

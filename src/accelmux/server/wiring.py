@@ -27,6 +27,7 @@ from accelmux.cameras.http import camera_routes
 from accelmux.cameras.runner import camera_services
 from accelmux.core.actions import Dispatch
 from accelmux.core.events import Demand
+from accelmux.core.specs import ServiceSpec
 from accelmux.core.types import Reason, ServiceKind
 from accelmux.dashboard import routes as dashboard_routes
 from accelmux.errors import BackendError
@@ -39,26 +40,33 @@ from accelmux.runtime.requests import Refused
 
 def embedding_models(runtime: Runtime) -> list[str]:
     """Model names and aliases of the embeddings services (what a job may target)."""
-    world = runtime.manager.world
     return [
         model
         for model, service in runtime.models.items()
-        if world.services[service].spec.kind is ServiceKind.EMBEDDINGS
+        if runtime.service_state(service).spec.kind is ServiceKind.EMBEDDINGS
     ]
 
 
 def window_open(runtime: Runtime, model: str) -> bool:
     """Whether a model's jobs may start batches now: inside one of its maintenance windows,
-    or outside them while its device has spare memory (``policy.spare_fraction`` of the
-    budget free) and no request of a higher class waits there. This only spares the
-    Manager batches it would hold back anyway; the Manager still decides each one."""
+    or outside them while its device (one of them, for a service with replicas) has spare
+    memory (``policy.spare_fraction`` of the budget free) and no request of a higher class
+    waits there. This only spares the Manager batches it would hold back anyway; the
+    Manager still decides each one."""
     service = runtime.models.get(model)
     if service is None:
         return True  # let the submit report the unknown model
     world = runtime.manager.world
-    spec = world.services[service].spec
-    if spec.in_window(world.time_of_day()):
+    replicas = runtime.replicas(service)
+    if replicas[0].spec.in_window(world.time_of_day()):
         return True
+    return any(_spare(runtime, r.spec) for r in replicas)
+
+
+def _spare(runtime: Runtime, spec: ServiceSpec) -> bool:
+    """Whether ``spec``'s device has spare memory and no request of a higher class
+    waits there."""
+    world = runtime.manager.world
     dev = spec.device
     if world.ledger.available(dev) < world.knobs.spare_fraction * world.devices[dev].usable_bytes:
         return False
@@ -78,20 +86,19 @@ async def submit_embeddings(runtime: Runtime, model: str, texts: list[str]) -> l
     service = runtime.models.get(model)
     if service is None:
         raise JobInputError(f"unknown model {model!r}")
-    kind = runtime.manager.world.services[service].spec.kind
+    kind = runtime.service_state(service).spec.kind
     if kind is not ServiceKind.EMBEDDINGS:
         raise JobInputError(f"model {model!r} is a {kind.value} service, not embeddings")
-    backend = runtime.backends[service]
     body: dict[str, Any] = {"model": model, "input": texts}
     raw = json.dumps(body).encode()
     demand = Demand(units=float(len(texts)), prompt_tokens=sum(tokens_of(len(t)) for t in texts))
     rid = runtime.new_request_id().replace("req-", "job-", 1)
 
     async def attempt(d: Dispatch) -> tuple[BackendResponse, int | None]:
-        answer = await backend.handle(
+        answer = await runtime.backends[d.service].handle(
             BackendRequest(
                 request_id=rid,
-                service=service,
+                service=d.service,
                 kind=kind,
                 endpoint="/v1/embeddings",
                 body=body,
