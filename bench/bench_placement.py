@@ -47,8 +47,7 @@ from typing import Any
 import yaml
 from pydantic import ByteSize, TypeAdapter
 
-from accelmux.config.load import load_config_data
-from accelmux.config.specs import to_manager_spec
+from accelmux.errors import ConfigError
 from accelmux.sim.generate import generate_home
 from accelmux.sim.runner import (
     RunSpec,
@@ -57,6 +56,7 @@ from accelmux.sim.runner import (
     meets_target,
     run_many,
 )
+from accelmux.sim.scenario import load_scenario_data
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -140,9 +140,8 @@ def hand_placements(
 
 def _pinned_fit(data: dict[str, Any], placement: dict[str, str]) -> bool:
     try:
-        cfg = load_config_data(_placed(data, placement), "placement")
-        to_manager_spec(cfg)
-    except Exception:  # an impossible placement: its pinned services do not fit
+        load_scenario_data(_placed(data, placement), "placement", ROOT / "scenarios").manager_spec()
+    except (ConfigError, ValueError):  # an impossible placement: pinned services do not fit
         return False
     return True
 

@@ -58,6 +58,8 @@ class FakeExecutor:
     attempts: dict[str, int] = field(default_factory=dict)
     lease_bytes: dict[str, int] = field(default_factory=dict)
     owner: dict[str, str] = field(default_factory=dict)
+    #: The service each request named when it arrived (a group, for replicas).
+    addressed: dict[str, str] = field(default_factory=dict)
     #: Paused requests whose state left the device (``Pause(park=True)``): their service
     #: may unload, whatever the size of that state (a request may hold no KV yet).
     parked: set[str] = field(default_factory=set)
@@ -93,6 +95,7 @@ class FakeExecutor:
                 assert self.requests.get(event.request_id) in (None, ENDED)
                 self.requests[event.request_id] = WAITING
                 self.owner[event.request_id] = event.service
+                self.addressed[event.request_id] = event.service
                 self.attempts[event.request_id] = 0
             case RequestFinished():
                 if (
@@ -122,6 +125,12 @@ class FakeExecutor:
                 pass
 
     def _after(self, event: Event, out: list[Action]) -> None:
+        if isinstance(event, RequestArrived):
+            # A request for a service with replicas belongs to the replica it was routed to.
+            world = self.manager.world
+            req = world.waiting.get(event.request_id) or world.inflight.get(event.request_id)
+            if req is not None:
+                self.owner[event.request_id] = req.service
         failing = self.in_state(FAILING)
         assert not failing, f"RequestFinished(ok=False) answered without Fail: {failing}"
         if isinstance(event, BackendCrashed):

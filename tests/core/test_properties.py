@@ -191,7 +191,10 @@ def apply_op(ex: FakeExecutor, spec: ManagerSpec, op: Op, counter: list[int]) ->
         counter[0] += 1
         ex.send(
             RequestArrived(
-                request_id=f"r{counter[0]}", service=svc.name, demand=demand, pausable=b < 0.7
+                request_id=f"r{counter[0]}",
+                service=svc.addressed_as,
+                demand=demand,
+                pausable=b < 0.7,
             ),
             dt,
         )

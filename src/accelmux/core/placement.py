@@ -8,7 +8,7 @@ is where placement and replication are decided: routing to a replica that is not
 makes the policy load it there, beside or instead of the others.
 
 A pinned service is never evicted, so it is placed once, before the first event, by
-:func:`place_pinned`; its other replicas are warm ones for peaks.
+:func:`place_pinned` (pinned services packed together); its other replicas are warm ones for peaks.
 
 Pure functions only: no I/O, no clock.
 """
@@ -33,17 +33,24 @@ def replica_name(group: str, device: str) -> str:
 def place_pinned(
     room: Mapping[str, int], pinned: Iterable[tuple[str, int, Sequence[str]]]
 ) -> dict[str, str]:
-    """The device of each pinned group: first fit decreasing, onto the candidate device
-    with the most room left (``room``: usable bytes per device).
+    """The device of each pinned group: best fit decreasing (``room``: usable bytes per
+    device).
 
     ``pinned``: (group, resident bytes, candidate devices in config order). The largest
-    group is placed first; ties go to the earlier candidate, so the result does not
-    depend on the order the groups come in.
+    group goes first, onto the candidate with the least room left that still holds it
+    (with none, the one with the most room). Pinned services are packed together, so
+    the other devices keep room in one piece for the large models that come and go (a
+    voice chain stays on one device). Ties go to the earlier candidate, so the result
+    does not depend on the order the groups come in.
     """
     left = dict(room)
     placed: dict[str, str] = {}
     for group, size, candidates in sorted(pinned, key=lambda p: (-p[1], p[0])):
-        best = max(candidates, key=lambda d: (left.get(d, 0), -candidates.index(d)))
+        holding = [d for d in candidates if left.get(d, 0) >= size]
+        if holding:
+            best = min(holding, key=lambda d: (left.get(d, 0), candidates.index(d)))
+        else:
+            best = max(candidates, key=lambda d: (left.get(d, 0), -candidates.index(d)))
         placed[group] = best
         left[best] = left.get(best, 0) - size
     return placed

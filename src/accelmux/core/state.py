@@ -284,14 +284,21 @@ class World:
         self.ledger = Ledger(spec.devices)
         self.devices = {d.name: d for d in spec.devices}
         self.services: dict[str, ServiceState] = {}
+        #: One calibration per model: the replicas of a service learn together (what a
+        #: request or a load really takes does not depend on the device it runs on).
+        calibrations: dict[str, ServiceCalibration] = {}
         for i, s in enumerate(spec.services):
-            self.services[s.name] = ServiceState(
-                spec=s,
-                calibration=ServiceCalibration(
+            calibration = calibrations.setdefault(
+                s.addressed_as,
+                ServiceCalibration(
                     window=spec.knobs.calibration_window,
                     safety_factor=spec.knobs.safety_factor,
                     learn=spec.knobs.enabled("calibration"),
                 ),
+            )
+            self.services[s.name] = ServiceState(
+                spec=s,
+                calibration=calibration,
                 index=i,
                 pinned=s.residency is Residency.PINNED,
             )

@@ -457,6 +457,11 @@ class Simulation:
                 case Enqueue():
                     pass
 
+    def _file(self, service: str) -> str:
+        """The model file a service loads: replicas of one service share it (and so
+        its pages in the host cache)."""
+        return self.services[service].addressed_as
+
     def _device_of(self, service: str) -> str:
         return self.services[service].device
 
@@ -632,8 +637,8 @@ class Simulation:
             return
         init_s = self.services[a.service].init_s
         warm_init_s = self.perf[a.service].warm_init_s
-        if self.host_cache.holds(a.service):
-            held = a.service in self.host_cache.held
+        if self.host_cache.holds(self._file(a.service)):
+            held = self._file(a.service) in self.host_cache.held
             if held and a.from_tier is Tier.SLEEPING:
                 init_s = warm_init_s or 0.0
             elif held and a.from_tier is Tier.PARKED and warm_init_s is not None:
@@ -641,12 +646,12 @@ class Simulation:
             took = weights / self.host_bandwidth[dev_name] + init_s
         else:
             took = weights / self.bandwidth[dev_name] + init_s
-        self.host_cache.release(a.service)
+        self.host_cache.release(self._file(a.service))
 
         def finished() -> None:
             if self.generation[a.service] != gen:
                 return
-            self.host_cache.read(a.service, weights)
+            self.host_cache.read(self._file(a.service), weights)
             self.alive[a.service] = True
             self._handle(
                 LoadFinished(service=a.service, weights_bytes=weights, runtime_bytes=runtime)
@@ -657,9 +662,9 @@ class Simulation:
     def _unload(self, a: Unload, now: float) -> None:
         weights = self.true_resident[a.service][0]
         if a.tier is Tier.COLD:
-            self.host_cache.release(a.service)
+            self.host_cache.release(self._file(a.service))
         else:
-            self.host_cache.hold(a.service, weights)
+            self.host_cache.hold(self._file(a.service), weights)
         dev_name = self._device_of(a.service)
         if not self.alive[a.service] and a.service not in self.devices[dev_name].services:
             return  # not loaded: only its host copy is dropped

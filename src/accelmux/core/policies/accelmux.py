@@ -154,6 +154,11 @@ TIME_SHARE_QUANTUM_S = 5.0
 #: Measured activation memory within this much of what was accounted is noise.
 EXCESS_TOLERANCE = 16 * 1024 * 1024
 
+#: A restore that evicted others for its room, and found the room taken by demand when
+#: the evictions were done, evicts for it again only after this long: a speculative
+#: reload never livelocks with the work it displaces.
+RESTORE_RETRY_S = 30.0
+
 #: Idle seconds after which an on-demand service goes when it holds the memory of an
 #: evicted warm service that is likely to be used again (restore it sooner).
 RESTORE_GRACE_S = 1.0
@@ -195,6 +200,8 @@ class AccelmuxPolicy:
         self._high_water: dict[str, int] = {}
         #: Services measured holding activation memory while idle (a caching allocator).
         self._caching: set[str] = set()
+        #: When a restore of each service last evicted others to make its room.
+        self._restore_tried_at: dict[str, float] = {}
         #: Crash count of each service when last seen, and what its requests held then.
         self._seen_crashes: dict[str, int] = {}
         self._held: dict[str, list[tuple[int, int]]] = {}
@@ -268,7 +275,8 @@ class AccelmuxPolicy:
             self._high_water[name] = max(before, measured)
             excess = measured - max(leases, before)
             if not svc.inflight and reserved > EXCESS_TOLERANCE:
-                self._caching.add(name)
+                # a property of the backend: every replica of the service caches alike
+                self._caching.add(svc.spec.addressed_as)
             if not svc.inflight or excess <= EXCESS_TOLERANCE:
                 self._charged.pop(name, None)
                 continue
@@ -763,6 +771,17 @@ class AccelmuxPolicy:
         return self.route(world, world.groups[group], Demand()) is svc
 
     @staticmethod
+    def _wanted_by_higher_class(world: World, svc: ServiceState) -> bool:
+        """Whether requests of a higher class wait on ``svc``'s device: its memory is
+        theirs, and a load there would be evicted again as soon as it is done."""
+        device = svc.spec.device
+        return any(
+            world.waiting_classes.get((device, cls), 0)
+            for cls in ServiceClass
+            if cls < svc.spec.cls
+        )
+
+    @staticmethod
     def _footprint(world: World, svc: ServiceState) -> int:
         """What loading ``svc`` commits at its KV floor, calibrated."""
         weights, runtime, _ = world.projected_resident(svc, 0)
@@ -784,7 +803,7 @@ class AccelmuxPolicy:
         if svc.status is ServiceStatus.CRASHED and svc.backoff_until > world.now:
             queue_s += svc.backoff_until - world.now
         room_s = self._room_seconds(world, svc, demand)
-        if room_s is None:
+        if room_s is None or self._wanted_by_higher_class(world, svc):
             return svc.spec.deadline_s + queue_s
         return world.load_seconds(svc, svc.tier) + room_s + queue_s
 
@@ -1047,7 +1066,7 @@ class AccelmuxPolicy:
                 )
             ):
                 pending += holder.kv_shrinking
-            if holder.name in self._caching and knobs.enabled("cache_accounting"):
+            if holder.spec.addressed_as in self._caching and knobs.enabled("cache_accounting"):
                 kept += lease
                 if holder.idle and self._evictable(holder, cls, exclude, strict):
                     self._unload(
@@ -1795,7 +1814,10 @@ class AccelmuxPolicy:
             # free (see _restore_need).
             need_with_spare = self._restore_need(world, svc, pool)
             fits = world.ledger.available(dev) >= need_with_spare
-            if not fits and svc.spec.cls < ServiceClass.BATCH and world.knobs.enabled("restore"):
+            tried = self._restore_tried_at.get(svc.name)
+            if tried is not None and world.now - tried < RESTORE_RETRY_S:
+                pass  # the room it made went to demand: do not evict for it again yet
+            elif not fits and svc.spec.cls < ServiceClass.BATCH and world.knobs.enabled("restore"):
                 # An interactive service outranks batch and background work: take its
                 # memory back from them (they are preempted or evicted) to restore it.
                 # Only strictly lower classes yield: two services of one class that cannot
@@ -1803,6 +1825,10 @@ class AccelmuxPolicy:
                 fits = self.make_room(
                     world, dev, need_with_spare, svc.spec.cls, svc, Reason.PRELOAD, strict=True
                 )
+                if not fits and world.ledger.available(dev) + self._pending_free(world, dev) >= (
+                    need_with_spare
+                ):
+                    self._restore_tried_at[svc.name] = world.now
             if fits:
                 world.load(svc, reason=Reason.PRELOAD, kv_pool=pool, detail="likely reused soon")
                 world.forget_eviction(svc)
