@@ -14,9 +14,11 @@ from accelmux.core.routing import (
     Readiness,
     Route,
     ServiceOnNode,
+    build_index,
     live_models,
     readiness,
     route,
+    route_indexed,
 )
 from accelmux.core.types import ServiceStatus
 
@@ -186,3 +188,10 @@ def test_no_live_host_is_better_ranked_than_the_route(nodes: list[NodeView], mod
         s = n.serving(model)
         if n.alive and s is not None:
             assert readiness(s) >= choice.readiness
+
+
+@given(clusters(), st.sampled_from([*MODELS, "unknown"]), pendings)
+def test_the_indexed_route_is_the_scan(
+    nodes: list[NodeView], model: str, pending: dict[tuple[str, str], int]
+) -> None:
+    assert route_indexed(build_index(nodes), model, pending) == route(nodes, model, pending)

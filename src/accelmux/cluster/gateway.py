@@ -3,9 +3,10 @@
 It keeps the single machine's guards (the same middlewares: API keys on ``/v1`` and
 ``/api``, the admin key on ``/admin``, request size limits, rate limits) and forwards
 each inference request, body untouched, to the node :func:`accelmux.core.routing.route`
-chooses; that node's own daemon validates, admits and serves it, so every API (OpenAI,
-Ollama) answers as on one machine. Streamed answers (SSE, NDJSON) are relayed chunk by
-chunk. Lists (``/v1/models``, ``/api/tags``, ``/api/ps``) are the union over live nodes.
+chooses (through its per-poll index); that node's own daemon validates, admits and
+serves it, so every API (OpenAI, Ollama) answers as on one machine. Streamed answers
+(SSE, NDJSON) are relayed chunk by chunk. Lists (``/v1/models``, ``/api/tags``,
+``/api/ps``) are the union over live nodes.
 
 Errors, in OpenAI's shape: a model no node knows, 404 ``model_not_found``; a service
 whose every host is down, 503 ``node_unavailable`` naming the lost nodes, with
@@ -29,7 +30,7 @@ from accelmux import __version__
 from accelmux.cluster.nodes import Answer, NodeLost, NodeTable, NodeTimeout
 from accelmux.cluster.requests import model_of, streams
 from accelmux.config.server import ServerConfig
-from accelmux.core.routing import NoRoute, NoRouteReason, live_models, route
+from accelmux.core.routing import NoRoute, NoRouteReason, live_models, route_indexed
 from accelmux.gateway.errors import ApiError
 from accelmux.gateway.middleware import auth_middleware, error_middleware, rate_limit_middleware
 from accelmux.gateway.openapi import document
@@ -152,7 +153,7 @@ async def routed(request: web.Request) -> web.StreamResponse:
 
 async def to_model(request: web.Request, model: str, path: str, body: bytes) -> web.StreamResponse:
     table = request.app[TABLE]
-    choice = route(table.views(), model, table.pending())
+    choice = route_indexed(table.index(), model, table.pending())
     if isinstance(choice, NoRoute):
         raise no_route_error(choice, table.cfg.retry_after_s)
     return await relay(request, choice.node, choice.service, path, body)
@@ -217,7 +218,10 @@ async def cluster_status(request: web.Request) -> web.Response:
     now = table.clock()
     nodes = [table.nodes[n].as_dict(now) for n in sorted(table.nodes)]
     served = [{"model": m, "service": s} for m, s in live_models(table.views())]
-    return web.json_response({"time": time.time(), "nodes": nodes, "models": served})
+    gateway = {"ray_node_id": table.ray_node_id, "cluster": table.cfg.model_dump()}
+    return web.json_response(
+        {"time": time.time(), "gateway": gateway, "nodes": nodes, "models": served}
+    )
 
 
 async def node_passthrough(request: web.Request) -> web.StreamResponse:

@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 from accelmux.cluster.ray_link import agent_name, agent_names
 from accelmux.cluster.snapshots import view_of
 from accelmux.config.cluster import ClusterConfig
-from accelmux.core.routing import NodeView
+from accelmux.core.routing import NodeView, RouteIndex, build_index
 
 log = logging.getLogger("accelmux.cluster")
 T = TypeVar("T")
@@ -67,11 +67,18 @@ class Node:
     )
     #: The gateway's own requests in flight there, by service.
     pending: Counter[str] = field(default_factory=Counter)
+    #: The view of (snapshot, alive) last built: a poll that changed neither reuses it.
+    _view: tuple[dict[str, Any], bool, NodeView] | None = None
 
     def view(self) -> NodeView | None:
         if self.snapshot is None:
             return None
-        return view_of(self.snapshot, alive=self.alive)
+        cached = self._view
+        if cached is not None and cached[0] is self.snapshot and cached[1] == self.alive:
+            return cached[2]
+        view = view_of(self.snapshot, alive=self.alive)
+        self._view = (self.snapshot, self.alive, view)
+        return view
 
     def as_dict(self, now: float) -> dict[str, Any]:
         snap = self.snapshot or {}
@@ -81,6 +88,7 @@ class Node:
             "error": self.error,
             "snapshot_age_s": round(now - self.updated_at, 3) if self.updated_at else None,
             "daemon_port": snap.get("port"),
+            "ray_node_id": snap.get("ray_node_id"),
             "devices": snap.get("devices", {}),
             "services": snap.get("services", []),
             "pending": dict(self.pending),
@@ -96,10 +104,16 @@ class NodeTable:
         self.clock = clock
         self.nodes: dict[str, Node] = {}
         self._views: list[NodeView] = []
+        self._index = build_index(())
+        #: The Ray node this gateway joined through (its own machine).
+        self.ray_node_id = str(ray.get_runtime_context().get_node_id())
 
     # ---- what the router reads -------------------------------------------------------
     def views(self) -> list[NodeView]:
         return self._views
+
+    def index(self) -> RouteIndex:
+        return self._index
 
     def pending(self) -> dict[tuple[str, str], int]:
         return {
@@ -115,6 +129,7 @@ class NodeTable:
     def _rebuild_views(self) -> None:
         views = (node.view() for node in sorted(self.nodes.values(), key=lambda n: n.name))
         self._views = [v for v in views if v is not None]
+        self._index = build_index(self._views)
 
     # ---- polling -----------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
@@ -159,7 +174,8 @@ class NodeTable:
             node.handle = None
             self.mark_down(node, _one_line(exc))
             return
-        node.snapshot = snap
+        if snap != node.snapshot:  # an unchanged one keeps its cached view
+            node.snapshot = snap
         node.updated_at = self.clock()
         if not node.alive:
             log.info("node %s is up", node.name)

@@ -14,11 +14,20 @@ Manager can serve the request soonest, in this order of :class:`Readiness`:
    memory wins);
 5. ``BACKING_OFF``: it crashed there and waits for its restart.
 
-Ties go to the node name, so a route is a function of its inputs. A node that is down
+Ties go to the node name, so a route is a function of its inputs (and no two candidates
+ever rank equal). A node that is down
 (``alive`` false) is never chosen, and neither is a node whose view does not list the
 service (a node lists only the services it may host). When no live node can take it,
 :class:`NoRoute` says why: the model is unknown everywhere, or the only nodes that
 hosted it are down (named, so the client's error can say which).
+
+:func:`route` is the definition: a scan of every node, O(nodes) per request. The gateway
+asks :func:`route_indexed` instead, over a :class:`RouteIndex` built once per poll
+(O(nodes log nodes)): each model's live hosts sorted by their rank without the
+gateway's own requests in flight. Those can only make a host rank worse, never better,
+so a decision walks the sorted hosts only while one of them might still win: in the
+usual case it looks at one or two. The two give the same answer for every input (a
+property test holds them to it).
 """
 
 from __future__ import annotations
@@ -150,6 +159,62 @@ def route(
             model=model,
             lost_nodes=tuple(sorted(lost)),
             service=lost_service,
+        )
+    return NoRoute(reason=NoRouteReason.UNKNOWN_MODEL, model=model)
+
+
+Candidate = tuple[tuple[int, int, int, str], str, ServiceOnNode]
+
+
+@dataclass(frozen=True, slots=True)
+class RouteIndex:
+    """The nodes' views arranged for fast routing (built once per poll)."""
+
+    #: model -> its live hosts as (rank with nothing pending, node, service), best first.
+    candidates: Mapping[str, tuple[Candidate, ...]]
+    #: model -> (the down nodes that hosted it, sorted; the service), for models no live
+    #: node hosts.
+    lost: Mapping[str, tuple[tuple[str, ...], str]]
+
+
+def build_index(nodes: Iterable[NodeView]) -> RouteIndex:
+    live: dict[str, list[Candidate]] = {}
+    lost: dict[str, tuple[list[str], str]] = {}
+    for node in nodes:
+        for model, svc in node.by_model.items():
+            if node.alive:
+                live.setdefault(model, []).append((rank(svc, node.name), node.name, svc))
+            else:
+                lost.setdefault(model, ([], svc.service))[0].append(node.name)
+    return RouteIndex(
+        candidates={m: tuple(sorted(c, key=lambda c: c[0])) for m, c in live.items()},
+        lost={m: (tuple(sorted(n)), s) for m, (n, s) in lost.items() if m not in live},
+    )
+
+
+def route_indexed(
+    index: RouteIndex,
+    model: str,
+    pending: Mapping[tuple[str, str], int] | None = None,
+) -> Route | NoRoute:
+    """:func:`route`'s answer, from ``index``: a host's rank with pending requests is never
+    better than its rank without, so the walk stops at the first host whose rank without
+    cannot beat the best found."""
+    pending = pending or {}
+    best: tuple[tuple[int, int, int, str], str, ServiceOnNode] | None = None
+    for key, node, svc in index.candidates.get(model, ()):
+        if best is not None and key >= best[0]:
+            break
+        waiting = pending.get((node, svc.service), 0)
+        actual = rank(svc, node, waiting) if waiting else key
+        if best is None or actual < best[0]:
+            best = (actual, node, svc)
+    if best is not None:
+        return Route(node=best[1], service=best[2].service, readiness=Readiness(best[0][0]))
+    gone = index.lost.get(model)
+    if gone is not None:
+        return NoRoute(
+            reason=NoRouteReason.NODES_LOST, model=model, lost_nodes=gone[0], service=gone[1]
         )
     return NoRoute(reason=NoRouteReason.UNKNOWN_MODEL, model=model)
 

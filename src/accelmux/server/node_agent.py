@@ -69,6 +69,9 @@ class NodeAgent:
         self._daemon: asyncio.Task[None] | None = None
         self._failure: str | None = None
         self._session: aiohttp.ClientSession | None = None
+        import ray  # noqa: PLC0415  # optional extra: this runs only inside a Ray actor
+
+        self.ray_node_id = str(ray.get_runtime_context().get_node_id())
 
     async def _run(self, stop: asyncio.Event) -> None:
         try:
@@ -105,7 +108,9 @@ class NodeAgent:
             self.base + "/admin/status", headers=self._admin_headers
         ) as resp:
             status = await resp.json()
-        return node_snapshot(self.node, self.port, status, self.cfg)
+        snap = node_snapshot(self.node, self.port, status, self.cfg)
+        snap["ray_node_id"] = self.ray_node_id
+        return snap
 
     async def forward(
         self,
