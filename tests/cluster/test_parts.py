@@ -14,7 +14,8 @@ from tests.cluster.support import env, fake, write_config
 
 from accelmux.cli import main
 from accelmux.cluster import ray_link
-from accelmux.cluster.hosting import config_for_node, hosts
+from accelmux.cluster.gateway import no_route_error
+from accelmux.cluster.hosting import config_for_node, configured_hosts, hosts
 from accelmux.cluster.requests import model_of, streams
 from accelmux.cluster.snapshots import node_snapshot, view_of
 from accelmux.config.load import load_config_data
@@ -154,3 +155,46 @@ def test_a_single_machine_never_imports_ray() -> None:
         check=False,
     )
     assert done.returncode == 0, done.stderr
+
+
+def test_no_route_names_where_the_service_may_run() -> None:
+    cfg = load_config_data(config(nodes=["a", "b", "c"]), "test")
+    configured = configured_hosts(cfg)
+    assert configured["gpt"] == ("chat", ("b", "c"))
+    assert configured["embed"] == ("embed", ("a", "b", "c"))
+    never_up = no_route_error(route([], "gpt"), 5.0, configured)  # type: ignore[arg-type]
+    assert (never_up.status, never_up.code, never_up.retry_after_s) == (
+        503,
+        "node_unavailable",
+        5.0,
+    )
+    assert "'b', 'c'" in never_up.message and "'chat'" in never_up.message
+    lost_one = route([view_of(_snapshot("b"), alive=False)], "chat")
+    err = no_route_error(lost_one, 5.0, configured)  # type: ignore[arg-type]
+    assert err.status == 503
+    assert "('b') are down; no live agent on 'c' either" in err.message
+    unknown = no_route_error(route([], "nope"), 5.0, configured)  # type: ignore[arg-type]
+    assert (unknown.status, unknown.code) == (404, "model_not_found")
+
+
+def _snapshot(node: str) -> dict[str, Any]:
+    return {
+        "node": node,
+        "port": 1,
+        "stopping": False,
+        "devices": {"gpu": {"budget_bytes": 1, "available_bytes": 1}},
+        "services": [
+            {
+                "service": "chat",
+                "kind": "chat",
+                "models": ["chat", "gpt"],
+                "state": "loaded",
+                "inflight": 0,
+                "waiting": 0,
+                "concurrency": 1,
+                "device": "gpu",
+                "load_bytes": 1,
+                "backing_off": False,
+            }
+        ],
+    }

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from aiohttp import web
@@ -36,6 +37,8 @@ from accelmux.gateway.middleware import auth_middleware, error_middleware, rate_
 from accelmux.gateway.openapi import document
 
 TABLE = web.AppKey("cluster_nodes", NodeTable)
+#: model -> (service, nodes that may host it), from the cluster's config when given.
+CONFIGURED = web.AppKey("cluster_configured", dict[str, tuple[str, tuple[str, ...]]])
 #: Not forwarded either way: they describe one hop, not the request.
 HOP_HEADERS = frozenset(
     {"host", "content-length", "transfer-encoding", "connection", "keep-alive", "upgrade"}
@@ -52,7 +55,25 @@ def answer_headers(headers: list[tuple[str, str]], node: str) -> list[tuple[str,
     return [*out, (NODE_HEADER, node)]
 
 
-def no_route_error(choice: NoRoute, retry_after_s: float) -> ApiError:
+def no_route_error(
+    choice: NoRoute,
+    retry_after_s: float,
+    configured: Mapping[str, tuple[str, tuple[str, ...]]] | None = None,
+) -> ApiError:
+    """The answer when no live node can take a request: 503 for a model some node may
+    host (naming the nodes), 404 for one nobody knows."""
+    known = (configured or {}).get(choice.model)
+    if choice.reason is NoRouteReason.UNKNOWN_MODEL and known is not None:
+        service, nodes = known
+        where = ", ".join(repr(n) for n in nodes) if nodes else "any node"
+        return ApiError(
+            503,
+            f"service {service!r} (model {choice.model!r}) is unavailable: no live node "
+            f"hosts it (it may run on {where}; start a node agent there)",
+            type="service_unavailable",
+            code="node_unavailable",
+            retry_after_s=retry_after_s,
+        )
     if choice.reason is NoRouteReason.UNKNOWN_MODEL:
         return ApiError(
             404,
@@ -62,10 +83,12 @@ def no_route_error(choice: NoRoute, retry_after_s: float) -> ApiError:
             code="model_not_found",
         )
     lost = ", ".join(repr(n) for n in choice.lost_nodes)
+    others = [n for n in (known[1] if known else ()) if n not in choice.lost_nodes]
+    also = f"; no live agent on {', '.join(repr(n) for n in others)} either" if others else ""
     return ApiError(
         503,
         f"service {choice.service!r} (model {choice.model!r}) is unavailable: the node(s) "
-        f"that may host it ({lost}) are down",
+        f"that hosted it ({lost}) are down{also}",
         type="service_unavailable",
         code="node_unavailable",
         retry_after_s=retry_after_s,
@@ -155,7 +178,7 @@ async def to_model(request: web.Request, model: str, path: str, body: bytes) -> 
     table = request.app[TABLE]
     choice = route_indexed(table.index(), model, table.pending())
     if isinstance(choice, NoRoute):
-        raise no_route_error(choice, table.cfg.retry_after_s)
+        raise no_route_error(choice, table.cfg.retry_after_s, request.app[CONFIGURED])
     return await relay(request, choice.node, choice.service, path, body)
 
 
@@ -234,14 +257,20 @@ async def node_passthrough(request: web.Request) -> web.StreamResponse:
     return await relay(request, node, None, path, body)
 
 
-def build_cluster_app(table: NodeTable, server: ServerConfig) -> web.Application:
-    """The gateway in front of ``table``'s nodes, guarded as ``server`` says."""
+def build_cluster_app(
+    table: NodeTable,
+    server: ServerConfig,
+    configured: Mapping[str, tuple[str, tuple[str, ...]]] | None = None,
+) -> web.Application:
+    """The gateway in front of ``table``'s nodes, guarded as ``server`` says;
+    ``configured``: the cluster config's models and the nodes that may host them."""
     max_body = int(server.max_body)
     middlewares = [error_middleware(max_body), auth_middleware(server, server.host)]
     if server.rate_limit is not None:
         middlewares.append(rate_limit_middleware(server.rate_limit))
     app = web.Application(client_max_size=max_body, middlewares=middlewares)
     app[TABLE] = table
+    app[CONFIGURED] = dict(configured or {})
     app.router.add_get("/health", health)
     app.router.add_get("/openapi.json", openapi)
     app.router.add_get("/v1/models", models)

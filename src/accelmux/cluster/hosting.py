@@ -36,3 +36,14 @@ def config_for_node(cfg: AccelmuxConfig, node: str, *, port: int, data_dir: Path
         update={"host": "127.0.0.1", "port": port, "data_dir": str(data_dir), "wyoming": wyoming}
     )
     return cfg.model_copy(update={"services": services, "server": server})
+
+
+def configured_hosts(cfg: AccelmuxConfig) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """Each model name -> (its service, the nodes that may host it; empty: any node), so
+    the gateway can name them when no live node serves the model yet."""
+    out: dict[str, tuple[str, tuple[str, ...]]] = {}
+    for name, svc in cfg.services.items():
+        nodes = tuple(svc.nodes if svc.nodes is not None else cfg.cluster.nodes)
+        for model in [svc.model or name, *svc.aliases]:
+            out[model] = (name, nodes)
+    return out

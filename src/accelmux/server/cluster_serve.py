@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import signal
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from aiohttp import web
@@ -28,15 +30,21 @@ async def serve_cluster(
     server: ServerConfig,
     cluster: ClusterConfig,
     *,
+    configured: Mapping[str, tuple[str, tuple[str, ...]]] | None = None,
     stop: asyncio.Event | None = None,
     signals: bool = True,
 ) -> None:
-    """Run the gateway until ``stop`` is set or (with ``signals``) SIGTERM/SIGINT."""
+    """Run the gateway until ``stop`` is set or (with ``signals``) SIGTERM/SIGINT;
+    ``configured``: the cluster config's models and where they may run (named in the
+    503 of a model no live node hosts)."""
     refuse_open_host(server)
     table = NodeTable(ray, cluster)
     await table.refresh()
-    app = build_cluster_app(table, server)
-    runner = web.AppRunner(app, handler_cancellation=True, logger=ProtocolLogger())
+    app = build_cluster_app(table, server, configured)
+    access = logging.getLogger("aiohttp.access") if server.access_log else None
+    runner = web.AppRunner(
+        app, handler_cancellation=True, access_log=access, logger=ProtocolLogger()
+    )
     await runner.setup()
     site = web.TCPSite(runner, server.host, server.port, reuse_address=True)
     try:

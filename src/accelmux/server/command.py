@@ -111,6 +111,7 @@ def server_overrides(args: argparse.Namespace, server: Any) -> Any:
 
 def run_cluster(args: argparse.Namespace, address: str, cfg: Any) -> int:
     """``serve --cluster``: the gateway in front of the cluster's node agents."""
+    from accelmux.cluster.hosting import configured_hosts  # noqa: PLC0415  # --help stays fast
     from accelmux.cluster.ray_link import connect  # noqa: PLC0415  # --help stays fast
     from accelmux.config.cluster import ClusterConfig  # noqa: PLC0415  # --help stays fast
     from accelmux.config.server import ServerConfig  # noqa: PLC0415  # --help stays fast
@@ -123,7 +124,8 @@ def run_cluster(args: argparse.Namespace, address: str, cfg: Any) -> int:
     setup_logging(args)
     ray = connect(address)
     with asyncio.Runner(loop_factory=loop_factory(server.event_loop)) as runner:
-        runner.run(serve_cluster(ray, server, cluster))
+        configured = configured_hosts(cfg) if cfg is not None else None
+        runner.run(serve_cluster(ray, server, cluster, configured=configured))
     return 0
 
 
