@@ -162,6 +162,24 @@ def test_an_unknown_model_is_a_404_and_a_missing_one_a_400(setup: Setup) -> None
     http.value.close()
 
 
+def test_the_ollama_api_streams_ndjson_through_the_gateway(setup: Setup) -> None:
+    request = urllib.request.Request(
+        setup.url + "/api/chat",
+        data=json.dumps(
+            {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
+        ).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=10) as resp:
+        assert resp.headers["X-Accelmux-Node"] == "b"
+        lines = [json.loads(line) for line in resp.read().splitlines() if line.strip()]
+    assert len(lines) > 1 and lines[-1]["done"] is True
+    status, tags = get_json(setup.url + "/api/tags")
+    assert status == 200 and {"chat", "embed"} <= {m["name"] for m in tags["models"]}
+    status, entry = get_json(setup.url + "/v1/models/gpt-test")
+    assert status == 200 and entry["id"] == "gpt-test"
+
+
 def test_the_admin_view_reaches_one_node_daemon(setup: Setup) -> None:
     status, body = get_json(setup.url + "/admin/nodes/a/admin/status")
     assert status == 200
