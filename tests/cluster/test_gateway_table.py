@@ -164,3 +164,26 @@ def test_a_stream_whose_node_goes_quiet_ends_with_an_error_event() -> None:
         assert text.startswith("data: 1\n\n") and '"node_timeout"' in text
 
     serve([Agent("b")], body)
+
+
+def test_requests_in_flight_spread_a_burst_before_the_next_snapshot() -> None:
+    a, b = Agent("a"), Agent("b")
+
+    async def body(client: TestClient, table: NodeTable) -> None:
+        gate = asyncio.Event()
+
+        async def held() -> Any:
+            await gate.wait()
+            return OK
+
+        a.answer = held
+        first = asyncio.ensure_future(client.post("/v1/chat/completions", json=CHAT))
+        await asyncio.sleep(0.1)
+        assert table.pending() == {("a", "chat"): 1}
+        second = await client.post("/v1/chat/completions", json=CHAT)
+        assert second.headers["X-Accelmux-Node"] == "b"  # a's one slot is taken
+        gate.set()
+        assert (await first).headers["X-Accelmux-Node"] == "a"
+        assert table.pending() == {}
+
+    serve([a, b], body)

@@ -18,7 +18,7 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -65,8 +65,6 @@ class Node:
     lost: asyncio.Future[str] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
-    #: The gateway's own requests in flight there, by service.
-    pending: Counter[str] = field(default_factory=Counter)
     #: The view of (snapshot, alive) last built: a poll that changed neither reuses it.
     _view: tuple[dict[str, Any], bool, NodeView] | None = None
 
@@ -91,7 +89,6 @@ class Node:
             "ray_node_id": snap.get("ray_node_id"),
             "devices": snap.get("devices", {}),
             "services": snap.get("services", []),
-            "pending": dict(self.pending),
         }
 
 
@@ -103,6 +100,9 @@ class NodeTable:
         self.cfg = cfg
         self.clock = clock
         self.nodes: dict[str, Node] = {}
+        #: The gateway's own requests in flight, by (node, service): fresher than the
+        #: snapshots, read by every routing decision.
+        self._pending: Counter[tuple[str, str]] = Counter()
         self._views: list[NodeView] = []
         self._index = build_index(())
         #: The Ray node this gateway joined through (its own machine).
@@ -115,21 +115,33 @@ class NodeTable:
     def index(self) -> RouteIndex:
         return self._index
 
-    def pending(self) -> dict[tuple[str, str], int]:
-        return {
-            (node.name, service): n
-            for node in self.nodes.values()
-            for service, n in node.pending.items()
-            if n
-        }
+    def pending(self) -> Mapping[tuple[str, str], int]:
+        return self._pending
+
+    def _sent(self, node: str, service: str | None) -> None:
+        if service is not None:
+            self._pending[node, service] += 1
+
+    def _answered(self, node: str, service: str | None) -> None:
+        if service is not None:
+            key = (node, service)
+            self._pending[key] -= 1
+            if self._pending[key] <= 0:
+                del self._pending[key]
 
     def alive(self) -> list[Node]:
         return [node for node in self.nodes.values() if node.alive]
 
     def _rebuild_views(self) -> None:
+        """Views and index again, unless no node's view changed (then both are kept)."""
         views = (node.view() for node in sorted(self.nodes.values(), key=lambda n: n.name))
-        self._views = [v for v in views if v is not None]
-        self._index = build_index(self._views)
+        fresh = [v for v in views if v is not None]
+        same = len(fresh) == len(self._views) and all(
+            a is b for a, b in zip(fresh, self._views, strict=True)
+        )
+        if not same:
+            self._views = fresh
+            self._index = build_index(fresh)
 
     # ---- polling -----------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
@@ -159,7 +171,7 @@ class NodeTable:
     async def _poll(self, node: Node, listed: bool) -> None:
         if not listed:
             node.handle = None
-            self.mark_down(node, "its agent is gone from the Ray cluster")
+            self.mark_down(node, "its agent is gone from the Ray cluster", rebuild=False)
             return
         try:
             if node.handle is None:
@@ -168,11 +180,12 @@ class NodeTable:
                 _awaited(node.handle.snapshot.remote()), self.cfg.snapshot_timeout_s
             )
         except TimeoutError:
-            self.mark_down(node, f"no snapshot within {self.cfg.snapshot_timeout_s:g} s")
+            why = f"no snapshot within {self.cfg.snapshot_timeout_s:g} s"
+            self.mark_down(node, why, rebuild=False)
             return
         except Exception as exc:  # the actor died, or Ray lost it
             node.handle = None
-            self.mark_down(node, _one_line(exc))
+            self.mark_down(node, _one_line(exc), rebuild=False)
             return
         if snap != node.snapshot:  # an unchanged one keeps its cached view
             node.snapshot = snap
@@ -187,15 +200,17 @@ class NodeTable:
     def _actor(self, name: str) -> Any:
         return self.ray.get_actor(agent_name(name))
 
-    def mark_down(self, node: Node, why: str) -> None:
-        """Stop routing to ``node`` and fail its requests in flight (:class:`NodeLost`)."""
+    def mark_down(self, node: Node, why: str, *, rebuild: bool = True) -> None:
+        """Stop routing to ``node`` and fail its requests in flight (:class:`NodeLost`);
+        ``rebuild`` off: the caller rebuilds the views (a poll, once for all nodes)."""
         if node.alive or node.error != why:
             log.warning("node %s is down: %s", node.name, why)
         node.alive = False
         node.error = why
         if not node.lost.done():
             node.lost.set_result(why)
-        self._rebuild_views()
+        if rebuild:
+            self._rebuild_views()
 
     # ---- forwarding ------------------------------------------------------------------
     async def _bounded(self, node: Node, call: Awaitable[T], deadline: float) -> T:
@@ -242,14 +257,12 @@ class NodeTable:
         node = self._node(name)
         deadline = self.clock() + self.cfg.request_timeout_s
         timeout = self.cfg.request_timeout_s
-        if service is not None:
-            node.pending[service] += 1
+        self._sent(name, service)
         try:
             ref = node.handle.forward.remote(method, path, headers, body, timeout)
             status, out_headers, out_body = await self._bounded(node, _awaited(ref), deadline)
         finally:
-            if service is not None:
-                node.pending[service] -= 1
+            self._answered(name, service)
         return int(status), list(out_headers), bytes(out_body)
 
     async def stream(
@@ -265,8 +278,7 @@ class NodeTable:
         node = self._node(name)
         deadline = self.clock() + self.cfg.request_timeout_s
         timeout = self.cfg.request_timeout_s
-        if service is not None:
-            node.pending[service] += 1
+        self._sent(name, service)
         try:
             refs = node.handle.stream.options(num_returns="streaming").remote(
                 method, path, headers, body, timeout
@@ -277,8 +289,7 @@ class NodeTable:
                     return
                 yield await self._bounded(node, _awaited(ref), deadline)
         finally:
-            if service is not None:
-                node.pending[service] -= 1
+            self._answered(name, service)
 
 
 async def _awaited(ref: Any) -> Any:
