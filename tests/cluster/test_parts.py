@@ -17,7 +17,7 @@ from accelmux.cluster import ray_link
 from accelmux.cluster.gateway import no_route_error
 from accelmux.cluster.hosting import config_for_node, configured_hosts, hosts
 from accelmux.cluster.requests import model_of, streams
-from accelmux.cluster.snapshots import node_snapshot, view_of
+from accelmux.cluster.snapshots import model_entries, node_snapshot, view_of
 from accelmux.config.load import load_config_data
 from accelmux.core.routing import Readiness, route
 from accelmux.core.types import ServiceStatus
@@ -197,4 +197,21 @@ def _snapshot(node: str) -> dict[str, Any]:
                 "backing_off": False,
             }
         ],
+    }
+
+
+def test_the_model_list_is_the_union_with_the_best_state_and_the_nodes() -> None:
+    loaded, cold = _snapshot("b"), _snapshot("a")
+    cold["services"][0]["state"] = "unloaded"
+    entries = model_entries([cold, loaded])
+    assert [e["id"] for e in entries] == ["chat", "gpt"]
+    assert entries[0] == {
+        "id": "chat",
+        "object": "model",
+        "created": 0,
+        "owned_by": "accelmux",
+        "service": "chat",
+        "kind": "chat",
+        "state": "loaded",
+        "nodes": ["a", "b"],
     }

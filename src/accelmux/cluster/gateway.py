@@ -5,8 +5,9 @@ It keeps the single machine's guards (the same middlewares: API keys on ``/v1`` 
 each inference request, body untouched, to the node :func:`accelmux.core.routing.route`
 chooses (through its per-poll index); that node's own daemon validates, admits and
 serves it, so every API (OpenAI, Ollama) answers as on one machine. Streamed answers
-(SSE, NDJSON) are relayed chunk by chunk. Lists (``/v1/models``, ``/api/tags``,
-``/api/ps``) are the union over live nodes.
+(SSE, NDJSON) are relayed chunk by chunk. Lists are the union over live nodes:
+``/v1/models`` from the snapshots the gateway holds, ``/api/tags`` and ``/api/ps``
+asked of every live node.
 
 Errors, in OpenAI's shape: a model no node knows, 404 ``model_not_found``; a service
 whose every host is down, 503 ``node_unavailable`` naming the lost nodes, with
@@ -30,6 +31,7 @@ from aiohttp import web
 from accelmux import __version__
 from accelmux.cluster.nodes import Answer, NodeLost, NodeTable, NodeTimeout
 from accelmux.cluster.requests import model_of, streams
+from accelmux.cluster.snapshots import model_entries
 from accelmux.config.server import ServerConfig
 from accelmux.core.routing import NoRoute, NoRouteReason, live_models, route_indexed
 from accelmux.gateway.errors import ApiError
@@ -208,8 +210,10 @@ async def _union(request: web.Request, path: str, key: str, ident: str) -> list[
 
 
 async def models(request: web.Request) -> web.Response:
-    data = await _union(request, "/v1/models", "data", "id")
-    return web.json_response({"object": "list", "data": data})
+    """From the snapshots the gateway holds: no call to any node."""
+    table = request.app[TABLE]
+    live = [n.snapshot for n in table.alive() if n.snapshot is not None]
+    return web.json_response({"object": "list", "data": model_entries(live)})
 
 
 async def ollama_tags(request: web.Request) -> web.Response:

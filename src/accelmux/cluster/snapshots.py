@@ -8,6 +8,7 @@ turns each into a :class:`~accelmux.core.routing.NodeView` for the router.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from accelmux.config.schema import AccelmuxConfig
@@ -80,3 +81,36 @@ def view_of(snapshot: dict[str, Any], *, alive: bool) -> NodeView:
     return NodeView(
         name=str(snapshot["node"]), alive=alive and not snapshot["stopping"], services=services
     )
+
+
+#: The state a listed model shows, best first, when several nodes host it.
+STATE_ORDER = ("loaded", "loading", "unloading", "unloaded", "crashed")
+
+
+def model_entries(snapshots: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``GET /v1/models`` of the cluster from the live nodes' snapshots, sorted by id: a
+    single machine's entries, with its best state anywhere and the nodes hosting it."""
+    entries: dict[str, dict[str, Any]] = {}
+    for snap in snapshots:
+        for svc in snap["services"]:
+            for model in svc["models"]:
+                entry = entries.setdefault(
+                    model,
+                    {
+                        "id": model,
+                        "object": "model",
+                        "created": 0,
+                        "owned_by": "accelmux",
+                        "service": svc["service"],
+                        "kind": svc["kind"],
+                        "state": svc["state"],
+                        "nodes": [],
+                    },
+                )
+                entry["nodes"].append(snap["node"])
+                rank = STATE_ORDER.index
+                if rank(svc["state"]) < rank(entry["state"]):
+                    entry["state"] = svc["state"]
+    for entry in entries.values():
+        entry["nodes"].sort()
+    return [entries[k] for k in sorted(entries)]
