@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from tests.real.support import installed, missing
 
@@ -154,6 +155,8 @@ def local_cluster(names: list[str], *, cpus: int = 1) -> Iterator[LocalCluster]:
     ray = need_ray()
     from ray.cluster_utils import Cluster
 
+    # Ray's processes inherit this process's environment: this checkout's accelmux first.
+    saved = dict(os.environ)
     os.environ.update({k: v for k, v in env().items() if k.startswith(("PYTHON", "RAY_"))})
     head, *rest = names
     try:
@@ -166,7 +169,9 @@ def local_cluster(names: list[str], *, cpus: int = 1) -> Iterator[LocalCluster]:
             },
         )
     except Exception as exc:
-        pytest_fail(f"Ray could not start a local cluster: {exc}")
+        os.environ.clear()
+        os.environ.update(saved)
+        pytest.fail(f"Ray could not start a local cluster: {exc}", pytrace=False)
     local = LocalCluster(cluster=cluster, address=cluster.address)
     local.nodes[head] = cluster.head_node
     try:
@@ -180,12 +185,8 @@ def local_cluster(names: list[str], *, cpus: int = 1) -> Iterator[LocalCluster]:
             if ray.is_initialized():
                 ray.shutdown()
         cluster.shutdown()
-
-
-def pytest_fail(message: str) -> None:
-    import pytest
-
-    pytest.fail(message, pytrace=False)
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 @contextlib.contextmanager
