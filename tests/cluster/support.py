@@ -139,9 +139,15 @@ class LocalCluster:
             )
             for name in names
         }
-        for name, proc in procs.items():
-            out, err = proc.communicate(timeout=120)
-            assert proc.returncode == 0, f"accelmux node --node {name} failed:\n{out}\n{err}"
+        try:
+            for name, proc in procs.items():
+                out, err = proc.communicate(timeout=120)
+                assert proc.returncode == 0, f"accelmux node --node {name} failed:\n{out}\n{err}"
+        finally:
+            for proc in procs.values():  # none outlives a failed start
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.communicate()
 
     def kill(self, name: str) -> None:
         """End a Ray node at once (its raylet and its workers: the agent dies with it)."""

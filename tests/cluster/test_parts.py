@@ -4,8 +4,11 @@ one-line errors, and a single machine that never imports Ray."""
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -215,3 +218,27 @@ def test_the_model_list_is_the_union_with_the_best_state_and_the_nodes() -> None
         "state": "loaded",
         "nodes": ["a", "b"],
     }
+
+
+def test_a_cluster_that_answers_but_never_lets_this_machine_join_is_given_up(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    forever = threading.Event()
+
+    class StuckRay:
+        def is_initialized(self) -> bool:
+            return False
+
+        def init(self, **_: Any) -> None:
+            forever.wait()  # as ray.init does when this machine is not one of its nodes
+
+    monkeypatch.setattr(ray_link, "import_ray", StuckRay)
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        address = f"127.0.0.1:{listening.getsockname()[1]}"
+        started = time.monotonic()
+        with pytest.raises(ClusterError, match=r"no answer within 0\.2 s"):
+            ray_link.connect(address, timeout_s=0.2)
+    assert time.monotonic() - started < 2
+    forever.set()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import threading
 from typing import Any
 
 from accelmux.errors import ClusterError
@@ -21,6 +22,8 @@ AGENT_PREFIX = "accelmux-node-"
 #: (``ray start --resources '{"accelmux_device_mib": 24576}'``): coarse placement and
 #: visibility only, the node's ledger stays the authority.
 DEVICE_RESOURCE = "accelmux_device_mib"
+#: How long joining a cluster may take before it is given up.
+JOIN_TIMEOUT_S = 60.0
 NO_RAY = "cluster mode needs Ray: pip install 'accelmux[cluster]' (ray>=2.40)"
 
 
@@ -37,24 +40,43 @@ def import_ray() -> Any:
     return ray
 
 
-def connect(address: str) -> Any:
+def connect(address: str, timeout_s: float = JOIN_TIMEOUT_S) -> Any:
     """Join the Ray cluster at ``address`` (``host:port`` of its head, or ``auto``) in
-    accelmux's namespace; the ``ray`` module."""
+    accelmux's namespace; the ``ray`` module.
+
+    ``ray.init`` runs in a thread of its own, given ``timeout_s``: it can wait forever
+    when the cluster answers but this machine's address is not one of its nodes'."""
     ray = import_ray()
     if ray.is_initialized():
         return ray
     why = unreachable(address)
     if why is not None:  # ray.init would retry for minutes
         raise ClusterError(f"cannot join the Ray cluster at {address}: {why}")
-    try:
-        ray.init(
-            address=address,
-            namespace=NAMESPACE,
-            log_to_driver=False,
-            logging_level=logging.WARNING,
-            include_dashboard=False,
+    failures: list[BaseException] = []
+
+    def join() -> None:
+        try:
+            ray.init(
+                address=address,
+                namespace=NAMESPACE,
+                log_to_driver=False,
+                logging_level=logging.WARNING,
+                include_dashboard=False,
+            )
+        except BaseException as exc:  # Ray raises ConnectionError, RuntimeError, ...
+            failures.append(exc)
+
+    joining = threading.Thread(target=join, name="ray-join", daemon=True)
+    joining.start()
+    joining.join(timeout_s)
+    if joining.is_alive():
+        raise ClusterError(
+            f"cannot join the Ray cluster at {address}: no answer within {timeout_s:g} s "
+            "(is a Ray node running on this machine, started with ray start --address, "
+            "with an address the cluster reaches: --node-ip-address?)"
         )
-    except Exception as exc:  # Ray raises ConnectionError, RuntimeError, ValueError...
+    if failures:
+        exc = failures[0]
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise ClusterError(f"cannot join the Ray cluster at {address}: {first}") from None
     return ray
