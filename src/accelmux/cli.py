@@ -17,6 +17,7 @@ from accelmux.errors import AccelmuxError, ConfigError
 #: Modules that register subcommands, in the order ``--help`` lists them.
 COMMAND_MODULES = (
     "accelmux.server.command",
+    "accelmux.server.node_command",
     "accelmux.runtime.status_cli",
     "accelmux.runtime.top",
     "accelmux.sim.command",

@@ -8,7 +8,8 @@ Hierarchy::
     ├── BackendError           a backend failed to load, serve or stop
     │   ├── BackendCrashedError    the backend process died or its model raised
     │   └── BackendTimeoutError    a load or request took longer than its limit
-    └── RequestError           a client request is invalid (bad field, too large)
+    ├── RequestError           a client request is invalid (bad field, too large)
+    └── ClusterError           cluster mode cannot start: no Ray, no cluster, no such node
 
 "Does not fit" is never an exception: the core returns it as a decision (a Reject or
 an Enqueue action with a reason). Only broken invariants raise.
@@ -71,3 +72,8 @@ class RequestError(AccelmuxError):
         self.field = field
         self.status = status
         super().__init__(message)
+
+
+class ClusterError(AccelmuxError):
+    """Cluster mode cannot start: Ray is not installed, its cluster cannot be reached, or
+    a node name is unknown."""

@@ -30,8 +30,8 @@ BLOCK = re.compile(
 )
 
 #: Optional dependencies a function may import where it needs them: absent from some
-#: Python builds (curses) or not installed everywhere (uvloop).
-OPTIONAL_DEPENDENCIES = frozenset({"curses", "uvloop"})
+#: Python builds (curses) or not installed everywhere (uvloop, and Ray: the cluster extra).
+OPTIONAL_DEPENDENCIES = frozenset({"curses", "uvloop", "ray"})
 WHY = re.compile(r"#\s*noqa:\s*PLC0415\s+#\s*(?P<why>\S.{9,})")
 
 

@@ -249,6 +249,7 @@ def semantic_problems(cfg: AccelmuxConfig, base_dir: Path | None = None) -> list
             ports[svc.backend.port] = where
 
     problems += wyoming_problems(cfg)
+    problems += cluster_problems(cfg)
     problems += group_problems(cfg.policy, list(cfg.services))
     if cfg.policy.name not in policy_names():
         problems.append(
@@ -305,4 +306,20 @@ def wyoming_problems(cfg: AccelmuxConfig) -> list[str]:
         problems.append("server.wyoming: no asr or tts service to serve (got none)")
     if wy.port == cfg.server.port:
         problems.append(f"server.wyoming.port: already used by server.port (got {wy.port})")
+    return problems
+
+
+def cluster_problems(cfg: AccelmuxConfig) -> list[str]:
+    """Each ``services.NAME.nodes`` entry is one of ``cluster.nodes`` when that is set."""
+    known = cfg.cluster.nodes
+    if not known:
+        return []
+    problems: list[str] = []
+    for name, svc in cfg.services.items():
+        for node in svc.nodes or []:
+            if node not in known:
+                problems.append(
+                    f"services.{name}.nodes: unknown node (got {node!r}; cluster.nodes: "
+                    f"{', '.join(known)})"
+                )
     return problems

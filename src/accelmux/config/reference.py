@@ -20,6 +20,7 @@ from accelmux.config.backends import (
     WorkerBackendConfig,
 )
 from accelmux.config.baselines import LlamaSwapConfig, LlamaSwapGroupConfig, OllamaConfig
+from accelmux.config.cluster import ClusterConfig
 from accelmux.config.deprecated import RENAMED_VALUES
 from accelmux.config.schema import (
     AccelmuxConfig,
@@ -52,6 +53,7 @@ SECTIONS: tuple[tuple[str, str, type[BaseModel]], ...] = (
     ("Host RAM for parked models", "host", HostConfig),
     ("Server", "server", ServerConfig),
     ("Server: Wyoming (Home Assistant voice)", "server.wyoming", WyomingConfig),
+    ("Cluster (several machines on Ray)", "cluster", ClusterConfig),
 )
 
 HEADER = """# Configuration reference

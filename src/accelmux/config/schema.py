@@ -16,6 +16,7 @@ from pydantic import BaseModel, ByteSize, ConfigDict, Field, PrivateAttr, field_
 
 from accelmux.config.backends import BackendConfig
 from accelmux.config.baselines import LlamaSwapConfig, OllamaConfig
+from accelmux.config.cluster import NODE_NAME_PATTERN, ClusterConfig
 from accelmux.config.server import ServerConfig
 from accelmux.core.policies.accelmux import HEURISTICS
 from accelmux.core.specs import DAY_S, Window
@@ -138,6 +139,11 @@ class ServiceConfig(StrictModel):
     backend: BackendConfig | None = Field(
         None, description="How it runs: external, worker or fake (none: simulation only)."
     )
+    nodes: list[Annotated[str, Field(pattern=NODE_NAME_PATTERN)]] | None = Field(
+        None,
+        description="Cluster mode: the nodes it may run on (none: every node). A single "
+        "machine ignores it.",
+    )
 
     @field_validator("windows")
     @classmethod
@@ -237,6 +243,9 @@ class AccelmuxConfig(StrictModel):
     policy: PolicyConfig = Field(default_factory=PolicyConfig, description="Policy knobs.")
     host: HostConfig = Field(default_factory=HostConfig, description="Host RAM for parking.")
     server: ServerConfig = Field(default_factory=ServerConfig, description="The daemon.")
+    cluster: ClusterConfig = Field(
+        default_factory=ClusterConfig, description="Several machines on Ray (docs/cluster.md)."
+    )
     #: Old spellings the loader read as new ones (:mod:`accelmux.config.deprecated`).
     _deprecations: tuple[str, ...] = PrivateAttr(default=())
 

@@ -44,6 +44,12 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
     p.add_argument(
+        "--cluster",
+        metavar="ADDRESS",
+        help="run the cluster gateway: join the Ray cluster at ADDRESS (its head's host:port) "
+        "and route each request to a node agent (docs/cluster.md; default: cluster.address)",
+    )
+    p.add_argument(
         "--show-config",
         action="store_true",
         help="print the config that would run (the default stack without -c) and exit",
@@ -54,8 +60,11 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from accelmux.config.load import load_config  # noqa: PLC0415  # --help stays fast
 
-    if args.config:
-        cfg = load_config(args.config)
+    cfg = load_config(args.config) if args.config else None
+    address = args.cluster or (cfg.cluster.address if cfg is not None else None)
+    if address and not args.show_config:
+        return run_cluster(args, address, cfg)
+    if cfg is not None:
         if args.show_config:
             print(Path(args.config).read_text(encoding="utf-8"), end="")
             return 0
@@ -64,6 +73,29 @@ def run(args: argparse.Namespace) -> int:
         if loaded is None:
             return code
         cfg = loaded
+    server = server_overrides(args, cfg.server)
+    if server is None:
+        return 2
+    cfg = cfg.model_copy(update={"server": server})
+    setup_logging(args)
+    from accelmux.server.serve import serve  # noqa: PLC0415  # --help stays fast
+
+    with asyncio.Runner(loop_factory=loop_factory(cfg.server.event_loop)) as runner:
+        runner.run(serve(cfg))
+    return 0
+
+
+def setup_logging(args: argparse.Namespace) -> None:
+    logging.basicConfig(
+        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def server_overrides(args: argparse.Namespace, server: Any) -> Any:
+    """``server`` with --host, --port and --allow-open applied; None (after saying why)
+    for a port out of range."""
     update: dict[str, Any] = {}
     if args.host:
         update["host"] = args.host
@@ -72,19 +104,28 @@ def run(args: argparse.Namespace) -> int:
     if args.port is not None:
         if not 0 < args.port < 65536:
             print(f"accelmux serve: --port must be 1..65535 (got {args.port})", file=sys.stderr)
-            return 2
+            return None
         update["port"] = args.port
-    if update:
-        cfg = cfg.model_copy(update={"server": cfg.server.model_copy(update=update)})
-    logging.basicConfig(
-        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    from accelmux.server.serve import serve  # noqa: PLC0415  # --help stays fast
+    return server.model_copy(update=update) if update else server
 
-    with asyncio.Runner(loop_factory=loop_factory(cfg.server.event_loop)) as runner:
-        runner.run(serve(cfg))
+
+def run_cluster(args: argparse.Namespace, address: str, cfg: Any) -> int:
+    """``serve --cluster``: the gateway in front of the cluster's node agents."""
+    from accelmux.cluster.hosting import configured_hosts  # noqa: PLC0415  # --help stays fast
+    from accelmux.cluster.ray_link import connect  # noqa: PLC0415  # --help stays fast
+    from accelmux.config.cluster import ClusterConfig  # noqa: PLC0415  # --help stays fast
+    from accelmux.config.server import ServerConfig  # noqa: PLC0415  # --help stays fast
+    from accelmux.server.cluster_serve import serve_cluster  # noqa: PLC0415  # --help stays fast
+
+    server = server_overrides(args, cfg.server if cfg is not None else ServerConfig())
+    if server is None:
+        return 2
+    cluster = cfg.cluster if cfg is not None else ClusterConfig()
+    setup_logging(args)
+    ray = connect(address)
+    with asyncio.Runner(loop_factory=loop_factory(server.event_loop)) as runner:
+        configured = configured_hosts(cfg) if cfg is not None else None
+        runner.run(serve_cluster(ray, server, cluster, configured=configured))
     return 0
 
 

@@ -35,8 +35,13 @@ def refuse_open_host(server: ServerConfig) -> None:
     )
 
 
-async def serve(cfg: AccelmuxConfig, *, stop: asyncio.Event | None = None) -> None:
-    """Run until ``stop`` is set or a SIGTERM/SIGINT arrives.
+async def serve(
+    cfg: AccelmuxConfig, *, stop: asyncio.Event | None = None, signals: bool = True
+) -> None:
+    """Run until ``stop`` is set or (with ``signals``) a SIGTERM/SIGINT arrives.
+
+    A node agent (:mod:`.node_agent`) runs it with ``signals`` off: its event loop is not
+    in the main thread, and Ray, not a signal, tells it to stop.
 
     It refuses to start (one line, exit status 1) on a non-loopback host without API keys
     unless ``server.allow_unauthenticated``, and when ``server.data_dir`` cannot be
@@ -100,7 +105,8 @@ async def serve(cfg: AccelmuxConfig, *, stop: asyncio.Event | None = None) -> No
         await cameras.start()
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    handled = (signal.SIGTERM, signal.SIGINT) if signals else ()
+    for sig in handled:
         loop.add_signal_handler(sig, stop.set)
     services = ", ".join(cfg.services) or "none"
     print(
@@ -130,6 +136,6 @@ async def serve(cfg: AccelmuxConfig, *, stop: asyncio.Event | None = None) -> No
             await runtime.shutdown()
             await runner.cleanup()
         finally:
-            for sig in (signal.SIGTERM, signal.SIGINT):
+            for sig in handled:
                 loop.remove_signal_handler(sig)
         print("accelmux stopped", file=sys.stdout, flush=True)

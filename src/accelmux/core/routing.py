@@ -1,0 +1,229 @@
+"""Cluster routing: which node serves a request for a model, from the nodes' snapshots.
+
+Pure: the cluster gateway polls every node agent for its snapshot, turns each into a
+:class:`NodeView` and asks :func:`route` where a request goes; nothing here waits,
+reads a clock or talks to a node. Each node's own Manager still decides everything on
+its own devices (admission, eviction, loading): the route only picks the node whose
+Manager can serve the request soonest, in this order of :class:`Readiness`:
+
+1. ``IDLE``: the service is loaded there with a free slot and nobody waiting;
+2. ``BUSY``: loaded (or loading) there; the shortest queue wins;
+3. ``FITS``: not loaded, but its weights fit in its device's free memory there;
+   the most free memory wins;
+4. ``EVICTS``: not loaded and the node's Manager must make room first (most free
+   memory wins);
+5. ``BACKING_OFF``: it crashed there and waits for its restart.
+
+Ties go to the node name, so a route is a function of its inputs (and no two candidates
+ever rank equal). A node that is down
+(``alive`` false) is never chosen, and neither is a node whose view does not list the
+service (a node lists only the services it may host). When no live node can take it,
+:class:`NoRoute` says why: the model is unknown everywhere, or the only nodes that
+hosted it are down (named, so the client's error can say which).
+
+:func:`route` is the definition: a scan of every node, O(nodes) per request. The gateway
+asks :func:`route_indexed` instead, over a :class:`RouteIndex` built once per poll
+(O(nodes log nodes)): each model's live hosts sorted by their rank without the
+gateway's own requests in flight. Those can only make a host rank worse, never better,
+so a decision walks the sorted hosts only while one of them might still win: in the
+usual case it looks at one or two. The two give the same answer for every input (a
+property test holds them to it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import IntEnum, StrEnum
+
+from accelmux.core.types import ServiceStatus
+
+
+class Readiness(IntEnum):
+    """How soon a node can serve a request for a service (lower is sooner)."""
+
+    IDLE = 0
+    BUSY = 1
+    FITS = 2
+    EVICTS = 3
+    BACKING_OFF = 4
+
+
+class NoRouteReason(StrEnum):
+    UNKNOWN_MODEL = "model_not_found"
+    NODES_LOST = "node_unavailable"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServiceOnNode:
+    """One service as one node's snapshot shows it."""
+
+    service: str
+    models: frozenset[str]
+    state: ServiceStatus
+    inflight: int
+    waiting: int
+    concurrency: int
+    #: What loading it would take (weights + runtime, the ledger's estimate).
+    load_bytes: int
+    #: Free memory of its device on that node (the ledger's ``available``).
+    free_bytes: int
+    backing_off: bool = False
+
+    def __post_init__(self) -> None:
+        if self.inflight < 0 or self.waiting < 0 or self.concurrency < 1:
+            raise ValueError(f"{self.service}: counts must be >= 0, concurrency >= 1")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeView:
+    """One node: alive or not, and the services it may host (its last snapshot)."""
+
+    name: str
+    alive: bool
+    services: tuple[ServiceOnNode, ...] = ()
+    #: model name -> its service, built from ``services``.
+    by_model: Mapping[str, ServiceOnNode] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.by_model and self.services:
+            index = {m: s for s in self.services for m in sorted(s.models)}
+            object.__setattr__(self, "by_model", index)
+
+    def serving(self, model: str) -> ServiceOnNode | None:
+        return self.by_model.get(model)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Route:
+    node: str
+    service: str
+    readiness: Readiness
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NoRoute:
+    reason: NoRouteReason
+    model: str
+    #: The down nodes that hosted the model, sorted (empty for an unknown model).
+    lost_nodes: tuple[str, ...] = ()
+    service: str | None = None
+
+
+def readiness(svc: ServiceOnNode, pending: int = 0) -> Readiness:
+    """How soon ``svc`` can serve one more request; ``pending``: requests the gateway sent
+    there that the snapshot may not count yet."""
+    if svc.backing_off or svc.state is ServiceStatus.CRASHED:
+        return Readiness.BACKING_OFF
+    if svc.state in (ServiceStatus.LOADED, ServiceStatus.LOADING):
+        busy = max(svc.inflight + svc.waiting, pending)
+        idle = svc.state is ServiceStatus.LOADED and busy < svc.concurrency
+        return Readiness.IDLE if idle else Readiness.BUSY
+    return Readiness.FITS if svc.load_bytes <= svc.free_bytes else Readiness.EVICTS
+
+
+def rank(svc: ServiceOnNode, node: str, pending: int = 0) -> tuple[int, int, int, str]:
+    """The sort key of one candidate: readiness, then queue, then free memory, then name."""
+    ready = readiness(svc, pending)
+    queue = max(svc.inflight + svc.waiting, pending)
+    return (int(ready), queue, -svc.free_bytes, node)
+
+
+def route(
+    nodes: Iterable[NodeView],
+    model: str,
+    pending: Mapping[tuple[str, str], int] | None = None,
+) -> Route | NoRoute:
+    """Where a request for ``model`` goes; ``pending``: the gateway's own requests in
+    flight by (node, service), fresher than the snapshots."""
+    pending = pending or {}
+    best: tuple[tuple[int, int, int, str], Route] | None = None
+    lost: list[str] = []
+    lost_service: str | None = None
+    for node in nodes:
+        svc = node.serving(model)
+        if svc is None:
+            continue
+        if not node.alive:
+            lost.append(node.name)
+            lost_service = lost_service or svc.service
+            continue
+        key = rank(svc, node.name, pending.get((node.name, svc.service), 0))
+        if best is None or key < best[0]:
+            best = (key, Route(node=node.name, service=svc.service, readiness=Readiness(key[0])))
+    if best is not None:
+        return best[1]
+    if lost:
+        return NoRoute(
+            reason=NoRouteReason.NODES_LOST,
+            model=model,
+            lost_nodes=tuple(sorted(lost)),
+            service=lost_service,
+        )
+    return NoRoute(reason=NoRouteReason.UNKNOWN_MODEL, model=model)
+
+
+Candidate = tuple[tuple[int, int, int, str], str, ServiceOnNode]
+
+
+@dataclass(frozen=True, slots=True)
+class RouteIndex:
+    """The nodes' views arranged for fast routing (built once per poll)."""
+
+    #: model -> its live hosts as (rank with nothing pending, node, service), best first.
+    candidates: Mapping[str, tuple[Candidate, ...]]
+    #: model -> (the down nodes that hosted it, sorted; the service), for models no live
+    #: node hosts.
+    lost: Mapping[str, tuple[tuple[str, ...], str]]
+
+
+def build_index(nodes: Iterable[NodeView]) -> RouteIndex:
+    live: dict[str, list[Candidate]] = {}
+    lost: dict[str, tuple[list[str], str]] = {}
+    for node in nodes:
+        for model, svc in node.by_model.items():
+            if node.alive:
+                live.setdefault(model, []).append((rank(svc, node.name), node.name, svc))
+            else:
+                lost.setdefault(model, ([], svc.service))[0].append(node.name)
+    return RouteIndex(
+        candidates={m: tuple(sorted(c, key=lambda c: c[0])) for m, c in live.items()},
+        lost={m: (tuple(sorted(n)), s) for m, (n, s) in lost.items() if m not in live},
+    )
+
+
+def route_indexed(
+    index: RouteIndex,
+    model: str,
+    pending: Mapping[tuple[str, str], int] | None = None,
+) -> Route | NoRoute:
+    """:func:`route`'s answer, from ``index``: a host's rank with pending requests is never
+    better than its rank without, so the walk stops at the first host whose rank without
+    cannot beat the best found."""
+    pending = pending or {}
+    best: tuple[tuple[int, int, int, str], str, ServiceOnNode] | None = None
+    for key, node, svc in index.candidates.get(model, ()):
+        if best is not None and key >= best[0]:
+            break
+        waiting = pending.get((node, svc.service), 0)
+        actual = rank(svc, node, waiting) if waiting else key
+        if best is None or actual < best[0]:
+            best = (actual, node, svc)
+    if best is not None:
+        return Route(node=best[1], service=best[2].service, readiness=Readiness(best[0][0]))
+    gone = index.lost.get(model)
+    if gone is not None:
+        return NoRoute(
+            reason=NoRouteReason.NODES_LOST, model=model, lost_nodes=gone[0], service=gone[1]
+        )
+    return NoRoute(reason=NoRouteReason.UNKNOWN_MODEL, model=model)
+
+
+def live_models(nodes: Sequence[NodeView]) -> list[tuple[str, str]]:
+    """(model, service) served by at least one live node, sorted by model."""
+    seen: dict[str, str] = {}
+    for node in nodes:
+        if node.alive:
+            for model, svc in node.by_model.items():
+                seen.setdefault(model, svc.service)
+    return sorted(seen.items())
