@@ -72,6 +72,8 @@ class _Round:
     waits: dict[tuple[str, ServiceClass], tuple[int, bool, tuple[Reason, str] | None]] = field(
         default_factory=dict
     )
+    #: The time of day (windows): the round's time does not change.
+    tod: float = 0.0
 
 
 #: The policy's heuristics by name, each of which ``policy.disable`` can turn off (for
@@ -168,6 +170,14 @@ class AccelmuxPolicy:
         #: device has changed since: an aggregate of what no wait reason changes).
         #: Cleared at the start of every decide().
         self._memo: dict[tuple[str, str], tuple[int, int]] = {}
+        #: The warm services of each device of ``_warm_world`` (static).
+        self._warm_world: World | None = None
+        self._warm: dict[str, list[ServiceState]] = {}
+        #: What :meth:`_yields_to_realtime` found per service of ``_facts_world`` (static).
+        self._facts_world: World | None = None
+        self._facts: dict[str, bool] = {}
+        #: The World and its devices where time sharing may pause a stream (static).
+        self._sharing_devices: tuple[World, frozenset[str]] | None = None
         #: Per-round memo of make_room failures: (device, class, strict, requester holding
         #: memory, a time-sharing requester) -> (device epoch, the most it could free).
         self._room_failed: dict[
@@ -356,11 +366,33 @@ class AccelmuxPolicy:
 
     @staticmethod
     def _sharing_key(world: World, requester: RequestState | None) -> object:
-        """What a make_room failure depends on beyond its class: the requester, when it
-        may pause other models' streams (time sharing reads its state and the time)."""
+        """What a make_room failure depends on beyond its class: what time sharing reads
+        of the requester, when it may pause other models' streams (:meth:`_time_shared`:
+        its service, whether that is an LLM, whether it is paused). Requests alike in
+        these share a failure (the memo lasts one round: the time does not change)."""
         if requester is None or not world.knobs.enabled("time_share"):
             return None
-        return (requester.request_id, world.now)
+        return (requester.service, requester.paused)
+
+    def _room_key(self, world: World, device: str, requester: RequestState | None) -> object:
+        """:meth:`_sharing_key`, or None where no service of ``device`` can be paused for
+        time sharing (then no requester's state changes what make_room can free)."""
+        if device not in self._time_sharing_devices(world):
+            return None
+        return self._sharing_key(world, requester)
+
+    def _time_sharing_devices(self, world: World) -> frozenset[str]:
+        """Devices with an LLM service whose backend can pause (what the spec and the
+        knobs declare: found once per World)."""
+        kept = self._sharing_devices
+        if kept is None or kept[0] is not world:
+            found = frozenset(
+                s.spec.device
+                for s in world.services.values()
+                if s.spec.kind.is_llm and self._can_pause(world, s)
+            )
+            kept = self._sharing_devices = (world, found)
+        return kept[1]
 
     def _preload_warm(self, world: World) -> None:
         """At start, load warm services (class order) into memory nobody else needs yet."""
@@ -566,18 +598,24 @@ class AccelmuxPolicy:
             return hit[1]
         horizon = world.knobs.reuse_horizon_s
         found: list[list[Any]] = []
-        for s in world.evicted_out:
-            if (
-                s.spec.device == device
-                and s.status is ServiceStatus.UNLOADED
-                and s.spec.residency is Residency.WARM
-                and s.last_evicted_at is not None
-            ):
+        evicted = world.evicted_out
+        for s in self._warm_services(world, device):  # spec order, as evicted_out's
+            if s in evicted:  # evicted and unloaded since
                 rate = reuse_rate(s, world.now, horizon)
                 if 1.0 - math.exp(-rate * horizon) >= 0.5:  # _likely_reused
                     found.append([s, rate, None])
         self._restorable_memo[device] = (stamp, found)
         return found
+
+    def _warm_services(self, world: World, device: str) -> list[ServiceState]:
+        """The warm services of ``device``, in spec order (what the spec says)."""
+        if self._warm_world is not world:
+            self._warm_world = world
+            self._warm = {
+                dev: [s for s in svcs if s.spec.residency is Residency.WARM]
+                for dev, svcs in world.services_by_device.items()
+            }
+        return self._warm[device]
 
     def _restore_need(self, world: World, svc: ServiceState, pool: int) -> int:
         """Free memory a prewarm of ``svc`` with a KV pool of ``pool`` needs: its resident
@@ -624,7 +662,23 @@ class AccelmuxPolicy:
 
     def _yields_to_realtime(self, world: World, svc: ServiceState) -> bool:
         """Whether realtime work takes ``svc``'s activation leases back at once: it is
-        preempted, or (an interactive LLM that can pause) paused between tokens."""
+        preempted, or (an interactive LLM that can pause) paused between tokens.
+
+        What the spec and the knobs say: found once per service."""
+        facts = self._static_facts(world)
+        found = facts.get(svc.name)
+        if found is None:
+            found = facts[svc.name] = self._compute_yields_to_realtime(world, svc)
+        return found
+
+    def _static_facts(self, world: World) -> dict[str, bool]:
+        """Per service, what :meth:`_yields_to_realtime` found (for ``world`` only)."""
+        if self._facts_world is not world:
+            self._facts_world = world
+            self._facts = {}
+        return self._facts
+
+    def _compute_yields_to_realtime(self, world: World, svc: ServiceState) -> bool:
         if self._preemptible(svc, ServiceClass.REALTIME):
             return True
         return (
@@ -747,16 +801,17 @@ class AccelmuxPolicy:
 
     def _pending_free(self, world: World, device: str) -> int:
         """Memory on its way back: services unloading, KV pools shrinking."""
-        return self._cached(
-            world,
-            ("pending_free", device),
-            # A resize awaits its answer only while loaded or unloading (check_indexes).
-            lambda: (
-                sum(self.unload_frees(world, s) for s in world.unloading_on(device))
-                + sum(s.kv_shrinking for s in world.loaded_on(device) if s.resizing)
-            ),
-            world.epoch(device),
+        key = ("pending_free", device)
+        epoch = world.epoch(device)
+        hit = self._memo.get(key)  # _cached, inlined: asked by every make_room
+        if hit is not None and hit[0] == epoch:
+            return hit[1]
+        # A resize awaits its answer only while loaded or unloading (check_indexes).
+        value = sum(self.unload_frees(world, s) for s in world.unloading_on(device)) + sum(
+            s.kv_shrinking for s in world.loaded_on(device) if s.resize_target is not None
         )
+        self._memo[key] = (epoch, value)
+        return value
 
     def _evictable(
         self,
@@ -812,7 +867,9 @@ class AccelmuxPolicy:
         # found it could free, until something on the device changes (its epoch; a new
         # wait reason frees nothing).
         holding = exclude.name if exclude is not None and exclude.is_up else None
-        memo_key = (device, cls, strict, holding, self._sharing_key(world, requester))
+        # None: no stream on the device can be paused for time sharing (see _room_key).
+        sharing = self._room_key(world, device, requester)
+        memo_key = (device, cls, strict, holding, sharing)
         failed = self._room_failed.get(memo_key)
         if failed is not None and failed[0] == world.epoch(device) and need > failed[1]:
             return False
@@ -821,27 +878,31 @@ class AccelmuxPolicy:
         shrinks: list[tuple[ServiceState, int]] = []
         preempts: list[RequestState] = []
         victims: list[ServiceState] = []
-        up: list[ServiceState] = []
+        #: Loaded services (not ``exclude``) whose pool can shrink now.
+        elastic: list[ServiceState] = []
         knobs = world.knobs
         preempting = knobs.enabled("preemption")
         shrinking = knobs.enabled("ballooning")
         clearing = knobs.enabled("evict_after_preemption")
         for svc in services:
             cleared = False
-            if preempting and svc.inflight and self._preemptible(svc, cls):
-                mine = [r for r in svc.inflight.values() if self._may_stop(world, r)]
-                preempts.extend(mine)
-                cleared = clearing and len(mine) == len(svc.inflight)
-            elif svc.inflight:
-                shared = self._time_shared(world, svc, cls, requester)
-                preempts.extend(shared)
-                cleared = bool(shared)
+            inflight = svc.inflight
+            if inflight:
+                if preempting and self._preemptible(svc, cls):
+                    mine = [r for r in inflight.values() if self._may_stop(world, r)]
+                    preempts.extend(mine)
+                    cleared = clearing and len(mine) == len(inflight)
+                elif sharing is not None:
+                    shared = self._time_shared(world, svc, cls, requester)
+                    preempts.extend(shared)
+                    cleared = bool(shared)
             if svc is exclude or svc.status is not ServiceStatus.LOADED:
                 continue
-            up.append(svc)
-            target = max(svc.spec.profile.kv_floor, svc.kv_in_use)
-            if shrinking and svc.kv_pool > target and world.resizable(svc):
-                shrinks.append((svc, target))
+            if shrinking and world.resizable(svc):
+                elastic.append(svc)
+                target = max(svc.spec.profile.kv_floor, svc.kv_in_use)
+                if svc.kv_pool > target:
+                    shrinks.append((svc, target))
             if self._evictable(svc, cls, exclude, strict, once_preempted=cleared):
                 victims.append(svc)
 
@@ -850,9 +911,7 @@ class AccelmuxPolicy:
         for r in preempts:
             preempted_kv[r.service] = preempted_kv.get(r.service, 0) + r.kv_bytes
         gain_now = sum(r.active_lease.nbytes if r.active_lease else 0 for r in preempts)
-        for svc in up if shrinking else ():
-            if not world.resizable(svc):
-                continue  # its pool changes only at its next load, or never
+        for svc in elastic:  # what its pool gives back once those requests stop
             low = max(svc.spec.profile.kv_floor, svc.kv_in_use - preempted_kv.get(svc.name, 0))
             gain_now += max(0, svc.kv_pool - low)
         gain_later = sum(self.unload_frees(world, s) for s in victims)
@@ -1098,7 +1157,7 @@ class AccelmuxPolicy:
     def _schedule(self, world: World) -> None:
         if not world.waiting:
             return  # a device's quiet record stays true: it names the state it saw
-        rnd = _Round()
+        rnd = _Round(tod=world.time_of_day())
         knobs = world.knobs
         hold = knobs.enabled("realtime_hold")
         grace = knobs.realtime_grace_s  # 0 (the default) turns it off
@@ -1193,6 +1252,12 @@ class AccelmuxPolicy:
                     out.extend(r for r in svc.queue.values() if r.wait_reason is not wait[0])
         return out
 
+    @staticmethod
+    def _told(req: RequestState, reason: Reason) -> bool:
+        """Whether ``req`` was told to wait for ``reason`` already and its queue's bound
+        no longer applies: telling it again is a no-op (its detail need not be written)."""
+        return req.announced and req.wait_reason is reason
+
     def _queue_or_reject(
         self, world: World, req: RequestState, reason: Reason, detail: str = ""
     ) -> None:
@@ -1237,7 +1302,7 @@ class AccelmuxPolicy:
         hit = rnd.waits.get(key)
         if hit is not None and hit[0] == world.version:
             return hit[1], hit[2]
-        outside = not svc.spec.in_window(world.time_of_day())
+        outside = not svc.spec.in_window(rnd.tod)
         wait = self._must_wait(world, svc, cls, outside, rnd)
         rnd.waits[key] = (world.version, outside, wait)
         return outside, wait
@@ -1315,7 +1380,9 @@ class AccelmuxPolicy:
         if svc.status in (ServiceStatus.UNLOADED, ServiceStatus.CRASHED):
             self._load_for(world, req, svc, rnd, outside, idle_only)
             return
-        if svc.over_limit and svc.inflight:
+        inflight = svc.inflight
+        knobs = world.knobs
+        if svc.over_limit and inflight:
             # Measured far above its profile: it may not grow further while it serves,
             # so it runs one request at a time (its measured bytes are already in the
             # ledger as reserved, so admission stays safe) until a reload recalibrates it.
@@ -1323,53 +1390,57 @@ class AccelmuxPolicy:
                 world, req, Reason.NO_MEMORY, "service above its memory limit: one at a time"
             )
             return
-        if svc.inflight and svc.name in self._charged and world.knobs.enabled("pressure_charging"):
+        if inflight and svc.name in self._charged and knobs.enabled("pressure_charging"):
             self._queue_or_reject(
                 world, req, Reason.NO_MEMORY, "uses more than its leases: one at a time"
             )
             return
-        if len(svc.inflight) >= spec.concurrency and not self._pause_for_first_token(
-            world, svc, req
-        ):
-            self._queue_or_reject(
-                world,
-                req,
-                Reason.CONCURRENCY_LIMIT,
-                f"{len(svc.inflight)}/{spec.concurrency} running",
-            )
+        if len(inflight) >= spec.concurrency and not self._pause_for_first_token(world, svc, req):
+            if not self._told(req, Reason.CONCURRENCY_LIMIT):
+                self._queue_or_reject(
+                    world,
+                    req,
+                    Reason.CONCURRENCY_LIMIT,
+                    f"{len(inflight)}/{spec.concurrency} running",
+                )
             return
+        profile = spec.profile
         active = world.projected_active(req)
         # A paused request brings back its parked KV state, or still holds its place.
         kv = req.parked_kv if req.paused else req.estimate.kv_bytes
-        if svc.resize_support is not ResizeSupport.LIVE and svc.kv_in_use + kv > svc.kv_pool:
+        kv_in_use = svc.kv_in_use
+        pool = svc.kv_pool
+        if svc.resize_support is not ResizeSupport.LIVE and kv_in_use + kv > pool:
             self._kv_pool_fixed(world, req, svc)
             return
-        if svc.kv_in_use + kv > max(spec.profile.kv_ceiling, svc.kv_pool):
-            self._queue_or_reject(
-                world,
-                req,
-                Reason.CONCURRENCY_LIMIT,
-                f"KV pool full ({svc.kv_in_use} B of {spec.profile.kv_ceiling} B in use)",
-            )
+        if kv_in_use + kv > max(profile.kv_ceiling, pool):
+            if not self._told(req, Reason.CONCURRENCY_LIMIT):
+                self._queue_or_reject(
+                    world,
+                    req,
+                    Reason.CONCURRENCY_LIMIT,
+                    f"KV pool full ({kv_in_use} B of {profile.kv_ceiling} B in use)",
+                )
             return
-        grow = max(0, kv - (svc.kv_usable - svc.kv_in_use))
-        if grow and svc.resizing:
+        resizing = svc.resize_target is not None
+        grow = max(0, kv - (svc.kv_usable - kv_in_use))
+        if grow and resizing:
             self._queue_or_reject(
                 world, req, Reason.RESIZING, "its KV pool is being resized: waits for the answer"
             )
             return
-        if kv and svc.resizing and self._earlier_waits_for_growth(svc, req):
+        if kv and resizing and self._earlier_waits_for_growth(svc, req):
             # The growth is for an earlier request: a later one must not take its KV.
             self._queue_or_reject(
                 world, req, Reason.RESIZING, "an earlier request waits for the pool to grow"
             )
             return
         need = active + grow
-        limit = self._max_possible(world, dev, svc) - svc.resident_bytes + svc.kv_pool
+        limit = self._max_possible(world, dev, svc) - svc.resident_bytes + pool
         lease: int | None = None
         if need > limit:
             observed = svc.calibration.active.project_observed(req.estimate.active_bytes)
-            if observed + grow > limit or not world.knobs.enabled("degrade_to_raw"):
+            if observed + grow > limit or not knobs.enabled("degrade_to_raw"):
                 world.reject(
                     req,
                     reason=Reason.TOO_LARGE,
@@ -1382,24 +1453,23 @@ class AccelmuxPolicy:
             # what was measured (no margin) and let the headroom absorb the difference.
             lease = observed
             need = lease + grow
-        if outside and world.ledger.available(dev) - need < (
-            world.knobs.spare_fraction * world.devices[dev].usable_bytes
-        ):
+        ledger = world.ledger
+        before = ledger.available(dev)
+        if outside and before - need < (knobs.spare_fraction * world.devices[dev].usable_bytes):
             self._queue_or_reject(world, req, Reason.OUTSIDE_WINDOW, "no spare memory")
             return
         if cls is ServiceClass.REALTIME:
             self._rt_peak[svc.name] = max(self._rt_peak.get(svc.name, 0), active)
         # A caching allocator's reserved blocks are reused by the service's own requests.
-        own_cache = world.ledger.amount(dev, svc.name, Category.RESERVED)
-        if world.ledger.available(dev) < 0 or not world.knobs.enabled("cache_reuse"):
+        own_cache = ledger.amount(dev, svc.name, Category.RESERVED)
+        if before < 0 or not knobs.enabled("cache_reuse"):
             own_cache = 0  # under pressure the cache is what has to go, not reuse
         reserve = 0
         if cls > ServiceClass.REALTIME and not self._yields_to_realtime(world, svc):
             reserve = self._fitting_reserve(world, svc, need, limit)
-        before = world.ledger.available(dev)
         running = len(world.inflight)
         room_needed = max(0, need - own_cache) + reserve
-        if idle_only and world.ledger.available(dev) < room_needed:
+        if idle_only and before < room_needed:
             self._queue_or_reject(
                 world,
                 req,
@@ -1410,16 +1480,17 @@ class AccelmuxPolicy:
             return
         if not self.make_room(world, dev, room_needed, cls, svc, Reason.NO_MEMORY, requester=req):
             rnd.blocked[dev] = min(cls, rnd.blocked.get(dev, cls))
-            self._queue_or_reject(
-                world,
-                req,
-                Reason.NO_MEMORY,
-                f"needs {need} B, {world.ledger.available(dev)} B available",
-            )
+            if not self._told(req, Reason.NO_MEMORY):
+                self._queue_or_reject(
+                    world,
+                    req,
+                    Reason.NO_MEMORY,
+                    f"needs {need} B, {ledger.available(dev)} B available",
+                )
             return
-        room = world.ledger.available(dev)
+        room = ledger.available(dev)
         if grow:
-            target = min(spec.profile.kv_ceiling, svc.kv_in_use + kv)
+            target = min(profile.kv_ceiling, svc.kv_in_use + kv)
             if world.resize(
                 svc,
                 max(target, svc.kv_pool),
@@ -1509,10 +1580,11 @@ class AccelmuxPolicy:
         idle_only: bool = False,
     ) -> None:
         dev = svc.spec.device
+        knobs = world.knobs
         pool, active, resident, observed = self._load_sizes(world, req, svc)
         need = resident + active
         limit = self._max_possible(world, dev, svc)
-        if need > limit >= resident + observed and world.knobs.enabled("degrade_to_raw"):
+        if need > limit >= resident + observed and knobs.enabled("degrade_to_raw"):
             # Only the calibration margin does not fit: plan for the estimate scaled by
             # what was measured (the dispatch degrades the same way).
             active = observed
@@ -1532,12 +1604,11 @@ class AccelmuxPolicy:
                 detail=f"service needs {need} B to run, usable budget cannot hold it",
             )
             return
-        if outside and world.ledger.available(dev) - need < (
-            world.knobs.spare_fraction * world.devices[dev].usable_bytes
-        ):
+        available = world.ledger.available(dev)
+        if outside and available - need < (knobs.spare_fraction * world.devices[dev].usable_bytes):
             self._queue_or_reject(world, req, Reason.OUTSIDE_WINDOW, "no spare memory to load")
             return
-        if idle_only and world.ledger.available(dev) < need + reserve:
+        if idle_only and available < need + reserve:
             # Fair progress loads into idle memory only: it takes nothing from the
             # waiting higher class (the service is evictable again once idle).
             self._queue_or_reject(
