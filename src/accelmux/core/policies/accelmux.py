@@ -76,6 +76,18 @@ class _Round:
     tod: float = 0.0
 
 
+@dataclass(slots=True)
+class _Survey:
+    """What make_room found it could free on a device (see AccelmuxPolicy._survey)."""
+
+    shrinks: list[tuple[ServiceState, int]] = field(default_factory=list)
+    preempts: list[RequestState] = field(default_factory=list)
+    victims: list[ServiceState] = field(default_factory=list)
+    #: Bytes the shrinks, stops and evictions would free, beyond what is free or on its
+    #: way back.
+    gain: int = 0
+
+
 #: The policy's heuristics by name, each of which ``policy.disable`` can turn off (for
 #: ablation: what each one buys is measured by running without it).
 HEURISTICS: dict[str, str] = {
@@ -832,6 +844,65 @@ class AccelmuxPolicy:
             and (svc.spec.cls > cls if strict else svc.spec.cls >= cls)
         )
 
+    def _survey(
+        self,
+        world: World,
+        device: str,
+        cls: ServiceClass,
+        exclude: ServiceState | None,
+        strict: bool,
+        requester: RequestState | None,
+        sharing: object,
+    ) -> _Survey:
+        """What make_room could free on ``device`` for class ``cls``, in one pass over its
+        loaded services (services with requests in flight are loaded): KV pools to
+        shrink, running requests to stop, idle services to evict. ``sharing`` is None
+        when no stream there can be paused for time sharing (:meth:`_room_key`)."""
+        knobs = world.knobs
+        preempting = knobs.enabled("preemption")
+        shrinking = knobs.enabled("ballooning")
+        clearing = knobs.enabled("evict_after_preemption")
+        found = _Survey()
+        for svc in world.loaded_on(device):
+            cleared = False
+            stopped_kv = 0  # KV the stopped requests of svc give back to its pool
+            inflight = svc.inflight
+            if inflight:
+                stopped: list[RequestState] = []
+                if preempting and self._preemptible(svc, cls):
+                    stopped = self._stoppable(world, svc)
+                    cleared = clearing and len(stopped) == len(inflight)
+                elif sharing is not None:
+                    stopped = self._time_shared(world, svc, cls, requester)
+                    cleared = bool(stopped)
+                for r in stopped:
+                    found.preempts.append(r)
+                    found.gain += r.active_lease.nbytes if r.active_lease else 0
+                    stopped_kv += r.kv_bytes
+            if svc is exclude or svc.status is not ServiceStatus.LOADED:
+                continue
+            if shrinking and world.resizable(svc):
+                floor = svc.spec.profile.kv_floor
+                pool = svc.kv_pool
+                target = max(floor, svc.kv_in_use)
+                if pool > target:
+                    found.shrinks.append((svc, target))
+                # KV freed by a preemption comes back only as far as its pool can shrink.
+                found.gain += max(0, pool - max(floor, svc.kv_in_use - stopped_kv))
+            if self._evictable(svc, cls, exclude, strict, once_preempted=cleared):
+                found.victims.append(svc)
+                found.gain += self.unload_frees(world, svc)
+        return found
+
+    def _stoppable(self, world: World, svc: ServiceState) -> list[RequestState]:
+        """The running requests of ``svc`` that :meth:`_may_stop` allows to stop."""
+        running = svc.inflight.values()
+        if self._can_pause(world, svc):
+            return [r for r in running if r.pauses < MAX_PAUSES]
+        if not world.knobs.enabled("preemption_bound"):
+            return list(running)
+        return [r for r in running if r.attempt <= MAX_PREEMPTIONS]
+
     def make_room(
         self,
         world: World,
@@ -873,52 +944,14 @@ class AccelmuxPolicy:
         failed = self._room_failed.get(memo_key)
         if failed is not None and failed[0] == world.epoch(device) and need > failed[1]:
             return False
-        services = world.loaded_on(device)  # services with requests in flight are loaded
-        # One pass collects what could be freed; sorting waits until it is enough.
-        shrinks: list[tuple[ServiceState, int]] = []
-        preempts: list[RequestState] = []
-        victims: list[ServiceState] = []
-        #: Loaded services (not ``exclude``) whose pool can shrink now.
-        elastic: list[ServiceState] = []
-        knobs = world.knobs
-        preempting = knobs.enabled("preemption")
-        shrinking = knobs.enabled("ballooning")
-        clearing = knobs.enabled("evict_after_preemption")
-        for svc in services:
-            cleared = False
-            inflight = svc.inflight
-            if inflight:
-                if preempting and self._preemptible(svc, cls):
-                    mine = [r for r in inflight.values() if self._may_stop(world, r)]
-                    preempts.extend(mine)
-                    cleared = clearing and len(mine) == len(inflight)
-                elif sharing is not None:
-                    shared = self._time_shared(world, svc, cls, requester)
-                    preempts.extend(shared)
-                    cleared = bool(shared)
-            if svc is exclude or svc.status is not ServiceStatus.LOADED:
-                continue
-            if shrinking and world.resizable(svc):
-                elastic.append(svc)
-                target = max(svc.spec.profile.kv_floor, svc.kv_in_use)
-                if svc.kv_pool > target:
-                    shrinks.append((svc, target))
-            if self._evictable(svc, cls, exclude, strict, once_preempted=cleared):
-                victims.append(svc)
-
-        # KV freed by a preemption comes back only as far as its pool can shrink.
-        preempted_kv: dict[str, int] = {}
-        for r in preempts:
-            preempted_kv[r.service] = preempted_kv.get(r.service, 0) + r.kv_bytes
-        gain_now = sum(r.active_lease.nbytes if r.active_lease else 0 for r in preempts)
-        for svc in elastic:  # what its pool gives back once those requests stop
-            low = max(svc.spec.profile.kv_floor, svc.kv_in_use - preempted_kv.get(svc.name, 0))
-            gain_now += max(0, svc.kv_pool - low)
-        gain_later = sum(self.unload_frees(world, s) for s in victims)
-        freeable = available + pending + gain_now + gain_later
+        found = self._survey(world, device, cls, exclude, strict, requester, sharing)
+        freeable = available + pending + found.gain
         if freeable < need:
             self._room_failed[memo_key] = (world.epoch(device), freeable)
             return False
+        shrinks, preempts, victims = found.shrinks, found.preempts, found.victims
+        knobs = world.knobs
+        shrinking = knobs.enabled("ballooning")
         shrinks.sort(key=lambda st: -int(st[0].spec.cls))  # stable: lowest class first
         preempts.sort(key=lambda r: (-int(r.cls), -(r.dispatched_at or 0.0)))
         if knobs.enabled("victim_scoring"):
