@@ -185,6 +185,7 @@ class AccelmuxPolicy:
         #: The warm services of each device of ``_warm_world`` (static).
         self._warm_world: World | None = None
         self._warm: dict[str, list[ServiceState]] = {}
+        self._warm_ordered: list[ServiceState] = []
         #: What :meth:`_yields_to_realtime` found per service of ``_facts_world`` (static).
         self._facts_world: World | None = None
         self._facts: dict[str, bool] = {}
@@ -202,6 +203,8 @@ class AccelmuxPolicy:
         #: What :meth:`_window_edges` found: (the set, its version, the edges).
         self._edges_memo: tuple[ServiceSet, int, tuple[float, ...]] | None = None
         self._restorable_memo: dict[str, tuple[tuple[int, float], list[list[Any]]]] = {}
+        #: Per-round memo of :meth:`_restore_pending`: holder -> ((version, now), pending).
+        self._restores_memo: dict[str, tuple[tuple[int, float], bool]] = {}
         #: Per device, (epoch, round inputs) of the last schedule that changed nothing there.
         self._quiet: dict[str, tuple[int, tuple[object, ...]]] = {}
         #: Services measured above what was accounted at the last sample: name -> bytes.
@@ -426,6 +429,7 @@ class AccelmuxPolicy:
         self._memo.clear()
         self._room_failed.clear()
         self._restorable_memo.clear()
+        self._restores_memo.clear()
         if len(self._sizes) > 2 * len(world.waiting) + 64:
             self._sizes = {k: v for k, v in self._sizes.items() if k in world.waiting}
         if world.knobs.enabled("realtime_yield") and world.busy:
@@ -582,29 +586,46 @@ class AccelmuxPolicy:
         as high as ``holder``'s, is likely to be used again, sooner than ``holder`` (an
         on-demand service used more often than what it displaced keeps its place), and
         would fit once ``holder`` is gone (no service is unloaded for a restore that
-        cannot happen)."""
+        cannot happen).
+
+        Asked by the TTL expiry and again by the next wake-up: kept until anything
+        changes (an action) or time passes, and for the round only (decide clears it).
+        """
+        stamp = (world.version, world.now)
+        hit = self._restores_memo.get(holder.name)
+        if hit is not None and hit[0] == stamp:
+            return hit[1]
+        pending = self._compute_restore_pending(world, holder)
+        self._restores_memo[holder.name] = (stamp, pending)
+        return pending
+
+    def _compute_restore_pending(self, world: World, holder: ServiceState) -> bool:
         horizon = world.knobs.reuse_horizon_s
         own = reuse_rate(holder, world.now, horizon)
         dev = holder.spec.device
         room = world.ledger.available(dev) + self.unload_frees(world, holder)
+        version = world.version
         for candidate in self._restorable(world, dev):
-            s, rate, need = candidate
+            s, rate, need, computed_at = candidate
             if s.spec.cls <= holder.spec.cls and rate > own:
-                if need is None:
+                if computed_at != version:  # the need reads the ledger and the reserve
                     pool = self._load_pool(world, s, s.spec.profile.kv_floor)
                     need = candidate[2] = self._restore_need(world, s, pool)
+                    candidate[3] = version
                 if need <= room:
                     return True
         return False
 
     def _restorable(self, world: World, device: str) -> list[list[Any]]:
         """The warm services evicted from ``device`` that are likely to be used again, in
-        spec order, as ``[service, reuse rate, restore need (None: not computed yet)]``.
+        spec order, as ``[service, reuse rate, restore need, the world.version it was
+        computed at (None: not yet)]``.
 
-        What every holder's :meth:`_restore_pending` asks about them: kept until anything
-        changes (an action) or time passes, and for the round only (decide clears it).
+        What every holder's :meth:`_restore_pending` asks about them: kept while the
+        evicted services stay the same and time does not pass, for the round only
+        (decide clears it; reuse rates change only with arrivals, between rounds).
         """
-        stamp = (world.version, world.now)
+        stamp = (world.evicted_out.version, world.now)
         hit = self._restorable_memo.get(device)
         if hit is not None and hit[0] == stamp:
             return hit[1]
@@ -615,19 +636,32 @@ class AccelmuxPolicy:
             if s in evicted:  # evicted and unloaded since
                 rate = reuse_rate(s, world.now, horizon)
                 if 1.0 - math.exp(-rate * horizon) >= 0.5:  # _likely_reused
-                    found.append([s, rate, None])
+                    found.append([s, rate, 0, None])
         self._restorable_memo[device] = (stamp, found)
         return found
 
     def _warm_services(self, world: World, device: str) -> list[ServiceState]:
         """The warm services of ``device``, in spec order (what the spec says)."""
+        self._know_warm(world)
+        return self._warm[device]
+
+    def _know_warm(self, world: World) -> None:
+        """Find ``world``'s warm services once: per device, and all in class order."""
         if self._warm_world is not world:
             self._warm_world = world
             self._warm = {
                 dev: [s for s in svcs if s.spec.residency is Residency.WARM]
                 for dev, svcs in world.services_by_device.items()
             }
-        return self._warm[device]
+            self._warm_ordered = sorted(
+                (s for svcs in self._warm.values() for s in svcs),
+                key=lambda s: (int(s.spec.cls), s.name),
+            )
+
+    def _warm_in_class_order(self, world: World) -> list[ServiceState]:
+        """Every warm service, in class order then by name (what the spec says)."""
+        self._know_warm(world)
+        return self._warm_ordered
 
     def _restore_need(self, world: World, svc: ServiceState, pool: int) -> int:
         """Free memory a prewarm of ``svc`` with a KV pool of ``pool`` needs: its resident
@@ -1722,14 +1756,8 @@ class AccelmuxPolicy:
         horizon = world.knobs.reuse_horizon_s
         if world.waiting_for(Reason.NO_MEMORY):
             return  # memory goes to waiting requests first
-        evicted = (
-            s
-            for s in world.evicted_out
-            if s.last_evicted_at is not None
-            and s.status is ServiceStatus.UNLOADED
-            and s.spec.residency is Residency.WARM
-        )
-        for svc in sorted(evicted, key=lambda s: (int(s.spec.cls), s.name)):
+        evicted = world.evicted_out  # evicted and unloaded since
+        for svc in [s for s in self._warm_in_class_order(world) if s in evicted]:
             if (
                 svc.status is not ServiceStatus.UNLOADED
                 or svc.spec.residency is not Residency.WARM
