@@ -4,9 +4,12 @@ The accelmux policy reads indexes and memos where it once scanned every service 
 request: the services that can learn (crashed, charged, sampled), the waiting-cause
 counts, the restorable services of a device, a request's load sizes, a service's wait
 reason in a class turn, memory on its way back, the window edges of the queued services,
-and TTLs that ask about a pending restore only when the answer matters. ``PlainAccelmux``
-below is the policy with each of them replaced by the from-scratch computation it stands
-for; for any event sequence both make the same decisions and ask for the same wake-ups.
+TTLs that ask about a pending restore only when the answer matters, a make_room failure
+shared by the requesters it answers for, the devices with realtime work once per round,
+and what the spec says found once (warm services, who yields to realtime work, where
+time sharing can pause a stream). ``PlainAccelmux`` below is the policy with each of them
+replaced by the from-scratch computation it stands for; for any event sequence both make
+the same decisions and ask for the same wake-ups.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import math
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -73,6 +77,34 @@ import decision_stream
 
 class PlainAccelmux(AccelmuxPolicy):
     """The accelmux policy recomputing from scratch what the real one keeps or skips."""
+
+    def make_room(self, world: World, device: str, need: int, *args: Any, **kwargs: Any) -> bool:
+        self._room_failed.clear()  # every failure found again by a survey of its own
+        return super().make_room(world, device, need, *args, **kwargs)
+
+    def _round_realtime_devices(self, world: World) -> set[str]:
+        return self._realtime_devices(world)
+
+    def _yields_to_realtime(self, world: World, svc: ServiceState) -> bool:
+        return self._compute_yields_to_realtime(world, svc)
+
+    def _time_sharing_devices(self, world: World) -> frozenset[str]:
+        return frozenset(
+            s.spec.device
+            for s in world.services.values()
+            if s.spec.kind.is_llm and self._can_pause(world, s)
+        )
+
+    def _warm_services(self, world: World, device: str) -> list[ServiceState]:
+        return [
+            s
+            for s in world.services.values()
+            if s.spec.device == device and s.spec.residency is Residency.WARM
+        ]
+
+    def _warm_in_class_order(self, world: World) -> list[ServiceState]:
+        warm = [s for s in world.services.values() if s.spec.residency is Residency.WARM]
+        return sorted(warm, key=lambda s: (int(s.spec.cls), s.name))
 
     def _learners(self, world: World) -> list[ServiceState]:
         return list(world.services.values())

@@ -203,6 +203,8 @@ class AccelmuxPolicy:
         #: What :meth:`_window_edges` found: (the set, its version, the edges).
         self._edges_memo: tuple[ServiceSet, int, tuple[float, ...]] | None = None
         self._restorable_memo: dict[str, tuple[tuple[int, float], list[list[Any]]]] = {}
+        #: Per-round memo of :meth:`_round_realtime_devices` (None: not asked yet).
+        self._rt_devices: set[str] | None = None
         #: Per-round memo of :meth:`_restore_pending`: holder -> ((version, now), pending).
         self._restores_memo: dict[str, tuple[tuple[int, float], bool]] = {}
         #: Per device, (epoch, round inputs) of the last schedule that changed nothing there.
@@ -430,6 +432,7 @@ class AccelmuxPolicy:
         self._room_failed.clear()
         self._restorable_memo.clear()
         self._restores_memo.clear()
+        self._rt_devices = None
         if len(self._sizes) > 2 * len(world.waiting) + 64:
             self._sizes = {k: v for k, v in self._sizes.items() if k in world.waiting}
         if world.knobs.enabled("realtime_yield") and world.busy:
@@ -1178,6 +1181,14 @@ class AccelmuxPolicy:
                     break
         return out
 
+    def _round_realtime_devices(self, world: World) -> set[str]:
+        """:meth:`_realtime_devices`, found once per round: the yield to realtime work and
+        the schedule both ask, and nothing between them starts, ends or queues realtime
+        work (they pause, preempt, evict and load only lower-class or idle services)."""
+        if self._rt_devices is None:
+            self._rt_devices = self._realtime_devices(world)
+        return self._rt_devices
+
     def _yields_compute(self, world: World, svc: ServiceState) -> bool:
         """Interactive LLM work that pauses while realtime work runs beside it."""
         return (
@@ -1199,7 +1210,7 @@ class AccelmuxPolicy:
 
     def _yield_to_realtime(self, world: World) -> None:
         """Pause the running streams of interactive LLMs on devices with realtime work."""
-        devices = self._realtime_devices(world)
+        devices = self._round_realtime_devices(world)
         if not devices:
             return
         for svc in list(world.busy):
@@ -1233,7 +1244,7 @@ class AccelmuxPolicy:
                 if (hold and svc.inflight) or world.now < svc.last_used + grace:
                     rnd.realtime_active.add(svc.spec.device)
         if knobs.enabled("realtime_yield"):
-            rnd.realtime_work = self._realtime_devices(world)
+            rnd.realtime_work = self._round_realtime_devices(world)
         if knobs.enabled("batch_yield"):
             for svc in world.busy:
                 if svc.spec.cls is ServiceClass.INTERACTIVE:
