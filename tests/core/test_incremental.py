@@ -521,3 +521,41 @@ def test_crowded_benchmark_homes_decide_alike(
     plain = benchmark_stream(PlainAccelmux, services, devices, seed, monkeypatch)
     assert len(fast) > 1500
     assert fast == plain
+
+
+class HeldAtRoundEnd(AccelmuxPolicy):
+    """The policy, keeping what each service's running requests held at the end of every
+    round (the policy once kept that itself, to learn from a crash in the next round)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.held_at_end: dict[str, list[tuple[int, int]]] = {}
+        self.crashes_seen = 0
+
+    def decide(self, world: World, now: float) -> None:
+        for svc in world.services.values():
+            if svc.crashes != self._seen_crashes.get(svc.name, 0):
+                assert svc.crash_held == self.held_at_end.get(svc.name, [])
+                self.crashes_seen += 1
+        super().decide(world, now)
+        self.held_at_end = {
+            s.name: [
+                (r.estimate.active_bytes, r.active_lease.nbytes if r.active_lease else 0)
+                for r in s.inflight.values()
+            ]
+            for s in world.busy
+        }
+
+
+@SETTINGS
+@given(spec=st.one_of(manager_specs(), two_device_specs()), ops=ops_strategy)
+def test_what_crashed_requests_held_is_what_they_held_at_the_last_round(
+    spec: ManagerSpec, ops: list[Op]
+) -> None:
+    # World.note_crash keeps it when the crash is applied: the requests in flight then
+    # are those at the end of the round before (nothing runs between two rounds).
+    policy = HeldAtRoundEnd()
+    ex = FakeExecutor(Manager(spec, policy))
+    counter = [0]
+    for op in ops:
+        apply_op(ex, spec, op, counter)

@@ -91,6 +91,9 @@ class ServiceState:
     thrash: int = 0
     last_evicted_at: float | None = None
     crashes: int = 0
+    #: (estimated activation, lease bytes) of each request that was running when its
+    #: backend last crashed (``World.note_crash``): a policy learns from them.
+    crash_held: list[tuple[int, int]] = field(default_factory=list)
     consecutive_failures: int = 0
     backoff_until: float = -math.inf
     admin_wants_loaded: bool = False
@@ -1102,6 +1105,14 @@ class World:
     ) -> None:
         """``svc``'s running requests were measured above their leases."""
         svc.calibration.observe_excess(estimated_active, measured_active)
+
+    def note_crash(self, svc: ServiceState) -> None:
+        """``svc``'s backend died (before its requests are failed): keep what each
+        running request held, for the policy to learn from (``crash_held``)."""
+        svc.crash_held = [
+            (r.estimate.active_bytes, r.active_lease.nbytes if r.active_lease else 0)
+            for r in svc.inflight.values()
+        ]
 
     def release_service(self, svc: ServiceState) -> None:
         """Drop every byte a service holds (after Unloaded, LoadFailed or a crash)."""

@@ -74,6 +74,8 @@ class _Round:
     )
     #: The time of day (windows): the round's time does not change.
     tod: float = 0.0
+    #: Per service with windows, whether one is open (see AccelmuxPolicy._in_window).
+    inside: dict[str, bool] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -216,9 +218,9 @@ class AccelmuxPolicy:
         self._high_water: dict[str, int] = {}
         #: Services measured holding activation memory while idle (a caching allocator).
         self._caching: set[str] = set()
-        #: Crash count of each service when last seen, and what its requests held then.
+        #: Crash count of each service when last seen (what its requests held when it
+        #: crashed: ``ServiceState.crash_held``).
         self._seen_crashes: dict[str, int] = {}
-        self._held: dict[str, list[tuple[int, int]]] = {}
         #: Requests paused to switch models -> the request they were paused for: they
         #: do not take back the memory they gave until it has started.
         self._yielded_to: dict[str, str] = {}
@@ -270,7 +272,7 @@ class AccelmuxPolicy:
                 self._seen_crashes[name] = svc.crashes
                 world.touch(dev)
                 if learn:
-                    for estimated, lease in self._held.get(name, ()):
+                    for estimated, lease in svc.crash_held:
                         world.observe_failure(svc, estimated, lease)
             if world.sampled_at.get(dev) != world.now:
                 if not svc.inflight and self._charged.pop(name, None) is not None:
@@ -453,13 +455,6 @@ class AccelmuxPolicy:
             self._balloon(world)
         if world.knobs.prewarm and world.knobs.enabled("prewarm"):
             self._prewarm(world)
-        self._held = {
-            s.name: [
-                (r.estimate.active_bytes, r.active_lease.nbytes if r.active_lease else 0)
-                for r in s.inflight.values()
-            ]
-            for s in world.busy  # the services with requests in flight
-        }
 
     def next_wakeup(self, world: World, now: float) -> float | None:
         # The earliest of the times below after ``now``. A TTL that a pending restore
@@ -1268,9 +1263,15 @@ class AccelmuxPolicy:
             return
         # A device whose state (its World epoch) and round inputs are those of a round
         # that changed nothing there (wait reasons aside) would repeat it: it is skipped.
-        inputs = self._round_inputs(world, rnd)
-        start = {dev: (world.epoch(dev), inputs[dev]) for dev in world.devices}
-        rnd.quiet = {dev for dev, key in start.items() if self._quiet.get(dev) == key}
+        # Its inputs are read only where the epoch alone does not tell it apart.
+        start = {dev: world.epoch(dev) for dev in world.devices}
+        inputs: dict[str, tuple[object, ...]] = {}
+        for dev, epoch in start.items():
+            seen = self._quiet.get(dev)
+            if seen is not None and seen[0] == epoch:
+                inputs[dev] = self._round_inputs(world, rnd, dev)
+                if seen[1] == inputs[dev]:
+                    rnd.quiet.add(dev)
         # Requests in class order, then arrival order; those requeued meanwhile (preempted
         # in this round) wait for the next one.
         mark = world.queue_mark
@@ -1279,29 +1280,41 @@ class AccelmuxPolicy:
             for req in sorted(todo, key=lambda r: r.seq):
                 self._consider(world, req, rnd)
                 world.mark_announced(req)
-        self._quiet = {dev: key for dev, key in start.items() if world.epoch(dev) == key[0]}
+        # Where the epoch did not move, nothing there changed: the inputs read now are
+        # those at the start of the round.
+        self._quiet = {
+            dev: (epoch, inputs[dev] if dev in inputs else self._round_inputs(world, rnd, dev))
+            for dev, epoch in start.items()
+            if world.epoch(dev) == epoch
+        }
+
+    def _round_inputs(self, world: World, rnd: _Round, device: str) -> tuple[object, ...]:
+        """What a round's decisions on ``device`` read besides its state: time (windows,
+        backoffs of the queued services there) and the round's realtime and class state.
+        """
+        now = world.now
+        queued = tuple(
+            (svc.index, self._in_window(svc, rnd), now < svc.backoff_until)
+            for svc in world.queued
+            if svc.spec.device == device
+        )
+        return (
+            device in rnd.realtime_active,
+            device in rnd.realtime_work,
+            device in rnd.interactive_active,
+            rnd.higher_waiting.get(device),
+            queued,
+        )
 
     @staticmethod
-    def _round_inputs(world: World, rnd: _Round) -> dict[str, tuple[object, ...]]:
-        """Per device, what a round's decisions there read besides its state: time."""
-        tod = world.time_of_day()
-        now = world.now
-        queued: dict[str, list[tuple[int, bool, bool]]] = {dev: [] for dev in world.devices}
-        for svc in world.queued:
-            spec = svc.spec
-            queued[spec.device].append(
-                (svc.index, not spec.windows or spec.in_window(tod), now < svc.backoff_until)
-            )
-        return {
-            dev: (
-                dev in rnd.realtime_active,
-                dev in rnd.realtime_work,
-                dev in rnd.interactive_active,
-                rnd.higher_waiting.get(dev),
-                tuple(items),
-            )
-            for dev, items in queued.items()
-        }
+    def _in_window(svc: ServiceState, rnd: _Round) -> bool:
+        """Whether ``svc`` has no windows or one of them is open: once per round."""
+        if not svc.spec.windows:
+            return True
+        inside = rnd.inside.get(svc.name)
+        if inside is None:
+            inside = rnd.inside[svc.name] = svc.spec.in_window(rnd.tod)
+        return inside
 
     def _unsettled(self, world: World, cls: ServiceClass, rnd: _Round) -> list[RequestState]:
         """Waiting requests of ``cls`` that this round may decide differently.
@@ -1380,7 +1393,7 @@ class AccelmuxPolicy:
         hit = rnd.waits.get(key)
         if hit is not None and hit[0] == world.version:
             return hit[1], hit[2]
-        outside = not svc.spec.in_window(rnd.tod)
+        outside = not self._in_window(svc, rnd)
         wait = self._must_wait(world, svc, cls, outside, rnd)
         rnd.waits[key] = (world.version, outside, wait)
         return outside, wait
