@@ -40,6 +40,7 @@ from accelmux.core.specs import (
     PolicyKnobs,
     Window,
     seconds_until_next,
+    seconds_until_next_sorted,
 )
 from accelmux.core.state import RequestState, ServiceSet, ServiceState, World, reuse_rate
 from accelmux.core.types import (
@@ -559,3 +560,14 @@ def test_what_crashed_requests_held_is_what_they_held_at_the_last_round(
     counter = [0]
     for op in ops:
         apply_op(ex, spec, op, counter)
+
+
+@given(
+    edges=st.lists(st.floats(0.0, 86_400.0, exclude_max=True), max_size=12),
+    tod=st.one_of(st.floats(0.0, 86_400.0), st.sampled_from([0.0, 3600.0, 86_399.5])),
+)
+def test_the_next_window_edge_found_by_bisection_is_the_one_a_scan_finds(
+    edges: list[float], tod: float
+) -> None:
+    ordered = sorted(set(edges + [tod % 86_400.0] * (len(edges) % 2)))
+    assert seconds_until_next_sorted(ordered, tod) == seconds_until_next(ordered, tod)

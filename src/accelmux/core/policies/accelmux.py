@@ -42,7 +42,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from accelmux.core.specs import seconds_until_next
+from accelmux.core.specs import seconds_until_next_sorted
 from accelmux.core.state import RequestState, ServiceSet, ServiceState, World, reuse_rate
 from accelmux.core.types import (
     Category,
@@ -486,7 +486,7 @@ class AccelmuxPolicy:
                 best = t
         edges = self._window_edges(world)
         if edges:  # the next edge of any window of a service with waiting requests
-            t = now + seconds_until_next(edges, tod)
+            t = now + seconds_until_next_sorted(edges, tod)
             if t > now and (best is None or t < best):
                 best = t
         grace = world.knobs.realtime_grace_s
