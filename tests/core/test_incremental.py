@@ -4,7 +4,8 @@ The accelmux policy reads indexes and memos where it once scanned every service 
 request: the services that can learn (crashed, charged, sampled), the waiting-cause
 counts, the restorable services of a device, a request's load sizes, a service's wait
 reason in a class turn, memory on its way back, the window edges of the queued services,
-TTLs that ask about a pending restore only when the answer matters, a make_room failure
+TTLs that ask about a pending restore only when the answer matters, the realtime reserve
+kept while its device and the realtime peaks stay as they were, a make_room failure
 shared by the requesters it answers for, the devices with realtime work once per round,
 and what the spec says found once (warm services, who yields to realtime work, where
 time sharing can pause a stream). ``PlainAccelmux`` below is the policy with each of them
@@ -82,6 +83,17 @@ class PlainAccelmux(AccelmuxPolicy):
     def make_room(self, world: World, device: str, need: int, *args: Any, **kwargs: Any) -> bool:
         self._room_failed.clear()  # every failure found again by a survey of its own
         return super().make_room(world, device, need, *args, **kwargs)
+
+    def _realtime_reserve(self, world: World, device: str) -> int:
+        # Found again whenever anything changed (an action), kept while nothing did.
+        if not world.knobs.enabled("realtime_reserve"):
+            return 0
+        hit = self._memo.get(("realtime_reserve", device))
+        if hit is not None and hit[0] == world.version:
+            return hit[1]
+        value = self._compute_realtime_reserve(world, device)
+        self._memo[("realtime_reserve", device)] = (world.version, value)
+        return value
 
     def _round_realtime_devices(self, world: World) -> set[str]:
         return self._realtime_devices(world)

@@ -177,8 +177,12 @@ class AccelmuxPolicy:
     few_waiting = 8
 
     def __init__(self) -> None:
-        #: Largest projected activation of each realtime service's requests so far.
+        #: Largest projected activation of each realtime service's requests so far, and
+        #: how often one grew.
         self._rt_peak: dict[str, int] = {}
+        self._rt_peak_changes = 0
+        #: device -> (its epoch, _rt_peak_changes, the realtime reserve found then).
+        self._reserves: dict[str, tuple[int, int, int]] = {}
         #: Per-round memo of per-device aggregates: key -> (stamp, value), the stamp being
         #: world.version (no mutator has run since) or the device's epoch (nothing on the
         #: device has changed since: an aggregate of what no wait reason changes).
@@ -697,11 +701,20 @@ class AccelmuxPolicy:
         if not world.knobs.enabled("realtime_reserve"):
             return 0
         key = ("realtime_reserve", device)
+        version = world.version
         hit = self._memo.get(key)  # _cached, inlined: asked for every request considered
-        if hit is not None and hit[0] == world.version:
+        if hit is not None and hit[0] == version:
             return hit[1]
-        value = self._compute_realtime_reserve(world, device)
-        self._memo[key] = (world.version, value)
+        # It reads the device's realtime services (their state moves the device's epoch)
+        # and the peaks seen: while neither changed, the last value found still holds.
+        epoch = world.epoch(device)
+        last = self._reserves.get(device)
+        if last is not None and last[0] == epoch and last[1] == self._rt_peak_changes:
+            value = last[2]
+        else:
+            value = self._compute_realtime_reserve(world, device)
+            self._reserves[device] = (epoch, self._rt_peak_changes, value)
+        self._memo[key] = (version, value)
         return value
 
     def _yields_to_realtime(self, world: World, svc: ServiceState) -> bool:
@@ -1550,7 +1563,10 @@ class AccelmuxPolicy:
             self._queue_or_reject(world, req, Reason.OUTSIDE_WINDOW, "no spare memory")
             return
         if cls is ServiceClass.REALTIME:
-            self._rt_peak[svc.name] = max(self._rt_peak.get(svc.name, 0), active)
+            peak = self._rt_peak.get(svc.name)
+            if peak is None or active > peak:  # the first one sets it, even at 0
+                self._rt_peak[svc.name] = max(0, active)
+                self._rt_peak_changes += 1
         # A caching allocator's reserved blocks are reused by the service's own requests.
         own_cache = ledger.amount(dev, svc.name, Category.RESERVED)
         if before < 0 or not knobs.enabled("cache_reuse"):
