@@ -9,6 +9,9 @@ driver calls them after every event.
     python bench/bench_manager.py            # full run, writes bench/results/manager.json
     python bench/bench_manager.py --quick    # one repeat, fewer events
     python bench/bench_manager.py --profile 1000   # cProfile of one run
+    # also compare with another checkout of the core, side by side: one process per
+    # run, alternating that checkout's src and this one's (same workloads, same seeds)
+    python bench/bench_manager.py --against /path/to/old/checkout
 """
 
 from __future__ import annotations
@@ -16,9 +19,12 @@ from __future__ import annotations
 import argparse
 import heapq
 import json
+import os
 import platform
 import random
 import statistics
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,6 +60,9 @@ RESULTS = Path(__file__).parent / "results" / "manager.json"
 CASES: tuple[tuple[int, int, int], ...] = ((10, 1, 10_000), (100, 2, 4_000), (1000, 4, 500))
 REPEATS = 5
 TICK_PERIOD_S = 5.0
+#: Cases (services) and alternating rounds of ``--against``.
+COMPARED = (10, 100)
+COMPARE_ROUNDS = 5
 
 
 @dataclass(frozen=True)
@@ -269,6 +278,66 @@ def bench(quick: bool) -> dict[str, object]:
     }
 
 
+def one_run(n_services: int) -> dict[str, float]:
+    """One full-length run of a case (the first repeat's seed), as ``--one`` prints it."""
+    n_devices, n_events = next((d, e) for s, d, e in CASES if s == n_services)
+    work = build_workload(n_services, n_devices, seed=n_services)
+    return run_once(work, n_events, seed=1000)
+
+
+def _run_in(src: Path, n_services: int) -> float:
+    """events/s of :func:`one_run` in a process of its own, importing the core from ``src``."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(src), str(Path(__file__).parent)]))
+    out = subprocess.run(
+        [sys.executable, __file__, "--one", str(n_services)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return float(json.loads(out.stdout)["events_per_s"])
+
+
+def _commit_of(checkout: Path) -> str:
+    out = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=checkout, capture_output=True, text=True, check=False
+    )
+    return out.stdout.strip()
+
+
+def compare(against: Path) -> dict[str, object]:
+    """This checkout's core against ``against``'s on the :data:`COMPARED` cases.
+
+    The machine may be shared and its speed drift: each round runs the old core, then the
+    new one, each in a fresh process, so both see the same conditions; the medians of
+    the rounds are compared."""
+    here = Path(__file__).resolve().parents[1] / "src"
+    cases = []
+    for n_services in COMPARED:
+        old: list[float] = []
+        new: list[float] = []
+        for _ in range(COMPARE_ROUNDS):
+            old.append(_run_in(against / "src", n_services))
+            new.append(_run_in(here, n_services))
+        cases.append(
+            {
+                "services": n_services,
+                "old_events_per_s": old,
+                "new_events_per_s": new,
+                "old_median": statistics.median(old),
+                "new_median": statistics.median(new),
+                "speedup": statistics.median(new) / statistics.median(old),
+            }
+        )
+        c = cases[-1]
+        print(
+            f"{n_services:>8} services: {c['old_median']:>10,.0f} -> "
+            f"{c['new_median']:>10,.0f} events/s ({c['speedup']:.2f}x)",
+            flush=True,
+        )
+    return {"against": _commit_of(against), "rounds": COMPARE_ROUNDS, "cases": cases}
+
+
 def profile(n_services: int) -> None:
     import cProfile
     import pstats
@@ -287,7 +356,14 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="one repeat, fewer events")
     parser.add_argument("--profile", type=int, metavar="N", help="cProfile the N-service case")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--against", type=Path, metavar="CHECKOUT", help="also compare with that core"
+    )
+    parser.add_argument("--one", type=int, metavar="N", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.one:
+        print(json.dumps(one_run(args.one)))
+        return
     if args.profile:
         profile(args.profile)
         return
@@ -296,6 +372,8 @@ def main() -> None:
         f"{'us/event':>10}"
     )
     result = bench(args.quick)
+    if args.against:
+        result["comparison"] = compare(args.against)
     if not args.quick:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")

@@ -57,8 +57,35 @@ def manager(report: Report) -> str:
             f"| {c['events_per_s']:,.0f} | {c['actions_per_s']:,.0f} "
             f"| {c['us_per_event']:,.0f} |"
         )
-    lines += ["", "Medians over the repeats. " + _run(report, "python bench/bench_manager.py")]
+    command = "python bench/bench_manager.py"
+    compared = report.get("comparison")
+    if compared:
+        command += f" --against <checkout of {compared['against'][:10]}>"
+    lines += ["", "Medians over the repeats. " + _run(report, command)]
+    if compared:
+        lines += ["", *_manager_comparison(compared)]
     return "\n".join(lines)
+
+
+def _manager_comparison(compared: Report) -> list[str]:
+    """The side-by-side runs of ``--against``: the older core, then this one, per round."""
+    old = compared["against"][:10]
+    lines = [
+        f"| services | `{old}` events/s | this commit events/s | speedup |",
+        "|---:|---:|---:|---:|",
+    ]
+    for c in compared["cases"]:
+        lines.append(
+            f"| {c['services']} | {c['old_median']:,.0f} | {c['new_median']:,.0f} "
+            f"| **{c['speedup']:.2f}x** |"
+        )
+    lines += [
+        "",
+        f"Side by side in the same run: {compared['rounds']} rounds, each one process with "
+        f"the core of `{old}`, then one with this commit's (same workload and seed); "
+        "medians of the rounds.",
+    ]
+    return lines
 
 
 # ---- gateway --------------------------------------------------------------------------

@@ -158,6 +158,8 @@ class FakeExecutor:
                     self.attempts[a.request_id] = a.attempt
                     self.lease_bytes[a.request_id] = a.lease_bytes
                     self.requests[a.request_id] = RUNNING
+                    # the replica it runs on (a waiting request may have moved to another)
+                    self.owner[a.request_id] = a.service
                 case Preempt():
                     assert self.requests.get(a.request_id) == RUNNING, a
                     assert a.attempt == self.attempts[a.request_id], a

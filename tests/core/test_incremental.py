@@ -4,9 +4,13 @@ The accelmux policy reads indexes and memos where it once scanned every service 
 request: the services that can learn (crashed, charged, sampled), the waiting-cause
 counts, the restorable services of a device, a request's load sizes, a service's wait
 reason in a class turn, memory on its way back, the window edges of the queued services,
-and TTLs that ask about a pending restore only when the answer matters. ``PlainAccelmux``
-below is the policy with each of them replaced by the from-scratch computation it stands
-for; for any event sequence both make the same decisions and ask for the same wake-ups.
+TTLs that ask about a pending restore only when the answer matters, the realtime reserve
+kept while its device and the realtime peaks stay as they were, a make_room failure
+shared by the requesters it answers for, the devices with realtime work once per round,
+and what the spec says found once (warm services, who yields to realtime work, where
+time sharing can pause a stream). ``PlainAccelmux`` below is the policy with each of them
+replaced by the from-scratch computation it stands for; for any event sequence both make
+the same decisions and ask for the same wake-ups.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import math
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -36,6 +41,7 @@ from accelmux.core.specs import (
     PolicyKnobs,
     Window,
     seconds_until_next,
+    seconds_until_next_sorted,
 )
 from accelmux.core.state import RequestState, ServiceSet, ServiceState, World, reuse_rate
 from accelmux.core.types import (
@@ -73,6 +79,45 @@ import decision_stream
 
 class PlainAccelmux(AccelmuxPolicy):
     """The accelmux policy recomputing from scratch what the real one keeps or skips."""
+
+    def make_room(self, world: World, device: str, need: int, *args: Any, **kwargs: Any) -> bool:
+        self._room_failed.clear()  # every failure found again by a survey of its own
+        return super().make_room(world, device, need, *args, **kwargs)
+
+    def _realtime_reserve(self, world: World, device: str) -> int:
+        # Found again whenever anything changed (an action), kept while nothing did.
+        if not world.knobs.enabled("realtime_reserve"):
+            return 0
+        hit = self._memo.get(("realtime_reserve", device))
+        if hit is not None and hit[0] == world.version:
+            return hit[1]
+        value = self._compute_realtime_reserve(world, device)
+        self._memo[("realtime_reserve", device)] = (world.version, value)
+        return value
+
+    def _round_realtime_devices(self, world: World) -> set[str]:
+        return self._realtime_devices(world)
+
+    def _yields_to_realtime(self, world: World, svc: ServiceState) -> bool:
+        return self._compute_yields_to_realtime(world, svc)
+
+    def _time_sharing_devices(self, world: World) -> frozenset[str]:
+        return frozenset(
+            s.spec.device
+            for s in world.services.values()
+            if s.spec.kind.is_llm and self._can_pause(world, s)
+        )
+
+    def _warm_services(self, world: World, device: str) -> list[ServiceState]:
+        return [
+            s
+            for s in world.services.values()
+            if s.spec.device == device and s.spec.residency is Residency.WARM
+        ]
+
+    def _warm_in_class_order(self, world: World) -> list[ServiceState]:
+        warm = [s for s in world.services.values() if s.spec.residency is Residency.WARM]
+        return sorted(warm, key=lambda s: (int(s.spec.cls), s.name))
 
     def _learners(self, world: World) -> list[ServiceState]:
         return list(world.services.values())
@@ -489,3 +534,52 @@ def test_crowded_benchmark_homes_decide_alike(
     plain = benchmark_stream(PlainAccelmux, services, devices, seed, monkeypatch)
     assert len(fast) > 1500
     assert fast == plain
+
+
+class HeldAtRoundEnd(AccelmuxPolicy):
+    """The policy, keeping what each service's running requests held at the end of every
+    round (the policy once kept that itself, to learn from a crash in the next round)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.held_at_end: dict[str, list[tuple[int, int]]] = {}
+        self.crashes_seen = 0
+
+    def decide(self, world: World, now: float) -> None:
+        for svc in world.services.values():
+            if svc.crashes != self._seen_crashes.get(svc.name, 0):
+                assert svc.crash_held == self.held_at_end.get(svc.name, [])
+                self.crashes_seen += 1
+        super().decide(world, now)
+        self.held_at_end = {
+            s.name: [
+                (r.estimate.active_bytes, r.active_lease.nbytes if r.active_lease else 0)
+                for r in s.inflight.values()
+            ]
+            for s in world.busy
+        }
+
+
+@SETTINGS
+@given(spec=st.one_of(manager_specs(), two_device_specs()), ops=ops_strategy)
+def test_what_crashed_requests_held_is_what_they_held_at_the_last_round(
+    spec: ManagerSpec, ops: list[Op]
+) -> None:
+    # World.note_crash keeps it when the crash is applied: the requests in flight then
+    # are those at the end of the round before (nothing runs between two rounds).
+    policy = HeldAtRoundEnd()
+    ex = FakeExecutor(Manager(spec, policy))
+    counter = [0]
+    for op in ops:
+        apply_op(ex, spec, op, counter)
+
+
+@given(
+    edges=st.lists(st.floats(0.0, 86_400.0, exclude_max=True), max_size=12),
+    tod=st.one_of(st.floats(0.0, 86_400.0), st.sampled_from([0.0, 3600.0, 86_399.5])),
+)
+def test_the_next_window_edge_found_by_bisection_is_the_one_a_scan_finds(
+    edges: list[float], tod: float
+) -> None:
+    ordered = sorted(set(edges + [tod % 86_400.0] * (len(edges) % 2)))
+    assert seconds_until_next_sorted(ordered, tod) == seconds_until_next(ordered, tod)

@@ -286,6 +286,7 @@ class Manager:
                     svc.loaded_at = None
             case BackendCrashed():
                 svc = w.services[event.service]
+                w.note_crash(svc)
                 for req in list(svc.inflight.values()):
                     w.fail(req, reason=event.reason, detail=event.error)
                 for req in [r for r in svc.queue.values() if r.paused]:

@@ -5,7 +5,8 @@ These are plain frozen dataclasses; ``accelmux.config`` builds them from YAML.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import bisect
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from accelmux.core.types import Residency, ResizeSupport, ServiceClass, ServiceKind
@@ -119,6 +120,18 @@ def seconds_until_next(edges: Iterable[float], time_of_day_s: float) -> float:
         if delta > 0:
             best = min(best, delta)
     return best
+
+
+def seconds_until_next_sorted(edges: Sequence[float], time_of_day_s: float) -> float:
+    """:func:`seconds_until_next` of ``edges`` sorted and each within a day (window
+    edges are), found by bisection: the same value, from the same arithmetic."""
+    t = time_of_day_s % DAY_S
+    later = bisect.bisect_right(edges, t)
+    if later < len(edges):
+        return edges[later] - t  # the nearest edge ahead (later ones are further)
+    if edges and edges[0] < t:
+        return (edges[0] - t) % DAY_S  # none ahead today: the first one tomorrow
+    return DAY_S
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -58,10 +58,15 @@ class ServiceState:
     calibration: ServiceCalibration
     #: Position of the service in the spec: indexes list services in this order.
     index: int = 0
+    #: ``spec.name`` (read on every decision: a field, not a property).
+    name: str = field(init=False, default="")
     status: ServiceStatus = ServiceStatus.UNLOADED
     pinned: bool = False
     resident_leases: list[Lease] = field(default_factory=list)
     kv_lease: Lease | None = None
+    #: ``kv_lease``'s bytes (0 without one), kept with it by ``World._hold_kv``: read
+    #: on every decision, so a field rather than a property.
+    kv_pool: int = 0
     kv_in_use: int = 0
     #: A Resize the backend has not answered yet: the pool it asked for, and the pool
     #: before it. Meanwhile the ledger holds the larger and requests get the smaller.
@@ -86,6 +91,9 @@ class ServiceState:
     thrash: int = 0
     last_evicted_at: float | None = None
     crashes: int = 0
+    #: (estimated activation, lease bytes) of each request that was running when its
+    #: backend last crashed (``World.note_crash``): a policy learns from them.
+    crash_held: list[tuple[int, int]] = field(default_factory=list)
     consecutive_failures: int = 0
     backoff_until: float = -math.inf
     admin_wants_loaded: bool = False
@@ -114,18 +122,13 @@ class ServiceState:
     #: the service cannot unload while they wait.
     paused_kv: int = 0
 
-    @property
-    def name(self) -> str:
-        return self.spec.name
+    def __post_init__(self) -> None:
+        self.name = self.spec.name
 
     @property
     def ttl_s(self) -> float:
         """Idle seconds before a TTL unload: the latest client's keep_alive, else the config's."""
         return self.spec.ttl_s if self.keep_alive_s is None else self.keep_alive_s
-
-    @property
-    def kv_pool(self) -> int:
-        return self.kv_lease.nbytes if self.kv_lease is not None else 0
 
     @property
     def kv_usable(self) -> int:
@@ -586,6 +589,8 @@ class World:
             expect(f"{svc.name}.paused_kv", svc.paused_kv, sum(r.kv_bytes for r in mine))
             held = sum(r.kv_bytes for r in svc.inflight.values()) + svc.paused_kv
             expect(f"{svc.name}.kv_in_use", svc.kv_in_use, held)
+            lease = svc.kv_lease
+            expect(f"{svc.name}.kv_pool", svc.kv_pool, lease.nbytes if lease is not None else 0)
             expect(
                 f"{svc.name}.host copy",
                 svc.name in self.host_weights,
@@ -993,7 +998,7 @@ class World:
             self.ledger.reserve(device, svc.name, Category.RUNTIME, runtime, enforce=False),
         ]
         svc.resident_leases = [le for le in leases if le is not None]
-        svc.kv_lease = self.ledger.reserve(device, svc.name, Category.KV, pool, enforce=False)
+        self._hold_kv(svc, self.ledger.reserve(device, svc.name, Category.KV, pool, enforce=False))
         self.set_status(svc, ServiceStatus.LOADING)
         from_tier = svc.tier
         svc.loading_from = from_tier
@@ -1098,9 +1103,15 @@ class World:
     def _set_kv_lease(self, svc: ServiceState, nbytes: int) -> None:
         if svc.kv_lease is not None:
             self.ledger.release(svc.kv_lease)
-        svc.kv_lease = self.ledger.reserve(
-            svc.spec.device, svc.name, Category.KV, nbytes, enforce=False
+        self._hold_kv(
+            svc, self.ledger.reserve(svc.spec.device, svc.name, Category.KV, nbytes, enforce=False)
         )
+
+    @staticmethod
+    def _hold_kv(svc: ServiceState, lease: Lease | None) -> None:
+        """``svc``'s KV pool is now ``lease`` (None: none)."""
+        svc.kv_lease = lease
+        svc.kv_pool = lease.nbytes if lease is not None else 0
 
     # ---- what a policy learns and notes ------------------------------------------
     def mark_announced(self, req: RequestState) -> None:
@@ -1125,6 +1136,14 @@ class World:
         """``svc``'s running requests were measured above their leases."""
         svc.calibration.observe_excess(estimated_active, measured_active)
 
+    def note_crash(self, svc: ServiceState) -> None:
+        """``svc``'s backend died (before its requests are failed): keep what each
+        running request held, for the policy to learn from (``crash_held``)."""
+        svc.crash_held = [
+            (r.estimate.active_bytes, r.active_lease.nbytes if r.active_lease else 0)
+            for r in svc.inflight.values()
+        ]
+
     def release_service(self, svc: ServiceState) -> None:
         """Drop every byte a service holds (after Unloaded, LoadFailed or a crash)."""
         for le in svc.resident_leases:
@@ -1132,7 +1151,7 @@ class World:
         svc.resident_leases = []
         if svc.kv_lease is not None:
             self.ledger.release(svc.kv_lease)
-            svc.kv_lease = None
+            self._hold_kv(svc, None)
         self.ledger.drop_service(svc.spec.device, svc.name)
         svc.resize_target = None
         svc.resize_from = None

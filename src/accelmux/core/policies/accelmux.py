@@ -44,7 +44,7 @@ from typing import Any
 
 from accelmux.core.events import Demand
 from accelmux.core.placement import first_up
-from accelmux.core.specs import seconds_until_next
+from accelmux.core.specs import seconds_until_next_sorted
 from accelmux.core.state import RequestState, ServiceSet, ServiceState, World, reuse_rate
 from accelmux.core.types import (
     Category,
@@ -74,6 +74,22 @@ class _Round:
     waits: dict[tuple[str, ServiceClass], tuple[int, bool, tuple[Reason, str] | None]] = field(
         default_factory=dict
     )
+    #: The time of day (windows): the round's time does not change.
+    tod: float = 0.0
+    #: Per service with windows, whether one is open (see AccelmuxPolicy._in_window).
+    inside: dict[str, bool] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class _Survey:
+    """What make_room found it could free on a device (see AccelmuxPolicy._survey)."""
+
+    shrinks: list[tuple[ServiceState, int]] = field(default_factory=list)
+    preempts: list[RequestState] = field(default_factory=list)
+    victims: list[ServiceState] = field(default_factory=list)
+    #: Bytes the shrinks, stops and evictions would free, beyond what is free or on its
+    #: way back.
+    gain: int = 0
 
 
 #: The policy's heuristics by name, each of which ``policy.disable`` can turn off (for
@@ -172,13 +188,26 @@ class AccelmuxPolicy:
     few_waiting = 8
 
     def __init__(self) -> None:
-        #: Largest projected activation of each realtime service's requests so far.
+        #: Largest projected activation of each realtime service's requests so far, and
+        #: how often one grew.
         self._rt_peak: dict[str, int] = {}
+        self._rt_peak_changes = 0
+        #: device -> (its epoch, _rt_peak_changes, the realtime reserve found then).
+        self._reserves: dict[str, tuple[int, int, int]] = {}
         #: Per-round memo of per-device aggregates: key -> (stamp, value), the stamp being
         #: world.version (no mutator has run since) or the device's epoch (nothing on the
         #: device has changed since: an aggregate of what no wait reason changes).
         #: Cleared at the start of every decide().
         self._memo: dict[tuple[str, str], tuple[int, int]] = {}
+        #: The warm services of each device of ``_warm_world`` (static).
+        self._warm_world: World | None = None
+        self._warm: dict[str, list[ServiceState]] = {}
+        self._warm_ordered: list[ServiceState] = []
+        #: What :meth:`_yields_to_realtime` found per service of ``_facts_world`` (static).
+        self._facts_world: World | None = None
+        self._facts: dict[str, bool] = {}
+        #: The World and its devices where time sharing may pause a stream (static).
+        self._sharing_devices: tuple[World, frozenset[str]] | None = None
         #: Per-round memo of make_room failures: (device, class, strict, requester holding
         #: memory, a time-sharing requester) -> (device epoch, the most it could free).
         self._room_failed: dict[
@@ -191,6 +220,10 @@ class AccelmuxPolicy:
         #: What :meth:`_window_edges` found: (the set, its version, the edges).
         self._edges_memo: tuple[ServiceSet, int, tuple[float, ...]] | None = None
         self._restorable_memo: dict[str, tuple[tuple[int, float], list[list[Any]]]] = {}
+        #: Per-round memo of :meth:`_round_realtime_devices` (None: not asked yet).
+        self._rt_devices: set[str] | None = None
+        #: Per-round memo of :meth:`_restore_pending`: holder -> ((version, now), pending).
+        self._restores_memo: dict[str, tuple[tuple[int, float], bool]] = {}
         #: Per device, (epoch, round inputs) of the last schedule that changed nothing there.
         self._quiet: dict[str, tuple[int, tuple[object, ...]]] = {}
         #: Services measured above what was accounted at the last sample: name -> bytes.
@@ -202,9 +235,9 @@ class AccelmuxPolicy:
         self._caching: set[str] = set()
         #: When a restore of each service last evicted others to make its room.
         self._restore_tried_at: dict[str, float] = {}
-        #: Crash count of each service when last seen, and what its requests held then.
+        #: Crash count of each service when last seen (what its requests held when it
+        #: crashed: ``ServiceState.crash_held``).
         self._seen_crashes: dict[str, int] = {}
-        self._held: dict[str, list[tuple[int, int]]] = {}
         #: Requests paused to switch models -> the request they were paused for: they
         #: do not take back the memory they gave until it has started.
         self._yielded_to: dict[str, str] = {}
@@ -256,7 +289,7 @@ class AccelmuxPolicy:
                 self._seen_crashes[name] = svc.crashes
                 world.touch(dev)
                 if learn:
-                    for estimated, lease in self._held.get(name, ()):
+                    for estimated, lease in svc.crash_held:
                         world.observe_failure(svc, estimated, lease)
             if world.sampled_at.get(dev) != world.now:
                 if not svc.inflight and self._charged.pop(name, None) is not None:
@@ -370,11 +403,33 @@ class AccelmuxPolicy:
 
     @staticmethod
     def _sharing_key(world: World, requester: RequestState | None) -> object:
-        """What a make_room failure depends on beyond its class: the requester, when it
-        may pause other models' streams (time sharing reads its state and the time)."""
+        """What a make_room failure depends on beyond its class: what time sharing reads
+        of the requester, when it may pause other models' streams (:meth:`_time_shared`:
+        its service, whether that is an LLM, whether it is paused). Requests alike in
+        these share a failure (the memo lasts one round: the time does not change)."""
         if requester is None or not world.knobs.enabled("time_share"):
             return None
-        return (requester.request_id, world.now)
+        return (requester.service, requester.paused)
+
+    def _room_key(self, world: World, device: str, requester: RequestState | None) -> object:
+        """:meth:`_sharing_key`, or None where no service of ``device`` can be paused for
+        time sharing (then no requester's state changes what make_room can free)."""
+        if device not in self._time_sharing_devices(world):
+            return None
+        return self._sharing_key(world, requester)
+
+    def _time_sharing_devices(self, world: World) -> frozenset[str]:
+        """Devices with an LLM service whose backend can pause (what the spec and the
+        knobs declare: found once per World)."""
+        kept = self._sharing_devices
+        if kept is None or kept[0] is not world:
+            found = frozenset(
+                s.spec.device
+                for s in world.services.values()
+                if s.spec.kind.is_llm and self._can_pause(world, s)
+            )
+            kept = self._sharing_devices = (world, found)
+        return kept[1]
 
     def _preload_warm(self, world: World) -> None:
         """At start, load warm services (class order) into memory nobody else needs yet."""
@@ -397,6 +452,8 @@ class AccelmuxPolicy:
         self._memo.clear()
         self._room_failed.clear()
         self._restorable_memo.clear()
+        self._restores_memo.clear()
+        self._rt_devices = None
         if len(self._sizes) > 2 * len(world.waiting) + 64:
             self._sizes = {k: v for k, v in self._sizes.items() if k in world.waiting}
         if world.knobs.enabled("realtime_yield") and world.busy:
@@ -419,13 +476,6 @@ class AccelmuxPolicy:
             self._balloon(world)
         if world.knobs.prewarm and world.knobs.enabled("prewarm"):
             self._prewarm(world)
-        self._held = {
-            s.name: [
-                (r.estimate.active_bytes, r.active_lease.nbytes if r.active_lease else 0)
-                for r in s.inflight.values()
-            ]
-            for s in world.busy  # the services with requests in flight
-        }
 
     def next_wakeup(self, world: World, now: float) -> float | None:
         # The earliest of the times below after ``now``. A TTL that a pending restore
@@ -457,7 +507,7 @@ class AccelmuxPolicy:
                 best = t
         edges = self._window_edges(world)
         if edges:  # the next edge of any window of a service with waiting requests
-            t = now + seconds_until_next(edges, tod)
+            t = now + seconds_until_next_sorted(edges, tod)
             if t > now and (best is None or t < best):
                 best = t
         grace = world.knobs.realtime_grace_s
@@ -555,46 +605,82 @@ class AccelmuxPolicy:
         as high as ``holder``'s, is likely to be used again, sooner than ``holder`` (an
         on-demand service used more often than what it displaced keeps its place), and
         would fit once ``holder`` is gone (no service is unloaded for a restore that
-        cannot happen)."""
+        cannot happen).
+
+        Asked by the TTL expiry and again by the next wake-up: kept until anything
+        changes (an action) or time passes, and for the round only (decide clears it).
+        """
+        stamp = (world.version, world.now)
+        hit = self._restores_memo.get(holder.name)
+        if hit is not None and hit[0] == stamp:
+            return hit[1]
+        pending = self._compute_restore_pending(world, holder)
+        self._restores_memo[holder.name] = (stamp, pending)
+        return pending
+
+    def _compute_restore_pending(self, world: World, holder: ServiceState) -> bool:
         horizon = world.knobs.reuse_horizon_s
         own = reuse_rate(holder, world.now, horizon)
         dev = holder.spec.device
         room = world.ledger.available(dev) + self.unload_frees(world, holder)
+        version = world.version
         for candidate in self._restorable(world, dev):
-            s, rate, need = candidate
+            s, rate, need, computed_at = candidate
             if s.spec.cls <= holder.spec.cls and rate > own:
-                if need is None:
+                if computed_at != version:  # the need reads the ledger and the reserve
                     pool = self._load_pool(world, s, s.spec.profile.kv_floor)
                     need = candidate[2] = self._restore_need(world, s, pool)
+                    candidate[3] = version
                 if need <= room:
                     return True
         return False
 
     def _restorable(self, world: World, device: str) -> list[list[Any]]:
         """The warm services evicted from ``device`` that are likely to be used again, in
-        spec order, as ``[service, reuse rate, restore need (None: not computed yet)]``.
+        spec order, as ``[service, reuse rate, restore need, the world.version it was
+        computed at (None: not yet)]``.
 
-        What every holder's :meth:`_restore_pending` asks about them: kept until anything
-        changes (an action) or time passes, and for the round only (decide clears it).
+        What every holder's :meth:`_restore_pending` asks about them: kept while the
+        evicted services stay the same and time does not pass, for the round only
+        (decide clears it; reuse rates change only with arrivals, between rounds).
         """
-        stamp = (world.version, world.now)
+        stamp = (world.evicted_out.version, world.now)
         hit = self._restorable_memo.get(device)
         if hit is not None and hit[0] == stamp:
             return hit[1]
         horizon = world.knobs.reuse_horizon_s
         found: list[list[Any]] = []
-        for s in world.evicted_out:
-            if (
-                s.spec.device == device
-                and s.status is ServiceStatus.UNLOADED
-                and s.spec.residency is Residency.WARM
-                and s.last_evicted_at is not None
-            ):
+        evicted = world.evicted_out
+        for s in self._warm_services(world, device):  # spec order, as evicted_out's
+            if s in evicted:  # evicted and unloaded since
                 rate = reuse_rate(s, world.now, horizon)
                 if 1.0 - math.exp(-rate * horizon) >= 0.5:  # _likely_reused
-                    found.append([s, rate, None])
+                    found.append([s, rate, 0, None])
         self._restorable_memo[device] = (stamp, found)
         return found
+
+    def _warm_services(self, world: World, device: str) -> list[ServiceState]:
+        """The warm services of ``device``, in spec order (what the spec says)."""
+        self._know_warm(world)
+        return self._warm[device]
+
+    def _know_warm(self, world: World) -> None:
+        """Find ``world``'s warm services once: per device, and all in class order."""
+        if self._warm_world is not world:
+            self._warm_world = world
+            self._warm = {
+                dev: [s for s in svcs if s.spec.residency is Residency.WARM]
+                for dev, svcs in world.services_by_device.items()
+            }
+            self._warm_ordered = sorted(
+                (s for svcs in self._warm.values() for s in svcs),
+                key=lambda s: (int(s.spec.cls), s.name),
+            )
+
+    def _warm_in_class_order(self, world: World) -> list[ServiceState]:
+        """Every warm service, in class order then by name (what the spec says)."""
+        self._know_warm(world)
+        return self._warm_ordered
 
     def _restore_need(self, world: World, svc: ServiceState, pool: int) -> int:
         """Free memory a prewarm of ``svc`` with a KV pool of ``pool`` needs: its resident
@@ -632,16 +718,41 @@ class AccelmuxPolicy:
         if not world.knobs.enabled("realtime_reserve"):
             return 0
         key = ("realtime_reserve", device)
+        version = world.version
         hit = self._memo.get(key)  # _cached, inlined: asked for every request considered
-        if hit is not None and hit[0] == world.version:
+        if hit is not None and hit[0] == version:
             return hit[1]
-        value = self._compute_realtime_reserve(world, device)
-        self._memo[key] = (world.version, value)
+        # It reads the device's realtime services (their state moves the device's epoch)
+        # and the peaks seen: while neither changed, the last value found still holds.
+        epoch = world.epoch(device)
+        last = self._reserves.get(device)
+        if last is not None and last[0] == epoch and last[1] == self._rt_peak_changes:
+            value = last[2]
+        else:
+            value = self._compute_realtime_reserve(world, device)
+            self._reserves[device] = (epoch, self._rt_peak_changes, value)
+        self._memo[key] = (version, value)
         return value
 
     def _yields_to_realtime(self, world: World, svc: ServiceState) -> bool:
         """Whether realtime work takes ``svc``'s activation leases back at once: it is
-        preempted, or (an interactive LLM that can pause) paused between tokens."""
+        preempted, or (an interactive LLM that can pause) paused between tokens.
+
+        What the spec and the knobs say: found once per service."""
+        facts = self._static_facts(world)
+        found = facts.get(svc.name)
+        if found is None:
+            found = facts[svc.name] = self._compute_yields_to_realtime(world, svc)
+        return found
+
+    def _static_facts(self, world: World) -> dict[str, bool]:
+        """Per service, what :meth:`_yields_to_realtime` found (for ``world`` only)."""
+        if self._facts_world is not world:
+            self._facts_world = world
+            self._facts = {}
+        return self._facts
+
+    def _compute_yields_to_realtime(self, world: World, svc: ServiceState) -> bool:
         if self._preemptible(svc, ServiceClass.REALTIME):
             return True
         return (
@@ -917,16 +1028,17 @@ class AccelmuxPolicy:
 
     def _pending_free(self, world: World, device: str) -> int:
         """Memory on its way back: services unloading, KV pools shrinking."""
-        return self._cached(
-            world,
-            ("pending_free", device),
-            # A resize awaits its answer only while loaded or unloading (check_indexes).
-            lambda: (
-                sum(self.unload_frees(world, s) for s in world.unloading_on(device))
-                + sum(s.kv_shrinking for s in world.loaded_on(device) if s.resizing)
-            ),
-            world.epoch(device),
+        key = ("pending_free", device)
+        epoch = world.epoch(device)
+        hit = self._memo.get(key)  # _cached, inlined: asked by every make_room
+        if hit is not None and hit[0] == epoch:
+            return hit[1]
+        # A resize awaits its answer only while loaded or unloading (check_indexes).
+        value = sum(self.unload_frees(world, s) for s in world.unloading_on(device)) + sum(
+            s.kv_shrinking for s in world.loaded_on(device) if s.resize_target is not None
         )
+        self._memo[key] = (epoch, value)
+        return value
 
     def _evictable(
         self,
@@ -946,6 +1058,65 @@ class AccelmuxPolicy:
             and (svc.waiting_count == 0 or svc.spec.cls > cls)
             and (svc.spec.cls > cls if strict else svc.spec.cls >= cls)
         )
+
+    def _survey(
+        self,
+        world: World,
+        device: str,
+        cls: ServiceClass,
+        exclude: ServiceState | None,
+        strict: bool,
+        requester: RequestState | None,
+        sharing: object,
+    ) -> _Survey:
+        """What make_room could free on ``device`` for class ``cls``, in one pass over its
+        loaded services (services with requests in flight are loaded): KV pools to
+        shrink, running requests to stop, idle services to evict. ``sharing`` is None
+        when no stream there can be paused for time sharing (:meth:`_room_key`)."""
+        knobs = world.knobs
+        preempting = knobs.enabled("preemption")
+        shrinking = knobs.enabled("ballooning")
+        clearing = knobs.enabled("evict_after_preemption")
+        found = _Survey()
+        for svc in world.loaded_on(device):
+            cleared = False
+            stopped_kv = 0  # KV the stopped requests of svc give back to its pool
+            inflight = svc.inflight
+            if inflight:
+                stopped: list[RequestState] = []
+                if preempting and self._preemptible(svc, cls):
+                    stopped = self._stoppable(world, svc)
+                    cleared = clearing and len(stopped) == len(inflight)
+                elif sharing is not None:
+                    stopped = self._time_shared(world, svc, cls, requester)
+                    cleared = bool(stopped)
+                for r in stopped:
+                    found.preempts.append(r)
+                    found.gain += r.active_lease.nbytes if r.active_lease else 0
+                    stopped_kv += r.kv_bytes
+            if svc is exclude or svc.status is not ServiceStatus.LOADED:
+                continue
+            if shrinking and world.resizable(svc):
+                floor = svc.spec.profile.kv_floor
+                pool = svc.kv_pool
+                target = max(floor, svc.kv_in_use)
+                if pool > target:
+                    found.shrinks.append((svc, target))
+                # KV freed by a preemption comes back only as far as its pool can shrink.
+                found.gain += max(0, pool - max(floor, svc.kv_in_use - stopped_kv))
+            if self._evictable(svc, cls, exclude, strict, once_preempted=cleared):
+                found.victims.append(svc)
+                found.gain += self.unload_frees(world, svc)
+        return found
+
+    def _stoppable(self, world: World, svc: ServiceState) -> list[RequestState]:
+        """The running requests of ``svc`` that :meth:`_may_stop` allows to stop."""
+        running = svc.inflight.values()
+        if self._can_pause(world, svc):
+            return [r for r in running if r.pauses < MAX_PAUSES]
+        if not world.knobs.enabled("preemption_bound"):
+            return list(running)
+        return [r for r in running if r.attempt <= MAX_PREEMPTIONS]
 
     def make_room(
         self,
@@ -982,54 +1153,20 @@ class AccelmuxPolicy:
         # found it could free, until something on the device changes (its epoch; a new
         # wait reason frees nothing).
         holding = exclude.name if exclude is not None and exclude.is_up else None
-        memo_key = (device, cls, strict, holding, self._sharing_key(world, requester))
+        # None: no stream on the device can be paused for time sharing (see _room_key).
+        sharing = self._room_key(world, device, requester)
+        memo_key = (device, cls, strict, holding, sharing)
         failed = self._room_failed.get(memo_key)
         if failed is not None and failed[0] == world.epoch(device) and need > failed[1]:
             return False
-        services = world.loaded_on(device)  # services with requests in flight are loaded
-        # One pass collects what could be freed; sorting waits until it is enough.
-        shrinks: list[tuple[ServiceState, int]] = []
-        preempts: list[RequestState] = []
-        victims: list[ServiceState] = []
-        up: list[ServiceState] = []
-        knobs = world.knobs
-        preempting = knobs.enabled("preemption")
-        shrinking = knobs.enabled("ballooning")
-        clearing = knobs.enabled("evict_after_preemption")
-        for svc in services:
-            cleared = False
-            if preempting and svc.inflight and self._preemptible(svc, cls):
-                mine = [r for r in svc.inflight.values() if self._may_stop(world, r)]
-                preempts.extend(mine)
-                cleared = clearing and len(mine) == len(svc.inflight)
-            elif svc.inflight:
-                shared = self._time_shared(world, svc, cls, requester)
-                preempts.extend(shared)
-                cleared = bool(shared)
-            if svc is exclude or svc.status is not ServiceStatus.LOADED:
-                continue
-            up.append(svc)
-            target = max(svc.spec.profile.kv_floor, svc.kv_in_use)
-            if shrinking and svc.kv_pool > target and world.resizable(svc):
-                shrinks.append((svc, target))
-            if self._evictable(svc, cls, exclude, strict, once_preempted=cleared):
-                victims.append(svc)
-
-        # KV freed by a preemption comes back only as far as its pool can shrink.
-        preempted_kv: dict[str, int] = {}
-        for r in preempts:
-            preempted_kv[r.service] = preempted_kv.get(r.service, 0) + r.kv_bytes
-        gain_now = sum(r.active_lease.nbytes if r.active_lease else 0 for r in preempts)
-        for svc in up if shrinking else ():
-            if not world.resizable(svc):
-                continue  # its pool changes only at its next load, or never
-            low = max(svc.spec.profile.kv_floor, svc.kv_in_use - preempted_kv.get(svc.name, 0))
-            gain_now += max(0, svc.kv_pool - low)
-        gain_later = sum(self.unload_frees(world, s) for s in victims)
-        freeable = available + pending + gain_now + gain_later
+        found = self._survey(world, device, cls, exclude, strict, requester, sharing)
+        freeable = available + pending + found.gain
         if freeable < need:
             self._room_failed[memo_key] = (world.epoch(device), freeable)
             return False
+        shrinks, preempts, victims = found.shrinks, found.preempts, found.victims
+        knobs = world.knobs
+        shrinking = knobs.enabled("ballooning")
         shrinks.sort(key=lambda st: -int(st[0].spec.cls))  # stable: lowest class first
         preempts.sort(key=lambda r: (-int(r.cls), -(r.dispatched_at or 0.0)))
         if knobs.enabled("victim_scoring"):
@@ -1222,6 +1359,14 @@ class AccelmuxPolicy:
                     break
         return out
 
+    def _round_realtime_devices(self, world: World) -> set[str]:
+        """:meth:`_realtime_devices`, found once per round: the yield to realtime work and
+        the schedule both ask, and nothing between them starts, ends or queues realtime
+        work (they pause, preempt, evict and load only lower-class or idle services)."""
+        if self._rt_devices is None:
+            self._rt_devices = self._realtime_devices(world)
+        return self._rt_devices
+
     def _yields_compute(self, world: World, svc: ServiceState) -> bool:
         """Interactive LLM work that pauses while realtime work runs beside it."""
         return (
@@ -1243,7 +1388,7 @@ class AccelmuxPolicy:
 
     def _yield_to_realtime(self, world: World) -> None:
         """Pause the running streams of interactive LLMs on devices with realtime work."""
-        devices = self._realtime_devices(world)
+        devices = self._round_realtime_devices(world)
         if not devices:
             return
         for svc in list(world.busy):
@@ -1268,7 +1413,7 @@ class AccelmuxPolicy:
     def _schedule(self, world: World) -> None:
         if not world.waiting:
             return  # a device's quiet record stays true: it names the state it saw
-        rnd = _Round()
+        rnd = _Round(tod=world.time_of_day())
         knobs = world.knobs
         hold = knobs.enabled("realtime_hold")
         grace = knobs.realtime_grace_s  # 0 (the default) turns it off
@@ -1277,7 +1422,7 @@ class AccelmuxPolicy:
                 if (hold and svc.inflight) or world.now < svc.last_used + grace:
                     rnd.realtime_active.add(svc.spec.device)
         if knobs.enabled("realtime_yield"):
-            rnd.realtime_work = self._realtime_devices(world)
+            rnd.realtime_work = self._round_realtime_devices(world)
         if knobs.enabled("batch_yield"):
             for svc in world.busy:
                 if svc.spec.cls is ServiceClass.INTERACTIVE:
@@ -1301,9 +1446,15 @@ class AccelmuxPolicy:
             return
         # A device whose state (its World epoch) and round inputs are those of a round
         # that changed nothing there (wait reasons aside) would repeat it: it is skipped.
-        inputs = self._round_inputs(world, rnd)
-        start = {dev: (world.epoch(dev), inputs[dev]) for dev in world.devices}
-        rnd.quiet = {dev for dev, key in start.items() if self._quiet.get(dev) == key}
+        # Its inputs are read only where the epoch alone does not tell it apart.
+        start = {dev: world.epoch(dev) for dev in world.devices}
+        inputs: dict[str, tuple[object, ...]] = {}
+        for dev, epoch in start.items():
+            seen = self._quiet.get(dev)
+            if seen is not None and seen[0] == epoch:
+                inputs[dev] = self._round_inputs(world, rnd, dev)
+                if seen[1] == inputs[dev]:
+                    rnd.quiet.add(dev)
         # Requests in class order, then arrival order; those requeued meanwhile (preempted
         # in this round) wait for the next one.
         mark = world.queue_mark
@@ -1312,29 +1463,41 @@ class AccelmuxPolicy:
             for req in sorted(todo, key=lambda r: r.seq):
                 self._consider(world, req, rnd)
                 world.mark_announced(req)
-        self._quiet = {dev: key for dev, key in start.items() if world.epoch(dev) == key[0]}
+        # Where the epoch did not move, nothing there changed: the inputs read now are
+        # those at the start of the round.
+        self._quiet = {
+            dev: (epoch, inputs[dev] if dev in inputs else self._round_inputs(world, rnd, dev))
+            for dev, epoch in start.items()
+            if world.epoch(dev) == epoch
+        }
+
+    def _round_inputs(self, world: World, rnd: _Round, device: str) -> tuple[object, ...]:
+        """What a round's decisions on ``device`` read besides its state: time (windows,
+        backoffs of the queued services there) and the round's realtime and class state.
+        """
+        now = world.now
+        queued = tuple(
+            (svc.index, self._in_window(svc, rnd), now < svc.backoff_until)
+            for svc in world.queued
+            if svc.spec.device == device
+        )
+        return (
+            device in rnd.realtime_active,
+            device in rnd.realtime_work,
+            device in rnd.interactive_active,
+            rnd.higher_waiting.get(device),
+            queued,
+        )
 
     @staticmethod
-    def _round_inputs(world: World, rnd: _Round) -> dict[str, tuple[object, ...]]:
-        """Per device, what a round's decisions there read besides its state: time."""
-        tod = world.time_of_day()
-        now = world.now
-        queued: dict[str, list[tuple[int, bool, bool]]] = {dev: [] for dev in world.devices}
-        for svc in world.queued:
-            spec = svc.spec
-            queued[spec.device].append(
-                (svc.index, not spec.windows or spec.in_window(tod), now < svc.backoff_until)
-            )
-        return {
-            dev: (
-                dev in rnd.realtime_active,
-                dev in rnd.realtime_work,
-                dev in rnd.interactive_active,
-                rnd.higher_waiting.get(dev),
-                tuple(items),
-            )
-            for dev, items in queued.items()
-        }
+    def _in_window(svc: ServiceState, rnd: _Round) -> bool:
+        """Whether ``svc`` has no windows or one of them is open: once per round."""
+        if not svc.spec.windows:
+            return True
+        inside = rnd.inside.get(svc.name)
+        if inside is None:
+            inside = rnd.inside[svc.name] = svc.spec.in_window(rnd.tod)
+        return inside
 
     def _unsettled(self, world: World, cls: ServiceClass, rnd: _Round) -> list[RequestState]:
         """Waiting requests of ``cls`` that this round may decide differently.
@@ -1362,6 +1525,12 @@ class AccelmuxPolicy:
                 else:
                     out.extend(r for r in svc.queue.values() if r.wait_reason is not wait[0])
         return out
+
+    @staticmethod
+    def _told(req: RequestState, reason: Reason) -> bool:
+        """Whether ``req`` was told to wait for ``reason`` already and its queue's bound
+        no longer applies: telling it again is a no-op (its detail need not be written)."""
+        return req.announced and req.wait_reason is reason
 
     def _queue_or_reject(
         self, world: World, req: RequestState, reason: Reason, detail: str = ""
@@ -1407,7 +1576,7 @@ class AccelmuxPolicy:
         hit = rnd.waits.get(key)
         if hit is not None and hit[0] == world.version:
             return hit[1], hit[2]
-        outside = not svc.spec.in_window(world.time_of_day())
+        outside = not self._in_window(svc, rnd)
         wait = self._must_wait(world, svc, cls, outside, rnd)
         rnd.waits[key] = (world.version, outside, wait)
         return outside, wait
@@ -1485,7 +1654,9 @@ class AccelmuxPolicy:
         if svc.status in (ServiceStatus.UNLOADED, ServiceStatus.CRASHED):
             self._load_for(world, req, svc, rnd, outside, idle_only)
             return
-        if svc.over_limit and svc.inflight:
+        inflight = svc.inflight
+        knobs = world.knobs
+        if svc.over_limit and inflight:
             # Measured far above its profile: it may not grow further while it serves,
             # so it runs one request at a time (its measured bytes are already in the
             # ledger as reserved, so admission stays safe) until a reload recalibrates it.
@@ -1493,53 +1664,57 @@ class AccelmuxPolicy:
                 world, req, Reason.NO_MEMORY, "service above its memory limit: one at a time"
             )
             return
-        if svc.inflight and svc.name in self._charged and world.knobs.enabled("pressure_charging"):
+        if inflight and svc.name in self._charged and knobs.enabled("pressure_charging"):
             self._queue_or_reject(
                 world, req, Reason.NO_MEMORY, "uses more than its leases: one at a time"
             )
             return
-        if len(svc.inflight) >= spec.concurrency and not self._pause_for_first_token(
-            world, svc, req
-        ):
-            self._queue_or_reject(
-                world,
-                req,
-                Reason.CONCURRENCY_LIMIT,
-                f"{len(svc.inflight)}/{spec.concurrency} running",
-            )
+        if len(inflight) >= spec.concurrency and not self._pause_for_first_token(world, svc, req):
+            if not self._told(req, Reason.CONCURRENCY_LIMIT):
+                self._queue_or_reject(
+                    world,
+                    req,
+                    Reason.CONCURRENCY_LIMIT,
+                    f"{len(inflight)}/{spec.concurrency} running",
+                )
             return
+        profile = spec.profile
         active = world.projected_active(req)
         # A paused request brings back its parked KV state, or still holds its place.
         kv = req.parked_kv if req.paused else req.estimate.kv_bytes
-        if svc.resize_support is not ResizeSupport.LIVE and svc.kv_in_use + kv > svc.kv_pool:
+        kv_in_use = svc.kv_in_use
+        pool = svc.kv_pool
+        if svc.resize_support is not ResizeSupport.LIVE and kv_in_use + kv > pool:
             self._kv_pool_fixed(world, req, svc)
             return
-        if svc.kv_in_use + kv > max(spec.profile.kv_ceiling, svc.kv_pool):
-            self._queue_or_reject(
-                world,
-                req,
-                Reason.CONCURRENCY_LIMIT,
-                f"KV pool full ({svc.kv_in_use} B of {spec.profile.kv_ceiling} B in use)",
-            )
+        if kv_in_use + kv > max(profile.kv_ceiling, pool):
+            if not self._told(req, Reason.CONCURRENCY_LIMIT):
+                self._queue_or_reject(
+                    world,
+                    req,
+                    Reason.CONCURRENCY_LIMIT,
+                    f"KV pool full ({kv_in_use} B of {profile.kv_ceiling} B in use)",
+                )
             return
-        grow = max(0, kv - (svc.kv_usable - svc.kv_in_use))
-        if grow and svc.resizing:
+        resizing = svc.resize_target is not None
+        grow = max(0, kv - (svc.kv_usable - kv_in_use))
+        if grow and resizing:
             self._queue_or_reject(
                 world, req, Reason.RESIZING, "its KV pool is being resized: waits for the answer"
             )
             return
-        if kv and svc.resizing and self._earlier_waits_for_growth(svc, req):
+        if kv and resizing and self._earlier_waits_for_growth(svc, req):
             # The growth is for an earlier request: a later one must not take its KV.
             self._queue_or_reject(
                 world, req, Reason.RESIZING, "an earlier request waits for the pool to grow"
             )
             return
         need = active + grow
-        limit = self._max_possible(world, dev, svc) - svc.resident_bytes + svc.kv_pool
+        limit = self._max_possible(world, dev, svc) - svc.resident_bytes + pool
         lease: int | None = None
         if need > limit:
             observed = svc.calibration.active.project_observed(req.estimate.active_bytes)
-            if observed + grow > limit or not world.knobs.enabled("degrade_to_raw"):
+            if observed + grow > limit or not knobs.enabled("degrade_to_raw"):
                 world.reject(
                     req,
                     reason=Reason.TOO_LARGE,
@@ -1552,24 +1727,26 @@ class AccelmuxPolicy:
             # what was measured (no margin) and let the headroom absorb the difference.
             lease = observed
             need = lease + grow
-        if outside and world.ledger.available(dev) - need < (
-            world.knobs.spare_fraction * world.devices[dev].usable_bytes
-        ):
+        ledger = world.ledger
+        before = ledger.available(dev)
+        if outside and before - need < (knobs.spare_fraction * world.devices[dev].usable_bytes):
             self._queue_or_reject(world, req, Reason.OUTSIDE_WINDOW, "no spare memory")
             return
         if cls is ServiceClass.REALTIME:
-            self._rt_peak[svc.name] = max(self._rt_peak.get(svc.name, 0), active)
+            peak = self._rt_peak.get(svc.name)
+            if peak is None or active > peak:  # the first one sets it, even at 0
+                self._rt_peak[svc.name] = max(0, active)
+                self._rt_peak_changes += 1
         # A caching allocator's reserved blocks are reused by the service's own requests.
-        own_cache = world.ledger.amount(dev, svc.name, Category.RESERVED)
-        if world.ledger.available(dev) < 0 or not world.knobs.enabled("cache_reuse"):
+        own_cache = ledger.amount(dev, svc.name, Category.RESERVED)
+        if before < 0 or not knobs.enabled("cache_reuse"):
             own_cache = 0  # under pressure the cache is what has to go, not reuse
         reserve = 0
         if cls > ServiceClass.REALTIME and not self._yields_to_realtime(world, svc):
             reserve = self._fitting_reserve(world, svc, need, limit)
-        before = world.ledger.available(dev)
         running = len(world.inflight)
         room_needed = max(0, need - own_cache) + reserve
-        if idle_only and world.ledger.available(dev) < room_needed:
+        if idle_only and before < room_needed:
             self._queue_or_reject(
                 world,
                 req,
@@ -1580,16 +1757,17 @@ class AccelmuxPolicy:
             return
         if not self.make_room(world, dev, room_needed, cls, svc, Reason.NO_MEMORY, requester=req):
             rnd.blocked[dev] = min(cls, rnd.blocked.get(dev, cls))
-            self._queue_or_reject(
-                world,
-                req,
-                Reason.NO_MEMORY,
-                f"needs {need} B, {world.ledger.available(dev)} B available",
-            )
+            if not self._told(req, Reason.NO_MEMORY):
+                self._queue_or_reject(
+                    world,
+                    req,
+                    Reason.NO_MEMORY,
+                    f"needs {need} B, {ledger.available(dev)} B available",
+                )
             return
-        room = world.ledger.available(dev)
+        room = ledger.available(dev)
         if grow:
-            target = min(spec.profile.kv_ceiling, svc.kv_in_use + kv)
+            target = min(profile.kv_ceiling, svc.kv_in_use + kv)
             if world.resize(
                 svc,
                 max(target, svc.kv_pool),
@@ -1679,10 +1857,11 @@ class AccelmuxPolicy:
         idle_only: bool = False,
     ) -> None:
         dev = svc.spec.device
+        knobs = world.knobs
         pool, active, resident, observed = self._load_sizes(world, req, svc)
         need = resident + active
         limit = self._max_possible(world, dev, svc)
-        if need > limit >= resident + observed and world.knobs.enabled("degrade_to_raw"):
+        if need > limit >= resident + observed and knobs.enabled("degrade_to_raw"):
             # Only the calibration margin does not fit: plan for the estimate scaled by
             # what was measured (the dispatch degrades the same way).
             active = observed
@@ -1702,12 +1881,11 @@ class AccelmuxPolicy:
                 detail=f"service needs {need} B to run, usable budget cannot hold it",
             )
             return
-        if outside and world.ledger.available(dev) - need < (
-            world.knobs.spare_fraction * world.devices[dev].usable_bytes
-        ):
+        available = world.ledger.available(dev)
+        if outside and available - need < (knobs.spare_fraction * world.devices[dev].usable_bytes):
             self._queue_or_reject(world, req, Reason.OUTSIDE_WINDOW, "no spare memory to load")
             return
-        if idle_only and world.ledger.available(dev) < need + reserve:
+        if idle_only and available < need + reserve:
             # Fair progress loads into idle memory only: it takes nothing from the
             # waiting higher class (the service is evictable again once idle).
             self._queue_or_reject(
@@ -1788,14 +1966,8 @@ class AccelmuxPolicy:
         horizon = world.knobs.reuse_horizon_s
         if world.waiting_for(Reason.NO_MEMORY):
             return  # memory goes to waiting requests first
-        evicted = (
-            s
-            for s in world.evicted_out
-            if s.last_evicted_at is not None
-            and s.status is ServiceStatus.UNLOADED
-            and s.spec.residency is Residency.WARM
-        )
-        for svc in sorted(evicted, key=lambda s: (int(s.spec.cls), s.name)):
+        evicted = world.evicted_out  # evicted and unloaded since
+        for svc in [s for s in self._warm_in_class_order(world) if s in evicted]:
             if (
                 svc.status is not ServiceStatus.UNLOADED
                 or svc.spec.residency is not Residency.WARM
