@@ -1487,6 +1487,25 @@ class AccelmuxPolicy:
             device in rnd.interactive_active,
             rnd.higher_waiting.get(device),
             queued,
+            self._share_thresholds(world, device),
+        )
+
+    @staticmethod
+    def _share_thresholds(world: World, device: str) -> tuple[tuple[str, bool, bool], ...]:
+        """Which running streams on ``device`` that could be paused have run long enough
+        to be paused for another request (``TIME_SHARE_MIN_RUN_S``, and the quantum of a
+        stream paused before): time alone changes that, so a round where one crossed is
+        not a repeat."""
+        if not world.knobs.enabled("pause"):
+            return ()
+        now = world.now
+        return tuple(
+            (r.request_id, ran >= TIME_SHARE_MIN_RUN_S, ran >= TIME_SHARE_QUANTUM_S)
+            for svc in world.loaded_on(device)
+            if svc.inflight and svc.spec.capabilities.pause
+            for r in svc.inflight.values()
+            if r.pausable and r.running_since is not None
+            for ran in (now - r.running_since,)
         )
 
     @staticmethod
