@@ -805,10 +805,10 @@ class AccelmuxPolicy:
 
     # ---- placement ------------------------------------------------------------------
     def route(self, world: World, replicas: Sequence[ServiceState], demand: Demand) -> ServiceState:
-        """The replica expected to start a new request of ``demand`` soonest (ties: the
-        device running fewer requests, then the one with more memory free, then config
-        order). Routing to a replica that is not loaded loads it: placement and a second
-        replica for a busy service are both decided here."""
+        """The replica expected to start a new request of ``demand`` soonest, to 0.1 s
+        (ties: the device left with the most free memory, then the one running fewer
+        requests, then config order). Routing to a replica that is not loaded loads it:
+        placement and a second replica for a busy service are both decided here."""
         if not world.knobs.enabled("placement"):
             return first_up(replicas)
         # A second replica is worth only memory nobody else holds: once one replica is
