@@ -814,15 +814,18 @@ class AccelmuxPolicy:
         # A second replica is worth only memory nobody else holds: once one replica is
         # up, another is a candidate only where it fits in free memory.
         any_up = any(r.holds_memory for r in replicas)
+        # what making room costs each replica that is neither loaded nor loading
+        up = (ServiceStatus.LOADED, ServiceStatus.LOADING)
+        room = {
+            r.name: self._room_seconds(world, r, demand) for r in replicas if r.status not in up
+        }
         candidates = [
-            r
-            for r in replicas
-            if r.holds_memory or not any_up or self._room_seconds(world, r, demand) == 0.0
+            r for r in replicas if r.holds_memory or not any_up or room.get(r.name) == 0.0
         ]
         return min(
             candidates,
             key=lambda r: (
-                round(self._expected_start_s(world, r, demand), 1),
+                round(self._expected_start_s(world, r, room.get(r.name)), 1),
                 # then worst fit: the device left with the most free memory, so models
                 # spread out and the next load evicts no one
                 -(
@@ -898,10 +901,11 @@ class AccelmuxPolicy:
         weights, runtime, _ = world.projected_resident(svc, 0)
         return weights + runtime + svc.spec.profile.kv_floor
 
-    def _expected_start_s(self, world: World, svc: ServiceState, demand: Demand) -> float:
+    def _expected_start_s(self, world: World, svc: ServiceState, room_s: float | None) -> float:
         """Seconds until ``svc`` could start a new request: its queue ahead of it, plus
-        the rest of a load in progress or the whole load (and making room) if it is not
-        loaded. A replica that could start only once busy work ends scores its deadline."""
+        the rest of a load in progress or the whole load (and ``room_s``, what making its
+        room costs: :meth:`_room_seconds`) if it is not loaded. A replica that could start
+        only once busy work ends scores its deadline."""
         per_slot = svc.mean_service_s / svc.spec.concurrency
         ahead = len(svc.inflight) + svc.waiting_count - svc.spec.concurrency + 1
         queue_s = max(0, ahead) * per_slot
@@ -913,7 +917,6 @@ class AccelmuxPolicy:
             return max(0.0, left) + queue_s
         if svc.status is ServiceStatus.CRASHED and svc.backoff_until > world.now:
             queue_s += svc.backoff_until - world.now
-        room_s = self._room_seconds(world, svc, demand)
         if room_s is None or self._wanted_by_higher_class(world, svc):
             return svc.spec.deadline_s + queue_s
         return world.load_seconds(svc, svc.tier) + room_s + queue_s
