@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ from typing import Any
 
 import pytest
 import yaml
+from tests.live.support import free_port
 from tests.real.support import installed, missing
 
 import accelmux
@@ -37,18 +37,6 @@ def need_ray() -> Any:
     import ray
 
     return ray
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def fake(**kw: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {"type": "fake", "latency_s": 0.0, "load_s": 0.0, "scale": 0.01}
-    out.update(kw)
-    return out
 
 
 def env() -> dict[str, str]:
@@ -101,8 +89,9 @@ class LocalCluster:
     def node_id(self, name: str) -> str:
         return str(self.nodes[name].node_id)
 
-    def start_agent(self, name: str, config: Path) -> subprocess.CompletedProcess[str]:
-        return accelmux_cli(
+    def agent_args(self, name: str, config: Path) -> list[str]:
+        """The ``accelmux`` arguments that start node ``name``'s agent."""
+        return [
             "node",
             "--cluster",
             self.address,
@@ -112,26 +101,16 @@ class LocalCluster:
             str(config),
             "--ray-node-id",
             self.node_id(name),
-        )
+        ]
+
+    def start_agent(self, name: str, config: Path) -> subprocess.CompletedProcess[str]:
+        return accelmux_cli(*self.agent_args(name, config))
 
     def start_agents(self, names: list[str], config: Path) -> None:
         """Start several agents at once (each ``accelmux node`` joins Ray: a few seconds)."""
         procs = {
             name: subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "accelmux.cli",
-                    "node",
-                    "--cluster",
-                    self.address,
-                    "--node",
-                    name,
-                    "-c",
-                    str(config),
-                    "--ray-node-id",
-                    self.node_id(name),
-                ],
+                [sys.executable, "-m", "accelmux.cli", *self.agent_args(name, config)],
                 env=env(),
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,

@@ -21,13 +21,13 @@ from typing import Any
 import pytest
 from tests.cluster.support import (
     LocalCluster,
-    fake,
     gateway,
     get_json,
     local_cluster,
     wait_until,
     write_config,
 )
+from tests.live.support import fake
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 

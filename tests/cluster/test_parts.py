@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.cluster.support import env, fake, write_config
+from tests.cluster.support import env, write_config
+from tests.live.support import fake
 
 from accelmux.cli import main
 from accelmux.cluster import ray_link

@@ -125,12 +125,6 @@ class FakeExecutor:
                 pass
 
     def _after(self, event: Event, out: list[Action]) -> None:
-        if isinstance(event, RequestArrived):
-            # A request for a service with replicas belongs to the replica it was routed to.
-            world = self.manager.world
-            req = world.waiting.get(event.request_id) or world.inflight.get(event.request_id)
-            if req is not None:
-                self.owner[event.request_id] = req.service
         failing = self.in_state(FAILING)
         assert not failing, f"RequestFinished(ok=False) answered without Fail: {failing}"
         if isinstance(event, BackendCrashed):
