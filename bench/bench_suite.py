@@ -18,6 +18,10 @@ class waited while idle memory could have held its work), and the targets:
 - no OOM when the estimates are right (no global bias);
 - at most one OOM per service per run when the estimates are 2x wrong.
 
+The OOM targets count the OOMs the policy caused. An OOM that would not have happened but
+for memory a foreign process took after the last memory sample (``OomEvent.foreign_surge``:
+nothing the policy was told could have foreseen it) is reported beside them, not in them.
+
 ``--ablation`` runs accelmux once per heuristic named in
 ``accelmux.core.policies.accelmux.HEURISTICS``, that heuristic switched off through the
 config (``policy: {disable: [name]}``), on the first ``--ablation-homes`` homes, and
@@ -96,7 +100,13 @@ def run_job(job: Job) -> dict[str, Any]:
             for c, v in r["classes"].items()
         },
         "oom_events": r["oom_events"],
-        "ooms_per_service": {n: s["ooms"] for n, s in r["services"].items() if s["ooms"]},
+        "oom_events_unforeseen_foreign": r["oom_events_unforeseen_foreign"],
+        # the OOMs the policy caused: without those a foreign surge no sample showed yet
+        "ooms_per_service": {
+            n: s["ooms"] - s["ooms_unforeseen_foreign"]
+            for n, s in r["services"].items()
+            if s["ooms"] > s["ooms_unforeseen_foreign"]
+        },
         "preemptions": r["preemptions"],
         "max_preemptions": r["max_preemptions_per_request"],
         "starved_s": {c: v["starved_s"] for c, v in r["starvation"].items()},
@@ -137,6 +147,9 @@ def aggregate_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "classes": classes,
         "requests": requests,
         "oom_events": _mean([float(r["oom_events"]) for r in runs]),
+        "oom_events_unforeseen_foreign": _mean(
+            [float(r.get("oom_events_unforeseen_foreign", 0)) for r in runs]
+        ),
         "max_ooms_per_service": per_service,
         "preemptions": _mean([float(r["preemptions"]) for r in runs]),
         "max_preemptions": max(int(r["max_preemptions"]) for r in runs),
@@ -192,6 +205,12 @@ def compare_home(info: dict[str, Any], per_policy: dict[str, dict[str, Any]]) ->
     }
 
 
+def _caused_ooms(agg: dict[str, Any]) -> float:
+    """OOM events per run that the policy caused: all of them but those a foreign process
+    caused by taking memory after the last sample (see OomEvent.foreign_surge)."""
+    return float(agg["oom_events"] or 0) - float(agg.get("oom_events_unforeseen_foreign") or 0)
+
+
 def targets(homes: list[dict[str, Any]]) -> dict[str, Any]:
     """The pass/fail figures over all homes (accelmux's numbers)."""
     rt = [h for h in homes if "realtime" in h["accelmux_minus_best_baseline"]]
@@ -201,7 +220,7 @@ def targets(homes: list[dict[str, Any]]) -> dict[str, Any]:
         h for h in it if h["accelmux_minus_best_baseline"]["interactive"] >= -INTERACTIVE_SLACK
     ]
     right = [h for h in homes if max(h["request_bias"], h["resident_bias"]) <= RIGHT_BIAS]
-    right_ooms = [h for h in right if (h["policies"][OURS]["oom_events"] or 0) > 0]
+    right_ooms = [h for h in right if _caused_ooms(h["policies"][OURS]) > 0]
     wrong = [h for h in homes if "estimate-2x" in h["stresses"]]
     wrong_worst = [
         max(h["policies"][OURS]["max_ooms_per_service"].values(), default=0) for h in wrong
@@ -231,7 +250,10 @@ def targets(homes: list[dict[str, Any]]) -> dict[str, Any]:
         "ooms_with_right_estimates": {
             "homes": len(right),
             "homes_with_ooms": len(right_ooms),
-            "oom_events_per_run": sum(h["policies"][OURS]["oom_events"] or 0 for h in right),
+            "oom_events_per_run": sum(_caused_ooms(h["policies"][OURS]) for h in right),
+            "unforeseen_foreign_per_run": sum(
+                h["policies"][OURS].get("oom_events_unforeseen_foreign") or 0 for h in right
+            ),
             "names": [h["name"] for h in right_ooms],
             "met": not right_ooms,
         },

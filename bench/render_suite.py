@@ -103,7 +103,9 @@ def summary() -> str:
             [
                 "no OOM with right estimates",
                 f"{right['homes_with_ooms']} of {right['homes']} homes had OOMs "
-                f"({_num(right['oom_events_per_run'])} per run in all)",
+                f"({_num(right['oom_events_per_run'])} per run in all; besides, "
+                f"{_num(right.get('unforeseen_foreign_per_run', 0))} per run from foreign "
+                "memory that appeared between two samples)",
                 "yes" if right["met"] else "**no**",
             ],
             [

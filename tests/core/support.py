@@ -165,3 +165,6 @@ def up(m: Manager, *names: str, now: float = 0.0) -> list[Action]:
 
 #: Knobs that make numbers exact in tests: no safety factor, no prewarming.
 EXACT = PolicyKnobs(prewarm=False, safety_factor=1.0)
+#: EXACT with the TTL applied to the second: an idle service is not kept past it while
+#: memory is spare (``idle_keep`` off), for tests of the TTL itself.
+EXACT_TTL = PolicyKnobs(prewarm=False, safety_factor=1.0, disabled=frozenset({"idle_keep"}))

@@ -56,7 +56,7 @@ from accelmux.core.types import (
 
 from .fake_executor import FakeExecutor
 from .support import (
-    EXACT,
+    EXACT_TTL,
     arrive,
     device,
     done,
@@ -137,6 +137,8 @@ class PlainAccelmux(AccelmuxPolicy):
             ttl = svc.ttl_s
             if not world.knobs.enabled("on_demand_keep") or self._memory_wanted(world, svc):
                 ttl = min(ttl, world.knobs.on_demand_ttl_s)
+            elif world.knobs.enabled("idle_keep") and self._memory_spare(world, svc):
+                ttl = math.inf
             if (
                 world.knobs.prewarm
                 and world.knobs.enabled("restore")
@@ -144,7 +146,18 @@ class PlainAccelmux(AccelmuxPolicy):
             ):
                 ttl = min(ttl, RESTORE_GRACE_S)
             return ttl
+        if world.knobs.enabled("idle_keep") and self._memory_spare(world, svc):
+            return math.inf
         return svc.ttl_s
+
+    def _quickly_freeable(self, world: World, device: str, exclude: ServiceState) -> int:
+        return sum(
+            self.unload_frees(world, s)
+            for s in world.services.values()
+            if s.spec.device == device
+            and s is not exclude
+            and self._freeable_for_realtime(world, s)
+        )
 
     def _idle_past_ttl(self, world: World, svc: ServiceState) -> bool:
         return world.now - svc.last_used >= self._ttl(world, svc)
@@ -355,7 +368,11 @@ def assert_helpers_agree(policy: AccelmuxPolicy, world: World) -> None:
 @given(
     spec=st.one_of(manager_specs(), two_device_specs()),
     ops=ops_strategy,
-    disabled=st.frozensets(st.sampled_from(["on_demand_keep", "restore", "realtime_reserve"])),
+    disabled=st.frozensets(
+        st.sampled_from(
+            ["on_demand_keep", "restore", "realtime_reserve", "idle_keep", "reserve_lending"]
+        )
+    ),
 )
 def test_each_kept_or_skipped_computation_equals_a_recomputation(
     spec: ManagerSpec, ops: list[Op], disabled: frozenset[str]
@@ -463,7 +480,7 @@ def test_memory_on_its_way_back_counts_a_pool_shrinking_and_a_service_unloading(
     m = manager(
         service("chat", kind=ServiceKind.CHAT, profile=llm_profile(), residency=Residency.WARM),
         service("img", ttl_s=5.0, residency=Residency.WARM),
-        knobs=EXACT,
+        knobs=EXACT_TTL,
     )
     policy = m.policy
     assert isinstance(policy, AccelmuxPolicy)

@@ -25,6 +25,7 @@ from accelmux.errors import InvariantError
 
 from .support import (
     EXACT,
+    EXACT_TTL,
     arrive,
     device,
     dispatched,
@@ -43,8 +44,8 @@ from .support import (
 IMG = plain_profile(weights=2 * GIB, runtime=256 * MIB, workspace=512 * MIB)
 
 
-def img_manager(**kw: object) -> Manager:
-    return manager(service("img", profile=IMG, **kw), knobs=EXACT)  # type: ignore[arg-type]
+def img_manager(knobs: PolicyKnobs = EXACT, **kw: object) -> Manager:
+    return manager(service("img", profile=IMG, **kw), knobs=knobs)  # type: ignore[arg-type]
 
 
 def resident(m: Manager, name: str) -> int:
@@ -254,7 +255,7 @@ def test_cancel_of_a_running_request_fails_it_and_frees_its_lease() -> None:
 
 # ---- unload --------------------------------------------------------------------------
 def test_unloaded_releases_everything() -> None:
-    m = img_manager(ttl_s=5.0)
+    m = img_manager(knobs=EXACT_TTL, ttl_s=5.0)
     running_img(m)
     m.handle(done("r1"), 1.0)
     out = m.handle(Tick(), 6.0)
@@ -410,7 +411,7 @@ def test_admin_unload_unpins_and_pin_cancels_a_pending_unload() -> None:
 
 
 def test_admin_pin_and_unpin() -> None:
-    m = img_manager(ttl_s=5.0)
+    m = img_manager(knobs=EXACT_TTL, ttl_s=5.0)
     running_img(m)
     m.handle(AdminCommand(service="img", op="pin"), 0.0)
     m.handle(done("r1"), 1.0)

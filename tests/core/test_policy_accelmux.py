@@ -35,6 +35,7 @@ from accelmux.core.types import (
 
 from .support import (
     EXACT,
+    EXACT_TTL,
     arrive,
     dispatched,
     done,
@@ -170,6 +171,36 @@ def test_realtime_never_waits_for_memory_lower_classes_could_take() -> None:
     # 4.5 GiB are free, but 3 of them are kept for the loaded realtime service
     assert enqueued(m.handle(arrive("i2", "ia"), 2.0))["i2"].reason is Reason.NO_MEMORY
     assert dispatched(m.handle(arrive("r1", "rt"), 3.0)) == ["r1"]
+
+
+def _lending_manager(knobs: PolicyKnobs) -> Manager:
+    """A loaded realtime service keeping 3 GiB free for its next request, a busy-to-be
+    interactive one and an idle interactive one holding 3 GiB (11.5 GiB usable)."""
+    m = manager(
+        service("rt", cls=RT, profile=big(1, 3)),
+        service("ia", cls=IA, profile=big(1, 5), concurrency=2),
+        service("idle", cls=IA, profile=big(3)),
+        knobs=knobs,
+    )
+    up(m, "rt", "ia", "idle")
+    return m
+
+
+def test_the_realtime_reserve_may_be_held_by_an_idle_lower_class_service() -> None:
+    m = _lending_manager(EXACT)
+    # 6.5 GiB free: 5 for i1 leaves 1.5 free, and the idle service's 3 make up the reserve
+    assert dispatched(m.handle(arrive("i1", "ia"), 1.0)) == ["i1"]
+    out = m.handle(arrive("r1", "rt"), 2.0)
+    assert [(u.service, u.reason) for u in unloads(out)] == [("idle", Reason.EVICTED_FOR_MEMORY)]
+    assert dispatched(out) == []  # it waits for one unload, not for i1 to end
+    assert dispatched(m.handle(Unloaded(service="idle"), 2.5)) == ["r1"]
+
+
+def test_without_reserve_lending_the_reserve_stays_free() -> None:
+    m = _lending_manager(
+        PolicyKnobs(prewarm=False, safety_factor=1.0, disabled=frozenset({"reserve_lending"}))
+    )
+    assert enqueued(m.handle(arrive("i1", "ia"), 1.0))["i1"].reason is Reason.NO_MEMORY
 
 
 def test_realtime_running_or_waiting_holds_back_batch_work() -> None:
@@ -604,13 +635,51 @@ def test_foreign_growth_never_evicts_a_pinned_service() -> None:
 
 # ---- TTL --------------------------------------------------------------------------------------
 def test_warm_service_expires_after_its_ttl() -> None:
-    m = manager(service("img", ttl_s=100.0), knobs=EXACT)
+    m = manager(service("img", ttl_s=100.0), knobs=EXACT_TTL)
     up(m, "img", now=0.0)
     assert m.next_wakeup(0.0) == 100.0
     assert unloads(m.handle(Tick(), 99.0)) == []
     (u,) = unloads(m.handle(Tick(), 100.0))
     assert (u.service, u.reason) == ("img", Reason.TTL_EXPIRED)
     assert m.world.services["img"].evictions == 0
+
+
+def test_an_idle_service_stays_past_its_ttl_while_memory_is_spare() -> None:
+    m = manager(service("img", ttl_s=100.0), knobs=EXACT)
+    up(m, "img", now=0.0)
+    assert m.next_wakeup(0.0) is None  # 10.5 of 11.5 GiB free: nothing wants it
+    assert unloads(m.handle(Tick(), 1000.0)) == []
+
+
+def test_an_idle_service_expires_at_its_ttl_once_memory_is_not_spare() -> None:
+    m = manager(
+        service("img", ttl_s=100.0),
+        service("big", profile=big(8), residency=Residency.PINNED),
+        knobs=EXACT,
+    )
+    up(m, "img", "big", now=0.0)
+    # 2.5 GiB free is less than a quarter of the budget: the TTL applies
+    assert m.next_wakeup(0.0) == 100.0
+    assert [u.service for u in unloads(m.handle(Tick(), 100.0))] == ["img"]
+
+
+def test_an_idle_realtime_service_stays_past_its_ttl_without_the_spare_fraction() -> None:
+    m = manager(
+        service("asr", cls=RT, ttl_s=100.0),
+        service("big", profile=big(8), residency=Residency.PINNED),
+        knobs=EXACT,
+    )
+    up(m, "asr", "big", now=0.0)
+    assert unloads(m.handle(Tick(), 1000.0)) == []  # a voice cold start is kept away
+
+
+def test_a_clients_keep_alive_is_kept_to_the_second_even_while_memory_is_spare() -> None:
+    m = manager(service("img", ttl_s=100.0), knobs=EXACT)
+    up(m, "img")
+    m.handle(keep_alive("r1", "img", 50.0), 1.0)
+    m.handle(done("r1"), 2.0)
+    assert m.next_wakeup(2.0) == 52.0
+    assert [u.reason for u in unloads(m.handle(Tick(), 52.0))] == [Reason.TTL_EXPIRED]
 
 
 def _img_and_waiting_batch(knobs: PolicyKnobs) -> Manager:
@@ -687,7 +756,7 @@ def test_without_on_demand_keep_an_idle_on_demand_service_expires_after_the_shor
 
 
 def test_use_resets_the_ttl_and_busy_services_do_not_expire() -> None:
-    m = manager(service("img", ttl_s=10.0, concurrency=1), knobs=EXACT)
+    m = manager(service("img", ttl_s=10.0, concurrency=1), knobs=EXACT_TTL)
     up(m, "img")
     m.handle(arrive("r1", "img"), 8.0)
     assert unloads(m.handle(Tick(), 30.0)) == []  # in flight
@@ -709,7 +778,7 @@ def keep_alive(request_id: str, svc: str, seconds: float | None) -> RequestArriv
 
 
 def test_keep_alive_replaces_the_ttl_until_a_request_without_it() -> None:
-    m = manager(service("img", ttl_s=100.0), knobs=EXACT)
+    m = manager(service("img", ttl_s=100.0), knobs=EXACT_TTL)
     up(m, "img")
     m.handle(keep_alive("r1", "img", 500.0), 1.0)
     m.handle(done("r1"), 2.0)

@@ -109,7 +109,12 @@ class ServiceConfig(StrictModel):
         description="pinned: never evicted; warm: kept for ttl_s after use; on-demand: "
         "loaded per burst, evicted first.",
     )
-    ttl_s: float = Field(300.0, ge=0, description="Warm: unload after this idle time.")
+    ttl_s: float = Field(
+        300.0,
+        ge=0,
+        description="Unload after this idle time once the device's memory is not spare "
+        "(while it is, an idle service stays loaded: policy heuristic idle_keep).",
+    )
     device: str | None = Field(
         None, description="The one device it runs on (default: see `devices`)."
     )

@@ -388,6 +388,7 @@ class Simulation:
                     ),
                 )
             )
+            dev.foreign_seen = dev.foreign_total
         self.starvation.sample(
             self.manager.world,
             {
@@ -628,6 +629,7 @@ class Simulation:
                     asked=weights + runtime + a.kv_pool_bytes,
                     used=self.devices[dev_name].used,
                     capacity=self.devices[dev_name].capacity,
+                    unseen_foreign=self.devices[dev_name].unseen_foreign,
                 )
             )
             event = LoadFailed(
@@ -711,6 +713,7 @@ class Simulation:
                 asked=asked,
                 used=phys.used,
                 capacity=phys.capacity,
+                unseen_foreign=phys.unseen_foreign,
             )
         )
         comp = self.compute[dev_name]

@@ -166,6 +166,9 @@ def summarize(out: RunOutput) -> dict[str, Any]:
                 "thrash": sum(st.thrash for st in states),
                 "crashes": sum(st.crashes for st in states),
                 "ooms": sum(1 for o in out.ooms if o.service in replicas),
+                "ooms_unforeseen_foreign": sum(
+                    1 for o in out.ooms if o.service in replicas and o.foreign_surge
+                ),
                 "outcomes": dict(sorted(per_service_rej[name].items())),
             }
         )
@@ -181,9 +184,18 @@ def summarize(out: RunOutput) -> dict[str, Any]:
         "capacity_gib": out.capacity_gib,
         "duration_s": out.duration_s,
         "oom_events": len(out.ooms),
+        # OOMs that would not have happened but for foreign memory that appeared after
+        # the last sample (no policy could see it coming): part of oom_events.
+        "oom_events_unforeseen_foreign": sum(1 for o in out.ooms if o.foreign_surge),
         "oom_broken_requests": oom_broken,
         "ooms": [
-            {"t": round(o.time, 3), "service": o.service, "what": o.what, "asked": o.asked}
+            {
+                "t": round(o.time, 3),
+                "service": o.service,
+                "what": o.what,
+                "asked": o.asked,
+                "unforeseen_foreign": o.foreign_surge,
+            }
             for o in out.ooms[:20]
         ],
         "classes": {k: v.as_dict() for k, v in classes.items() if v.requests},

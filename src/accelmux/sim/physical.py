@@ -53,6 +53,17 @@ class OomEvent:
     asked: int
     used: int
     capacity: float
+    #: Foreign bytes that appeared since the last memory sample the Manager was sent.
+    unseen_foreign: int = 0
+
+    @property
+    def foreign_surge(self) -> bool:
+        """The allocation would have fit but for foreign memory no sample had shown yet:
+        a process outside accelmux took it between two samples, and no policy could have
+        seen it coming (counted apart from the OOMs a policy causes)."""
+        return self.unseen_foreign > 0 and self.used - self.unseen_foreign + self.asked <= (
+            self.capacity
+        )
 
 
 class PhysicalDevice:
@@ -63,12 +74,19 @@ class PhysicalDevice:
         self.capacity = capacity
         self.services: dict[str, ServiceMemory] = {}
         self.foreign: dict[str, int] = {}
+        #: Foreign bytes as the last memory sample showed them to the Manager.
+        self.foreign_seen = 0
         self.used = 0
         self.peak_used = 0
 
     @property
     def foreign_total(self) -> int:
         return sum(self.foreign.values())
+
+    @property
+    def unseen_foreign(self) -> int:
+        """Foreign bytes that appeared since the last sample (0 when they shrank)."""
+        return max(0, self.foreign_total - self.foreign_seen)
 
     def _fits(self, delta: int) -> bool:
         return self.used + delta <= self.capacity

@@ -124,6 +124,9 @@ HEURISTICS: dict[str, str] = {
     "idle memory (it takes memory from no one)",
     "on_demand_keep": "an idle on-demand service stays loaded past on_demand_ttl_s while "
     "its device's memory is not wanted (it is evicted first when it is)",
+    "idle_keep": "an idle service stays loaded past its ttl_s while its device has memory "
+    "to spare: nothing waits for memory there and more than the realtime reserve plus the "
+    "spare fraction of the budget is free (its TTL applies again once less is)",
     "restore": "a warm service evicted for a short on-demand job is restored as soon as "
     "that job's service goes idle",
     "prewarm": "load warm services at start and reload likely-reused evicted ones into "
@@ -144,6 +147,10 @@ HEURISTICS: dict[str, str] = {
     "reserve_fallback": "when the full realtime reserve would keep a lower-class load or "
     "request out for good although it fits the device, one realtime activation is kept "
     "free instead",
+    "reserve_lending": "the realtime reserve may be held by services below realtime that one "
+    "unload each gives back: idle ones, and ones running only work realtime preempts (a "
+    "voice request then waits for an unload, not for another model's request to end); only "
+    "the rest of it must be free",
     "placement": "a request for a service with replicas on several devices goes to the "
     "replica expected to start it soonest: a free loaded one, else the shortest queue or a "
     "load where memory is free or held by idle services (a second replica of a busy "
@@ -554,13 +561,18 @@ class AccelmuxPolicy:
     def _ttl_range(self, world: World, svc: ServiceState) -> tuple[float, float]:
         """(the TTL if a restore is pending, the TTL if not) of ``svc``, without asking
         whether one is (:meth:`_restore_pending` is the costly part of a TTL)."""
+        knobs = world.knobs
         if svc.spec.residency is Residency.ON_DEMAND:
             ttl = svc.ttl_s
-            if not world.knobs.enabled("on_demand_keep") or self._memory_wanted(world, svc):
-                ttl = min(ttl, world.knobs.on_demand_ttl_s)
-            if world.knobs.prewarm and world.knobs.enabled("restore"):
+            if not knobs.enabled("on_demand_keep") or self._memory_wanted(world, svc):
+                ttl = min(ttl, knobs.on_demand_ttl_s)
+            elif knobs.enabled("idle_keep") and self._memory_spare(world, svc):
+                ttl = math.inf
+            if knobs.prewarm and knobs.enabled("restore"):
                 return min(ttl, RESTORE_GRACE_S), ttl
             return ttl, ttl
+        if knobs.enabled("idle_keep") and self._memory_spare(world, svc):
+            return math.inf, math.inf
         return svc.ttl_s, svc.ttl_s
 
     def _idle_past_ttl(self, world: World, svc: ServiceState) -> bool:
@@ -594,6 +606,24 @@ class AccelmuxPolicy:
         ) or world.ledger.available(dev) < self._realtime_reserve(world, dev)
         self._memo[key] = (world.version, int(wanted))
         return wanted
+
+    def _memory_spare(self, world: World, svc: ServiceState) -> bool:
+        """Whether ``svc``'s device has memory to spare: nothing wants what is loaded
+        (:meth:`_memory_wanted`) and more than the realtime reserve plus the spare
+        fraction of the budget is free (room for a foreign process to start).
+
+        While it has, an idle service stays loaded past its TTL (``idle_keep``): memory
+        nobody wants is worth more holding a model than empty, and it is given back the
+        moment it is wanted (eviction by score, or the TTL once less is spare). A realtime
+        service needs no spare fraction (a cold start is what breaks a voice SLO), and a
+        service whose client gave a keep_alive has exactly that (never "spare")."""
+        if svc.keep_alive_s is not None or self._memory_wanted(world, svc):
+            return False  # a client's keep_alive is kept to the second
+        if svc.spec.cls is ServiceClass.REALTIME:
+            return True  # a voice service's cold start is what the reserve is there to avoid
+        dev = svc.spec.device
+        spare = world.knobs.spare_fraction * world.devices[dev].usable_bytes
+        return world.ledger.available(dev) >= self._realtime_reserve(world, dev) + spare
 
     @staticmethod
     def _likely_reused(world: World, svc: ServiceState) -> bool:
@@ -769,21 +799,72 @@ class AccelmuxPolicy:
         The full reserve holds every loaded realtime service's next activations at once.
         When that would keep ``need`` out for good although it fits the device
         (``reserve_fallback``), it leaves one realtime activation free instead (the
-        largest: a voice chain runs one step at a time).
+        largest: a voice chain runs one step at a time). When ``need`` fits in free
+        memory, services realtime work can take back by one unload may hold the reserve
+        (``reserve_lending``): only the rest of it must be free.
         """
         device = svc.spec.device
-        full = self._realtime_reserve(world, device)
-        if need + full <= limit or need > limit or not world.knobs.enabled("reserve_fallback"):
-            return full
-        largest = max(
-            (
-                self._typical_activation(s)
-                for s in world.realtime_by_device[device]
-                if s.holds_memory
-            ),
-            default=0,
+        reserve = full = self._realtime_reserve(world, device)
+        if need + full > limit >= need and world.knobs.enabled("reserve_fallback"):
+            largest = max(
+                (
+                    self._typical_activation(s)
+                    for s in world.realtime_by_device[device]
+                    if s.holds_memory
+                ),
+                default=0,
+            )
+            reserve = min(full, largest)
+        if reserve and world.knobs.enabled("reserve_lending"):
+            # Lent only when ``need`` fits in free memory: the services that hold the
+            # rest must stay to be given back, so none of them is evicted for ``need``.
+            lent = max(0, reserve - self._quickly_freeable(world, device, svc))
+            if world.ledger.available(device) >= need + lent:
+                return lent
+        return reserve
+
+    def _quickly_freeable(self, world: World, device: str, exclude: ServiceState) -> int:
+        """Memory realtime work could take back on ``device`` by one unload each: what
+        the services below realtime that it may evict hold (``exclude`` aside; see
+        :meth:`_freeable_for_realtime`).
+
+        The realtime reserve only has to be free *or* this (``reserve_lending``): a voice
+        request that finds it held by an idle chat model waits for one unload, not for
+        the model's next request to end."""
+        total = self._cached(
+            world, ("quickly_freeable", device), lambda: self._sum_quickly_freeable(world, device)
         )
-        return min(full, largest)
+        if self._freeable_for_realtime(world, exclude):
+            total -= self.unload_frees(world, exclude)
+        return max(0, total)
+
+    def _sum_quickly_freeable(self, world: World, device: str) -> int:
+        return sum(
+            self.unload_frees(world, s)
+            for s in world.loaded_on(device)
+            if self._freeable_for_realtime(world, s)
+        )
+
+    def _freeable_for_realtime(self, world: World, svc: ServiceState) -> bool:
+        """Realtime work could take all ``svc`` holds back by one unload: it is loaded,
+        below realtime, not kept, and idle, or running only work realtime preempts (a
+        batch or background job below its preemption bound), which it then evicts."""
+        if (
+            svc.status is not ServiceStatus.LOADED
+            or svc.spec.cls <= ServiceClass.REALTIME
+            or self._keep(svc)
+        ):
+            return False
+        if svc.idle:
+            return True
+        knobs = world.knobs
+        return (
+            knobs.enabled("preemption")
+            and knobs.enabled("evict_after_preemption")
+            and not svc.paused_kv
+            and self._preemptible(svc, ServiceClass.REALTIME)
+            and all(self._may_preempt(world, r) for r in svc.inflight.values())
+        )
 
     def _typical_activation(self, svc: ServiceState) -> int:
         """A realtime service's next activation: the largest projected so far, or its
