@@ -56,10 +56,7 @@ def _settings(data: dict[str, Any]) -> str:
     )
 
 
-def summary() -> str:
-    data = _load("suite.json")
-    if data is None:
-        return "_No suite results yet: run `python bench/bench_suite.py`._"
+def _policy_means(data: dict[str, Any]) -> str:
     rows = []
     for name, m in data["policy_means"].items():
         rows.append(
@@ -72,7 +69,7 @@ def summary() -> str:
                 _num(m["longest_starved_s"]),
             ]
         )
-    policies = _table(
+    return _table(
         [
             "policy",
             *CLASSES,
@@ -83,11 +80,14 @@ def summary() -> str:
         ],
         rows,
     )
+
+
+def _targets(data: dict[str, Any]) -> str:
     t = data["targets"]
     rt, it = t["realtime_not_below_any_baseline"], t["interactive_within_1_point"]
     right, wrong = t["ooms_with_right_estimates"], t["ooms_per_service_2x_wrong"]
     pre = t["largest_preemption_count"]
-    targets = _table(
+    return _table(
         ["target", "result", "met"],
         [
             [
@@ -99,6 +99,17 @@ def summary() -> str:
                 "interactive within 1 point of the best baseline in >= 95% of homes",
                 f"{it['passed']} of {it['homes']} homes ({_pct(it['share'])})",
                 "yes" if it["met"] else "**no**",
+            ],
+            [
+                "... of the homes behind: by more than twice the standard error",
+                f"{len(it.get('behind_beyond_noise', []))} of {it['homes'] - it['passed']}",
+                "-",
+            ],
+            [
+                "... of the homes behind: every baseline ahead had OOMs",
+                f"{len(it.get('behind_only_baselines_with_ooms_ahead', []))} of "
+                f"{it['homes'] - it['passed']}",
+                "-",
             ],
             [
                 "no OOM with right estimates",
@@ -121,6 +132,13 @@ def summary() -> str:
             ],
         ],
     )
+
+
+def summary() -> str:
+    data = _load("suite.json")
+    if data is None:
+        return "_No suite results yet: run `python bench/bench_suite.py`._"
+    policies, targets = _policy_means(data), _targets(data)
     stress_rows = []
     for name, row in data["by_stress"].items():
         stress_rows.append(
@@ -151,6 +169,19 @@ def summary() -> str:
         f"over seeds):\n\n{policies}\n\nTargets (accelmux):\n\n{targets}\n\n"
         f"accelmux minus the best baseline and minus the oracle, in points, mean over the "
         f"homes with each stress:\n\n{stresses}"
+    )
+
+
+def holdout() -> str:
+    data = _load("suite-holdout.json")
+    if data is None:
+        return (
+            "_No holdout results yet: run `python bench/bench_suite.py --first-home 100 "
+            "--out bench/results/suite-holdout.json`._"
+        )
+    return (
+        f"{_settings(data)}\n\nSLO attainment per class, mean over homes:\n\n"
+        f"{_policy_means(data)}\n\nTargets (accelmux):\n\n{_targets(data)}"
     )
 
 
@@ -313,6 +344,7 @@ def catalogue() -> str:
 BLOCKS: dict[str, Callable[[], str]] = {
     "generator-catalogue": catalogue,
     "suite-summary": summary,
+    "suite-holdout": holdout,
     "suite-worst": worst,
     "suite-ablation": ablation,
 }

@@ -6,7 +6,7 @@ import math
 
 from accelmux.core.types import GIB, MIB
 from accelmux.sim.compute import ComputeDevice, Job, solo_work
-from accelmux.sim.physical import PhysicalDevice
+from accelmux.sim.physical import OomEvent, PhysicalDevice
 
 
 def test_load_that_crosses_capacity_is_refused_and_allocates_nothing() -> None:
@@ -51,6 +51,39 @@ def test_foreign_process_gets_only_what_is_free() -> None:
     assert dev.used == 4 * GIB
     assert dev.set_foreign("x", 0) == 0
     assert dev.used == 3 * GIB
+
+
+def _oom(dev: PhysicalDevice, asked: int) -> OomEvent:
+    return OomEvent(
+        time=0.0,
+        device=dev.name,
+        service="s",
+        what="request",
+        asked=asked,
+        used=dev.used,
+        capacity=dev.capacity,
+        unseen_foreign=dev.unseen_foreign,
+    )
+
+
+def test_an_oom_from_foreign_memory_no_sample_showed_is_told_apart() -> None:
+    dev = PhysicalDevice("gpu", 10 * GIB)
+    assert dev.load("s", 5 * GIB, 0, caching=False)
+    dev.set_foreign("game", 4 * GIB)  # after the last sample: nobody was told
+    assert not dev.start_request("s", "r1", 2 * GIB)
+    assert _oom(dev, 2 * GIB).foreign_surge  # it would have fitted without the game
+    dev.foreign_seen = dev.foreign_total  # the next sample shows the game
+    assert not _oom(dev, 2 * GIB).foreign_surge  # from now on the policy knew
+
+
+def test_an_oom_the_policy_caused_is_not_blamed_on_foreign_memory() -> None:
+    dev = PhysicalDevice("gpu", 10 * GIB)
+    assert dev.load("s", 5 * GIB, 0, caching=False)
+    dev.set_foreign("game", 1 * GIB)  # unseen, but not what broke the allocation
+    assert not dev.start_request("s", "r1", 6 * GIB)
+    assert not _oom(dev, 6 * GIB).foreign_surge  # 5 + 6 > 10 even without the game
+    dev.set_foreign("game", 0)
+    assert dev.unseen_foreign == 0  # foreign memory that shrank hides nothing
 
 
 def test_resize_growth_can_oom() -> None:

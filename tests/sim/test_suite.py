@@ -45,19 +45,27 @@ def test_a_two_home_suite_runs_every_policy_and_compares_them() -> None:
 def _home(
     name: str, minus_best: dict[str, float], ooms: dict[str, int], **kw: Any
 ) -> dict[str, Any]:
+    n = kw.get("requests", 20)
     ours = {
-        "classes": {},
+        "classes": {c: 0.5 for c in minus_best},
+        "requests": {c: n for c in minus_best},
         "oom_events": float(sum(ooms.values())),
         "max_ooms_per_service": ooms,
         "max_preemptions": kw.get("pre", 0),
+    }
+    best = {
+        "classes": {c: 0.5 - d for c, d in minus_best.items()},
+        "requests": {c: n for c in minus_best},
+        "oom_events": float(kw.get("baseline_ooms", 0)),
     }
     return {
         "name": name,
         "stresses": kw.get("stresses", []),
         "request_bias": kw.get("bias", 1.0),
         "resident_bias": kw.get("bias", 1.0),
-        "policies": {"accelmux": ours},
+        "policies": {"accelmux": ours, "static": best},
         "accelmux_minus_best_baseline": minus_best,
+        "best_baseline": {c: "static" for c in minus_best},
         "accelmux_minus_oracle": {},
     }
 
@@ -75,6 +83,18 @@ def test_targets_count_what_they_claim() -> None:
     assert t["ooms_with_right_estimates"]["names"] == ["b"]
     assert t["ooms_per_service_2x_wrong"]["homes_over_one"] == ["c"]
     assert not t["ooms_per_service_2x_wrong"]["met"]
+
+
+def test_homes_behind_are_split_by_noise_and_by_baselines_that_overcommit() -> None:
+    homes = [
+        _home("few", {"interactive": -0.1}, {}, requests=10),  # 1 of 10 requests: noise
+        _home("many", {"interactive": -0.2}, {}, requests=400),  # far beyond the noise
+        _home("oom", {"interactive": -0.3}, {}, requests=400, baseline_ooms=5),
+    ]
+    t = bench_suite.targets(homes)["interactive_within_1_point"]
+    assert t["passed"] == 0
+    assert t["behind_beyond_noise"] == ["many", "oom"]
+    assert t["behind_only_baselines_with_ooms_ahead"] == ["oom"]
 
 
 def test_the_ablation_runs_each_heuristic_off() -> None:

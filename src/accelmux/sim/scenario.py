@@ -115,7 +115,9 @@ class ForeignConfig(StrictModel):
     """A process accelmux does not manage grabbing device memory for a while.
 
     ``baseline``: memory the device uses on its own (the OS on a shared-memory host),
-    reported as the sample's ``baseline_bytes`` rather than as foreign.
+    reported as the sample's ``baseline_bytes`` rather than as foreign. As the monitors
+    do, the sample's baseline is at least what the operator left outside the budget
+    (``capacity - budget``): foreign memory within that slack is not pressure.
     """
 
     device: str | None = None

@@ -454,6 +454,24 @@ class AccelmuxPolicy:
             need = sum(world.projected_resident(svc, pool))
             if need + self._realtime_reserve(world, dev) <= world.ledger.available(dev):
                 world.load(svc, reason=Reason.PRELOAD, kv_pool=pool, detail="warm at start")
+        if not world.knobs.enabled("idle_keep"):
+            return
+        # Memory nobody needs yet holds on-demand models too (the first victims when a
+        # load or request needs it), as long as the spare fraction stays free.
+        for svc in order:
+            if (
+                svc.status is not ServiceStatus.UNLOADED
+                or svc.spec.residency is not Residency.ON_DEMAND
+                or not svc.spec.in_window(world.time_of_day())
+                or not self._placed_here(world, svc)
+            ):
+                continue
+            dev = svc.spec.device
+            pool = self._load_pool(world, svc, svc.spec.profile.kv_floor)
+            need = sum(world.projected_resident(svc, pool))
+            spare = world.knobs.spare_fraction * world.devices[dev].usable_bytes
+            if need + self._realtime_reserve(world, dev) + spare <= world.ledger.available(dev):
+                world.load(svc, reason=Reason.PRELOAD, kv_pool=pool, detail="spare at start")
 
     def decide(self, world: World, now: float) -> None:
         self._memo.clear()
