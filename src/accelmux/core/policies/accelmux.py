@@ -635,13 +635,23 @@ class AccelmuxPolicy:
         moment it is wanted (eviction by score, or the TTL once less is spare). A realtime
         service needs no spare fraction (a cold start is what breaks a voice SLO), and a
         service whose client gave a keep_alive has exactly that (never "spare")."""
-        if svc.keep_alive_s is not None or self._memory_wanted(world, svc):
+        if svc.keep_alive_s is not None:
             return False  # a client's keep_alive is kept to the second
-        if svc.spec.cls is ServiceClass.REALTIME:
-            return True  # a voice service's cold start is what the reserve is there to avoid
         dev = svc.spec.device
-        spare = world.knobs.spare_fraction * world.devices[dev].usable_bytes
-        return world.ledger.available(dev) >= self._realtime_reserve(world, dev) + spare
+        key = ("memory_spare", dev)
+        hit = self._memo.get(key)  # the same for every service of the device, per version
+        if hit is not None and hit[0] == world.version:
+            level = hit[1]
+        else:
+            # 0: wanted; 1: not wanted, less than the spare fraction free; 2: spare
+            level = 0
+            if not self._memory_wanted(world, svc):
+                spare = world.knobs.spare_fraction * world.devices[dev].usable_bytes
+                free = world.ledger.available(dev) - self._realtime_reserve(world, dev)
+                level = 2 if free >= spare else 1
+            self._memo[key] = (world.version, level)
+        # a voice service's cold start is what the reserve is there to avoid
+        return level == 2 or (level == 1 and svc.spec.cls is ServiceClass.REALTIME)
 
     @staticmethod
     def _likely_reused(world: World, svc: ServiceState) -> bool:
@@ -833,11 +843,12 @@ class AccelmuxPolicy:
                 default=0,
             )
             reserve = min(full, largest)
-        if reserve and world.knobs.enabled("reserve_lending"):
+        available = world.ledger.available(device)
+        if need <= available < need + reserve and world.knobs.enabled("reserve_lending"):
             # Lent only when ``need`` fits in free memory: the services that hold the
             # rest must stay to be given back, so none of them is evicted for ``need``.
             lent = max(0, reserve - self._quickly_freeable(world, device, svc))
-            if world.ledger.available(device) >= need + lent:
+            if available >= need + lent:
                 return lent
         return reserve
 
@@ -849,8 +860,11 @@ class AccelmuxPolicy:
         The realtime reserve only has to be free *or* this (``reserve_lending``): a voice
         request that finds it held by an idle chat model waits for one unload, not for
         the model's next request to end."""
-        total = self._cached(
-            world, ("quickly_freeable", device), lambda: self._sum_quickly_freeable(world, device)
+        total = self._cached(  # what it reads moves the device's epoch
+            world,
+            ("quickly_freeable", device),
+            lambda: self._sum_quickly_freeable(world, device),
+            stamp=world.epoch(device),
         )
         if self._freeable_for_realtime(world, exclude):
             total -= self.unload_frees(world, exclude)
