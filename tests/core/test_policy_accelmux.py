@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from accelmux.core.actions import Action, Dispatch, Fail, Preempt, Resize
 from accelmux.core.events import (
     AdminCommand,
+    LoadFailed,
     MemorySampled,
     RequestArrived,
     RequestFinished,
@@ -631,6 +632,26 @@ def test_foreign_growth_never_evicts_a_pinned_service() -> None:
     out = foreign(m, 11 * GIB, 1.0)
     assert unloads(out) == []
     assert m.world.services["rt"].status.value == "loaded"
+
+
+# ---- loads after an out-of-memory load -------------------------------------------------------
+def test_after_a_load_runs_out_of_memory_loads_on_the_device_go_one_at_a_time() -> None:
+    m = manager(service("a", profile=big(2)), service("b", profile=big(2)), knobs=EXACT)
+    m.start(0.0)
+    assert [x.service for x in loads(m.handle(arrive("a1", "a"), 0.0))] == ["a"]
+    m.handle(LoadFailed(service="a", error="out of memory", out_of_memory=True), 1.0)
+    assert [x.service for x in loads(m.handle(arrive("a2", "a"), 5.0))] == ["a"]  # backoff over
+    out = m.handle(arrive("b1", "b"), 5.0)
+    assert loads(out) == []  # a's load is in flight: b's waits for it to be done
+    assert enqueued(out)["b1"].reason is Reason.LOADING
+    assert [x.service for x in loads(m.handle(loaded("a"), 6.0))] == ["b"]
+
+
+def test_without_an_out_of_memory_load_loads_go_side_by_side() -> None:
+    m = manager(service("a", profile=big(2)), service("b", profile=big(2)), knobs=EXACT)
+    m.start(0.0)
+    m.handle(arrive("a1", "a"), 0.0)
+    assert [x.service for x in loads(m.handle(arrive("b1", "b"), 0.0))] == ["b"]
 
 
 # ---- TTL --------------------------------------------------------------------------------------

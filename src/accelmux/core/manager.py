@@ -258,6 +258,8 @@ class Manager:
                 svc = w.services[event.service]
                 if svc.status is not ServiceStatus.LOADING:
                     return
+                if event.out_of_memory:
+                    w.load_oom_devices.add(svc.spec.device)
                 if event.out_of_memory and w.knobs.enabled("failure_calibration"):
                     p = svc.spec.profile
                     granted = sum(le.nbytes for le in svc.resident_leases)

@@ -332,6 +332,9 @@ class World:
         self.finished_requests: deque[RequestState] = deque(maxlen=1000)
         #: When each device's memory was last measured (``MemorySampled``).
         self.sampled_at: dict[str, float] = {}
+        #: Devices where a load has run out of memory: what their ledger says about the
+        #: size of a load is not to be trusted with another load beside it.
+        self.load_oom_devices: set[str] = set()
         # ---- indexes (see the class docstring) ----
         #: Status LOADED, all and per device. Services with requests in flight are loaded.
         self.loaded = ServiceSet()

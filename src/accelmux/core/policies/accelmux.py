@@ -151,6 +151,8 @@ HEURISTICS: dict[str, str] = {
     "unload each gives back: idle ones, and ones running only work realtime preempts (a "
     "voice request then waits for an unload, not for another model's request to end); only "
     "the rest of it must be free",
+    "serial_loads": "once a load has run out of memory on a device, loads there go one at "
+    "a time: the next waits until the one in flight is done and measured",
     "placement": "a request for a service with replicas on several devices goes to the "
     "replica expected to start it soonest: a free loaded one, else the shortest queue or a "
     "load where memory is free or held by idle services (a second replica of a busy "
@@ -851,6 +853,15 @@ class AccelmuxPolicy:
             if available >= need + lent:
                 return lent
         return reserve
+
+    def _loads_one_at_a_time(self, world: World, device: str) -> bool:
+        """A load has run out of memory on ``device`` and another load is in flight there
+        (``serial_loads``): a second load waits for it. A load's true size is known only
+        once it is measured, so two loads side by side on a device where one was already
+        larger than its ledger said can both fail, and a service a second time."""
+        if device not in world.load_oom_devices or not world.knobs.enabled("serial_loads"):
+            return False
+        return any(s.status is ServiceStatus.LOADING for s in world.services_by_device[device])
 
     def _quickly_freeable(self, world: World, device: str, exclude: ServiceState) -> int:
         """Memory realtime work could take back on ``device`` by one unload each: what
@@ -2019,6 +2030,11 @@ class AccelmuxPolicy:
         available = world.ledger.available(dev)
         if outside and available - need < (knobs.spare_fraction * world.devices[dev].usable_bytes):
             self._queue_or_reject(world, req, Reason.OUTSIDE_WINDOW, "no spare memory to load")
+            return
+        if self._loads_one_at_a_time(world, dev):
+            self._queue_or_reject(
+                world, req, Reason.LOADING, "after an out-of-memory load, loads go one at a time"
+            )
             return
         if idle_only and available < need + reserve:
             # Fair progress loads into idle memory only: it takes nothing from the
