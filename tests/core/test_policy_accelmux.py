@@ -647,6 +647,19 @@ def test_after_a_load_runs_out_of_memory_loads_on_the_device_go_one_at_a_time() 
     assert [x.service for x in loads(m.handle(loaded("a"), 6.0))] == ["b"]
 
 
+def test_a_pinned_service_reloads_after_its_oom_only_once_no_other_load_is_in_flight() -> None:
+    m = manager(
+        service("asr", cls=RT, residency=Residency.PINNED, profile=big(2)),
+        service("b", profile=big(2)),
+        knobs=EXACT,
+    )
+    assert [x.service for x in loads(m.start(0.0))] == ["asr"]
+    m.handle(LoadFailed(service="asr", error="out of memory", out_of_memory=True), 0.5)
+    assert [x.service for x in loads(m.handle(arrive("b1", "b"), 0.6))] == ["b"]
+    assert loads(m.handle(Tick(), 5.0)) == []  # its backoff is over, but b is loading
+    assert [x.service for x in loads(m.handle(loaded("b"), 6.0))] == ["asr"]
+
+
 def test_without_an_out_of_memory_load_loads_go_side_by_side() -> None:
     m = manager(service("a", profile=big(2)), service("b", profile=big(2)), knobs=EXACT)
     m.start(0.0)

@@ -1460,7 +1460,11 @@ class AccelmuxPolicy:
                 ServiceStatus.CRASHED,
             ):
                 continue
-            if world.now < svc.backoff_until or world.shutting_down:
+            if (
+                world.now < svc.backoff_until
+                or world.shutting_down
+                or self._loads_one_at_a_time(world, svc.spec.device)
+            ):
                 continue
             reason = (
                 Reason.RELOAD_AFTER_CRASH
@@ -2126,6 +2130,7 @@ class AccelmuxPolicy:
                 or world.now < svc.backoff_until
                 or not svc.spec.in_window(world.time_of_day())
                 or self._other_replica_up(world, svc)
+                or self._loads_one_at_a_time(world, svc.spec.device)
             ):
                 continue
             if 1.0 - math.exp(-reuse_rate(svc, world.now, horizon) * horizon) < 0.5:
