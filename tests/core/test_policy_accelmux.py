@@ -707,6 +707,18 @@ def test_an_idle_realtime_service_stays_past_its_ttl_without_the_spare_fraction(
     assert unloads(m.handle(Tick(), 1000.0)) == []  # a voice cold start is kept away
 
 
+def test_a_lower_class_waiting_for_memory_does_not_expire_an_idle_voice_service() -> None:
+    m = manager(
+        service("asr", cls=RT, ttl_s=100.0),
+        service("big", profile=big(8), residency=Residency.PINNED),
+        service("img", profile=big(3)),
+        knobs=EXACT,
+    )
+    up(m, "asr", "big", now=0.0)
+    assert enqueued(m.handle(arrive("i1", "img"), 1.0))["i1"].reason is Reason.NO_MEMORY
+    assert unloads(m.handle(Tick(), 1000.0)) == []  # the image waits; voice stays
+
+
 def test_a_clients_keep_alive_is_kept_to_the_second_even_while_memory_is_spare() -> None:
     m = manager(service("img", ttl_s=100.0), knobs=EXACT)
     up(m, "img")

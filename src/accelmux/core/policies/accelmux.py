@@ -126,7 +126,9 @@ HEURISTICS: dict[str, str] = {
     "its device's memory is not wanted (it is evicted first when it is)",
     "idle_keep": "an idle service stays loaded past its ttl_s while its device has memory "
     "to spare: nothing waits for memory there and more than the realtime reserve plus the "
-    "spare fraction of the budget is free (its TTL applies again once less is)",
+    "spare fraction of the budget is free (its TTL applies again once less is); a realtime "
+    "service, until realtime work waits for memory there; on-demand services also load at "
+    "start into memory that stays spare",
     "restore": "a warm service evicted for a short on-demand job is restored as soon as "
     "that job's service goes idle",
     "prewarm": "load warm services at start and reload likely-reused evicted ones into "
@@ -635,11 +637,17 @@ class AccelmuxPolicy:
         While it has, an idle service stays loaded past its TTL (``idle_keep``): memory
         nobody wants is worth more holding a model than empty, and it is given back the
         moment it is wanted (eviction by score, or the TTL once less is spare). A realtime
-        service needs no spare fraction (a cold start is what breaks a voice SLO), and a
-        service whose client gave a keep_alive has exactly that (never "spare")."""
+        service's memory is spare unless realtime work waits for memory on its device (a
+        voice cold start is what the reserve exists to prevent, and no lower class may
+        take a voice model's memory), and a service whose client gave a keep_alive has
+        exactly that (never "spare")."""
         if svc.keep_alive_s is not None:
             return False  # a client's keep_alive is kept to the second
         dev = svc.spec.device
+        if svc.spec.cls is ServiceClass.REALTIME:
+            # Lower classes never take a voice service's memory (they cannot evict it
+            # either): past its TTL it goes only for realtime work waiting for memory.
+            return not world.waiting_causes.get((dev, ServiceClass.REALTIME, Reason.NO_MEMORY))
         key = ("memory_spare", dev)
         hit = self._memo.get(key)  # the same for every service of the device, per version
         if hit is not None and hit[0] == world.version:
@@ -652,8 +660,7 @@ class AccelmuxPolicy:
                 free = world.ledger.available(dev) - self._realtime_reserve(world, dev)
                 level = 2 if free >= spare else 1
             self._memo[key] = (world.version, level)
-        # a voice service's cold start is what the reserve is there to avoid
-        return level == 2 or (level == 1 and svc.spec.cls is ServiceClass.REALTIME)
+        return level == 2
 
     @staticmethod
     def _likely_reused(world: World, svc: ServiceState) -> bool:
