@@ -217,7 +217,7 @@ def _behind_beyond_noise(home: dict[str, Any], cls: str) -> bool:
     p1, n1 = ours["classes"][cls], ours["requests"][cls]
     p2, n2 = best["classes"][cls], best["requests"][cls]
     se = math.sqrt(p1 * (1 - p1) / n1 + p2 * (1 - p2) / n2) if n1 and n2 else 0.0
-    return p2 - p1 > 2 * se
+    return bool(p2 - p1 > 2 * se)
 
 
 def _clean_baselines_ahead(home: dict[str, Any], cls: str) -> list[str]:
