@@ -127,8 +127,7 @@ HEURISTICS: dict[str, str] = {
     "idle_keep": "an idle service stays loaded past its ttl_s while its device has memory "
     "to spare: nothing waits for memory there and more than the realtime reserve plus the "
     "spare fraction of the budget is free (its TTL applies again once less is); a realtime "
-    "service, until realtime work waits for memory there; on-demand services also load at "
-    "start into memory that stays spare",
+    "service, until realtime work waits for memory there",
     "restore": "a warm service evicted for a short on-demand job is restored as soon as "
     "that job's service goes idle",
     "prewarm": "load warm services at start and reload likely-reused evicted ones into "
@@ -458,24 +457,6 @@ class AccelmuxPolicy:
             need = sum(world.projected_resident(svc, pool))
             if need + self._realtime_reserve(world, dev) <= world.ledger.available(dev):
                 world.load(svc, reason=Reason.PRELOAD, kv_pool=pool, detail="warm at start")
-        if not world.knobs.enabled("idle_keep"):
-            return
-        # Memory nobody needs yet holds on-demand models too (the first victims when a
-        # load or request needs it), as long as the spare fraction stays free.
-        for svc in order:
-            if (
-                svc.status is not ServiceStatus.UNLOADED
-                or svc.spec.residency is not Residency.ON_DEMAND
-                or not svc.spec.in_window(world.time_of_day())
-                or not self._placed_here(world, svc)
-            ):
-                continue
-            dev = svc.spec.device
-            pool = self._load_pool(world, svc, svc.spec.profile.kv_floor)
-            need = sum(world.projected_resident(svc, pool))
-            spare = world.knobs.spare_fraction * world.devices[dev].usable_bytes
-            if need + self._realtime_reserve(world, dev) + spare <= world.ledger.available(dev):
-                world.load(svc, reason=Reason.PRELOAD, kv_pool=pool, detail="spare at start")
 
     def decide(self, world: World, now: float) -> None:
         self._memo.clear()
