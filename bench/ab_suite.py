@@ -64,14 +64,7 @@ def main() -> int:
         args.workers,
     )
     wall = time.perf_counter() - started
-    runs = base_runs + ours
-    results = []
-    for h in homes:
-        per_policy = {
-            p: suite.aggregate_runs([r for r in runs if r["home"] == h and r["policy"] == p])
-            for p in policies
-        }
-        results.append(suite.compare_home(suite._home_info(h, args.duration_s), per_policy))
+    results = suite.compare_homes(base_runs + ours, homes, policies, args.duration_s)
     targets = suite.targets(results)
     means = suite.policy_means(results, policies)
     rt, it = targets["realtime_not_below_any_baseline"], targets["interactive_within_1_point"]

@@ -353,13 +353,10 @@ def policy_means(homes: list[dict[str, Any]], policies: list[str]) -> dict[str, 
     return out
 
 
-def run_suite(
-    homes: list[int], seeds: int, duration_s: float, policies: list[str], workers: int
-) -> dict[str, Any]:
-    jobs = [Job(h, p, s, duration_s) for h in homes for p in policies for s in range(seeds)]
-    started = time.perf_counter()
-    runs = run_jobs(jobs, workers)
-    wall = time.perf_counter() - started
+def compare_homes(
+    runs: list[dict[str, Any]], homes: list[int], policies: list[str], duration_s: float
+) -> list[dict[str, Any]]:
+    """Each home's runs, pooled per policy over the seeds and compared (compare_home)."""
     results = []
     for h in homes:
         per_policy = {
@@ -367,6 +364,17 @@ def run_suite(
             for p in policies
         }
         results.append(compare_home(_home_info(h, duration_s), per_policy))
+    return results
+
+
+def run_suite(
+    homes: list[int], seeds: int, duration_s: float, policies: list[str], workers: int
+) -> dict[str, Any]:
+    jobs = [Job(h, p, s, duration_s) for h in homes for p in policies for s in range(seeds)]
+    started = time.perf_counter()
+    runs = run_jobs(jobs, workers)
+    wall = time.perf_counter() - started
+    results = compare_homes(runs, homes, policies, duration_s)
     return {
         "wall_s": round(wall, 1),
         "cpu_s": round(sum(float(r["cpu_s"]) for r in runs), 1),
