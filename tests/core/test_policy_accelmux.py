@@ -893,6 +893,23 @@ def test_recently_evicted_warm_service_is_prewarmed_into_spare_memory() -> None:
     assert [(a.service, a.reason) for a in loads(out)] == [("warm", Reason.PRELOAD)]
 
 
+def test_an_evicted_service_the_operator_unloaded_is_not_prewarmed_back() -> None:
+    m = manager(
+        service("warm", profile=big(3)),
+        service("big", profile=big(9), residency=Residency.ON_DEMAND, ttl_s=10.0),
+        knobs=PolicyKnobs(on_demand_ttl_s=10.0, safety_factor=1.0),
+    )
+    up(m, "warm")
+    m.handle(arrive("b1", "big"), 1.0)  # evicts warm
+    m.handle(AdminCommand(service="warm", op="unload"), 1.5)  # while it is unloading
+    m.handle(Unloaded(service="warm"), 2.0)
+    m.handle(loaded("big"), 3.0)
+    m.handle(done("b1"), 4.0)
+    m.handle(Tick(), 14.0)
+    out = m.handle(Unloaded(service="big"), 15.0) + m.handle(Tick(), 80.0)
+    assert loads(out) == []
+
+
 def _restore_case(warm_uses: int, big_uses: int) -> list[Action]:
     """A warm service evicted by an on-demand one; what happens 2 s after the latter idles."""
     m = manager(

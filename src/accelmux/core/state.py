@@ -1045,7 +1045,11 @@ class World:
                 self.host_weights[svc.name] = nbytes
         svc.tier = tier
         svc.slept_pool = svc.kv_pool if tier is Tier.SLEEPING else None
-        if reason not in (Reason.TTL_EXPIRED, Reason.ADMIN, Reason.RESIZE_AT_NEXT_LOAD):
+        if reason is Reason.ADMIN:
+            # The operator asked it out: an earlier eviction no longer makes it a
+            # candidate for a prewarm, which would bring it straight back.
+            svc.last_evicted_at = None
+        elif reason not in (Reason.TTL_EXPIRED, Reason.RESIZE_AT_NEXT_LOAD):
             svc.evictions += 1
             svc.last_evicted_at = self.now
         self.set_status(svc, ServiceStatus.UNLOADING)

@@ -1396,6 +1396,9 @@ class AccelmuxPolicy:
                 world.unload(svc, reason=Reason.ADMIN, detail="operator asked")
                 world.clear_admin_unload(name)
             elif svc.status in (ServiceStatus.UNLOADED, ServiceStatus.CRASHED):
+                # Already out (an eviction may have beaten the command): the operator's
+                # word stands, so a prewarm must not bring it back as "evicted".
+                world.forget_eviction(svc)
                 world.clear_admin_unload(name)
 
     def _relieve_pressure(self, world: World) -> None:
