@@ -25,6 +25,7 @@ from accelmux.core.events import (
     MemorySampled,
     RequestArrived,
     Tick,
+    Unloaded,
 )
 from accelmux.core.manager import Manager
 from accelmux.core.policies import make_policy
@@ -34,7 +35,7 @@ from accelmux.core.state import World
 from accelmux.core.types import GIB, MIB, Category, Reason, ServiceClass, ServiceStatus
 
 from .fake_executor import FakeExecutor
-from .support import EXACT, arrive, manager, of, plain_profile, service, unloads, up
+from .support import EXACT, arrive, done, manager, of, plain_profile, service, unloads, up
 from .test_properties import SETTINGS, Op, apply_op, manager_specs, ops_strategy, run
 
 
@@ -241,12 +242,14 @@ def test_work_a_waiting_class_could_preempt_runs_in_idle_memory(
     assert _waits_in_idle_memory(m.world) == []
 
 
-def _caching_embedder(*disabled: str) -> tuple[Manager, list[Action]]:
+def _caching_embedder_running(*disabled: str, ia_workspace: int = 4 * GIB) -> Manager:
+    """A batch embedder measured caching 4 GiB, running e1 in its cache, beside an idle
+    interactive service."""
     m = manager(
         service(
             "emb", cls=ServiceClass.BATCH, profile=plain_profile(weights=GIB, workspace=4 * GIB)
         ),
-        service("ia", profile=plain_profile(weights=GIB, workspace=4 * GIB)),
+        service("ia", profile=plain_profile(weights=GIB, workspace=ia_workspace)),
         knobs=replace(EXACT, disabled=frozenset(disabled)),
     )
     up(m, "emb", "ia")
@@ -261,6 +264,11 @@ def _caching_embedder(*disabled: str) -> tuple[Manager, list[Action]]:
     m.handle(sample, 1.0)
     m.handle(arrive("e1", "emb"), 2.0)  # reuses its cache
     assert "e1" in m.world.inflight
+    return m
+
+
+def _caching_embedder(*disabled: str) -> tuple[Manager, list[Action]]:
+    m = _caching_embedder_running(*disabled)
     return m, m.handle(arrive("i1", "ia"), 3.0)
 
 
@@ -272,6 +280,28 @@ def test_preempting_a_caching_service_evicts_it_instead_of_counting_its_lease_fr
     # Without it, the released lease is taken as free memory the device does not have.
     _, out = _caching_embedder("cache_accounting")
     assert unloads(out) == []
+
+
+def test_what_a_caching_service_finished_with_stays_charged_to_it_until_it_unloads() -> None:
+    m = _caching_embedder_running(ia_workspace=6 * GIB)
+    emb = m.world.services["emb"]
+    # A sample while e1 runs: its cache holds e1 (nothing measured above the leases).
+    resident, ia = emb.resident_bytes, m.world.services["ia"].resident_bytes
+    held = resident + 4 * GIB
+    m.handle(
+        MemorySampled(device="gpu", used_bytes=held + ia, per_service={"emb": held, "ia": ia}),
+        2.5,
+    )
+    lease = m.world.inflight["e1"].active_lease
+    assert lease is not None
+    m.handle(done("e1"), 2.6)
+    # The allocator keeps what e1 held: the device does not have it back.
+    assert m.world.ledger.amount("gpu", "emb", Category.RESERVED) == lease.nbytes
+    out = m.handle(arrive("i2", "ia"), 2.7)
+    assert "i2" not in [a.request_id for a in of(Dispatch, out)]
+    assert [(u.service, u.reason) for u in unloads(out)] == [("emb", Reason.EVICTED_FOR_MEMORY)]
+    out = m.handle(Unloaded(service="emb"), 3.5)
+    assert "i2" in [a.request_id for a in of(Dispatch, out)]
 
 
 def test_a_load_larger_than_granted_is_not_taken_for_activation_memory() -> None:

@@ -335,6 +335,10 @@ class World:
         #: Devices where a load has run out of memory: what their ledger says about the
         #: size of a load is not to be trusted with another load beside it.
         self.load_oom_devices: set[str] = set()
+        #: Services (as addressed) whose allocator keeps the memory a finished request
+        #: freed (a caching allocator, as measured): that memory stays charged to the
+        #: service, as RESERVED, until the next sample measures what it really holds.
+        self.caching_backends: set[str] = set()
         # ---- indexes (see the class docstring) ----
         #: Status LOADED, all and per device. Services with requests in flight are loaded.
         self.loaded = ServiceSet()
@@ -813,9 +817,7 @@ class World:
             return False
         if park and not self._make_host_room(req.kv_bytes):
             return False
-        if req.active_lease is not None:
-            self.ledger.release(req.active_lease)
-            req.active_lease = None
+        self._release_active(req, svc)
         if park:
             svc.kv_in_use -= req.kv_bytes
             self.host_kv += req.kv_bytes
@@ -927,11 +929,28 @@ class World:
         )
         self.finished_requests.append(req)
 
+    def mark_caching(self, svc: ServiceState) -> None:
+        """``svc``'s backend was measured keeping freed memory (every replica alike):
+        from now on what its requests held stays charged to it when they end."""
+        self.caching_backends.add(svc.spec.addressed_as)
+
+    def _release_active(self, req: RequestState, svc: ServiceState) -> None:
+        """Give back the activation lease of ``req``. A caching allocator keeps those
+        bytes: they move to the service's RESERVED (what the next sample would measure
+        above its leases), so no other work is admitted into memory still held."""
+        lease = req.active_lease
+        if lease is None:
+            return
+        self.ledger.release(lease)
+        req.active_lease = None
+        if lease.nbytes and svc.holds_memory and svc.spec.addressed_as in self.caching_backends:
+            dev = svc.spec.device
+            kept = self.ledger.amount(dev, svc.name, Category.RESERVED) + lease.nbytes
+            self.ledger.set_reserved(dev, svc.name, kept)
+
     def _release_request(self, req: RequestState) -> None:
         svc = self.services[req.service]
-        if req.active_lease is not None:
-            self.ledger.release(req.active_lease)
-            req.active_lease = None
+        self._release_active(req, svc)
         svc.kv_in_use -= req.kv_bytes
         req.kv_bytes = 0
         if svc.kv_in_use < 0:

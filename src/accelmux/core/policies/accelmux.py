@@ -110,8 +110,9 @@ HEURISTICS: dict[str, str] = {
     "(off: least recently used first)",
     "single_victim": "when one victim covers the shortfall, evict the cheapest such one",
     "cache_reuse": "a service's own allocator cache counts as room for its requests",
-    "cache_accounting": "preempting a request of a service measured caching freed memory "
-    "frees nothing until it unloads: it is evicted, or others yield",
+    "cache_accounting": "a service measured caching freed memory keeps what its finished "
+    "or preempted requests held (charged to it until a sample or its unload): preempting "
+    "it frees nothing until it unloads, so it is evicted, or others yield",
     "degrade_to_raw": "when only the calibration margin does not fit, run on the estimate "
     "scaled by the worst measured ratio, without margin (off: reject as too large)",
     "calibration": "scale estimates by the worst recent observed/estimated ratio "
@@ -320,6 +321,8 @@ class AccelmuxPolicy:
             if not svc.inflight and reserved > EXCESS_TOLERANCE:
                 # a property of the backend: every replica of the service caches alike
                 self._caching.add(svc.spec.addressed_as)
+                if knobs.enabled("cache_accounting"):
+                    world.mark_caching(svc)
             if not svc.inflight or excess <= EXCESS_TOLERANCE:
                 self._charged.pop(name, None)
                 continue
@@ -1299,14 +1302,12 @@ class AccelmuxPolicy:
             ):
                 shrunk += svc.kv_shrinking
         pending += shrunk
-        # A caching allocator keeps what a preempted request held: the lease goes back
-        # to the ledger but not to the device until the service unloads.
-        kept = 0
+        # A caching allocator keeps what a preempted request held: the World charges
+        # it to the service (RESERVED) until the service unloads.
         evicted_cache = False
         for req in preempts:
-            if ledger.available(device) - kept + pending >= need:
+            if ledger.available(device) + pending >= need:
                 break
-            lease = req.active_lease.nbytes if req.active_lease else 0
             self._stop(world, req, cls, requester)
             holder = world.services[req.service]
             target = max(holder.spec.profile.kv_floor, holder.kv_in_use)
@@ -1318,24 +1319,26 @@ class AccelmuxPolicy:
                 )
             ):
                 pending += holder.kv_shrinking
-            if holder.spec.addressed_as in self._caching and knobs.enabled("cache_accounting"):
-                kept += lease
-                if holder.idle and self._evictable(holder, cls, exclude, strict):
-                    self._unload(
-                        world,
-                        holder,
-                        reason=Reason.EVICTED_FOR_MEMORY,
-                        detail=f"room for class {cls.label}: its allocator keeps freed memory",
-                    )
-                    evicted_cache = True
+            if (
+                holder.spec.addressed_as in world.caching_backends
+                and holder.idle
+                and self._evictable(holder, cls, exclude, strict)
+            ):
+                self._unload(
+                    world,
+                    holder,
+                    reason=Reason.EVICTED_FOR_MEMORY,
+                    detail=f"room for class {cls.label}: its allocator keeps freed memory",
+                )
+                evicted_cache = True
         if evicted_cache:
             return False  # the memory comes back with the unload
-        if ledger.available(device) - kept >= need:
+        if ledger.available(device) >= need:
             return True
-        if ledger.available(device) - kept + pending >= need:
+        if ledger.available(device) + pending >= need:
             return False  # shrinks and unloads under way cover it
         freed = 0
-        short = need - ledger.available(device) + kept - pending
+        short = need - ledger.available(device) - pending
         # When one victim alone covers the shortfall, take the cheapest such one
         # (reload cost x reuse x class weight), not the best per byte: a few MB must
         # not cost the largest model.
@@ -1343,7 +1346,7 @@ class AccelmuxPolicy:
         if single and knobs.enabled("single_victim"):
             victims = [min(single, key=lambda s: (self.eviction_cost(world, s), s.name))]
         for svc in victims:
-            if ledger.available(device) - kept + pending + freed >= need:
+            if ledger.available(device) + pending + freed >= need:
                 break
             if not svc.idle or svc.status is not ServiceStatus.LOADED:
                 continue  # its work was not all preempted (or parked) after all
