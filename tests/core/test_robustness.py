@@ -242,28 +242,25 @@ def test_work_a_waiting_class_could_preempt_runs_in_idle_memory(
     assert _waits_in_idle_memory(m.world) == []
 
 
-def _caching_embedder_running(*disabled: str, ia_workspace: int = 4 * GIB) -> Manager:
-    """A batch embedder measured caching 4 GiB, running e1 in its cache, beside an idle
-    interactive service."""
+def _caching_embedder_running(*disabled: str) -> Manager:
+    """A batch embedder measured caching 4 GiB, running e1 in that cache (and measured
+    so), beside an idle interactive service whose requests need 6 GiB: 5.5 GiB is free."""
     m = manager(
         service(
             "emb", cls=ServiceClass.BATCH, profile=plain_profile(weights=GIB, workspace=4 * GIB)
         ),
-        service("ia", profile=plain_profile(weights=GIB, workspace=ia_workspace)),
+        service("ia", profile=plain_profile(weights=GIB, workspace=6 * GIB)),
         knobs=replace(EXACT, disabled=frozenset(disabled)),
     )
     up(m, "emb", "ia")
+    emb, ia = m.world.services["emb"].resident_bytes, m.world.services["ia"].resident_bytes
     # Idle, the embedder is measured holding 4 GiB beyond its resident size: its cache.
-    resident = m.world.services["emb"].resident_bytes
-    held = resident + 4 * GIB + m.world.services["ia"].resident_bytes
-    sample = MemorySampled(
-        device="gpu",
-        used_bytes=held,
-        per_service={"emb": resident + 4 * GIB, "ia": m.world.services["ia"].resident_bytes},
-    )
-    m.handle(sample, 1.0)
-    m.handle(arrive("e1", "emb"), 2.0)  # reuses its cache
+    held = {"emb": emb + 4 * GIB, "ia": ia}
+    m.handle(MemorySampled(device="gpu", used_bytes=sum(held.values()), per_service=held), 1.0)
+    m.handle(arrive("e1", "emb"), 2.0)  # runs in its cache: the device holds no more
     assert "e1" in m.world.inflight
+    m.handle(MemorySampled(device="gpu", used_bytes=sum(held.values()), per_service=held), 2.5)
+    assert m.world.ledger.available("gpu") == 5 * GIB + GIB // 2
     return m
 
 
@@ -272,26 +269,37 @@ def _caching_embedder(*disabled: str) -> tuple[Manager, list[Action]]:
     return m, m.handle(arrive("i1", "ia"), 3.0)
 
 
+def test_a_caching_service_runs_in_its_cache_without_counting_it_twice() -> None:
+    m = manager(
+        service(
+            "emb", cls=ServiceClass.BATCH, profile=plain_profile(weights=GIB, workspace=4 * GIB)
+        ),
+        knobs=EXACT,
+    )
+    up(m, "emb")
+    held = {"emb": m.world.services["emb"].resident_bytes + 4 * GIB}
+    m.handle(MemorySampled(device="gpu", used_bytes=sum(held.values()), per_service=held), 1.0)
+    free = m.world.ledger.available("gpu")
+    m.handle(arrive("e1", "emb"), 2.0)
+    assert "e1" in m.world.inflight
+    assert m.world.ledger.available("gpu") == free  # the lease took the cache's place
+    m.handle(done("e1"), 3.0)
+    assert m.world.ledger.available("gpu") == free  # and gave it back to the cache
+
+
 def test_preempting_a_caching_service_evicts_it_instead_of_counting_its_lease_free() -> None:
     m, out = _caching_embedder()
     assert [a.request_id for a in of(Preempt, out)] == ["e1"]
     assert [(u.service, u.reason) for u in unloads(out)] == [("emb", Reason.EVICTED_FOR_MEMORY)]
     assert "i1" in m.world.waiting  # until the unload gives the memory back
     # Without it, the released lease is taken as free memory the device does not have.
-    _, out = _caching_embedder("cache_accounting")
+    m, out = _caching_embedder("cache_accounting")
     assert unloads(out) == []
+    assert "i1" in m.world.inflight
 
 
 def test_what_a_caching_service_finished_with_stays_charged_to_it_until_it_unloads() -> None:
-    m = _caching_embedder_running(ia_workspace=6 * GIB)
-    emb = m.world.services["emb"]
-    # A sample while e1 runs: its cache holds e1 (nothing measured above the leases).
-    resident, ia = emb.resident_bytes, m.world.services["ia"].resident_bytes
-    held = resident + 4 * GIB
-    m.handle(
-        MemorySampled(device="gpu", used_bytes=held + ia, per_service={"emb": held, "ia": ia}),
-        2.5,
-    )
+    m = _caching_embedder_running()
     lease = m.world.inflight["e1"].active_lease
     assert lease is not None
     m.handle(done("e1"), 2.6)

@@ -722,6 +722,7 @@ class World:
         )
         if lease is None:
             return False
+        self._absorb_cache(svc, need)
         self._remove_waiting(req)
         req.attempt += 1
         req.active_lease = lease
@@ -766,6 +767,7 @@ class World:
         lease = self.ledger.reserve(svc.spec.device, svc.name, Category.ACTIVE, need)
         if lease is None:
             return False
+        self._absorb_cache(svc, need)
         self._remove_waiting(req)
         if restore:
             self.host_kv -= restore
@@ -933,6 +935,17 @@ class World:
         """``svc``'s backend was measured keeping freed memory (every replica alike):
         from now on what its requests held stays charged to it when they end."""
         self.caching_backends.add(svc.spec.addressed_as)
+
+    def _absorb_cache(self, svc: ServiceState, need: int) -> None:
+        """A request of a caching allocator runs first in the memory its cache holds:
+        its lease takes that much out of the service's RESERVED, so the cache is not
+        counted twice (once as cache, once as the lease) until the next sample."""
+        if not need or svc.spec.addressed_as not in self.caching_backends:
+            return
+        dev = svc.spec.device
+        cached = self.ledger.amount(dev, svc.name, Category.RESERVED)
+        if cached:
+            self.ledger.set_reserved(dev, svc.name, cached - min(cached, need))
 
     def _release_active(self, req: RequestState, svc: ServiceState) -> None:
         """Give back the activation lease of ``req``. A caching allocator keeps those
