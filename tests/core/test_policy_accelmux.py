@@ -779,6 +779,26 @@ def test_idle_on_demand_service_stays_loaded_while_memory_is_free() -> None:
     assert m.world.services["chat"].status is not ServiceStatus.LOADED  # gives way at once
 
 
+def test_work_held_back_for_voice_compute_does_not_expire_an_idle_on_demand_service() -> None:
+    # A camera frame waits while a voice request runs: it wants compute, not the chat
+    # model's memory, so the chat model keeps its own ttl (a reload would cost the next
+    # chat request its first-token deadline).
+    knobs = PolicyKnobs(prewarm=False, safety_factor=1.0, on_demand_ttl_s=20.0)
+    m = manager(
+        service("asr", cls=RT, residency=Residency.PINNED),
+        service("chat", profile=big(4), ttl_s=1800.0, residency=Residency.ON_DEMAND),
+        service("cam", cls=BG, profile=big(0.5)),
+        knobs=knobs,
+    )
+    up(m, "asr", "chat", "cam")
+    m.handle(arrive("v1", "asr"), 1.0)
+    out = m.handle(arrive("f1", "cam"), 1.0)
+    assert enqueued(out)["f1"].reason is Reason.HIGHER_CLASS_WAITING
+    assert unloads(m.handle(Tick(), 25.0)) == []  # past on_demand_ttl_s, f1 still waits
+    assert "f1" in m.world.waiting
+    assert m.world.services["chat"].status is ServiceStatus.LOADED
+
+
 @given(size_gib=st.integers(1, 11), idle_s=st.floats(0.0, 99.0))
 def test_idle_on_demand_service_leaves_before_its_ttl_only_when_memory_is_wanted(
     size_gib: int, idle_s: float

@@ -598,6 +598,9 @@ class AccelmuxPolicy:
         It is while a request waits for memory on its device, or when less than the
         realtime reserve plus the spare fraction of the budget is free (foreign
         processes, loads and prewarming then find room without an eviction first).
+        Work held back for a higher class (``higher_class_waiting``) does not want it:
+        it waits for compute, or for a higher class's request that itself waits for
+        memory (and counts here).
         """
         dev = svc.spec.device
         key = ("memory_wanted", dev)
@@ -606,9 +609,7 @@ class AccelmuxPolicy:
             return bool(hit[1])
         causes = world.waiting_causes  # waiting requests per (device, class, wait reason)
         wanted = any(
-            causes.get((dev, cls, Reason.NO_MEMORY))
-            or causes.get((dev, cls, Reason.HIGHER_CLASS_WAITING))
-            for cls in ServiceClass
+            causes.get((dev, cls, Reason.NO_MEMORY)) for cls in ServiceClass
         ) or world.ledger.available(dev) < self._realtime_reserve(world, dev)
         self._memo[key] = (world.version, int(wanted))
         return wanted
