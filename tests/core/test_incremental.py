@@ -125,7 +125,8 @@ class PlainAccelmux(AccelmuxPolicy):
     def _memory_wanted(self, world: World, svc: ServiceState) -> bool:
         dev = svc.spec.device
         if any(
-            r.wait_reason is Reason.NO_MEMORY and world.services[r.service].spec.device == dev
+            r.wait_reason in (Reason.NO_MEMORY, Reason.HIGHER_CLASS_WAITING)
+            and world.services[r.service].spec.device == dev
             for r in world.waiting.values()
         ):
             return True
@@ -155,7 +156,6 @@ class PlainAccelmux(AccelmuxPolicy):
             for s in world.services.values()
             if s.spec.device == device
             and s is not exclude
-            and s.spec.cls >= exclude.spec.cls
             and self._freeable_for_realtime(world, s)
         )
 

@@ -22,7 +22,7 @@ from accelmux.core.events import (
 )
 from accelmux.core.manager import Manager
 from accelmux.core.policies import make_policy, policy_names
-from accelmux.core.policies.accelmux import MAX_PREEMPTIONS, AccelmuxPolicy
+from accelmux.core.policies.accelmux import AccelmuxPolicy
 from accelmux.core.specs import MemoryProfile, PolicyKnobs, ServiceSpec, Window
 from accelmux.core.types import (
     GIB,
@@ -202,68 +202,6 @@ def test_without_reserve_lending_the_reserve_stays_free() -> None:
         PolicyKnobs(prewarm=False, safety_factor=1.0, disabled=frozenset({"reserve_lending"}))
     )
     assert enqueued(m.handle(arrive("i1", "ia"), 1.0))["i1"].reason is Reason.NO_MEMORY
-
-
-def test_only_memory_the_borrower_could_evict_is_lent_as_the_reserve() -> None:
-    # A batch load that fits only if the idle interactive service holds the reserve
-    # waits: voice would otherwise evict the chat model for the batch job's sake.
-    m = manager(
-        service("rt", cls=RT, profile=big(1, 3)),
-        service("idle", cls=IA, profile=big(3)),
-        service("emb", cls=BA, profile=big(5)),
-        knobs=EXACT,
-    )
-    up(m, "rt", "idle")  # 7.5 GiB free: 5 for the embedder leaves 2.5, short of 3
-    out = m.handle(arrive("e1", "emb"), 1.0)
-    assert loads(out) == []
-    assert enqueued(out)["e1"].reason is Reason.NO_MEMORY
-    # An interactive load in the same place may borrow it: it could evict "idle" itself.
-    m = manager(
-        service("rt", cls=RT, profile=big(1, 3)),
-        service("idle", cls=IA, profile=big(3)),
-        service("img", cls=IA, profile=big(5)),
-        knobs=EXACT,
-    )
-    up(m, "rt", "idle")
-    assert [x.service for x in loads(m.handle(arrive("i1", "img"), 1.0))] == ["img"]
-
-
-def _batch_at_its_bound(knobs: PolicyKnobs) -> list[Action]:
-    """A batch request preempted MAX_PREEMPTIONS times by an image service, then (1 GiB
-    taken by a foreign process) what happens when the image's last request ends: 7.5
-    GiB free, 5 of them for the batch request, 3 of them the realtime reserve."""
-    m = manager(
-        service("rt", cls=RT, profile=big(1, 3)),
-        service("emb", cls=BA, profile=big(1, 5), kind=ServiceKind.EMBEDDINGS),
-        service("ia", cls=IA, profile=big(1, 5)),
-        knobs=knobs,
-    )
-    up(m, "rt", "emb", "ia")
-    assert dispatched(m.handle(arrive("e1", "emb"), 1.0)) == ["e1"]
-    for k in range(MAX_PREEMPTIONS):
-        out = m.handle(arrive(f"i{k}", "ia"), 2.0 + k)
-        assert [p.request_id for p in of(Preempt, out)] == ["e1"]
-        if k < MAX_PREEMPTIONS - 1:
-            assert dispatched(m.handle(done(f"i{k}"), 2.5 + k)) == ["e1"]
-    world = m.world
-    held = {
-        s.name: world.ledger.service_total("gpu", s.name)
-        for s in world.services.values()
-        if s.holds_memory
-    }
-    used = sum(held.values()) + GIB
-    m.handle(MemorySampled(device="gpu", used_bytes=used, per_service=held), 4.6)
-    return m.handle(done(f"i{MAX_PREEMPTIONS - 1}"), 5.0)
-
-
-def test_a_request_at_its_preemption_bound_leaves_the_realtime_reserve_free() -> None:
-    # Once started it runs to its end: voice could not take its memory back.
-    out = _batch_at_its_bound(EXACT)
-    assert dispatched(out) == []
-    assert enqueued(out)["e1"].reason is Reason.NO_MEMORY
-    # Without the bound it could be preempted again, so it may overlap the reserve.
-    no_bound = replace(EXACT, disabled=frozenset({"preemption_bound"}))
-    assert dispatched(_batch_at_its_bound(no_bound)) == ["e1"]
 
 
 def test_realtime_running_or_waiting_holds_back_batch_work() -> None:

@@ -358,20 +358,6 @@ class AccelmuxPolicy:
             return req.pauses < MAX_PAUSES
         return self._may_preempt(world, req)
 
-    def _yields_once_started(self, world: World, svc: ServiceState, req: RequestState) -> bool:
-        """Whether realtime work could take back what ``req`` holds once it starts: its
-        service yields to realtime (:meth:`_yields_to_realtime`) and the request, started
-        (a dispatch counts an attempt, a resume does not), is still below its bound. A
-        request at its bound runs to the end: it must leave the realtime reserve free
-        like work that never yields, or voice would take its memory from an idle model
-        instead."""
-        if not self._yields_to_realtime(world, svc):
-            return False
-        if self._can_pause(world, svc):
-            return req.pauses < MAX_PAUSES
-        started = req.attempt + (0 if req.paused else 1)
-        return not world.knobs.enabled("preemption_bound") or started <= MAX_PREEMPTIONS
-
     def _stop(
         self, world: World, req: RequestState, cls: ServiceClass, requester: RequestState | None
     ) -> None:
@@ -870,31 +856,28 @@ class AccelmuxPolicy:
         return any(s.status is ServiceStatus.LOADING for s in world.services_by_device[device])
 
     def _quickly_freeable(self, world: World, device: str, exclude: ServiceState) -> int:
-        """Memory realtime work could take back on ``device`` by one unload each, from
-        services of ``exclude``'s class or below: what the services below realtime that
-        it may evict hold (``exclude`` aside; see :meth:`_freeable_for_realtime`).
+        """Memory realtime work could take back on ``device`` by one unload each: what
+        the services below realtime that it may evict hold (``exclude`` aside; see
+        :meth:`_freeable_for_realtime`).
 
         The realtime reserve only has to be free *or* this (``reserve_lending``): a voice
         request that finds it held by an idle chat model waits for one unload, not for
-        the model's next request to end. Only what the borrower could evict itself is
-        lent: a batch job must not leave voice to take its memory from an idle chat
-        model."""
-        cls = exclude.spec.cls
+        the model's next request to end."""
         total = self._cached(  # what it reads moves the device's epoch
             world,
-            (f"quickly_freeable/{cls.label}", device),
-            lambda: self._sum_quickly_freeable(world, device, cls),
+            ("quickly_freeable", device),
+            lambda: self._sum_quickly_freeable(world, device),
             stamp=world.epoch(device),
         )
         if self._freeable_for_realtime(world, exclude):
             total -= self.unload_frees(world, exclude)
         return max(0, total)
 
-    def _sum_quickly_freeable(self, world: World, device: str, cls: ServiceClass) -> int:
+    def _sum_quickly_freeable(self, world: World, device: str) -> int:
         return sum(
             self.unload_frees(world, s)
             for s in world.loaded_on(device)
-            if s.spec.cls >= cls and self._freeable_for_realtime(world, s)
+            if self._freeable_for_realtime(world, s)
         )
 
     def _freeable_for_realtime(self, world: World, svc: ServiceState) -> bool:
@@ -1904,7 +1887,7 @@ class AccelmuxPolicy:
         if before < 0 or not knobs.enabled("cache_reuse"):
             own_cache = 0  # under pressure the cache is what has to go, not reuse
         reserve = 0
-        if cls > ServiceClass.REALTIME and not self._yields_once_started(world, svc, req):
+        if cls > ServiceClass.REALTIME and not self._yields_to_realtime(world, svc):
             reserve = self._fitting_reserve(world, svc, need, limit)
         running = len(world.inflight)
         room_needed = max(0, need - own_cache) + reserve
@@ -2033,7 +2016,7 @@ class AccelmuxPolicy:
             # Resident memory must leave the realtime reserve free; the first request's
             # activations may overlap it when realtime work can preempt them.
             reserve = self._fitting_reserve(world, svc, need, limit)
-            if self._yields_once_started(world, svc, req):
+            if self._yields_to_realtime(world, svc):
                 reserve = max(0, reserve - active)
         if need > limit:  # what _max_possible says (nothing changed since it was asked)
             world.reject(
