@@ -125,8 +125,7 @@ class PlainAccelmux(AccelmuxPolicy):
     def _memory_wanted(self, world: World, svc: ServiceState) -> bool:
         dev = svc.spec.device
         if any(
-            r.wait_reason in (Reason.NO_MEMORY, Reason.HIGHER_CLASS_WAITING)
-            and world.services[r.service].spec.device == dev
+            r.wait_reason is Reason.NO_MEMORY and world.services[r.service].spec.device == dev
             for r in world.waiting.values()
         ):
             return True
