@@ -596,8 +596,8 @@ class AccelmuxPolicy:
         """Whether memory an idle on-demand service holds is wanted by something else.
 
         It is while a request waits for memory on its device, or when less than the
-        realtime reserve plus the spare fraction of the budget is free (foreign
-        processes, loads and prewarming then find room without an eviction first).
+        realtime reserve is free (a voice request then finds its room without an
+        eviction first).
         Work held back for a higher class (``higher_class_waiting``) does not want it:
         it waits for compute, or for a higher class's request that itself waits for
         memory (and counts here).
