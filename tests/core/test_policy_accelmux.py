@@ -1005,3 +1005,34 @@ def test_every_action_of_a_mixed_scenario_carries_a_reason() -> None:
     explained = m.explain("i1")
     assert explained is not None
     assert len(explained) >= 2
+
+
+def _voice_chain_beside_idle_chat(knobs: PolicyKnobs) -> Manager:
+    """ASR needs 2 GiB with 1 GiB free; the idle TTS (the next step of its chain) and
+    the idle chat model each cover the shortfall, and the TTS reloads for less."""
+    m = manager(
+        service("asr", cls=RT, profile=big(1, 2)),
+        service("tts", cls=RT, profile=big(1, 0.1), ttl_s=10.0),
+        service("chat", profile=big(6, 0.1)),
+        service("pin", profile=big(2.5, 0.1), residency=Residency.PINNED),
+        knobs=knobs,
+    )
+    up(m, "pin", "chat", "asr", "tts")
+    m.world.observe_load_seconds(m.world.services["chat"], 60.0)  # a slow reload
+    return m
+
+
+def test_a_realtime_request_evicts_a_lower_class_before_its_own() -> None:
+    m = _voice_chain_beside_idle_chat(EXACT)
+    out = m.handle(arrive("a1", "asr"), 1.0)
+    assert [u.service for u in unloads(out)] == ["chat"]
+    assert enqueued(out)["a1"].reason is Reason.NO_MEMORY
+    # the TTS stays for the rest of the chain, past its TTL too (only realtime evicts it)
+    out = m.handle(Tick(), 20.0)
+    assert unloads(out) == [] and "a1" in m.world.waiting
+    assert m.world.services["tts"].status is ServiceStatus.LOADED
+
+
+def test_without_lower_class_first_the_cheapest_victim_goes_whatever_its_class() -> None:
+    m = _voice_chain_beside_idle_chat(replace(EXACT, disabled=frozenset({"lower_class_first"})))
+    assert [u.service for u in unloads(m.handle(arrive("a1", "asr"), 1.0))] == ["tts"]

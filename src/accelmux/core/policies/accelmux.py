@@ -6,7 +6,8 @@ estimates. When a request does not fit, memory is taken back in order of cost:
 1. shrink elastic KV pools of other services down to their floor (or what is in use);
 2. preempt running batch/background requests of a lower class (they are re-queued);
 3. evict idle, unpinned services of an equal or lower class, lowest victim score first:
-   ``reload_seconds x P(reuse within horizon) x class_weight / bytes_freed``.
+   ``reload_seconds x P(reuse within horizon) x class_weight / bytes_freed``; the
+   requester's own class only when strictly lower classes cannot cover the shortfall.
 
 If that cannot make room the request waits (bounded queue, deadline) or is rejected with
 a reason and Retry-After. Realtime work is protected three times: requests are scheduled
@@ -109,6 +110,9 @@ HEURISTICS: dict[str, str] = {
     "victim_scoring": "evict by reload cost x reuse probability x class weight per byte "
     "(off: least recently used first)",
     "single_victim": "when one victim covers the shortfall, evict the cheapest such one",
+    "lower_class_first": "evict services of a strictly lower class than the requester's "
+    "while they can cover the shortfall; its own class goes only when they cannot (a voice "
+    "request must not evict the next step of its own chain while a chat model sits idle)",
     "cache_reuse": "a service's own allocator cache counts as room for its requests",
     "cache_accounting": "a service measured caching freed memory keeps what its finished "
     "or preempted requests held (charged to it until a sample or its unload): preempting "
@@ -128,7 +132,8 @@ HEURISTICS: dict[str, str] = {
     "idle_keep": "an idle service stays loaded past its ttl_s while its device has memory "
     "to spare: nothing waits for memory there and more than the realtime reserve plus the "
     "spare fraction of the budget is free (its TTL applies again once less is); a realtime "
-    "service, until realtime work waits for memory there",
+    "service always (only a realtime request evicts it, when lower classes cannot make "
+    "the room)",
     "restore": "a warm service evicted for a short on-demand job is restored as soon as "
     "that job's service goes idle",
     "prewarm": "load warm services at start and reload likely-reused evicted ones into "
@@ -631,8 +636,10 @@ class AccelmuxPolicy:
         dev = svc.spec.device
         if svc.spec.cls is ServiceClass.REALTIME:
             # Lower classes never take a voice service's memory (they cannot evict it
-            # either): past its TTL it goes only for realtime work waiting for memory.
-            return not world.waiting_causes.get((dev, ServiceClass.REALTIME, Reason.NO_MEMORY))
+            # either), and realtime work waiting for memory evicts what it needs itself,
+            # lower classes first (make_room): a TTL on top of that would also unload
+            # the next steps of the voice chain that is waiting.
+            return True
         key = ("memory_spare", dev)
         hit = self._memo.get(key)  # the same for every service of the device, per version
         if hit is not None and hit[0] == world.version:
@@ -1343,6 +1350,13 @@ class AccelmuxPolicy:
         # When one victim alone covers the shortfall, take the cheapest such one
         # (reload cost x reuse x class weight), not the best per byte: a few MB must
         # not cost the largest model.
+        if knobs.enabled("lower_class_first"):
+            lower = [s for s in victims if s.spec.cls > cls]
+            if (
+                len(lower) < len(victims)
+                and sum(self.unload_frees(world, s) for s in lower) >= short
+            ):
+                victims = lower
         single = [s for s in victims if self.unload_frees(world, s) >= short]
         if single and knobs.enabled("single_victim"):
             victims = [min(single, key=lambda s: (self.eviction_cost(world, s), s.name))]
