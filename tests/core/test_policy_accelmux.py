@@ -1036,3 +1036,27 @@ def test_a_realtime_request_evicts_a_lower_class_before_its_own() -> None:
 def test_without_lower_class_first_the_cheapest_victim_goes_whatever_its_class() -> None:
     m = _voice_chain_beside_idle_chat(replace(EXACT, disabled=frozenset({"lower_class_first"})))
     assert [u.service for u in unloads(m.handle(arrive("a1", "asr"), 1.0))] == ["tts"]
+
+
+def test_a_service_unloaded_by_its_ttl_is_not_prewarmed_back() -> None:
+    # evicted once for an image job, later loaded again on demand, then idle past its TTL
+    m = manager(
+        service("code", profile=big(4), ttl_s=100.0),
+        service("img", profile=big(9), residency=Residency.ON_DEMAND),
+        knobs=replace(EXACT_TTL, prewarm=True),
+    )
+    up(m, "code")
+    assert [u.service for u in unloads(m.handle(arrive("i1", "img"), 1.0))] == ["code"]
+    m.handle(Unloaded(service="code"), 2.0)
+    m.handle(loaded("img"), 3.0)
+    m.handle(done("i1"), 4.0)
+    for t in (10.0, 20.0, 30.0):  # code is used again: likely reused soon
+        out = m.handle(arrive(f"c{t:.0f}", "code"), t)
+        if unloads(out):
+            m.handle(Unloaded(service="img"), t)
+            m.handle(loaded("code"), t)
+        m.handle(done(f"c{t:.0f}"), t + 0.5)
+    assert m.world.services["code"].status is ServiceStatus.LOADED
+    assert [u.reason for u in unloads(m.handle(Tick(), 131.0))] == [Reason.TTL_EXPIRED]
+    assert loads(m.handle(Unloaded(service="code"), 132.0)) == []
+    assert loads(m.handle(Tick(), 133.0)) == []

@@ -1077,11 +1077,12 @@ class World:
                 self.host_weights[svc.name] = nbytes
         svc.tier = tier
         svc.slept_pool = svc.kv_pool if tier is Tier.SLEEPING else None
-        if reason is Reason.ADMIN:
-            # The operator asked it out: an earlier eviction no longer makes it a
-            # candidate for a prewarm, which would bring it straight back.
+        if reason in (Reason.ADMIN, Reason.TTL_EXPIRED):
+            # The operator asked it out, or it sat idle past its TTL: an earlier
+            # eviction no longer makes it a candidate for a prewarm, which would bring
+            # it straight back (a TTL unload followed by a reload in the same second).
             svc.last_evicted_at = None
-        elif reason not in (Reason.TTL_EXPIRED, Reason.RESIZE_AT_NEXT_LOAD):
+        elif reason is not Reason.RESIZE_AT_NEXT_LOAD:
             svc.evictions += 1
             svc.last_evicted_at = self.now
         self.set_status(svc, ServiceStatus.UNLOADING)
