@@ -1060,3 +1060,28 @@ def test_a_service_unloaded_by_its_ttl_is_not_prewarmed_back() -> None:
     assert [u.reason for u in unloads(m.handle(Tick(), 131.0))] == [Reason.TTL_EXPIRED]
     assert loads(m.handle(Unloaded(service="code"), 132.0)) == []
     assert loads(m.handle(Tick(), 133.0)) == []
+
+
+def _two_voice_models_and_chat(knobs: PolicyKnobs) -> Manager:
+    """Two loaded voice models with 3 GiB activations each (a full reserve of 6 GiB) and
+    9.5 GiB free: a 6 GiB chat load fits beside one activation, never beside both."""
+    m = manager(
+        service("asr", cls=RT, profile=big(1, 3)),
+        service("tts", cls=RT, profile=big(1, 3)),
+        chat(profile=big(5, 1)),
+        knobs=knobs,
+    )
+    up(m, "asr", "tts")
+    return m
+
+
+def test_a_load_the_full_reserve_would_keep_out_for_good_leaves_one_activation_free() -> None:
+    m = _two_voice_models_and_chat(EXACT)
+    assert [a.service for a in loads(m.handle(arrive("c1", "chat"), 1.0))] == ["chat"]
+
+
+def test_without_reserve_fallback_that_load_waits_for_memory() -> None:
+    m = _two_voice_models_and_chat(replace(EXACT, disabled=frozenset({"reserve_fallback"})))
+    out = m.handle(arrive("c1", "chat"), 1.0)
+    assert loads(out) == []
+    assert enqueued(out)["c1"].reason is Reason.NO_MEMORY
