@@ -633,13 +633,13 @@ class AccelmuxPolicy:
         exactly that (never "spare")."""
         if svc.keep_alive_s is not None:
             return False  # a client's keep_alive is kept to the second
-        dev = svc.spec.device
         if svc.spec.cls is ServiceClass.REALTIME:
             # Lower classes never take a voice service's memory (they cannot evict it
             # either), and realtime work waiting for memory evicts what it needs itself,
             # lower classes first (make_room): a TTL on top of that would also unload
             # the next steps of the voice chain that is waiting.
             return True
+        dev = svc.spec.device
         key = ("memory_spare", dev)
         hit = self._memo.get(key)  # the same for every service of the device, per version
         if hit is not None and hit[0] == world.version:
@@ -1347,9 +1347,6 @@ class AccelmuxPolicy:
             return False  # shrinks and unloads under way cover it
         freed = 0
         short = need - ledger.available(device) - pending
-        # When one victim alone covers the shortfall, take the cheapest such one
-        # (reload cost x reuse x class weight), not the best per byte: a few MB must
-        # not cost the largest model.
         if knobs.enabled("lower_class_first"):
             lower = [s for s in victims if s.spec.cls > cls]
             if (
@@ -1357,6 +1354,9 @@ class AccelmuxPolicy:
                 and sum(self.unload_frees(world, s) for s in lower) >= short
             ):
                 victims = lower
+        # When one victim alone covers the shortfall, take the cheapest such one
+        # (reload cost x reuse x class weight), not the best per byte: a few MB must
+        # not cost the largest model.
         single = [s for s in victims if self.unload_frees(world, s) >= short]
         if single and knobs.enabled("single_victim"):
             victims = [min(single, key=lambda s: (self.eviction_cost(world, s), s.name))]
