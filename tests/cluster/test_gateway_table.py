@@ -10,6 +10,7 @@ from typing import Any
 
 from aiohttp.test_utils import TestClient, TestServer
 from tests.cluster.test_parts import _snapshot
+from tests.waiting import async_wait_until
 
 from accelmux.cluster.gateway import build_cluster_app
 from accelmux.cluster.nodes import NodeTable
@@ -123,7 +124,9 @@ def test_a_request_in_flight_fails_at_once_when_its_node_goes_down() -> None:
         agent.answer = forever
         started = time.monotonic()
         request = asyncio.ensure_future(client.post("/v1/chat/completions", json=CHAT))
-        await asyncio.sleep(0.1)
+        await async_wait_until(
+            lambda: table.pending() == {("b", "chat"): 1}, message="the request to reach b"
+        )
         agent.hang_snapshot = True
         await table.refresh()  # the snapshot times out: b is down
         resp = await request
@@ -178,8 +181,9 @@ def test_requests_in_flight_spread_a_burst_before_the_next_snapshot() -> None:
 
         a.answer = held
         first = asyncio.ensure_future(client.post("/v1/chat/completions", json=CHAT))
-        await asyncio.sleep(0.1)
-        assert table.pending() == {("a", "chat"): 1}
+        await async_wait_until(
+            lambda: table.pending() == {("a", "chat"): 1}, message="the first request on a"
+        )
         second = await client.post("/v1/chat/completions", json=CHAT)
         assert second.headers["X-Accelmux-Node"] == "b"  # a's one slot is taken
         gate.set()

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.waiting import async_wait_until
 
 from accelmux.jobs import JobInputError, JobInputRetry, JobRunner, JobStore, RunnerSettings
 
@@ -195,8 +196,9 @@ def test_paused_outside_window_then_resumes(store: JobStore) -> None:
     async def scenario() -> None:
         runner = JobRunner(store, backend, settings=FAST, window_open=window_open)
         await runner.start()
-        await asyncio.sleep(0.2)
-        assert store.get_job(job.id).status == "paused"
+        await async_wait_until(
+            lambda: store.get_job(job.id).status == "paused", message="the job to pause"
+        )
         assert backend.calls == []
         assert len(asked) < 40  # workers poll every idle_poll_s; they do not spin
         window["embed"] = True

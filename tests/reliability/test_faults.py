@@ -15,6 +15,7 @@ from typing import Any
 
 from tests.live.support import Live, base_config, fake, live, run
 from tests.reliability.conftest import Record
+from tests.waiting import async_wait_until
 
 MIB = 1024**2
 MSG = [{"role": "user", "content": "hello"}]
@@ -36,6 +37,13 @@ def _svc(status: dict[str, Any], name: str) -> dict[str, Any]:
     return dict(next(s for s in status["services"] if s["name"] == name))
 
 
+async def _until_inflight(lv: Live, count: int, name: str = "chat") -> None:
+    await async_wait_until(
+        lambda: len(lv.runtime.manager.world.services[name].inflight) == count,
+        message=f"{count} {name} request(s) in flight",
+    )
+
+
 def _leases(status: dict[str, Any], name: str) -> int:
     return int(_svc(status, name)["ledger"]["active"])
 
@@ -54,9 +62,9 @@ def test_backend_crash_mid_request(tmp_path: Path, record: Record) -> None:
         async with live(cfg, tmp=tmp_path) as lv:
             answers = [await _chat(lv), await _chat(lv)]  # 1 and 2: before the fault
             crasher = asyncio.create_task(_chat(lv))  # 3 crashes the backend as it ends
-            await asyncio.sleep(0.2)
+            await _until_inflight(lv, 1)
             inflight = asyncio.create_task(_chat(lv))  # 4 runs beside it
-            await asyncio.sleep(0.2)
+            await _until_inflight(lv, 2)
             queued = [asyncio.create_task(_chat(lv)) for _ in range(2)]  # 5, 6 wait (2/2)
             answers += [await crasher, await inflight, *await asyncio.gather(*queued)]
             statuses = [a[0] for a in answers]

@@ -25,6 +25,7 @@ from tests.reliability.support import (
     wait_for,
     write_config,
 )
+from tests.waiting import async_wait_until
 
 from accelmux.backends import fake_outputs
 from accelmux.jobs.store import DB_NAME
@@ -300,16 +301,24 @@ def test_outside_window_a_job_waits_while_a_higher_class_waits(
 
         async with live(cfg, tmp=tmp_path, extras=True) as lv:
             chats = [asyncio.create_task(lv.post("/v1/chat/completions", json=msg))]
-            await asyncio.sleep(0.3)
+            await async_wait_until(
+                lambda: len(lv.runtime.manager.world.services["chat"].inflight) == 1,
+                message="the first chat request to run",
+            )
             chats.append(asyncio.create_task(lv.post("/v1/chat/completions", json=msg)))
-            await asyncio.sleep(0.3)  # the second chat request now waits (interactive)
-            assert lv.runtime.manager.world.waiting
+            await async_wait_until(  # the second chat request waits (interactive)
+                lambda: lv.runtime.manager.world.waiting, message="the second chat to wait"
+            )
             status, job, _ = await lv.post(
                 "/v1/jobs", json={"model": "embed", "inputs": [f"w{i}" for i in range(50)]}
             )
             assert status == 200
-            await asyncio.sleep(0.5)
-            _, held = await lv.get(f"/v1/jobs/{job['id']}")
+
+            async def job_paused() -> Any:
+                _, job_now = await lv.get(f"/v1/jobs/{job['id']}")
+                return job_now["status"] == "paused" and job_now
+
+            held = await async_wait_until(job_paused, message="the job to be held (paused)")
             assert held["status"] == "paused" and held["request_counts"]["completed"] == 0, held
             assert [a[0] for a in await asyncio.gather(*chats)] == [200, 200]
             for _ in range(200):  # the runner looks again within idle_poll_s (5 s)
