@@ -129,7 +129,7 @@ def test_resize_falls_back_to_a_reload_without_the_internals(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     need(LLAMA, SMOLLM2)
-    from accelmux.models import chat
+    from accelmux.models import llama_adapter
 
     def no_swap(llm: object, n_ctx: int, n_batch: int, n_ubatch: int) -> None:
         raise AttributeError("_ctx")
@@ -137,7 +137,7 @@ def test_resize_falls_back_to_a_reload_without_the_internals(
     model = LlamaTextModel.smollm2(n_ctx=512)
     model.load()
     try:
-        monkeypatch.setattr(chat, "_swap_context", no_swap)
+        monkeypatch.setattr(llama_adapter, "swap_context", no_swap)
         result = model.resize_context(1024)
         assert result.reloaded_weights
         assert "reloaded" in result.reason

@@ -7,7 +7,8 @@ Resizing the KV pool (:meth:`LlamaTextModel.resize_context`) keeps the loaded
 weights: llama.cpp separates ``llama_model`` (weights) from ``llama_context``
 (KV cache and compute buffers), and llama-cpp-python keeps them in
 ``Llama._model`` (``_internals.LlamaModel``) and ``Llama._ctx``
-(``_internals.LlamaContext``). A resize builds a new ``LlamaContext`` on the same
+(``_internals.LlamaContext``), reached through :mod:`accelmux.models.llama_adapter`
+like every private field of llama-cpp-python. A resize builds a new ``LlamaContext`` on the same
 ``LlamaModel`` with the new ``n_ctx``, frees the old one and replaces the
 per-context state ``Llama`` keeps (batch, token and logits buffers). If those
 internals are not there (another llama-cpp-python version), it falls back to a
@@ -23,7 +24,6 @@ stays in host memory, and they resume once the model is loaded again.
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import json
 import os
@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from accelmux.errors import BackendError, RequestError
-from accelmux.models._deps import require
+from accelmux.models import llama_adapter
 from accelmux.models.assets import gemma3_gguf_path, smollm2_gguf_path
 from accelmux.models.gguf_profile import (
     GgufProfile,
@@ -46,7 +46,7 @@ from accelmux.models.gguf_profile import (
 )
 from accelmux.models.llama_sequences import ContextGate, Started, TextStream
 
-LLAMA_PACKAGE = "llama-cpp-python"
+LLAMA_PACKAGE = llama_adapter.LLAMA_PACKAGE
 CHAT_ROLES = frozenset({"system", "user", "assistant"})
 
 #: One chat message in the OpenAI shape: ``{"role": ..., "content": ...}``.
@@ -181,11 +181,13 @@ class LlamaTextModel:
         fresh = self._new_llama(self._requested_n_ctx)
         file_id = _file_id(self.model_path)
         shell, self._resting = self._resting, None
-        if shell is not None and (file_id != self._file_id or shell._n_vocab != fresh._n_vocab):
+        if shell is not None and (
+            file_id != self._file_id or llama_adapter.n_vocab(shell) != llama_adapter.n_vocab(fresh)
+        ):
             self._gate.end_all(f"{self.name}'s model file changed while this stream was paused")
             shell = None
         if shell is not None:
-            _adopt(shell, fresh)
+            llama_adapter.adopt(shell, fresh)
             fresh = shell
         self._llm, self._file_id = fresh, file_id
         self._formatter = self._make_formatter(fresh)
@@ -213,7 +215,7 @@ class LlamaTextModel:
             kept = self._gate.rest(llm, why)
             llm.close()  # frees the context and the model
             if kept:
-                _strip(llm)
+                llama_adapter.strip(llm)
                 self._resting = llm
             del llm
             gc.collect()
@@ -230,7 +232,7 @@ class LlamaTextModel:
             self._resting = None
 
     def _new_llama(self, n_ctx: int) -> Any:
-        llama_cpp = require("llama_cpp", LLAMA_PACKAGE)
+        llama_cpp = llama_adapter.runtime()
         if not self.model_path.is_file():
             raise BackendError(f"model file {self.model_path} does not exist")
         try:
@@ -253,13 +255,12 @@ class LlamaTextModel:
         template = llm.metadata.get("tokenizer.chat_template")
         if not template:
             return None
-        chat_format = require("llama_cpp.llama_chat_format", LLAMA_PACKAGE)
-        model = llm._model
+        chat_format = llama_adapter.chat_format()
         eos_id, bos_id = int(llm.token_eos()), int(llm.token_bos())
         return chat_format.Jinja2ChatFormatter(
             template=template,
-            eos_token=model.token_get_text(eos_id) if eos_id >= 0 else "",
-            bos_token=model.token_get_text(bos_id) if bos_id >= 0 else "",
+            eos_token=llama_adapter.token_text(llm, eos_id) if eos_id >= 0 else "",
+            bos_token=llama_adapter.token_text(llm, bos_id) if bos_id >= 0 else "",
             stop_token_ids=[eos_id],
         )
 
@@ -518,7 +519,7 @@ class LlamaTextModel:
             old = int(llm.n_ctx())
             start = time.perf_counter()
             try:
-                _swap_context(llm, new, self._n_batch, self._n_ubatch)
+                llama_adapter.swap_context(llm, new, self._n_batch, self._n_ubatch)
             except (AttributeError, TypeError) as exc:
                 # The internals this relies on are missing: reload instead.
                 self._gate.end_all(f"{self.name} was reloaded while this stream was paused")
@@ -577,7 +578,7 @@ def json_grammar(schema: Mapping[str, Any]) -> Any:
     llama-cpp-python ships the converter (the port of llama.cpp's
     ``json_schema_to_grammar``); a schema it cannot convert is the client's error.
     """
-    llama_cpp = require("llama_cpp", LLAMA_PACKAGE)
+    llama_cpp = llama_adapter.runtime()
     try:
         return llama_cpp.LlamaGrammar.from_json_schema(json.dumps(schema), verbose=False)
     except _SCHEMA_ERRORS as exc:
@@ -609,54 +610,3 @@ def _check_messages(messages: Sequence[Message]) -> list[dict[str, str]]:
 def _file_id(path: Path) -> tuple[int, int]:
     st = path.stat()
     return (st.st_size, st.st_mtime_ns)
-
-
-def _strip(llm: Any) -> None:
-    """Drop what a closed ``Llama`` sizes per context (kept only for paused streams)."""
-    np = require("numpy", "numpy")
-    llm.input_ids = np.ndarray((0,), dtype=np.intc)
-    llm.scores = np.ndarray((0, llm._n_vocab), dtype=np.single)
-    llm._candidates = None
-    llm._sampler = None
-
-
-def _adopt(shell: Any, fresh: Any) -> None:
-    """Make ``shell`` (a closed ``Llama`` paused generators are bound to) the freshly
-    loaded ``fresh``: it takes all of ``fresh``'s state (model, context, batch, buffers),
-    and ``fresh`` is left with nothing to free. The generators read every field through
-    ``self``, so they find the new model and context."""
-    state = dict(fresh.__dict__)
-    fresh.__dict__.clear()
-    fresh._stack = contextlib.ExitStack()  # its __del__ closes nothing
-    shell.__dict__.clear()
-    shell.__dict__.update(state)
-
-
-def _swap_context(llm: Any, n_ctx: int, n_batch: int, n_ubatch: int) -> None:
-    """Replace ``llm``'s llama_context with a new one of ``n_ctx`` cells, same llama_model."""
-    internals = require("llama_cpp._internals", LLAMA_PACKAGE)
-    np = require("numpy", "numpy")
-    model = llm._model
-    params = llm.context_params
-    old_params = (params.n_ctx, params.n_batch, params.n_ubatch)
-    batch = min(n_ctx, n_batch)
-    params.n_ctx, params.n_batch, params.n_ubatch = n_ctx, batch, min(batch, n_ubatch)
-    try:
-        new_ctx = internals.LlamaContext(model=model, params=params, verbose=False)
-    except BaseException:
-        params.n_ctx, params.n_batch, params.n_ubatch = old_params
-        raise
-    new_batch = internals.LlamaBatch(n_tokens=batch, embd=0, n_seq_max=n_ctx, verbose=False)
-    old_ctx, old_batch = llm._ctx, llm._batch
-    llm._ctx, llm._batch = new_ctx, new_batch
-    old_ctx.close()
-    old_batch.close()
-    llm.n_batch = batch
-    llm._n_ctx = int(new_ctx.n_ctx())
-    llm.input_ids = np.ndarray((llm._n_ctx,), dtype=np.intc)
-    rows = llm._n_ctx if llm._logits_all else batch
-    llm.scores = np.ndarray((rows, llm._n_vocab), dtype=np.single)
-    llm.n_tokens = 0
-    llm._sampler = None
-    if hasattr(llm, "_requires_eval"):
-        llm._requires_eval = True

@@ -17,9 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from accelmux.models._deps import require
-
-LLAMA_PACKAGE = "llama-cpp-python"
+from accelmux.models import llama_adapter
 
 #: Samplers whose state is theirs alone (no pointer into a model or a context).
 SELF_CONTAINED = frozenset(
@@ -48,7 +46,7 @@ def sampler_names(sampler: Any) -> list[str]:
     chain = getattr(sampler, "sampler", None)
     if chain is None:
         return []
-    llama_cpp = require("llama_cpp", LLAMA_PACKAGE)
+    llama_cpp = llama_adapter.runtime()
     custom = {int(i) for i, _ in getattr(sampler, "custom_samplers", ())}
     names = []
     for i in range(int(llama_cpp.llama_sampler_chain_n(chain))):
@@ -77,10 +75,11 @@ def detach_grammar(sampler: Any, grammar: Any, n_prompt: int, llm: Any) -> Any:
     names = sampler_names(sampler)
     if [n for n in names if n not in SELF_CONTAINED] != ["grammar"]:
         return None
-    llama_cpp = require("llama_cpp", LLAMA_PACKAGE)
+    llama_cpp = llama_adapter.runtime()
     index = names.index("grammar")
     llama_cpp.llama_sampler_free(llama_cpp.llama_sampler_chain_remove(sampler.sampler, index))
-    return RegrownGrammar(sampler, index, str(grammar._grammar), str(grammar._root), n_prompt, llm)
+    text, root = llama_adapter.grammar_source(grammar)
+    return RegrownGrammar(sampler, index, text, root, n_prompt, llm)
 
 
 class RegrownGrammar:
@@ -116,10 +115,10 @@ class RegrownGrammar:
         """Put a new grammar sampler into the chain; ``llm._sampler`` becomes the chain."""
         if self.regrown:
             return self.chain
-        llama_cpp = require("llama_cpp", LLAMA_PACKAGE)
+        llama_cpp = llama_adapter.runtime()
         llm = self.llm
         grammar = llama_cpp.llama_sampler_init_grammar(
-            llm._model.vocab, self.grammar.encode("utf-8"), self.root.encode("utf-8")
+            llama_adapter.vocab(llm), self.grammar.encode("utf-8"), self.root.encode("utf-8")
         )
         if not grammar:
             raise RuntimeError("llama.cpp could not parse the grammar again")
@@ -132,6 +131,6 @@ class RegrownGrammar:
         ]
         for sampler in (grammar, *tail):
             llama_cpp.llama_sampler_chain_add(chain, sampler)
-        llm._sampler = self.chain
+        llama_adapter.set_sampler(llm, self.chain)
         self.regrown = True
         return self.chain

@@ -47,10 +47,9 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from accelmux.errors import BackendError, RequestError
-from accelmux.models._deps import require
+from accelmux.models import llama_adapter
 from accelmux.models.llama_samplers import detach_grammar, model_bound
 
-LLAMA_PACKAGE = "llama-cpp-python"
 SEQ = 0  # the one sequence llama-cpp-python uses
 
 
@@ -83,8 +82,8 @@ class SavedSequence:
 
 def save_sequence(llm: Any, epoch: int) -> SavedSequence:
     """Copy seq 0's KV cells and ``llm``'s per-sequence fields (the cells stay too)."""
-    llama_cpp = require("llama_cpp", LLAMA_PACKAGE)
-    ctx = llm._ctx.ctx
+    llama_cpp = llama_adapter.runtime()
+    ctx = llama_adapter.context_pointer(llm)
     size = int(llama_cpp.llama_state_seq_get_size(ctx, SEQ))
     buf = (ctypes.c_uint8 * max(1, size))()
     written = int(llama_cpp.llama_state_seq_get_data(ctx, buf, size, SEQ)) if size else 0
@@ -96,9 +95,9 @@ def save_sequence(llm: Any, epoch: int) -> SavedSequence:
         kv_bytes=written,
         input_ids=llm.input_ids[:n].copy(),
         n_tokens=n,
-        sampler=llm._sampler,
-        requires_eval=bool(getattr(llm, "_requires_eval", False)),
-        mirostat_mu=getattr(llm, "_mirostat_mu", None),
+        sampler=llama_adapter.sampler(llm),
+        requires_eval=llama_adapter.requires_eval(llm),
+        mirostat_mu=llama_adapter.mirostat_mu(llm),
         epoch=epoch,
     )
 
@@ -106,7 +105,7 @@ def save_sequence(llm: Any, epoch: int) -> SavedSequence:
 def restore_sequence(llm: Any, saved: SavedSequence) -> bool:
     """Put ``saved`` back into ``llm``'s context. True: its cells were restored; False:
     llama.cpp refused them and its tokens were evaluated again."""
-    llama_cpp = require("llama_cpp", LLAMA_PACKAGE)
+    llama_cpp = llama_adapter.runtime()
     n = saved.n_tokens
     if n >= int(llm.n_ctx()):
         raise BackendError(
@@ -114,21 +113,20 @@ def restore_sequence(llm: Any, saved: SavedSequence) -> bool:
         )
     restored = False
     if saved.kv_bytes:
-        got = llama_cpp.llama_state_seq_set_data(llm._ctx.ctx, saved.kv, saved.kv_bytes, SEQ)
+        pointer = llama_adapter.context_pointer(llm)
+        got = llama_cpp.llama_state_seq_set_data(pointer, saved.kv, saved.kv_bytes, SEQ)
         restored = int(got) == saved.kv_bytes
     if restored:
         llm.input_ids[:n] = saved.input_ids
         llm.n_tokens = n
     else:  # recompute: the same tokens at the same positions
-        llm._ctx.kv_cache_seq_rm(-1, 0, -1)
+        llama_adapter.clear_kv(llm)
         llm.n_tokens = 0
         if n:
             llm.eval([int(t) for t in saved.input_ids])
-    llm._sampler = saved.sampler
-    if hasattr(llm, "_requires_eval"):
-        llm._requires_eval = saved.requires_eval
-    if saved.mirostat_mu is not None:
-        llm._mirostat_mu = saved.mirostat_mu
+    llama_adapter.set_sampler(llm, saved.sampler)
+    llama_adapter.set_requires_eval(llm, saved.requires_eval)
+    llama_adapter.set_mirostat_mu(llm, saved.mirostat_mu)
     return restored
 
 
