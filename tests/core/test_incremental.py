@@ -318,6 +318,7 @@ crowded_ops = st.lists(
 )
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(
     spec=st.one_of(manager_specs(), two_device_specs(), crowded_specs()),
@@ -363,6 +364,7 @@ def assert_helpers_agree(policy: AccelmuxPolicy, world: World) -> None:
         assert policy._pending_free(world, dev) == plain._pending_free(world, dev)
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(
     spec=st.one_of(manager_specs(), two_device_specs()),
@@ -389,6 +391,7 @@ def test_each_kept_or_skipped_computation_equals_a_recomputation(
             assert_helpers_agree(policy, ex.manager.world)
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(
     spec=st.one_of(manager_specs(), two_device_specs()),
@@ -417,6 +420,7 @@ def test_kept_load_sizes_and_window_edges_equal_a_recomputation(
         assert policy._window_edges(world) == tuple(sorted(edges))
 
 
+@pytest.mark.slow
 @given(
     ratios=st.lists(
         st.tuples(st.integers(0, 10**9), st.integers(-5, 10**9)), min_size=0, max_size=40
@@ -539,6 +543,7 @@ def benchmark_stream(
     return lines
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("services", "devices", "seed"), [(10, 1, 1), (12, 1, 2), (30, 2, 3)])
 def test_crowded_benchmark_homes_decide_alike(
     services: int, devices: int, seed: int, monkeypatch: pytest.MonkeyPatch
@@ -576,6 +581,7 @@ class HeldAtRoundEnd(AccelmuxPolicy):
         }
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(spec=st.one_of(manager_specs(), two_device_specs()), ops=ops_strategy)
 def test_what_crashed_requests_held_is_what_they_held_at_the_last_round(

@@ -71,6 +71,7 @@ def assert_indexes_match(ex: FakeExecutor) -> None:
     assert world.next_deadline(ex.now) == expected
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", POLICIES)
 @SETTINGS
 @given(spec=st.one_of(manager_specs(), two_device_specs()), ops=ops_strategy)
@@ -80,6 +81,7 @@ def test_indexes_equal_a_recomputation(policy: str, spec: ManagerSpec, ops: list
     assert_indexes_match(ex)
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(
     spec=st.one_of(manager_specs(), two_device_specs()),

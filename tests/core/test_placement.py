@@ -242,6 +242,7 @@ def replicated_specs(draw: st.DrawFn) -> ManagerSpec:
     return replace(spec, devices=(first, second), services=tuple(services))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", POLICIES)
 @SETTINGS
 @given(spec=replicated_specs(), ops=ops_strategy)
@@ -260,6 +261,7 @@ def test_routed_requests_stay_in_their_group_and_the_indexes_hold(
     ex.manager.world.check_indexes()
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(spec=replicated_specs(), ops=ops_strategy)
 def test_routing_is_deterministic(spec: ManagerSpec, ops: list) -> None:

@@ -7,6 +7,7 @@ same sequence gives the same decisions.
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -283,6 +284,7 @@ def unload_everything(ex: FakeExecutor) -> None:
     raise AssertionError(f"services never unloaded: {ex.services}")
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(spec=manager_specs(), ops=ops_strategy)
 def test_invariants_hold_for_any_event_sequence(spec: ManagerSpec, ops: list[Op]) -> None:
@@ -313,6 +315,7 @@ def test_invariants_hold_for_any_event_sequence(spec: ManagerSpec, ops: list[Op]
     )
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(spec=manager_specs(), ops=ops_strategy)
 def test_same_events_give_same_decisions(spec: ManagerSpec, ops: list[Op]) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import replace
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -39,6 +40,7 @@ from .support import EXACT, arrive, done, manager, of, plain_profile, service, u
 from .test_properties import SETTINGS, Op, apply_op, manager_specs, ops_strategy, run
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(spec=manager_specs(), ops=ops_strategy)
 def test_no_request_is_preempted_more_than_the_bound(spec: ManagerSpec, ops: list[Op]) -> None:
@@ -188,6 +190,7 @@ def _waits_in_idle_memory(world: World) -> list[str]:
     return out
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(spec=manager_specs(), ops=NO_SAMPLE_OPS)
 def test_lower_classes_are_never_held_while_their_lease_fits_in_idle_memory(

@@ -28,6 +28,7 @@ def test_the_same_seed_gives_the_same_home() -> None:
     assert generate_home(1).data != generate_home(2).data
 
 
+@pytest.mark.slow
 def test_every_generated_home_is_a_valid_scenario() -> None:
     for seed in HOMES:
         home = generate_home(seed)

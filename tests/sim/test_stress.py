@@ -32,6 +32,7 @@ def test_stress_scenarios_validate(path: Path) -> None:
     assert load_scenario(path).manager_spec().services
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("name", "seed"),
     [("bias-2x", 1), ("bias-2x", 2), ("load-and-request-2x", 1), ("load-and-request-2x", 2)],

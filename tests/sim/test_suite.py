@@ -6,6 +6,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from accelmux.core.policies import policy_names
 from accelmux.core.policies.accelmux import HEURISTICS
 
@@ -97,6 +99,7 @@ def test_homes_behind_are_split_by_noise_and_by_baselines_that_overcommit() -> N
     assert t["behind_only_baselines_with_ooms_ahead"] == ["oom"]
 
 
+@pytest.mark.slow
 def test_the_ablation_runs_each_heuristic_off() -> None:
     report = bench_suite.run_ablation([5], 1, 240.0, workers=1)
     assert set(report["heuristics"]) == set(HEURISTICS)
