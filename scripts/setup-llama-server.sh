@@ -42,8 +42,10 @@ if [ -f "$LLAMA_BUILD/CMakeCache.txt" ]; then
 else
   log "building llama.cpp's libraries and llama-server with '$LLAMA_CMAKE_ARGS'"
 fi
-log "on $BUILD_JOBS jobs: the server and llama.cpp's common code take about 8 min on 2 idle cores"
-llama_configure -DLLAMA_BUILD_COMMON=ON -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON
+log "on $BUILD_JOBS jobs (the server and llama.cpp's common code compile here)"
+# No web UI (the tests use the API only): no npm build, no download of prebuilt assets.
+llama_configure -DLLAMA_BUILD_COMMON=ON -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON \
+  -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF
 llama_build llama-server
 built="$LLAMA_BUILD/bin/llama-server"
 if [ ! -x "$built" ]; then
