@@ -85,7 +85,7 @@ install_llama_cpp() {
   if [ -z "$wheel" ]; then
     llama_need_tools
     log "building llama.cpp's libraries from the llama-cpp-python $LLAMA_VERSION sources" \
-      "with '$LLAMA_CMAKE_ARGS' on $BUILD_JOBS jobs (about 5 min on 2 idle cores)"
+      "with '$LLAMA_CMAKE_ARGS' on $BUILD_JOBS jobs (once; kept in the cache)"
     llama_sources
     llama_configure
     llama_build llama
