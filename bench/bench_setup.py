@@ -229,7 +229,9 @@ def main() -> None:
     if args.measure in ("test", "all"):
         taken.update(measure_tests(args.timeout_s))
     measurements.update(taken)
-    results = {"targets_s": TARGETS, "measurements": measurements}
+    # the top-level meta is the latest measurement's (each measurement keeps its own)
+    latest = max(measurements.values(), key=lambda m: str(m["meta"]["date"]))
+    results = {"meta": latest["meta"], "targets_s": TARGETS, "measurements": measurements}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")
     for name, m in taken.items():

@@ -28,6 +28,18 @@ def _load_avg(values: list[float]) -> str:
     return " / ".join(f"{v:.1f}" for v in values)
 
 
+def _build_seconds(steps: list[dict[str, Any]]) -> float | None:
+    """Seconds from setup-models' "building llama.cpp's libraries" to its "packing" line."""
+    at = {}
+    for step in steps:
+        for key in ("building llama.cpp", "packing the llama-cpp-python"):
+            if step["step"].startswith(f"setup-models: {key}"):
+                at[key] = float(step["at_s"])
+    if len(at) < 2:
+        return None
+    return at["packing the llama-cpp-python"] - at["building llama.cpp"]
+
+
 def setup() -> str:
     report = _load()
     measured = report.get("measurements", {})
@@ -50,7 +62,9 @@ def setup() -> str:
             f"| {label} | {took} | {_minutes(targets[name])} | "
             f"{_load_avg(m['load_avg_before'])} | {_load_avg(m['load_avg_after'])} |"
         )
-        runs.append(f"{label}: {meta_line(m['meta'])}")
+        build = _build_seconds(m.get("steps", []))
+        built = f"; compiling llama.cpp took {_minutes(build)} of it" if build is not None else ""
+        runs.append(f"{label}: {meta_line(m['meta'])}{built}")
     lines += ["", *[f"- {run}" for run in runs]]
     lines.append("")
     lines.append(
