@@ -43,7 +43,7 @@ from meta import ROOT, run_meta
 RESULTS = ROOT / "bench" / "results" / "setup.json"
 #: The README's targets, in seconds (on 2 cores).
 TARGETS = {"first_run": 600, "first_test": 1800, "second_test": 720}
-STEP = re.compile(r"^== ?(?P<step>.+?)\s*$")
+STEP = re.compile(r"^== (?P<step>[^=].*?)\s*$")
 SUMMARY = re.compile(r"=+ (?P<summary>.*\b(passed|failed|error)\b.*?) =+$")
 
 
