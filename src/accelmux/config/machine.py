@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 
@@ -27,6 +28,9 @@ import psutil
 
 from accelmux.config.backends import ExternalBackendConfig
 from accelmux.config.schema import AccelmuxConfig
+
+#: What accelmux creates under ``server.data_dir``: owner-only (it holds job inputs, logs).
+PRIVATE_DIR = 0o700
 
 
 def _gib(n: int) -> str:
@@ -49,14 +53,43 @@ def data_dir_problem(path: Path) -> str | None:
 
 
 def prepare_data_dir(path: Path) -> str | None:
-    """Create ``path`` and write a file in it; why that failed (None: it works)."""
+    """Create ``path`` (owner-only, 0700) and write a file in it; why that failed (None:
+    it works)."""
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        path.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR)
         with tempfile.TemporaryFile(dir=path):
             pass
     except OSError as exc:
         return exc.strerror or str(exc)
     return None
+
+
+def tighten_data_dir(path: Path) -> tuple[list[str], list[str]]:
+    """Take group and other permissions off ``path`` and everything under it (what an
+    earlier version, or a copy, left readable: files become 0600, directories 0700).
+
+    Symbolic links are not followed. Returns the paths changed (relative to ``path``,
+    ``.`` for itself) and the problems, one per path that could not be changed.
+    """
+    changed: list[str] = []
+    problems: list[str] = []
+
+    def tighten(entry: Path) -> None:
+        try:
+            mode = stat.S_IMODE(entry.lstat().st_mode)
+            if stat.S_ISLNK(entry.lstat().st_mode) or not mode & 0o077:
+                return
+            os.chmod(entry, mode & 0o700)
+        except OSError as exc:
+            problems.append(f"{entry}: {exc.strerror or exc}")
+            return
+        changed.append(str(entry.relative_to(path)))
+
+    tighten(path)
+    for root, dirs, files in os.walk(path, onerror=lambda exc: problems.append(str(exc))):
+        for name in (*dirs, *files):
+            tighten(Path(root) / name)
+    return changed, problems
 
 
 def executable_problem(backend: ExternalBackendConfig) -> str | None:
