@@ -35,8 +35,7 @@ def test_keep_alive_zero_never_unloads_a_pinned_service_nor_outlives_the_pin(
     config["services"]["chat"].update(residency="pinned", ttl_s=TTL_S)
 
     async def body() -> None:
-        async with live(config, tmp=tmp_path) as lv:
-            client = ollama.AsyncClient(host=lv.url)
+        async with live(config, tmp=tmp_path) as lv, ollama.AsyncClient(host=lv.url) as client:
             svc = lv.runtime.manager.world.services["chat"]
             await settle(lambda: svc.status is ServiceStatus.LOADED)
 
@@ -71,8 +70,7 @@ def test_keep_alive_zero_never_unloads_a_pinned_service_nor_outlives_the_pin(
 
 def test_keep_alive_zero_never_unloads_a_service_the_operator_loaded(tmp_path: Path) -> None:
     async def body() -> None:
-        async with live(tmp=tmp_path) as lv:
-            client = ollama.AsyncClient(host=lv.url)
+        async with live(tmp=tmp_path) as lv, ollama.AsyncClient(host=lv.url) as client:
             svc = lv.runtime.manager.world.services["chat"]
             status, out, _ = await lv.post("/admin/services/chat/load")
             assert status == 200, out

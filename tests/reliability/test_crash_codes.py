@@ -43,8 +43,10 @@ def test_an_external_server_dying_mid_request_answers_backend_crashed(
     cfg = base_config(ext=_external())
     path = write_config(cfg, tmp_path)
     pid_file = tmp_path / "data" / "run" / "ext.pid"
-    with running(path, timeout=60) as d:
-        client = openai.OpenAI(base_url=d.url + "/v1", api_key="unused", max_retries=0)
+    with (
+        running(path, timeout=60) as d,
+        openai.OpenAI(base_url=d.url + "/v1", api_key="unused", max_retries=0) as client,
+    ):
         caught: list[BaseException] = []
         chunks: list[Any] = []
 
