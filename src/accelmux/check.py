@@ -1,9 +1,12 @@
 """``accelmux check FILE``: validate a config (or a scenario) and list every problem.
 
-A config is also checked against this machine (:mod:`accelmux.config.machine`): a
-``server.data_dir`` it cannot write, an external backend's program that is not there, a
-host device's budget above the RAM. A service without a ``backend`` is a problem too:
-``serve`` refuses it (such a config is for the simulator only).
+A config is also checked against this machine (:mod:`accelmux.config.machine`), for
+what ``serve`` would refuse: a ``server.data_dir`` it cannot create or write (tried as
+serve does, then removed again), an external backend's program that is not there, an
+``nvidia`` device left to detection that NVML does not have, a non-loopback host
+without API keys, a host device's budget above the RAM. A service without a
+``backend`` is a problem too: ``serve`` refuses it (such a config is for the simulator
+only).
 
 An old spelling the config still reads (:mod:`accelmux.config.deprecated`) is named on
 stderr with its key path and the new spelling; the file is still OK.

@@ -864,6 +864,20 @@ def test_keep_alive_zero_unloads_as_soon_as_idle() -> None:
     assert (u.service, u.reason) == ("img", Reason.TTL_EXPIRED)
 
 
+def test_keep_alive_on_a_pinned_service_is_not_remembered_after_the_unpin() -> None:
+    m = manager(service("img", ttl_s=100.0), knobs=EXACT_TTL)
+    up(m, "img")
+    m.handle(keep_alive("r0", "img", 500.0), 0.5)  # asked before the pin: dropped by it
+    m.handle(done("r0"), 0.6)
+    m.handle(AdminCommand(service="img", op="pin"), 0.7)
+    m.handle(keep_alive("r1", "img", 0.0), 1.0)
+    assert unloads(m.handle(done("r1"), 2.0)) == []  # the operator's pin wins
+    m.handle(AdminCommand(service="img", op="unpin"), 3.0)
+    assert m.world.services["img"].keep_alive_s is None  # the config's ttl_s again
+    assert unloads(m.handle(Tick(), 4.0)) == []
+    assert [u.reason for u in unloads(m.handle(Tick(), 103.0))] == [Reason.TTL_EXPIRED]
+
+
 def test_keep_alive_forever_never_expires_but_can_be_evicted_for_memory() -> None:
     m = manager(
         service("img", profile=big(6), ttl_s=10.0),

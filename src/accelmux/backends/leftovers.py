@@ -57,8 +57,10 @@ class PidFile:
             return
         try:
             started = psutil.Process(pid).create_time()
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.path.write_text(f"{pid} {started}\n")
+            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w", encoding="ascii") as out:
+                out.write(f"{pid} {started}\n")
         except (OSError, psutil.Error):
             pass
 

@@ -28,7 +28,7 @@ class ServerLog:
         if self.path is None or self._file is not None:
             return
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             self._file = os.fdopen(fd, "a", encoding="utf-8", buffering=1)
         except OSError:

@@ -89,7 +89,8 @@ class SlotParking:
     # ---- lifecycle --------------------------------------------------------------------
     def prepare(self, *, first: bool) -> None:
         """Make the directory; at the first start, remove what an earlier run left."""
-        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.directory.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.directory.mkdir(exist_ok=True, mode=0o700)
         if first:
             for leftover in self.directory.glob("*.bin"):
                 with contextlib.suppress(OSError):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import threading
 from pathlib import Path
@@ -32,7 +33,9 @@ class EventStore:
 
     @classmethod
     def open(cls, path: Path) -> EventStore:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # owner-only; SQLite gives the -wal and -shm files the database file's mode
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
         conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=NORMAL")

@@ -41,7 +41,8 @@ class RequestArrived:
     ``keep_alive_s`` is the client's wish for how long the service stays loaded once
     idle (Ollama's ``keep_alive``; ``math.inf``: until memory is needed, ``0``: unload
     when idle). It replaces the service's ``ttl_s`` until the next request says
-    otherwise; ``None`` (every OpenAI request) restores ``ttl_s``.
+    otherwise; ``None`` (every OpenAI request) restores ``ttl_s``. It is ignored, and
+    not remembered, while the operator keeps the service (pinned or loaded).
     """
 
     request_id: str

@@ -336,7 +336,10 @@ class Manager:
             pausable=event.pausable,
         )
         w.add_waiting(req)
-        svc.keep_alive_s = event.keep_alive_s
+        # The operator's pin (or load) wins over a client's keep_alive, which is not kept
+        # for after the unpin either: then the service's ttl_s applies again.
+        kept = svc.pinned or svc.admin_wants_loaded
+        svc.keep_alive_s = None if kept else event.keep_alive_s
         horizon = w.knobs.reuse_horizon_s
         svc.rate = svc.rate * math.exp(-max(0.0, w.now - svc.rate_at) / horizon) + 1.0 / horizon
         svc.rate_at = w.now

@@ -422,9 +422,14 @@ class World:
         return self._unloading_by_device[device]
 
     def set_kept(self, svc: ServiceState, *, pinned: bool, admin_wants_loaded: bool) -> None:
+        """The operator's pin and load; either one drops a client's keep_alive, so what a
+        client asked before the pin does not take effect after it."""
         svc.pinned = pinned
         svc.admin_wants_loaded = admin_wants_loaded
-        self.kept.update(svc, pinned or admin_wants_loaded)
+        kept = pinned or admin_wants_loaded
+        if kept:
+            svc.keep_alive_s = None
+        self.kept.update(svc, kept)
 
     def forget_eviction(self, svc: ServiceState) -> None:
         """The evicted service was restored: it no longer counts as evicted."""

@@ -2,6 +2,11 @@
 
 Status mapping of the Manager's reasons: ``too_large`` -> 413, ``queue_full`` -> 429,
 ``backend_crashed`` -> 502, every other refusal -> 503; 429/503 carry ``Retry-After``.
+
+A backend's own failure (:func:`backend_failure`): ``backend_crashed`` (502) when its
+process died or its model raised with the request in flight (the name the decision log
+gives it, whichever the daemon noticed first: the broken request or the process exit),
+``backend_error`` (502) for any other failure (a timeout, a load that failed).
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import math
 from aiohttp import web
 
 from accelmux.core.types import Reason
+from accelmux.errors import BackendCrashedError, BackendError
 from accelmux.runtime.requests import Refused
 
 
@@ -60,6 +66,12 @@ class ApiError(Exception):
 
 def bad_field(param: str, message: str) -> ApiError:
     return ApiError(400, message, param=param, code="invalid_value")
+
+
+def backend_failure(exc: BackendError) -> ApiError:
+    """The HTTP form of a backend's failure (502, ``Retry-After``)."""
+    code = Reason.BACKEND_CRASHED.value if isinstance(exc, BackendCrashedError) else "backend_error"
+    return ApiError(502, str(exc), type="backend_error", code=code, retry_after_s=1)
 
 
 def refusal(exc: Refused, param: str | None = None) -> ApiError:

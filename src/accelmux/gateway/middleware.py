@@ -1,6 +1,7 @@
 """Middlewares: OpenAI-shaped errors, body size limit, bearer-key checks, rate limits.
 
-``/v1/*`` needs one of ``server.api_keys`` when any is set. ``/admin/*`` and ``/metrics``
+``/v1/*`` needs one of ``server.api_keys`` when any is set (``/v1/jobs`` takes
+``server.admin_key`` too: it sees every key's jobs). ``/admin/*`` and ``/metrics``
 need ``server.admin_key`` when set; without it they are open only while the daemon
 listens on a loopback address (otherwise 403). Off loopback the dashboard (``/``,
 ``/dashboard/*``) is refused the same way; a browser may give the admin key as the
@@ -48,6 +49,8 @@ HTTP_ERROR_CODES = {
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 PUBLIC = ("/health", "/openapi.json")
+#: Where the admin key is accepted as an API key (it sees every owner's jobs).
+ADMIN_ALSO = ("/v1/jobs",)
 #: Inference paths (OpenAI's and Ollama's): API keys and rate limits apply to them.
 INFERENCE = ("/v1/", "/api/")
 
@@ -87,6 +90,11 @@ def _admin_token(request: web.Request) -> bytes | None:
 
 def _is_dashboard(path: str) -> bool:
     return path in ("/", "/dashboard") or path.startswith("/dashboard/")
+
+
+def _admin_also(path: str, admin_keys: list[bytes]) -> list[bytes]:
+    on_jobs = any(path == p or path.startswith(p + "/") for p in ADMIN_ALSO)
+    return admin_keys if on_jobs else []
 
 
 def _matches(token: bytes | None, keys: list[bytes]) -> bool:
@@ -146,7 +154,9 @@ def auth_middleware(cfg: ServerConfig, host: str) -> Middleware:
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         path = request.path
         if path.startswith(INFERENCE):
-            if api_keys and not _matches(_bearer(request), api_keys):
+            if api_keys and not _matches(
+                _bearer(request), api_keys + _admin_also(path, admin_keys)
+            ):
                 raise ApiError(
                     401,
                     "missing or invalid API key (Authorization: Bearer ...)",

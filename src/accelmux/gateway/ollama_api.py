@@ -12,10 +12,14 @@ sets how long the service stays loaded once idle, replacing its ``ttl_s`` until 
 request says otherwise (see :class:`~accelmux.core.events.RequestArrived`). ``0`` unloads
 it as soon as it is idle. Memory still wins: a service kept alive can be evicted for a
 request of an equal or higher class, as any warm service. An operator's pin (or load)
-always wins over ``keep_alive``, and an on-demand service never stays longer than its
-short TTL. A request without ``keep_alive`` restores ``ttl_s``. An empty prompt (or no
-messages) only loads the model (``done_reason: load``), or with ``keep_alive: 0``
-unloads it (``unload``), as ``ollama run`` and ``ollama stop`` do.
+always wins over ``keep_alive``: a client's value is ignored while the service is pinned
+or loaded through ``/admin``, and not remembered for after the unpin (its ``ttl_s``
+applies then). An on-demand service never stays longer than its short TTL. A request
+without ``keep_alive`` restores ``ttl_s``. An empty prompt (or no messages) only loads
+the model (``done_reason: load``), or with ``keep_alive: 0`` unloads it (``unload``), as
+``ollama run`` and ``ollama stop`` do; on a service the operator keeps loaded that
+unload is refused (409 ``service_pinned``, as ``/admin/.../unload`` of a pinned
+service), so no answer claims an unload that does not happen.
 
 Errors come as ``{"error": "..."}`` with the status accelmux would give the OpenAI
 request (400 bad field, 404 unknown model, 413, 429/503 with Retry-After, 502).
@@ -166,6 +170,15 @@ async def _warm(
     rt = request.app[RUNTIME]
     unload = keep_alive_s == 0
     state = rt.service_state(service)
+    if unload and (state.pinned or state.admin_wants_loaded):
+        why = "pinned" if state.pinned else "loaded by the operator"
+        raise ApiError(
+            409,
+            f"model '{model}' is {why} and stays loaded: keep_alive 0 does not unload it "
+            f"(unpin it first: POST /admin/services/{service}/unpin)",
+            param="keep_alive",
+            code="service_pinned",
+        )
     if not (unload and state.status in (ServiceStatus.UNLOADED, ServiceStatus.CRASHED)):
 
         async def attempt(d: Dispatch) -> tuple[bool, int | None]:

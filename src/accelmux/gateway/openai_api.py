@@ -18,7 +18,7 @@ from accelmux.backends.base import BackendRequest, BackendResponse
 from accelmux.core.actions import Dispatch
 from accelmux.errors import BackendError
 from accelmux.gateway import parse
-from accelmux.gateway.errors import ApiError, refusal
+from accelmux.gateway.errors import ApiError, backend_failure, refusal
 from accelmux.gateway.keys import RUNTIME, request_id
 from accelmux.gateway.relay import Relay
 from accelmux.runtime.daemon import Runtime
@@ -135,8 +135,8 @@ async def serve(
         err = refusal(exc, parse.DEMAND_PARAM[parsed.endpoint])
         return await _fail(request, stream_resp, err, rid, relay)
     except BackendError as exc:
-        outcome = "backend_error"
-        err = ApiError(502, str(exc), type="backend_error", code="backend_error", retry_after_s=1)
+        err = backend_failure(exc)
+        outcome = str(err.code)
         return await _fail(request, stream_resp, err, rid, relay)
     finally:
         metrics.latency.labels(service, parsed.endpoint, outcome).observe(

@@ -228,14 +228,16 @@ def ollama_paths() -> dict[str, Any]:
     return {
         "/api/chat": {
             "post": _ollama_op(
-                "Ollama chat (NDJSON unless stream=false); no messages: load or unload.",
+                "Ollama chat (NDJSON unless stream=false); no messages: load or unload (409 "
+                "service_pinned when the operator keeps it loaded).",
                 "/api/chat",
                 stream=True,
             )
         },
         "/api/generate": {
             "post": _ollama_op(
-                "Ollama generate (NDJSON unless stream=false); empty prompt: load or unload.",
+                "Ollama generate (NDJSON unless stream=false); empty prompt: load or unload (409 "
+                "service_pinned when the operator keeps it loaded).",
                 "/api/generate",
                 stream=True,
             )
@@ -439,7 +441,7 @@ def document() -> dict[str, Any]:
                 },
             },
             "get": {
-                "summary": "Jobs, newest first.",
+                "summary": "The caller's jobs (every job with the admin key), newest first.",
                 "parameters": [
                     {"name": "limit", "in": "query", "schema": {"type": "integer"}},
                     {"name": "after", "in": "query", "schema": {"type": "string"}},
@@ -457,7 +459,7 @@ def document() -> dict[str, Any]:
                 "parameters": [_JOB_ID],
                 "responses": {
                     "200": {"description": "OK", "content": {"application/json": _OBJ}},
-                    "404": _err("No such job."),
+                    "404": _err("No such job (or another key's)."),
                     "401": ERRORS["401"],
                 },
             }
@@ -473,7 +475,7 @@ def document() -> dict[str, Any]:
                 "responses": {
                     "200": {"description": "OK", "content": {"application/json": _OBJ}},
                     "400": ERRORS["400"],
-                    "404": _err("No such job."),
+                    "404": _err("No such job (or another key's)."),
                     "401": ERRORS["401"],
                 },
             }
@@ -484,7 +486,7 @@ def document() -> dict[str, Any]:
                 "parameters": [_JOB_ID],
                 "responses": {
                     "200": {"description": "OK", "content": {"application/json": _OBJ}},
-                    "404": _err("No such job."),
+                    "404": _err("No such job (or another key's)."),
                     "409": _err("The job already finished."),
                     "401": ERRORS["401"],
                 },

@@ -21,7 +21,7 @@ Every transcription and synthesis is admitted by the Manager through
 stack): it queues, waits, is preempted or refused like any HTTP request. Every failure is
 an ``error`` event with a text and a code (the policy's reason, ``no_asr_service``,
 ``no_tts_service``, ``bad_audio_format``, ``unknown_voice``, ``invalid_request``,
-``backend_error``, ``internal_error``); the connection stays open.
+``backend_crashed``, ``backend_error``, ``internal_error``); the connection stays open.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ from accelmux.config.wyoming import WyomingConfig
 from accelmux.core.actions import Dispatch
 from accelmux.core.events import Demand
 from accelmux.core.types import ServiceKind, ServiceStatus
-from accelmux.errors import BackendError
+from accelmux.errors import BackendCrashedError, BackendError
 from accelmux.gateway.middleware import is_loopback
 from accelmux.runtime.daemon import Runtime
 from accelmux.runtime.requests import Refused
@@ -486,8 +486,8 @@ class VoiceHandler(AsyncEventHandler):
             outcome = exc.reason.value
             raise refusal_error(exc) from None
         except BackendError as exc:
-            outcome = "backend_error"
-            raise WyomingError("backend_error", f"the {service} backend failed: {exc}") from None
+            outcome = "backend_crashed" if isinstance(exc, BackendCrashedError) else "backend_error"
+            raise WyomingError(outcome, f"the {service} backend failed: {exc}") from None
         finally:
             rt.metrics.latency.labels(service, "wyoming:" + endpoint, outcome).observe(
                 time.perf_counter() - started

@@ -7,7 +7,8 @@
     accelmux jobs cancel ID
 
 ``--url`` (default ``$ACCELMUX_URL`` or http://127.0.0.1:8600) names the daemon;
-``--api-key`` (default ``$ACCELMUX_API_KEY``) is sent as a bearer token.
+``--api-key`` (default ``$ACCELMUX_API_KEY``) is sent as a bearer token: with API keys
+configured a key sees only the jobs it submitted; the admin key sees every job.
 """
 
 from __future__ import annotations
@@ -50,7 +51,8 @@ def register(sub: Any) -> None:
         q.add_argument(
             "--api-key",
             default=os.environ.get("ACCELMUX_API_KEY"),
-            help="bearer key (default $ACCELMUX_API_KEY)",
+            help="bearer key (default $ACCELMUX_API_KEY): an API key sees the jobs it "
+            "submitted, the admin key every job",
         )
         return q
 

@@ -45,21 +45,32 @@ window and the Manager decide when work runs), results are paged JSON by input i
 instead of an output file, statuses differ (no validating/finalizing/expired; ``paused``
 added), and cancel takes effect at once (inputs already in flight finish and keep their
 results). Authentication is the gateway's, as for every ``/v1`` route.
+
+Owners: with ``server.api_keys`` set, a job belongs to the key that submitted it (the
+store keeps the SHA-256 of the key, never the key). A key lists, reads, pages and
+cancels only its own jobs; another key's job answers 404 ``job_not_found``, exactly as a
+job that does not exist, so ids do not leak. ``server.admin_key``, sent as a Bearer
+token, is accepted on ``/v1/jobs`` (and nowhere else under ``/v1``) and sees every job.
+Without API keys jobs have no owner and every caller sees every job. Jobs stored before
+owners existed have none: with API keys set, only the admin key sees them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import json
 import logging
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 from pydantic import ValidationError
 
 from accelmux.jobs.errors import JobNotFoundError, JobStateError
-from accelmux.jobs.model import Job, ResultItem
+from accelmux.jobs.model import EVERYONE, Job, ResultItem, Viewer
 from accelmux.jobs.runner import JobRunner
 from accelmux.jobs.store import JobStore
 from accelmux.jobs.submit_request import (
@@ -117,6 +128,30 @@ class ApiError(Exception):
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
+def key_digest(key: str) -> str:
+    """What the store keeps of an API key: its SHA-256, hex."""
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobAccess:
+    """The gateway's keys, to tell whose jobs a request may see (``server.api_keys``,
+    ``server.admin_key``); the gateway has checked the key before a handler runs."""
+
+    api_keys: Sequence[str] = ()
+    admin_key: str | None = None
+
+    def viewer(self, request: web.Request) -> Viewer:
+        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+        key = token.strip() if scheme.lower() == "bearer" and token.strip() else None
+        admin = (self.admin_key or "").encode()
+        if key is not None and admin and hmac.compare_digest(key.encode(), admin):
+            return Viewer(owner=key_digest(key), sees_all=True)
+        if not self.api_keys:
+            return EVERYONE  # no keys: jobs have no owner, everyone sees them
+        return Viewer(owner=None if key is None else key_digest(key))
+
+
 def _answers_errors(handler: Handler) -> Handler:
     async def wrapped(request: web.Request) -> web.StreamResponse:
         try:
@@ -148,13 +183,15 @@ def job_routes(
     prefix: str = "/v1/jobs",
     limits: JobLimits | None = None,
     models: Callable[[], Collection[str]] | None = None,
+    access: JobAccess | None = None,
 ) -> list[web.RouteDef]:
     """The route table of the jobs API; ``app.add_routes(job_routes(store, runner))``.
 
     ``models`` (optional) lists the model/service names a job may target; without it any
-    name is accepted. ``runner`` is woken when a job is created or cancelled.
+    name is accepted. ``runner`` is woken when a job is created or cancelled. ``access``
+    (the gateway's keys) decides whose jobs a caller sees; without it, no keys.
     """
-    api = _JobsApi(store, runner, limits or JobLimits(), models)
+    api = _JobsApi(store, runner, limits or JobLimits(), models, access or JobAccess())
     return [
         web.post(prefix, _answers_errors(api.create)),
         web.get(prefix, _answers_errors(api.list_jobs)),
@@ -171,11 +208,13 @@ class _JobsApi:
         runner: JobRunner | None,
         limits: JobLimits,
         models: Callable[[], Collection[str]] | None,
+        access: JobAccess,
     ) -> None:
         self.store = store
         self.runner = runner
         self.limits = limits
         self.models = models
+        self.access = access
 
     def _wake(self) -> None:
         if self.runner is not None:
@@ -198,8 +237,9 @@ class _JobsApi:
             )
         model = self._check_model(submit.model)
         metadata = submit.metadata or {}
+        owner = self.access.viewer(request).owner if self.access.api_keys else None
         job = await asyncio.to_thread(
-            self.store.create_job, model, submit.inputs, metadata=metadata
+            self.store.create_job, model, submit.inputs, metadata=metadata, owner=owner
         )
         self._wake()
         return web.json_response(job_json(job))
@@ -221,7 +261,9 @@ class _JobsApi:
         limit = _int_query(request, "limit", 20, 1, self.limits.max_list)
         after = request.query.get("after") or None
         try:
-            jobs, has_more = await asyncio.to_thread(self.store.list_jobs, limit=limit, after=after)
+            jobs, has_more = await asyncio.to_thread(
+                self.store.list_jobs, limit=limit, after=after, viewer=self.access.viewer(request)
+            )
         except JobNotFoundError as exc:
             raise ApiError(400, str(exc), param="after", code="invalid_value") from None
         body = {
@@ -234,15 +276,21 @@ class _JobsApi:
         return web.json_response(body)
 
     async def show(self, request: web.Request) -> web.StreamResponse:
-        job = await asyncio.to_thread(self.store.get_job, request.match_info["job_id"])
+        viewer = self.access.viewer(request)
+        job = await asyncio.to_thread(
+            self.store.get_job, request.match_info["job_id"], viewer=viewer
+        )
         return web.json_response(job_json(job))
 
     async def results(self, request: web.Request) -> web.StreamResponse:
         job_id = request.match_info["job_id"]
         offset = _int_query(request, "offset", 0, 0, None)
         limit = _int_query(request, "limit", self.limits.default_page, 1, self.limits.max_page)
-        job = await asyncio.to_thread(self.store.get_job, job_id)
-        items = await asyncio.to_thread(self.store.results, job_id, offset=offset, limit=limit)
+        viewer = self.access.viewer(request)
+        job = await asyncio.to_thread(self.store.get_job, job_id, viewer=viewer)
+        items = await asyncio.to_thread(
+            self.store.results, job_id, offset=offset, limit=limit, viewer=viewer
+        )
         end = offset + len(items)
         has_more = end < job.counts.total
         body = {
@@ -258,7 +306,10 @@ class _JobsApi:
         return web.json_response(body)
 
     async def cancel(self, request: web.Request) -> web.StreamResponse:
-        job = await asyncio.to_thread(self.store.cancel_job, request.match_info["job_id"])
+        viewer = self.access.viewer(request)
+        job = await asyncio.to_thread(
+            self.store.cancel_job, request.match_info["job_id"], viewer=viewer
+        )
         self._wake()
         return web.json_response(job_json(job))
 

@@ -43,6 +43,22 @@ class Job:
     counts: JobCounts
     metadata: dict[str, str] = field(default_factory=dict)
     error: str | None = None
+    #: SHA-256 (hex) of the API key that submitted it; None: submitted without keys
+    #: configured, or stored before jobs had owners.
+    owner: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Viewer:
+    """Who asks for jobs: ``owner`` is the SHA-256 (hex) of their key; with ``sees_all``
+    (the admin key, or no API keys configured) every job is theirs to see."""
+
+    owner: str | None = None
+    sees_all: bool = False
+
+
+#: Every job (the admin key, or a daemon without API keys).
+EVERYONE = Viewer(sees_all=True)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -1,8 +1,9 @@
 """Durable job storage in SQLite: every input is recorded done exactly once.
 
-Schema (``PRAGMA user_version`` = 1)::
+Schema (``PRAGMA user_version`` = 2)::
 
-    jobs     one row per job: id, model, status, timestamps, max_attempts, metadata, and
+    jobs     one row per job: id, model, status, timestamps, max_attempts, metadata,
+             owner (SHA-256 hex of the API key that submitted it, NULL without keys), and
              the count of its inputs in each state (n_pending .. n_cancelled), kept in the
              same transaction as every state change so progress reads are O(1)
     inputs   (job_id, idx) PRIMARY KEY: text, state, attempts, lease_token, not_before
@@ -20,6 +21,12 @@ An input moves ``pending -> leased -> done`` (or back to ``pending`` on a retry,
 3. A crash (``kill -9``, power loss) loses at most uncommitted transactions, whose result
    and state change vanish together; on start-up, :meth:`JobStore.recover` turns every
    leased row back to pending, and the work is repeated (it is idempotent).
+
+Version 1 (before jobs had owners) is migrated on open: ``owner`` is added, NULL for
+the jobs already there (with API keys configured only the admin key sees them).
+
+Reads take a :class:`~accelmux.jobs.model.Viewer`: a job of another owner is
+:class:`JobNotFoundError`, as one that does not exist.
 
 So execution is at least once (at most ``max_attempts`` times per input) and recording
 is exactly once.
@@ -62,11 +69,14 @@ from accelmux.jobs.model import (
     Lease,
     LeasedInput,
     ResultItem,
+    Viewer,
 )
 
 DB_NAME = "jobs.sqlite3"
 LOCK_NAME = "jobs.lock"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+#: Files hold input texts: owner read/write only.
+FILE_MODE = 0o600
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -87,8 +97,10 @@ CREATE TABLE IF NOT EXISTS jobs (
     n_done       INTEGER NOT NULL DEFAULT 0,
     n_failed     INTEGER NOT NULL DEFAULT 0,
     n_cancelled  INTEGER NOT NULL DEFAULT 0,
+    owner        TEXT,
     CHECK (n_pending + n_leased + n_done + n_failed + n_cancelled = total)
 );
+CREATE INDEX IF NOT EXISTS jobs_by_owner ON jobs (owner, seq);
 CREATE TABLE IF NOT EXISTS inputs (
     job_id      TEXT NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
     idx         INTEGER NOT NULL,
@@ -113,9 +125,14 @@ CREATE TABLE IF NOT EXISTS results (
 ) WITHOUT ROWID;
 """
 
+_MIGRATE_1_TO_2 = (
+    "ALTER TABLE jobs ADD COLUMN owner TEXT",
+    "CREATE INDEX IF NOT EXISTS jobs_by_owner ON jobs (owner, seq)",
+)
+
 _JOB_COLUMNS = (
     "id, model, status, created_at, started_at, finished_at, max_attempts, metadata, error,"
-    " total, n_pending, n_leased, n_done, n_failed, n_cancelled"
+    " total, n_pending, n_leased, n_done, n_failed, n_cancelled, owner"
 )
 _COUNT_COLUMN: dict[InputState, str] = {
     "pending": "n_pending",
@@ -128,6 +145,15 @@ _COUNT_COLUMN: dict[InputState, str] = {
 
 def new_job_id() -> str:
     return "job_" + secrets.token_hex(12)
+
+
+def _visible(viewer: Viewer | None) -> tuple[str, tuple[str, ...]]:
+    """The WHERE clause (``AND ...``) limiting rows of ``jobs`` to what ``viewer`` sees."""
+    if viewer is None or viewer.sees_all:
+        return "", ()
+    if viewer.owner is None:
+        return " AND 0", ()
+    return " AND owner = ?", (viewer.owner,)
 
 
 class JobStore:
@@ -151,6 +177,8 @@ class JobStore:
         self._clock = clock
         self._lock = threading.RLock()
         self._lock_fd: int | None = None
+        # SQLite gives the -wal and -shm files the mode of the database file
+        os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, FILE_MODE))
         self._db = sqlite3.connect(
             self.path, isolation_level=None, check_same_thread=False, timeout=10.0
         )
@@ -159,11 +187,18 @@ class JobStore:
             self._db.execute("PRAGMA synchronous=FULL")
             self._db.execute("PRAGMA foreign_keys=ON")
             version = self._db.execute("PRAGMA user_version").fetchone()[0]
-            if version not in (0, SCHEMA_VERSION):
-                raise JobError(f"{self.path}: schema version {version}, expected 1")
+            if version not in (0, 1, SCHEMA_VERSION):
+                raise JobError(
+                    f"{self.path}: schema version {version}, expected {SCHEMA_VERSION} or older"
+                )
             if version == 0:
                 with self._tx():
                     self._create_schema()
+            elif version == 1:
+                with self._tx() as db:
+                    for statement in _MIGRATE_1_TO_2:
+                        db.execute(statement)
+                    db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         except BaseException:
             self._db.close()
             raise
@@ -185,8 +220,8 @@ class JobStore:
     ) -> JobStore:
         """Open (or create) the store of ``data_dir``, own it, and recover its leases."""
         directory = Path(data_dir)
-        directory.mkdir(parents=True, exist_ok=True)
-        fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, FILE_MODE)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -242,6 +277,7 @@ class JobStore:
         *,
         metadata: Mapping[str, str] | None = None,
         job_id: str | None = None,
+        owner: str | None = None,
     ) -> Job:
         if not model:
             raise ValueError("model must not be empty")
@@ -255,8 +291,8 @@ class JobStore:
         with self._tx() as db:
             db.execute(
                 "INSERT INTO jobs (id, model, status, created_at, max_attempts, metadata,"
-                " total, n_pending) VALUES (?, ?, 'queued', ?, ?, ?, ?, ?)",
-                (job_id, model, now, self.max_attempts, meta, len(inputs), len(inputs)),
+                " total, n_pending, owner) VALUES (?, ?, 'queued', ?, ?, ?, ?, ?, ?)",
+                (job_id, model, now, self.max_attempts, meta, len(inputs), len(inputs), owner),
             )
             db.executemany(
                 "INSERT INTO inputs (job_id, idx, text) VALUES (?, ?, ?)",
@@ -264,43 +300,51 @@ class JobStore:
             )
         return self.get_job(job_id)
 
-    def get_job(self, job_id: str) -> Job:
+    def get_job(self, job_id: str, *, viewer: Viewer | None = None) -> Job:
+        """The job; :class:`JobNotFoundError` also when ``viewer`` may not see it."""
+        where, args = _visible(viewer)
         with self._lock:
             row = self._db.execute(
-                f"SELECT {_JOB_COLUMNS} FROM jobs WHERE id = ?", (job_id,)
+                f"SELECT {_JOB_COLUMNS} FROM jobs WHERE id = ?{where}", (job_id, *args)
             ).fetchone()
         if row is None:
             raise JobNotFoundError(job_id)
         return _job_from_row(row)
 
-    def list_jobs(self, *, limit: int = 20, after: str | None = None) -> tuple[list[Job], bool]:
-        """Jobs newest first; ``after`` is the id of the last job of the previous page.
+    def list_jobs(
+        self, *, limit: int = 20, after: str | None = None, viewer: Viewer | None = None
+    ) -> tuple[list[Job], bool]:
+        """Jobs ``viewer`` may see, newest first; ``after`` is the id of the last job of the
+        previous page.
 
         Returns the page and whether more jobs follow it.
         """
+        where, args = _visible(viewer)
         with self._lock:
             bound = 2**62
             if after is not None:
-                row = self._db.execute("SELECT seq FROM jobs WHERE id = ?", (after,)).fetchone()
+                row = self._db.execute(
+                    f"SELECT seq FROM jobs WHERE id = ?{where}", (after, *args)
+                ).fetchone()
                 if row is None:
                     raise JobNotFoundError(after)
                 bound = row[0]
             rows = self._db.execute(
-                f"SELECT {_JOB_COLUMNS} FROM jobs WHERE seq < ? ORDER BY seq DESC LIMIT ?",
-                (bound, limit + 1),
+                f"SELECT {_JOB_COLUMNS} FROM jobs WHERE seq < ?{where} ORDER BY seq DESC LIMIT ?",
+                (bound, *args, limit + 1),
             ).fetchall()
         jobs = [_job_from_row(row) for row in rows[:limit]]
         return jobs, len(rows) > limit
 
-    def cancel_job(self, job_id: str) -> Job:
+    def cancel_job(self, job_id: str, *, viewer: Viewer | None = None) -> Job:
         """Cancel a job: pending inputs are cancelled, leased ones may still finish.
 
         Cancelling a cancelled job is a no-op; a completed or failed job raises
-        :class:`JobStateError`.
+        :class:`JobStateError`, one ``viewer`` may not see :class:`JobNotFoundError`.
         """
         now = self._clock()
         with self._tx() as db:
-            status = self._status(job_id)
+            status = self._status(job_id, viewer)
             if status == "cancelled":
                 pass
             elif status not in ACTIVE_STATUSES:
@@ -332,8 +376,11 @@ class JobStore:
             db.execute("UPDATE jobs SET status = ? WHERE id = ?", (new, job_id))
             return True
 
-    def _status(self, job_id: str) -> JobStatus:
-        row = self._db.execute("SELECT status FROM jobs WHERE id = ?", (job_id,)).fetchone()
+    def _status(self, job_id: str, viewer: Viewer | None = None) -> JobStatus:
+        where, args = _visible(viewer)
+        row = self._db.execute(
+            f"SELECT status FROM jobs WHERE id = ?{where}", (job_id, *args)
+        ).fetchone()
         if row is None:
             raise JobNotFoundError(job_id)
         return cast(JobStatus, row[0])
@@ -556,12 +603,14 @@ class JobStore:
 
     # ---------------------------------------------------------------- results
 
-    def results(self, job_id: str, *, offset: int = 0, limit: int = 100) -> list[ResultItem]:
+    def results(
+        self, job_id: str, *, offset: int = 0, limit: int = 100, viewer: Viewer | None = None
+    ) -> list[ResultItem]:
         """The outcome of inputs ``offset .. offset+limit-1`` of a job, by input index."""
         if offset < 0 or limit < 0:
             raise ValueError("offset and limit must not be negative")
         with self._lock:
-            self._status(job_id)
+            self._status(job_id, viewer)
             rows = self._db.execute(
                 "SELECT i.idx, i.state, i.attempts, i.last_error, r.result FROM inputs i"
                 " LEFT JOIN results r ON r.job_id = i.job_id AND r.idx = i.idx"
@@ -652,6 +701,7 @@ def _job_from_row(row: Sequence[Any]) -> Job:
         n_done,
         n_failed,
         n_cancelled,
+        owner,
     ) = row
     return Job(
         id=job_id,
@@ -671,4 +721,5 @@ def _job_from_row(row: Sequence[Any]) -> Job:
         ),
         metadata=json.loads(metadata),
         error=error,
+        owner=owner,
     )

@@ -11,7 +11,7 @@ from typing import NoReturn
 
 from aiohttp import web
 
-from accelmux.config.machine import host_memory_problems, prepare_data_dir
+from accelmux.config.machine import host_memory_problems, prepare_data_dir, tighten_data_dir
 from accelmux.config.schema import AccelmuxConfig
 from accelmux.config.server import ServerConfig
 from accelmux.gateway.app import build_app
@@ -33,6 +33,22 @@ def refuse_open_host(server: ServerConfig) -> None:
         "/v1 would be open to the network. Set server.api_keys, listen on 127.0.0.1, or "
         "accept it with server.allow_unauthenticated: true (serve --allow-open)"
     )
+
+
+def log_tightened(data_dir: Path) -> None:
+    """Make what is under ``data_dir`` owner-only, and say what was not."""
+    changed, problems = tighten_data_dir(data_dir)
+    if changed:
+        shown = ", ".join(changed[:20]) + (f" and {len(changed) - 20} more" if changed[20:] else "")
+        log.warning(
+            "data_dir %s: tightened %d path(s) that group or others could read to owner-only "
+            "(files 0600, directories 0700): %s",
+            data_dir.absolute(),
+            len(changed),
+            shown,
+        )
+    for problem in problems:
+        log.warning("data_dir: cannot make owner-only: %s", problem)
 
 
 async def serve(
@@ -58,6 +74,7 @@ async def serve(
     why = prepare_data_dir(data_dir)
     if why is not None:
         raise SystemExit(f"accelmux: cannot use server.data_dir {data_dir.absolute()}: {why}")
+    log_tightened(data_dir)
     for problem in host_memory_problems(cfg, host_total()):
         log.warning("%s", problem)
     for notice in cfg.deprecations:

@@ -33,7 +33,7 @@ from accelmux.dashboard import routes as dashboard_routes
 from accelmux.errors import BackendError
 from accelmux.gateway.parse import tokens_of
 from accelmux.jobs import JobInputError, JobInputRetry, JobRunner, JobStore
-from accelmux.jobs.http import job_routes
+from accelmux.jobs.http import JobAccess, job_routes
 from accelmux.runtime.daemon import Runtime
 from accelmux.runtime.requests import Refused
 
@@ -147,7 +147,11 @@ def mount_jobs(app: web.Application, runtime: Runtime, data_dir: Path) -> StoreA
         return await submit_embeddings(runtime, model, texts)
 
     runner = JobRunner(store, submit, window_open=lambda model: window_open(runtime, model))
-    app.add_routes(job_routes(store, runner, models=lambda: embedding_models(runtime)))
+    server = runtime.cfg.server
+    access = JobAccess(api_keys=tuple(server.api_keys), admin_key=server.admin_key)
+    app.add_routes(
+        job_routes(store, runner, models=lambda: embedding_models(runtime), access=access)
+    )
     return StoreAndRunner(store, runner)
 
 

@@ -54,5 +54,6 @@ def sample_clip(data_dir: Path) -> Path:
             writer.write(frame)
     finally:
         writer.release()
+    os.chmod(partial, 0o600)
     os.replace(partial, path)
     return path
