@@ -132,7 +132,7 @@ async def serve(
         )
     except Refused as exc:
         outcome = exc.reason.value
-        err = refusal(exc, parse.DEMAND_PARAM[parsed.endpoint])
+        err = refusal(exc, parsed.size_param or parse.DEMAND_PARAM[parsed.endpoint])
         return await _fail(request, stream_resp, err, rid, relay)
     except BackendError as exc:
         outcome = "backend_error"
@@ -201,30 +201,31 @@ async def _fail(
 
 # ---- handlers ---------------------------------------------------------------------------
 async def chat_completions(request: web.Request) -> web.StreamResponse:
-    body, raw = await parse.read_json(request)
-    rt = request.app[RUNTIME]
-    return await serve(request, parse.chat(body, raw, rt.cfg.server.default_max_tokens))
+    default_max = request.app[RUNTIME].cfg.server.default_max_tokens
+    parsed = await parse.decode(
+        request, lambda body, raw, limits: parse.chat(body, raw, default_max, limits)
+    )
+    return await serve(request, parsed)
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
-    body, raw = await parse.read_json(request)
-    rt = request.app[RUNTIME]
-    return await serve(request, parse.completion(body, raw, rt.cfg.server.default_max_tokens))
+    default_max = request.app[RUNTIME].cfg.server.default_max_tokens
+    parsed = await parse.decode(
+        request, lambda body, raw, limits: parse.completion(body, raw, default_max, limits)
+    )
+    return await serve(request, parsed)
 
 
 async def embeddings(request: web.Request) -> web.StreamResponse:
-    body, raw = await parse.read_json(request)
-    return await serve(request, parse.embeddings(body, raw))
+    return await serve(request, await parse.decode(request, parse.embeddings))
 
 
 async def speech(request: web.Request) -> web.StreamResponse:
-    body, raw = await parse.read_json(request)
-    return await serve(request, parse.speech(body, raw))
+    return await serve(request, await parse.decode(request, lambda b, r, _: parse.speech(b, r)))
 
 
 async def images(request: web.Request) -> web.StreamResponse:
-    body, raw = await parse.read_json(request)
-    return await serve(request, parse.images(body, raw))
+    return await serve(request, await parse.decode(request, lambda b, r, _: parse.images(b, r)))
 
 
 async def transcriptions(request: web.Request) -> web.StreamResponse:
@@ -236,8 +237,8 @@ async def detections(request: web.Request) -> web.StreamResponse:
     if request.content_type.startswith("multipart/"):
         fields, files, _ = await parse.read_form(request)
         return await serve(request, parse.detection(fields, files, b""))
-    body, raw = await parse.read_json(request)
-    return await serve(request, parse.detection(body, {}, raw))
+    parsed = await parse.decode(request, lambda b, r, _: parse.detection(b, {}, r))
+    return await serve(request, parsed)
 
 
 def _model_entry(rt: Runtime, model: str, service: str) -> dict[str, Any]:

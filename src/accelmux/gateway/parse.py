@@ -14,10 +14,14 @@ Demand per kind (what the Manager's memory profile multiplies):
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
+import functools
 import json
 import math
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -25,9 +29,11 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from pydantic import ValidationError
 
+from accelmux.config.limits import LimitsConfig
 from accelmux.core.events import Demand
 from accelmux.core.types import ServiceKind
 from accelmux.gateway.errors import ApiError, bad_field
+from accelmux.gateway.keys import RUNTIME
 from accelmux.gateway.media import audio_seconds, looks_like_audio, looks_like_image, megapixels
 from accelmux.gateway.openai_requests import (
     ChatRequest,
@@ -82,27 +88,171 @@ class Parsed:
     content_type: str = "application/json"
     #: Ollama's keep_alive in seconds (None: the service's configured TTL).
     keep_alive_s: float | None = None
+    #: The field a 413 ``too_large`` names: the one that made the demand large.
+    size_param: str | None = None
 
 
 def tokens_of(chars: int) -> int:
     return math.ceil(chars / CHARS_PER_TOKEN)
 
 
-async def read_json(request: web.Request) -> tuple[dict[str, Any], bytes]:
-    raw = await request.read()
+#: The ``server.limits`` key that bounds each JSON route's body (others: server.max_body).
+ROUTE_BODY: dict[str, str] = {
+    "/v1/chat/completions": "chat_body",
+    "/v1/completions": "chat_body",
+    "/api/chat": "chat_body",
+    "/api/generate": "chat_body",
+    "/v1/embeddings": "embeddings_body",
+    "/api/embed": "embeddings_body",
+    "/api/embeddings": "embeddings_body",
+    "/v1/audio/speech": "small_body",
+    "/v1/images/generations": "small_body",
+    "/api/show": "small_body",
+}
+#: At most this many bodies are parsed off the event loop at once (the others wait).
+PARSE_THREADS = 2
+
+T = TypeVar("T")
+
+
+def limits_of(request: web.Request) -> LimitsConfig:
+    return request.app[RUNTIME].cfg.server.limits
+
+
+def _body_limit(request: web.Request) -> tuple[int, str]:
+    """The largest body ``request``'s route takes, and the config key that sets it."""
+    server = request.app[RUNTIME].cfg.server
+    key = ROUTE_BODY.get(request.path)
+    if key is None:
+        return int(server.max_body), "server.max_body"
+    return min(int(getattr(server.limits, key)), int(server.max_body)), f"server.limits.{key}"
+
+
+def _too_big(size: str, limit: int, key: str) -> ApiError:
+    return ApiError(
+        413,
+        f"request body is {size} bytes; the limit of this route is {limit} ({key})",
+        code="body_too_large",
+    )
+
+
+async def read_body(request: web.Request) -> bytes:
+    """The body, refused (413 ``body_too_large``) beyond its route's limit: by its
+    Content-Length before a byte is read, else as soon as the read passes the limit."""
+    limit, key = _body_limit(request)
+    length = request.content_length
+    if length is not None and length > limit:
+        raise _too_big(str(length), limit, key)
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.content.iter_any():
+        size += len(chunk)
+        if size > limit:
+            raise _too_big(f"over {limit}", limit, key)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _not_json_number(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is out of the range of a number")
+    return value
+
+
+def _as_is(obj: dict[str, Any]) -> dict[str, Any]:
+    # a Python call per object: the parser then lets other threads (the event loop) run
+    return obj
+
+
+def loads(raw: bytes) -> dict[str, Any]:
+    """``raw`` as a JSON object: NaN, Infinity and numbers out of a float's range are
+    refused (strict JSON), as are bodies nested deeper than :data:`MAX_JSON_DEPTH`."""
     if not raw:
         raise ApiError(400, "request body is empty; expected a JSON object", code="invalid_json")
     try:
-        body = json.loads(raw)
+        body = json.loads(
+            raw, parse_constant=_not_json_number, parse_float=_finite, object_hook=_as_is
+        )
     except (ValueError, UnicodeDecodeError) as exc:
         raise ApiError(400, f"request body is not valid JSON: {exc}", code="invalid_json") from None
     except RecursionError:  # deeper than the parser's own stack allows
         raise _too_deep() from None
-    if _depth_over(body, MAX_JSON_DEPTH):
-        raise _too_deep()
     if not isinstance(body, dict):
         raise ApiError(400, "request body must be a JSON object", code="invalid_json")
+    return body
+
+
+async def read_json(request: web.Request) -> tuple[dict[str, Any], bytes]:
+    """The body as a JSON object (small bodies: the parse is short, done in place)."""
+    raw = await read_body(request)
+    body = loads(raw)
+    if _depth_over(body, MAX_JSON_DEPTH):
+        raise _too_deep()
     return body, raw
+
+
+@functools.cache
+def _parse_executor() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(PARSE_THREADS, thread_name_prefix="accelmux-parse")
+
+
+def _decode(
+    raw: bytes, limits: LimitsConfig, build: Callable[[dict[str, Any], bytes, LimitsConfig], T]
+) -> T:
+    body = loads(raw)
+    if _depth_over(body, MAX_JSON_DEPTH):
+        raise _too_deep()
+    return build(body, raw, limits)
+
+
+async def decode(
+    request: web.Request, build: Callable[[dict[str, Any], bytes, LimitsConfig], T]
+) -> T:
+    """Read the body, parse it, check its item counts and ``build`` the request from it
+    (validation, token counts): in place for a small body, in a worker thread for one
+    over ``server.limits.offload_body``, so that the event loop serves other requests
+    meanwhile."""
+    raw = await read_body(request)
+    limits = limits_of(request)
+    if len(raw) <= int(limits.offload_body):
+        return _decode(raw, limits, build)
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(_parse_executor(), _decode, raw, limits, build)
+
+
+def _over(param: str, count: int, limit: int, key: str) -> ApiError:
+    return ApiError(
+        400,
+        f"'{param}' holds {count} items; the limit is {limit} (server.limits.{key})",
+        param=param,
+        code="limit_exceeded",
+    )
+
+
+def check_items(body: dict[str, Any], limits: LimitsConfig, *, inputs: str | None = None) -> None:
+    """The counts that make validation and token counting long, checked before them:
+    messages, tools, each message's content parts, and the embedding inputs held by the
+    field ``inputs``."""
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        if len(messages) > limits.messages:
+            raise _over("messages", len(messages), limits.messages, "messages")
+        for i, msg in enumerate(messages):
+            content = msg.get("content") if isinstance(msg, dict) else None
+            if isinstance(content, list) and len(content) > limits.content_parts:
+                param = f"messages[{i}].content"
+                raise _over(param, len(content), limits.content_parts, "content_parts")
+    tools = body.get("tools")
+    if isinstance(tools, list) and len(tools) > limits.tools:
+        raise _over("tools", len(tools), limits.tools, "tools")
+    items = body.get(inputs) if inputs else None
+    if isinstance(items, list) and len(items) > limits.embedding_inputs:
+        raise _over(str(inputs), len(items), limits.embedding_inputs, "embedding_inputs")
 
 
 async def read_form(
@@ -183,7 +333,22 @@ def _content_chars(content: str | list[dict[str, Any]] | None) -> int:
     return total
 
 
-def chat(body: dict[str, Any], raw: bytes, default_max: int) -> Parsed:
+def _size_param(prompt: int, output: int, req: ChatRequest | CompletionRequest, text: str) -> str:
+    """The field that made a demand large: the output's (``max_completion_tokens``,
+    ``max_tokens``, ``n``) when the output outweighs the prompt, else the prompt's."""
+    if output <= prompt:
+        return text
+    if req.max_completion_tokens is not None:
+        return "max_completion_tokens"
+    if req.max_tokens is not None:
+        return "max_tokens"
+    return "n" if (req.n or 1) > 1 else text
+
+
+def chat(
+    body: dict[str, Any], raw: bytes, default_max: int, limits: LimitsConfig | None = None
+) -> Parsed:
+    check_items(body, limits or LimitsConfig())
     req = validated(ChatRequest, body)
     chars = sum(_content_chars(msg.content) for msg in req.messages)
     if req.tools:  # a backend describes them to the model
@@ -200,16 +365,28 @@ def chat(body: dict[str, Any], raw: bytes, default_max: int) -> Parsed:
         stream=req.stream is True,
         raw=raw,
         demand=Demand(kv_tokens=prompt + output, prompt_tokens=prompt, output_tokens=output),
+        size_param=_size_param(prompt, output, req, "messages"),
     )
 
 
-def completion(body: dict[str, Any], raw: bytes, default_max: int) -> Parsed:
+def completion(
+    body: dict[str, Any], raw: bytes, default_max: int, limits: LimitsConfig | None = None
+) -> Parsed:
+    del limits  # a prompt is one text or one token array: nothing to count before
     req = validated(CompletionRequest, body)
     prompt = req.prompt
     if isinstance(prompt, str):
         tokens = tokens_of(len(prompt))
     elif isinstance(prompt[0], str):
-        tokens = sum(tokens_of(len(p)) for p in prompt if isinstance(p, str))
+        if len(prompt) > 1:  # one choice per prompt would be answered as one: refused
+            raise ApiError(
+                400,
+                f"'prompt' holds {len(prompt)} prompts; one request takes one prompt "
+                "(send one request per prompt)",
+                param="prompt",
+                code="unsupported",
+            )
+        tokens = tokens_of(len(prompt[0]))
     else:
         tokens = len(prompt)
     output = _max_output(req.n, req.max_completion_tokens, req.max_tokens, default_max)
@@ -220,10 +397,12 @@ def completion(body: dict[str, Any], raw: bytes, default_max: int) -> Parsed:
         stream=req.stream is True,
         raw=raw,
         demand=Demand(kv_tokens=tokens + output, prompt_tokens=tokens, output_tokens=output),
+        size_param=_size_param(tokens, output, req, "prompt"),
     )
 
 
-def embeddings(body: dict[str, Any], raw: bytes) -> Parsed:
+def embeddings(body: dict[str, Any], raw: bytes, limits: LimitsConfig | None = None) -> Parsed:
+    check_items(body, limits or LimitsConfig(), inputs="input")
     req = validated(EmbeddingsRequest, body)
     texts: list[Any] = req.input
     tokens = 0
