@@ -34,7 +34,8 @@ class ServerConfig(BaseModel):
     max_body: ByteSize = Field(ByteSize(25 * 1024**2), description="Largest request body.")
     limits: LimitsConfig = Field(
         default_factory=LimitsConfig,
-        description="Per-route body sizes and item counts (see server.limits).",
+        description="Per-route body sizes and item counts; beyond one, 413 or 400 naming "
+        "the key (its own table below).",
     )
     rate_limit: RateLimitConfig | None = Field(
         None,
