@@ -80,8 +80,15 @@ COUNTS: list[tuple[str, dict[str, Any], str, str]] = [
 ]
 
 
-def test_item_counts_over_a_limit_are_400s_naming_field_and_limit(tmp_path: Path) -> None:
-    cfg = _config(messages=10, tools=3, content_parts=5, embedding_inputs=8)
+@pytest.mark.parametrize(
+    "where",
+    [{}, {"offload_body": 0}, {"offload_body": 0, "preflight_body": 0}],
+    ids=["in-place", "thread", "process"],
+)
+def test_item_counts_over_a_limit_are_400s_naming_field_and_limit(
+    tmp_path: Path, where: dict[str, Any]
+) -> None:
+    cfg = _config(messages=10, tools=3, content_parts=5, embedding_inputs=8, **where)
 
     async def body() -> None:
         async with live(cfg, tmp=tmp_path) as lv:

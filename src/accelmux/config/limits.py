@@ -6,7 +6,10 @@ body stops at the limit); the number of messages, tools, content parts and embed
 inputs right after the JSON is parsed, before the request models validate it and
 before its tokens are counted. A body larger than ``offload_body`` is parsed, checked
 and counted in a worker thread, so that the event loop keeps serving other requests
-meanwhile. ``server.max_body`` stays the ceiling of every route (uploads use it).
+meanwhile; one larger than ``preflight_body`` is first parsed and counted in a process
+of its own (a parse holds its interpreter's lock throughout, and a body over the limits
+is then refused without the daemon ever parsing it). ``server.max_body`` stays the
+ceiling of every route (uploads use it).
 """
 
 from __future__ import annotations
@@ -58,4 +61,10 @@ class LimitsConfig(BaseModel):
         ge=0,
         description="Bodies larger than this are parsed, validated and counted in a worker "
         "thread, off the event loop (0: always).",
+    )
+    preflight_body: ByteSize = Field(
+        ByteSize(1 * MIB),
+        ge=0,
+        description="Bodies larger than this are first parsed and counted in a separate "
+        "process, so that one over the limits is refused without the daemon parsing it.",
     )

@@ -19,9 +19,12 @@ import base64
 import binascii
 import functools
 import json
+import logging
 import math
+import multiprocessing
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -32,6 +35,8 @@ from pydantic import ValidationError
 from accelmux.config.limits import LimitsConfig
 from accelmux.core.events import Demand
 from accelmux.core.types import ServiceKind
+from accelmux.gateway import body_checks
+from accelmux.gateway.body_checks import BodyProblem
 from accelmux.gateway.errors import ApiError, bad_field
 from accelmux.gateway.keys import RUNTIME
 from accelmux.gateway.media import audio_seconds, looks_like_audio, looks_like_image, megapixels
@@ -46,6 +51,8 @@ from accelmux.gateway.openai_requests import (
     TranscriptionForm,
 )
 from accelmux.request_validation import RequestModel, first_problem
+
+log = logging.getLogger("accelmux.gateway")
 
 CHARS_PER_TOKEN = 3.5
 TOKENS_PER_MESSAGE = 4
@@ -71,8 +78,6 @@ DEMAND_PARAM: dict[str, str] = {
     "/v1/images/generations": "size",
     "/v1/detections": "image",
 }
-#: How deeply a JSON body may nest (arrays and objects) before it is refused.
-MAX_JSON_DEPTH = 64
 
 
 @dataclass(slots=True, kw_only=True)
@@ -111,6 +116,10 @@ ROUTE_BODY: dict[str, str] = {
 }
 #: At most this many bodies are parsed off the event loop at once (the others wait).
 PARSE_THREADS = 2
+#: Processes that check big bodies before the daemon parses them.
+CHECK_PROCESSES = 1
+#: The field that holds the embedding inputs, by route.
+EMBEDDING_INPUTS = {"/v1/embeddings": "input", "/api/embed": "input", "/api/embeddings": "prompt"}
 
 T = TypeVar("T")
 
@@ -153,47 +162,33 @@ async def read_body(request: web.Request) -> bytes:
     return b"".join(chunks)
 
 
-def _not_json_number(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")
-
-
-def _finite(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError(f"{text} is out of the range of a number")
-    return value
-
-
-def _as_is(obj: dict[str, Any]) -> dict[str, Any]:
-    # a Python call per object: the parser then lets other threads (the event loop) run
-    return obj
+def _api_error(exc: BodyProblem) -> ApiError:
+    return ApiError(exc.status, exc.message, param=exc.param, code=exc.code)
 
 
 def loads(raw: bytes) -> dict[str, Any]:
-    """``raw`` as a JSON object: NaN, Infinity and numbers out of a float's range are
-    refused (strict JSON), as are bodies nested deeper than :data:`MAX_JSON_DEPTH`."""
-    if not raw:
-        raise ApiError(400, "request body is empty; expected a JSON object", code="invalid_json")
+    """``raw`` as a JSON object, strictly, nested at most MAX_JSON_DEPTH levels."""
     try:
-        body = json.loads(
-            raw, parse_constant=_not_json_number, parse_float=_finite, object_hook=_as_is
-        )
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ApiError(400, f"request body is not valid JSON: {exc}", code="invalid_json") from None
-    except RecursionError:  # deeper than the parser's own stack allows
-        raise _too_deep() from None
-    if not isinstance(body, dict):
-        raise ApiError(400, "request body must be a JSON object", code="invalid_json")
+        body = body_checks.loads(raw)
+        if body_checks.depth_over(body):
+            raise body_checks.too_deep()
+    except BodyProblem as exc:
+        raise _api_error(exc) from None
     return body
+
+
+def check_items(body: dict[str, Any], limits: LimitsConfig, *, inputs: str | None = None) -> None:
+    """:func:`body_checks.check_items`, its refusal as a 400 ``limit_exceeded``."""
+    try:
+        body_checks.check_items(body, limits, inputs=inputs)
+    except BodyProblem as exc:
+        raise _api_error(exc) from None
 
 
 async def read_json(request: web.Request) -> tuple[dict[str, Any], bytes]:
     """The body as a JSON object (small bodies: the parse is short, done in place)."""
     raw = await read_body(request)
-    body = loads(raw)
-    if _depth_over(body, MAX_JSON_DEPTH):
-        raise _too_deep()
-    return body, raw
+    return loads(raw), raw
 
 
 @functools.cache
@@ -201,13 +196,33 @@ def _parse_executor() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(PARSE_THREADS, thread_name_prefix="accelmux-parse")
 
 
+@functools.cache
+def _check_executor() -> ProcessPoolExecutor:
+    return ProcessPoolExecutor(CHECK_PROCESSES, mp_context=multiprocessing.get_context("spawn"))
+
+
 def _decode(
     raw: bytes, limits: LimitsConfig, build: Callable[[dict[str, Any], bytes, LimitsConfig], T]
 ) -> T:
-    body = loads(raw)
-    if _depth_over(body, MAX_JSON_DEPTH):
-        raise _too_deep()
-    return build(body, raw, limits)
+    return build(loads(raw), raw, limits)
+
+
+async def _preflight(raw: bytes, limits: LimitsConfig, path: str) -> None:
+    """A big body parsed and counted in a process of its own first: a body over the
+    limits is refused without ever being parsed in the daemon."""
+    loop = asyncio.get_running_loop()
+    inputs = EMBEDDING_INPUTS.get(path)
+    try:
+        problem = await loop.run_in_executor(
+            _check_executor(), body_checks.preflight, raw, limits, inputs
+        )
+    except (BrokenProcessPool, OSError) as exc:  # checked in the daemon instead
+        log.warning("body check process unavailable (%s); checking in a thread", exc)
+        _check_executor.cache_clear()
+        return
+    if problem is not None:
+        status, message, param, code = problem
+        raise ApiError(status, message, param=param, code=code)
 
 
 async def decode(
@@ -221,38 +236,10 @@ async def decode(
     limits = limits_of(request)
     if len(raw) <= int(limits.offload_body):
         return _decode(raw, limits, build)
+    if len(raw) > int(limits.preflight_body):
+        await _preflight(raw, limits, request.path)
     loop = asyncio.get_running_loop()
     return await loop.run_in_executor(_parse_executor(), _decode, raw, limits, build)
-
-
-def _over(param: str, count: int, limit: int, key: str) -> ApiError:
-    return ApiError(
-        400,
-        f"'{param}' holds {count} items; the limit is {limit} (server.limits.{key})",
-        param=param,
-        code="limit_exceeded",
-    )
-
-
-def check_items(body: dict[str, Any], limits: LimitsConfig, *, inputs: str | None = None) -> None:
-    """The counts that make validation and token counting long, checked before them:
-    messages, tools, each message's content parts, and the embedding inputs held by the
-    field ``inputs``."""
-    messages = body.get("messages")
-    if isinstance(messages, list):
-        if len(messages) > limits.messages:
-            raise _over("messages", len(messages), limits.messages, "messages")
-        for i, msg in enumerate(messages):
-            content = msg.get("content") if isinstance(msg, dict) else None
-            if isinstance(content, list) and len(content) > limits.content_parts:
-                param = f"messages[{i}].content"
-                raise _over(param, len(content), limits.content_parts, "content_parts")
-    tools = body.get("tools")
-    if isinstance(tools, list) and len(tools) > limits.tools:
-        raise _over("tools", len(tools), limits.tools, "tools")
-    items = body.get(inputs) if inputs else None
-    if isinstance(items, list) and len(items) > limits.embedding_inputs:
-        raise _over(str(inputs), len(items), limits.embedding_inputs, "embedding_inputs")
 
 
 async def read_form(
@@ -274,32 +261,6 @@ async def read_form(
         else:
             fields[key] = str(value)
     return fields, files, info
-
-
-def _too_deep() -> ApiError:
-    return ApiError(
-        400,
-        f"request body nests arrays/objects deeper than {MAX_JSON_DEPTH} levels",
-        code="json_too_deep",
-    )
-
-
-def _depth_over(value: Any, limit: int) -> bool:
-    """Whether ``value`` nests lists/dicts more than ``limit`` levels (iteratively: a
-    hostile body must not exhaust the stack here either)."""
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict):
-            children: Any = item.values()
-        elif isinstance(item, list):
-            children = item
-        else:
-            continue
-        if depth > limit:
-            return True
-        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
-    return False
 
 
 M = TypeVar("M", bound=RequestModel)
