@@ -43,6 +43,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -182,7 +183,20 @@ def _measure(port: int, wyoming_port: int, samples: int, out: Any) -> None:
     out.put({"tts": tts, "describe": describe})
 
 
-def _case(port: int, wyoming_port: int, samples: int, route: str | None) -> dict[str, Any]:
+def _cpu_s(pid: int) -> float:
+    """CPU seconds of the daemon and its children (the body check process) so far."""
+    proc = psutil.Process(pid)
+    total = 0.0
+    for p in (proc, *proc.children(recursive=True)):
+        with contextlib.suppress(psutil.Error):
+            times = p.cpu_times()
+            total += times.user + times.system
+    return total
+
+
+def _case(
+    pid: int, port: int, wyoming_port: int, samples: int, route: str | None
+) -> dict[str, Any]:
     ctx = mp.get_context("spawn")
     stop, ready, sent = ctx.Event(), ctx.Event(), ctx.Value("i", 0)
     attacker = None
@@ -191,6 +205,7 @@ def _case(port: int, wyoming_port: int, samples: int, route: str | None) -> dict
         attacker.start()
         ready.wait(timeout=120)
         time.sleep(1.0)  # the first body is on its way before the first sample
+    cpu_before = _cpu_s(pid)
     queue = ctx.Queue()
     meter = ctx.Process(target=_measure, args=(port, wyoming_port, samples, queue))
     started = time.perf_counter()
@@ -198,12 +213,19 @@ def _case(port: int, wyoming_port: int, samples: int, route: str | None) -> dict
     result = queue.get(timeout=1800)
     meter.join()
     seconds = time.perf_counter() - started
+    cpu = _cpu_s(pid) - cpu_before
     stop.set()
     if attacker is not None:
         attacker.join(timeout=180)
         if attacker.is_alive():
             attacker.kill()
-    row: dict[str, Any] = {"route": route, "attack_bodies": sent.value, "seconds": seconds}
+    row: dict[str, Any] = {
+        "route": route,
+        "attack_bodies": sent.value,
+        "seconds": round(seconds, 2),
+        # the daemon's CPU share over the case (1.0 = one core busy)
+        "daemon_cpu": round(cpu / seconds, 2),
+    }
     for name in ("tts", "describe"):
         values = result[name]
         row[name] = {
@@ -220,10 +242,10 @@ def run(samples: int) -> dict[str, Any]:
         with tempfile.TemporaryDirectory(prefix="accelmux-frontdoor-") as tmp:
             port, wyoming_port = _free_port(), _free_port()
             config = _config(Path(tmp), port, wyoming_port, raised)
-            with _daemon(config, f"http://127.0.0.1:{port}"):
-                rows = [_case(port, wyoming_port, samples, None)]
+            with _daemon(config, f"http://127.0.0.1:{port}") as proc:
+                rows = [_case(proc.pid, port, wyoming_port, samples, None)]
                 for route in ROUTES:
-                    rows.append(_case(port, wyoming_port, samples, route))
+                    rows.append(_case(proc.pid, port, wyoming_port, samples, route))
                     print(name, json.dumps(rows[-1]), flush=True)
         idle = rows[0]
         for row in rows:

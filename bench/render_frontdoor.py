@@ -36,20 +36,21 @@ def frontdoor() -> str:
         "parentheses: p95 under attack / p95 idle (target: at most "
         f"{report['target_ratio']}x).",
         "",
-        "| configuration | attacked route | bodies sent | TTS p95 | describe p95 |",
-        "| --- | --- | ---: | ---: | ---: |",
+        "| configuration | attacked route | bodies sent | daemon CPU | TTS p95 | describe p95 |",
+        "| --- | --- | ---: | ---: | ---: | ---: |",
     ]
     for config, label in CONFIGS.items():
         for row in report["configs"][config]:
             idle = row["route"] is None
             route = "none (idle)" if idle else f"`{row['route']}`"
             lines.append(
-                f"| {label} | {route} | {row['attack_bodies']} | "
+                f"| {label} | {route} | {row['attack_bodies']} | {row['daemon_cpu']:.2f} | "
                 f"{_cell(row['tts'], idle)} | {_cell(row['describe'], idle)} |"
             )
     lines += [
         "",
-        f"Worst ratio: **{report['worst_ratio_p95']:.2f}x**.",
+        f"Worst ratio: **{report['worst_ratio_p95']:.2f}x**. Daemon CPU: its CPU time "
+        "(with its body check process) over the case's wall time, 1.00 being one core.",
         "",
         f"Run: {meta_line(report['meta'])}, 1-minute load average at start "
         f"{report['meta']['machine']['load_avg_1m']}.",
