@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import signal
 from typing import Any
 
 from accelmux.config.limits import LimitsConfig
@@ -136,3 +137,8 @@ def preflight(raw: bytes, limits: LimitsConfig, inputs: str | None) -> Problem |
     except BodyProblem as exc:
         return exc.problem()
     return None
+
+
+def ignore_interrupts() -> None:
+    """In the check process: Ctrl-C is the daemon's to handle (it stops the process)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)

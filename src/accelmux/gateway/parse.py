@@ -198,7 +198,11 @@ def _parse_executor() -> ThreadPoolExecutor:
 
 @functools.cache
 def _check_executor() -> ProcessPoolExecutor:
-    return ProcessPoolExecutor(CHECK_PROCESSES, mp_context=multiprocessing.get_context("spawn"))
+    return ProcessPoolExecutor(
+        CHECK_PROCESSES,
+        mp_context=multiprocessing.get_context("spawn"),
+        initializer=body_checks.ignore_interrupts,
+    )
 
 
 def _decode(
@@ -231,7 +235,7 @@ async def decode(
     """Read the body, parse it, check its item counts and ``build`` the request from it
     (validation, token counts): in place for a small body, in a worker thread for one
     over ``server.limits.offload_body``, so that the event loop serves other requests
-    meanwhile."""
+    meanwhile, after a check in a process of its own for one over ``preflight_body``."""
     raw = await read_body(request)
     limits = limits_of(request)
     if len(raw) <= int(limits.offload_body):
