@@ -12,9 +12,10 @@ Two configurations:
 
 * ``defaults``: ``server.limits`` as shipped; each 25 MiB body is over its route's body
   limit (8 MiB), refused with 413 by its Content-Length before it is read;
-* ``raised``: the body limits raised to ``server.max_body`` and ``offload_body`` left at
-  its default, so each body is read and parsed in a worker thread, then refused by the
-  item count (``messages``, ``embedding_inputs``) before validation.
+* ``raised``: the body limits raised to ``server.max_body``, the other limits as shipped,
+  so each body is read, then parsed and counted in the body check process
+  (``preflight_body``) and refused by its item count (``messages``,
+  ``embedding_inputs``) without the daemon parsing it.
 
 Target: every p95 under attack within 1.2x of the idle p95. Figures on a shared,
 noisy machine: run it where nothing else runs for figures worth comparing::

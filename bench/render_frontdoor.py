@@ -11,8 +11,8 @@ from meta import meta_line
 
 CONFIGS = {
     "defaults": "defaults (each body over its route's limit: 413 before it is read)",
-    "raised": "body limits raised to 25 MiB (each body read, parsed off the loop, "
-    "refused by its item count)",
+    "raised": "body limits raised to 25 MiB (each body read, parsed and counted in the "
+    "check process, refused by its item count)",
 }
 
 
