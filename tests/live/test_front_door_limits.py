@@ -67,6 +67,29 @@ def test_a_body_over_its_route_limit_is_refused_before_it_is_read(tmp_path: Path
     run(body())
 
 
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/api/chat"])
+def test_a_client_that_expects_100_continue_is_refused_before_it_sends(
+    tmp_path: Path, path: str
+) -> None:
+    """``Expect: 100-continue`` with a Content-Length over the route's limit: the answer
+    is the 413 (not 100 Continue), and the client never has to send the body."""
+    with daemon(base_config(), tmp_path) as d:
+        port = int(d.url.rsplit(":", 1)[1])
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {20 * 1024**2}\r\nExpect: 100-continue\r\n\r\n"
+        ).encode()
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+            sock.sendall(head)
+            answer = b""
+            while b"\r\n\r\n" not in answer:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+
+
 COUNTS: list[tuple[str, dict[str, Any], str, str]] = [
     ("/v1/chat/completions", {"model": "chat", "messages": M * 11}, "messages", "messages"),
     ("/v1/chat/completions", _chat(tools=[TOOL] * 4), "tools", "tools"),

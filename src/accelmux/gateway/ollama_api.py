@@ -449,11 +449,11 @@ async def version(request: web.Request) -> web.Response:
 
 
 def add_routes(app: web.Application) -> None:
-    app.router.add_post("/api/chat", chat)
-    app.router.add_post("/api/generate", generate)
-    app.router.add_post("/api/embed", embed)
-    app.router.add_post("/api/embeddings", embeddings)
+    app.router.add_post("/api/chat", chat, expect_handler=parse.expect_within_limit)
+    app.router.add_post("/api/generate", generate, expect_handler=parse.expect_within_limit)
+    app.router.add_post("/api/embed", embed, expect_handler=parse.expect_within_limit)
+    app.router.add_post("/api/embeddings", embeddings, expect_handler=parse.expect_within_limit)
     app.router.add_get("/api/tags", tags)
     app.router.add_get("/api/ps", ps)
-    app.router.add_post("/api/show", show)
+    app.router.add_post("/api/show", show, expect_handler=parse.expect_within_limit)
     app.router.add_get("/api/version", version)

@@ -277,10 +277,12 @@ async def model(request: web.Request) -> web.Response:
 def add_routes(app: web.Application) -> None:
     app.router.add_get("/v1/models", models)
     app.router.add_get("/v1/models/{model:.+}", model)
-    app.router.add_post("/v1/chat/completions", chat_completions)
-    app.router.add_post("/v1/completions", completions)
-    app.router.add_post("/v1/embeddings", embeddings)
+    app.router.add_post(
+        "/v1/chat/completions", chat_completions, expect_handler=parse.expect_within_limit
+    )
+    app.router.add_post("/v1/completions", completions, expect_handler=parse.expect_within_limit)
+    app.router.add_post("/v1/embeddings", embeddings, expect_handler=parse.expect_within_limit)
     app.router.add_post("/v1/audio/transcriptions", transcriptions)
-    app.router.add_post("/v1/audio/speech", speech)
-    app.router.add_post("/v1/images/generations", images)
+    app.router.add_post("/v1/audio/speech", speech, expect_handler=parse.expect_within_limit)
+    app.router.add_post("/v1/images/generations", images, expect_handler=parse.expect_within_limit)
     app.router.add_post("/v1/detections", detections)

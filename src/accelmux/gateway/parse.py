@@ -28,7 +28,8 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from aiohttp import web
+from aiohttp import hdrs, web
+from aiohttp.http import HttpVersion11
 from aiohttp.http_exceptions import HttpProcessingError
 from pydantic import ValidationError
 
@@ -40,6 +41,7 @@ from accelmux.gateway.body_checks import BodyProblem
 from accelmux.gateway.errors import ApiError, bad_field
 from accelmux.gateway.keys import RUNTIME
 from accelmux.gateway.media import audio_seconds, looks_like_audio, looks_like_image, megapixels
+from accelmux.gateway.ollama_relay import error_response as ollama_error
 from accelmux.gateway.openai_requests import (
     ChatRequest,
     CompletionRequest,
@@ -160,6 +162,25 @@ async def read_body(request: web.Request) -> bytes:
             raise _too_big(f"over {limit}", limit, key)
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+async def expect_within_limit(request: web.Request) -> web.StreamResponse | None:
+    """``Expect: 100-continue`` (curl sends it before a large body): a body over the
+    route's limit is refused before the client sends it; any other gets its 100 Continue
+    (aiohttp's own behaviour)."""
+    limit, key = _body_limit(request)
+    length = request.content_length
+    if length is not None and length > limit:
+        err = _too_big(str(length), limit, key)
+        # answered before the middlewares: in the route's own error shape here
+        return ollama_error(err) if request.path.startswith("/api/") else err.response()
+    expect = request.headers.get(hdrs.EXPECT, "")
+    if request.version == HttpVersion11:
+        if expect.lower() != "100-continue":
+            raise web.HTTPExpectationFailed(text=f"Unknown Expect: {expect}")
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        request.writer.output_size = 0
+    return None
 
 
 def _api_error(exc: BodyProblem) -> ApiError:
