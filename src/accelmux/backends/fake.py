@@ -17,7 +17,9 @@ calibration) and ``peak_factor``.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
+import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -168,7 +170,7 @@ class FakeBackend:
         crasher = self.requests == self.cfg.crash_after_requests
         generation = self._generation
         peak = self._peak(request)
-        if request.endpoint == "/v1/chat/completions" and (refused := _cannot(request.body)):
+        if refused := _cannot(request.endpoint, request.body, request.stream, self.cfg):
             return refused
         if request.stream and self.kind.is_llm:
             return BackendResponse(
@@ -217,25 +219,35 @@ class FakeBackend:
                 message["content"] = None
                 message["tool_calls"] = [call]
                 obj["choices"][0]["finish_reason"] = "tool_calls"
+                obj["usage"] = shapes.usage(_prompt_tokens(body), _tokens(call["function"]))
             elif _format(body) == "json_object":
                 message["content"] = json.dumps({"reply": message["content"]})
             obj["choices"] = [dict(obj["choices"][0], index=i) for i in range(_n(body))]
             return _json(obj)
         if endpoint == "/v1/completions":
             words = out.reply_words(seed, _max_tokens(body))
-            usage = shapes.usage(_prompt_tokens(body), len(words))
-            choice = shapes.text_choice(" ".join(words))
-            return _json(shapes.text_completion(model, rid, [choice], usage))
+            usage = shapes.usage(_prompt_tokens(body), len(words) * _n(body))
+            choices = [shapes.text_choice(" ".join(words), index=i) for i in range(_n(body))]
+            return _json(shapes.text_completion(model, rid, choices, usage))
         if endpoint == "/v1/embeddings":
             texts = body.get("input")
             items = texts if isinstance(texts, list) else [texts]
-            vectors = [out.embedding(json.dumps(t), self.cfg.embedding_dim) for t in items]
+            vectors: list[Any] = [
+                out.embedding(json.dumps(t), self.cfg.embedding_dim) for t in items
+            ]
+            if body.get("encoding_format") == "base64":  # little-endian float32, as OpenAI
+                vectors = [
+                    base64.b64encode(struct.pack(f"<{len(v)}f", *v)).decode() for v in vectors
+                ]
             n = sum(len(json.dumps(t)) // 4 + 1 for t in items)
             return _json(shapes.embeddings_list(model, vectors, shapes.usage(n, 0)))
         if endpoint == "/v1/audio/speech":
             text = str(body.get("input", ""))
             seconds = min(10.0, 0.2 + len(text) * 0.01)
-            return BackendResponse(content_type="audio/wav", body=out.wav(seed, seconds))
+            audio = out.wav(seed, seconds)
+            if body.get("response_format") == "pcm":  # the samples without the WAV header
+                return BackendResponse(content_type="audio/pcm", body=audio[44:])
+            return BackendResponse(content_type="audio/wav", body=audio)
         if endpoint == "/v1/audio/transcriptions":
             size = sum(len(v) for v in request.files.values())
             text = f"fake transcript of {size} bytes: " + " ".join(out.reply_words(seed, 8))
@@ -280,8 +292,10 @@ class FakeBackend:
             rid = request.request_id
             chat = request.endpoint == "/v1/chat/completions"
             call = _tool_call(body) if chat else None
+            sent = len(words)
             if call is not None or (chat and _format(body) == "json_object"):
                 words = []  # a whole JSON answer, sent below in one delta
+                sent = _tokens(call["function"] if call is not None else JSON_REPLY)
             if self.cfg.latency_s:
                 await self.sleep(self.cfg.latency_s)
             if chat:
@@ -289,7 +303,7 @@ class FakeBackend:
             if call is not None:
                 yield shapes.chat_chunk(model, rid, {"tool_calls": [dict(call, index=0)]}, None)
             elif chat and _format(body) == "json_object":
-                yield shapes.chat_chunk(model, rid, {"content": '{"reply": "fake"}'}, None)
+                yield shapes.chat_chunk(model, rid, {"content": JSON_REPLY}, None)
             for i, word in enumerate(words):
                 text = word if i == 0 else " " + word
                 if chat:
@@ -303,7 +317,7 @@ class FakeBackend:
             else:
                 yield shapes.text_chunk(model, rid, "", "stop")
             if shapes.wants_usage(body):
-                usage = shapes.usage(_prompt_tokens(body), len(words))
+                usage = shapes.usage(_prompt_tokens(body), sent)
                 yield shapes.usage_chunk(model, rid, usage, chat=chat)
             yield shapes.DONE
         finally:
@@ -327,17 +341,42 @@ def _n(body: dict[str, Any]) -> int:
     return int(body.get("n") or 1)
 
 
-def _cannot(body: dict[str, Any]) -> BackendResponse | None:
+def _cannot(
+    endpoint: str, body: dict[str, Any], stream: bool, cfg: FakeBackendConfig
+) -> BackendResponse | None:
     """A 400 for what this double cannot do (never a silent ignore)."""
-    if _format(body) != "json_schema":
-        return None
+    llm = endpoint in ("/v1/chat/completions", "/v1/completions")
+    if endpoint == "/v1/chat/completions" and _format(body) == "json_schema":
+        return _unsupported("the fake backend cannot follow a JSON schema", "response_format")
+    if llm and stream and _n(body) > 1:
+        return _unsupported("a streamed answer holds one choice here: n must be 1", "n")
+    dims = body.get("dimensions")
+    if endpoint == "/v1/embeddings" and dims is not None and dims != cfg.embedding_dim:
+        return _unsupported(
+            f"this model's embeddings have {cfg.embedding_dim} dimensions (asked {dims})",
+            "dimensions",
+        )
+    fmt = body.get("response_format")
+    if endpoint == "/v1/audio/speech" and fmt not in (None, "wav", "pcm"):
+        return _unsupported(
+            f"response_format {fmt!r} is not produced here (wav or pcm)", "response_format"
+        )
+    return None
+
+
+def _unsupported(message: str, param: str) -> BackendResponse:
     error = {
-        "message": "the fake backend cannot follow a JSON schema",
+        "message": message,
         "type": "invalid_request_error",
-        "param": "response_format",
+        "param": param,
         "code": "unsupported",
     }
     return BackendResponse(status=400, body=json.dumps({"error": error}).encode())
+
+
+def _tokens(value: Any) -> int:
+    """Tokens of a JSON value sent whole (a tool call, a JSON answer), as the prompt's."""
+    return len(json.dumps(value)) // 4 + 1
 
 
 def _tool_call(body: dict[str, Any]) -> dict[str, Any] | None:
@@ -351,6 +390,10 @@ def _tool_call(body: dict[str, Any]) -> dict[str, Any] | None:
     if isinstance(choice, dict):
         name = choice["function"]["name"]
     return {"id": "call_fake_0", "type": "function", "function": {"name": name, "arguments": "{}"}}
+
+
+#: The whole answer of a json_object chat stream.
+JSON_REPLY = '{"reply": "fake"}'
 
 
 def _json(obj: dict[str, Any]) -> BackendResponse:

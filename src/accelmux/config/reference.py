@@ -22,6 +22,7 @@ from accelmux.config.backends import (
 from accelmux.config.baselines import LlamaSwapConfig, LlamaSwapGroupConfig, OllamaConfig
 from accelmux.config.cluster import ClusterConfig
 from accelmux.config.deprecated import RENAMED_VALUES
+from accelmux.config.limits import LimitsConfig
 from accelmux.config.schema import (
     AccelmuxConfig,
     DeviceConfig,
@@ -52,6 +53,7 @@ SECTIONS: tuple[tuple[str, str, type[BaseModel]], ...] = (
     ("Baseline: llama-swap group", "policy.llama_swap.groups[]", LlamaSwapGroupConfig),
     ("Host RAM for parked models", "host", HostConfig),
     ("Server", "server", ServerConfig),
+    ("Server: request limits", "server.limits", LimitsConfig),
     ("Server: Wyoming (Home Assistant voice)", "server.wyoming", WyomingConfig),
     ("Cluster (several machines on Ray)", "cluster", ClusterConfig),
 )

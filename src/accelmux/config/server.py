@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ByteSize, ConfigDict, Field
 
+from accelmux.config.limits import LimitsConfig
 from accelmux.config.wyoming import WyomingConfig
 
 
@@ -31,6 +32,11 @@ class ServerConfig(BaseModel):
         "without it serve refuses to start there (serve --allow-open sets it).",
     )
     max_body: ByteSize = Field(ByteSize(25 * 1024**2), description="Largest request body.")
+    limits: LimitsConfig = Field(
+        default_factory=LimitsConfig,
+        description="Per-route body sizes and item counts; beyond one, 413 or 400 naming "
+        "the key (its own table below).",
+    )
     rate_limit: RateLimitConfig | None = Field(
         None,
         description="Per-key token bucket on /v1 and /api, {requests_per_s: 5, burst: 10} "

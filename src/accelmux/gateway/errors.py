@@ -81,6 +81,8 @@ def refusal(exc: Refused, param: str | None = None) -> ApiError:
     detail = exc.action.detail
     message = f"{reason.value}: {detail}" if detail else reason.value
     if reason is Reason.TOO_LARGE:
+        if param:
+            message += f" ('{param}' makes the request this large)"
         return ApiError(413, message, code=reason.value, param=param)
     if reason is Reason.QUEUE_FULL:
         return ApiError(

@@ -33,6 +33,7 @@ from aiohttp.typedefs import Middleware
 
 from accelmux.config.server import RateLimitConfig, ServerConfig
 from accelmux.gateway.errors import ApiError
+from accelmux.gateway.ollama_relay import error_response as ollama_error
 
 log = logging.getLogger("accelmux.gateway")
 
@@ -106,6 +107,13 @@ def _matches(token: bytes | None, keys: list[bytes]) -> bool:
     return ok
 
 
+def _shaped(request: web.Request, err: ApiError) -> web.Response:
+    """``err`` in the shape of the API the path belongs to (Ollama's on ``/api/``)."""
+    if request.path.startswith("/api/"):
+        return ollama_error(err)
+    return err.response()
+
+
 def error_middleware(max_body: int) -> Middleware:
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -119,28 +127,35 @@ def error_middleware(max_body: int) -> Middleware:
                 )
             return await handler(request)
         except ApiError as exc:
-            return exc.response()
+            return _shaped(request, exc)
         except web.HTTPRequestEntityTooLarge:
-            return ApiError(
-                413, f"request body exceeds the limit of {max_body} bytes", code="body_too_large"
-            ).response()
+            return _shaped(
+                request,
+                ApiError(
+                    413,
+                    f"request body exceeds the limit of {max_body} bytes",
+                    code="body_too_large",
+                ),
+            )
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise
             code = HTTP_ERROR_CODES.get(exc.status, "http_error")
-            return ApiError(exc.status, exc.reason, code=code).response()
+            return _shaped(request, ApiError(exc.status, exc.reason, code=code))
         except HttpProcessingError as exc:  # a malformed body found while reading it
             status = exc.code if 400 <= exc.code < 500 else 400
-            return ApiError(
-                status, f"malformed request: {exc.message}", code="malformed_request"
-            ).response()
+            return _shaped(
+                request,
+                ApiError(status, f"malformed request: {exc.message}", code="malformed_request"),
+            )
         except ConnectionError:
             raise
         except Exception:
             log.exception("unhandled error on %s %s", request.method, request.path)
-            return ApiError(
-                500, "internal error", type="server_error", code="internal_error"
-            ).response()
+            return _shaped(
+                request,
+                ApiError(500, "internal error", type="server_error", code="internal_error"),
+            )
 
     return middleware
 

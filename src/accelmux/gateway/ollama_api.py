@@ -35,6 +35,7 @@ from typing import Any
 from aiohttp import web
 
 from accelmux import __version__
+from accelmux.config.limits import LimitsConfig
 from accelmux.core.actions import Dispatch
 from accelmux.core.events import Demand
 from accelmux.core.state import ServiceState
@@ -49,6 +50,7 @@ from accelmux.gateway.ollama_requests import (
     OllamaEmbedRequest,
     OllamaGenerateRequest,
     OllamaMessage,
+    OllamaOptions,
     OllamaShowRequest,
     OllamaToolCall,
 )
@@ -104,15 +106,51 @@ def _resolve(rt: Runtime, name: str) -> tuple[str, str]:
     raise ApiError(404, f"model '{name}' not found", param="model", code="model_not_found")
 
 
-def _options(options: dict[str, Any] | None, out: dict[str, Any]) -> None:
+def _options(options: OllamaOptions | None, out: dict[str, Any]) -> None:
     if options is None:
         return
+    given = options.model_dump(exclude_none=True)
     for key, target in OPTION_FIELDS.items():
-        if options.get(key) is not None:
-            out[target] = options[key]
-    predict = options.get("num_predict")
-    if isinstance(predict, int) and not isinstance(predict, bool) and predict > 0:
+        if key in given:
+            out[target] = given[key]
+    predict = options.num_predict
+    if predict is not None and predict > 0:
         out["max_tokens"] = predict
+
+
+#: The OpenAI field a translated request holds -> the Ollama field it came from.
+OLLAMA_NAMES = {
+    "max_tokens": "options.num_predict",
+    "response_format": "format",
+    **{key: f"options.{key}" for key in OPTION_FIELDS},
+}
+
+
+def _ollama_named(err: ApiError, names: dict[str, str]) -> ApiError:
+    """``err`` about a translated request, naming the fields as the client wrote them."""
+    param = err.param
+    if param is None:
+        return err
+    head = param.split("[", 1)[0].split(".", 1)[0]
+    if head not in names:
+        return err
+    ollama = names[head] + param[len(head) :]
+    err.message = err.message.replace(f"'{param}'", f"'{ollama}'")
+    err.param = ollama
+    return err
+
+
+def _translated(build: Callable[[], parse.Parsed], names: dict[str, str]) -> parse.Parsed:
+    """``build()`` (the OpenAI parse of a translated body), its errors and the field its
+    413 names in Ollama's words."""
+    try:
+        parsed = build()
+    except ApiError as exc:
+        raise _ollama_named(exc, names) from None
+    if parsed.size_param is not None:
+        head = parsed.size_param
+        parsed.size_param = names.get(head, head)
+    return parsed
 
 
 def _format(fmt: str | dict[str, Any] | None, out: dict[str, Any]) -> None:
@@ -209,68 +247,107 @@ def _need_llm(rt: Runtime, name: str, service: str) -> None:
 
 
 # ---- handlers ----------------------------------------------------------------------------
-@ollama_errors
-async def chat(request: web.Request) -> web.StreamResponse:
-    body, _ = await parse.read_json(request)
-    rt = request.app[RUNTIME]
+def _chat_request(
+    body: dict[str, Any], limits: LimitsConfig, rt: Runtime
+) -> tuple[OllamaChatRequest, str, parse.Parsed | None]:
+    """Checked (counts first), resolved and translated; no Parsed for a load/unload."""
+    parse.check_items(body, limits)
     req = parse.validated(OllamaChatRequest, body)
     model, service = _resolve(rt, req.model)
     _need_llm(rt, req.model, service)
     messages = _messages(req.messages or [])
     if not messages:
-        return await _warm(request, req.model, service, req.keep_alive, chat_api=True)
+        return req, service, None
     out = _llm_body(req, model)
     out["messages"] = messages
     if req.tools is not None:
         out["tools"] = body["tools"]
-    parsed = parse.chat(out, b"", rt.cfg.server.default_max_tokens)
+    default_max = rt.cfg.server.default_max_tokens
+    parsed = _translated(lambda: parse.chat(out, b"", default_max, limits), OLLAMA_NAMES)
     parsed.keep_alive_s = req.keep_alive
+    return req, service, parsed
+
+
+@ollama_errors
+async def chat(request: web.Request) -> web.StreamResponse:
+    rt = request.app[RUNTIME]
+    req, service, parsed = await parse.decode(
+        request, lambda body, _, limits: _chat_request(body, limits, rt)
+    )
+    if parsed is None:
+        return await _warm(request, req.model, service, req.keep_alive, chat_api=True)
     relay = OllamaRelay(req.model, chat_api=True, chat_backend=True)
     return await serve(request, parsed, relay)
 
 
-@ollama_errors
-async def generate(request: web.Request) -> web.StreamResponse:
-    body, _ = await parse.read_json(request)
-    rt = request.app[RUNTIME]
+def _generate_request(
+    body: dict[str, Any], limits: LimitsConfig, rt: Runtime
+) -> tuple[OllamaGenerateRequest, str, bool, parse.Parsed | None]:
     req = parse.validated(OllamaGenerateRequest, body)
     name = req.model
     model, service = _resolve(rt, name)
     _need_llm(rt, name, service)
     prompt, system = req.prompt, req.system
+    chat_backend = _kind(rt, service) is ServiceKind.CHAT and not req.raw
     if not prompt:
-        return await _warm(request, name, service, req.keep_alive, chat_api=False)
+        return req, service, chat_backend, None
     out = _llm_body(req, model)
     default_max = rt.cfg.server.default_max_tokens
-    chat_backend = _kind(rt, service) is ServiceKind.CHAT and not req.raw
     if chat_backend:
         messages = [{"role": "system", "content": system}] if system else []
         out["messages"] = [*messages, {"role": "user", "content": prompt}]
-        parsed = parse.chat(out, b"", default_max)
+        names = {**OLLAMA_NAMES, "messages": "prompt"}
+        parsed = _translated(lambda: parse.chat(out, b"", default_max, limits), names)
     else:
         if "response_format" in out:
             raise bad_field("format", "'format' needs a chat model (this one completes text)")
         out["prompt"] = f"{system}\n\n{prompt}" if system else prompt
-        parsed = parse.completion(out, b"", default_max)
+        parsed = _translated(lambda: parse.completion(out, b"", default_max, limits), OLLAMA_NAMES)
     parsed.keep_alive_s = req.keep_alive
-    relay = OllamaRelay(name, chat_api=False, chat_backend=chat_backend)
+    return req, service, chat_backend, parsed
+
+
+@ollama_errors
+async def generate(request: web.Request) -> web.StreamResponse:
+    rt = request.app[RUNTIME]
+    req, service, chat_backend, parsed = await parse.decode(
+        request, lambda body, _, limits: _generate_request(body, limits, rt)
+    )
+    if parsed is None:
+        return await _warm(request, req.model, service, req.keep_alive, chat_api=False)
+    relay = OllamaRelay(req.model, chat_api=False, chat_backend=chat_backend)
     return await serve(request, parsed, relay)
 
 
-async def _embed(request: web.Request, *, legacy: bool) -> web.StreamResponse:
-    body, _ = await parse.read_json(request)
-    rt = request.app[RUNTIME]
+def _embed_request(
+    body: dict[str, Any], limits: LimitsConfig, rt: Runtime, *, legacy: bool
+) -> tuple[str, parse.Parsed]:
+    field = "prompt" if legacy else "input"
+    parse.check_items(body, limits, inputs=field)
     req: OllamaEmbedRequest | OllamaEmbeddingsRequest
     if legacy:
         req = parse.validated(OllamaEmbeddingsRequest, body)
-        value = body["prompt"]
     else:
         req = parse.validated(OllamaEmbedRequest, body)
-        value = body["input"]
-    model, _ = _resolve(rt, req.model)
-    parsed = parse.embeddings({"model": model, "input": value}, b"")
+    model, service = _resolve(rt, req.model)
+    if _kind(rt, service) is not ServiceKind.EMBEDDINGS:
+        raise ApiError(
+            400, f"model '{req.model}' does not embed", param="model", code="wrong_model_kind"
+        )
+    names = {"input": field}
+    parsed = _translated(
+        lambda: parse.embeddings({"model": model, "input": body[field]}, b"", limits), names
+    )
     parsed.keep_alive_s = req.keep_alive
-    return await serve(request, parsed, EmbedRelay(req.model, legacy=legacy))
+    return req.model, parsed
+
+
+async def _embed(request: web.Request, *, legacy: bool) -> web.StreamResponse:
+    rt = request.app[RUNTIME]
+    name, parsed = await parse.decode(
+        request, lambda body, _, limits: _embed_request(body, limits, rt, legacy=legacy)
+    )
+    return await serve(request, parsed, EmbedRelay(name, legacy=legacy))
 
 
 @ollama_errors
@@ -385,11 +462,11 @@ async def version(request: web.Request) -> web.Response:
 
 
 def add_routes(app: web.Application) -> None:
-    app.router.add_post("/api/chat", chat)
-    app.router.add_post("/api/generate", generate)
-    app.router.add_post("/api/embed", embed)
-    app.router.add_post("/api/embeddings", embeddings)
+    app.router.add_post("/api/chat", chat, expect_handler=parse.expect_within_limit)
+    app.router.add_post("/api/generate", generate, expect_handler=parse.expect_within_limit)
+    app.router.add_post("/api/embed", embed, expect_handler=parse.expect_within_limit)
+    app.router.add_post("/api/embeddings", embeddings, expect_handler=parse.expect_within_limit)
     app.router.add_get("/api/tags", tags)
     app.router.add_get("/api/ps", ps)
-    app.router.add_post("/api/show", show)
+    app.router.add_post("/api/show", show, expect_handler=parse.expect_within_limit)
     app.router.add_get("/api/version", version)

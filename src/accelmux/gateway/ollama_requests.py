@@ -15,9 +15,18 @@ import math
 import re
 from typing import Annotated, Any, Literal, Self
 
-from pydantic import ConfigDict, Field, PlainValidator, model_validator
+from pydantic import ConfigDict, Field, PlainValidator, StrictInt, model_validator
 
-from accelmux.gateway.openai_requests import Content, EmbeddingsInput, ModelName, Tool
+from accelmux.gateway.openai_requests import (
+    Content,
+    EmbeddingsInput,
+    ModelName,
+    Penalty,
+    Stop,
+    Temperature,
+    Tool,
+    TopP,
+)
 from accelmux.request_validation import RequestModel, field_error, one_error
 
 _DURATION = re.compile(r"(-?\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
@@ -43,8 +52,8 @@ def keep_alive_seconds(value: Any) -> float | None:
             seconds = sum(float(n) * _UNIT_S[u] for n, u in parts)
     else:
         raise field_error("must be a number of seconds or a duration")
-    if math.isnan(seconds):
-        raise field_error("must be a number")
+    if not math.isfinite(seconds):  # "inf", "nan": negative means forever
+        raise field_error("must be a finite number (negative keeps it loaded)")
     return math.inf if seconds < 0 else seconds
 
 
@@ -62,8 +71,33 @@ Format = Annotated[
     one_error('must be "json" or a JSON schema object'),
     Field(description='"json", or a JSON schema the answer follows (chat models).'),
 ]
+#: The largest ``num_ctx`` taken (2^20 tokens: beyond any model served here).
+MAX_NUM_CTX = 1 << 20
+
+
+class OllamaOptions(RequestModel):
+    """The options read (others are ignored, as Ollama ignores what a model does not
+    know); each is checked by type and range under its own name (``options.num_ctx``)."""
+
+    num_predict: Annotated[
+        StrictInt | None, Field(ge=-2, description="Tokens to generate (-1, -2: no limit).")
+    ] = None
+    num_ctx: Annotated[
+        StrictInt | None,
+        Field(ge=1, le=MAX_NUM_CTX, description="Context window (the service's own is used)."),
+    ] = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    top_k: Annotated[StrictInt | None, Field(ge=0)] = None
+    seed: StrictInt | None = None
+    stop: Stop = None
+    frequency_penalty: Penalty | None = None
+    presence_penalty: Penalty | None = None
+    repeat_penalty: Annotated[float | None, Field(ge=0, le=10)] = None
+
+
 Options = Annotated[
-    dict[str, Any] | None,
+    OllamaOptions | None,
     Field(
         description="temperature, top_p, seed, stop, num_predict and the three penalties "
         "are used; others are ignored."

@@ -132,7 +132,7 @@ async def serve(
         )
     except Refused as exc:
         outcome = exc.reason.value
-        err = refusal(exc, parse.DEMAND_PARAM[parsed.endpoint])
+        err = refusal(exc, parsed.size_param or parse.DEMAND_PARAM[parsed.endpoint])
         return await _fail(request, stream_resp, err, rid, relay)
     except BackendError as exc:
         err = backend_failure(exc)
@@ -201,30 +201,31 @@ async def _fail(
 
 # ---- handlers ---------------------------------------------------------------------------
 async def chat_completions(request: web.Request) -> web.StreamResponse:
-    body, raw = await parse.read_json(request)
-    rt = request.app[RUNTIME]
-    return await serve(request, parse.chat(body, raw, rt.cfg.server.default_max_tokens))
+    default_max = request.app[RUNTIME].cfg.server.default_max_tokens
+    parsed = await parse.decode(
+        request, lambda body, raw, limits: parse.chat(body, raw, default_max, limits)
+    )
+    return await serve(request, parsed)
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
-    body, raw = await parse.read_json(request)
-    rt = request.app[RUNTIME]
-    return await serve(request, parse.completion(body, raw, rt.cfg.server.default_max_tokens))
+    default_max = request.app[RUNTIME].cfg.server.default_max_tokens
+    parsed = await parse.decode(
+        request, lambda body, raw, limits: parse.completion(body, raw, default_max, limits)
+    )
+    return await serve(request, parsed)
 
 
 async def embeddings(request: web.Request) -> web.StreamResponse:
-    body, raw = await parse.read_json(request)
-    return await serve(request, parse.embeddings(body, raw))
+    return await serve(request, await parse.decode(request, parse.embeddings))
 
 
 async def speech(request: web.Request) -> web.StreamResponse:
-    body, raw = await parse.read_json(request)
-    return await serve(request, parse.speech(body, raw))
+    return await serve(request, await parse.decode(request, lambda b, r, _: parse.speech(b, r)))
 
 
 async def images(request: web.Request) -> web.StreamResponse:
-    body, raw = await parse.read_json(request)
-    return await serve(request, parse.images(body, raw))
+    return await serve(request, await parse.decode(request, lambda b, r, _: parse.images(b, r)))
 
 
 async def transcriptions(request: web.Request) -> web.StreamResponse:
@@ -236,8 +237,8 @@ async def detections(request: web.Request) -> web.StreamResponse:
     if request.content_type.startswith("multipart/"):
         fields, files, _ = await parse.read_form(request)
         return await serve(request, parse.detection(fields, files, b""))
-    body, raw = await parse.read_json(request)
-    return await serve(request, parse.detection(body, {}, raw))
+    parsed = await parse.decode(request, lambda b, r, _: parse.detection(b, {}, r))
+    return await serve(request, parsed)
 
 
 def _model_entry(rt: Runtime, model: str, service: str) -> dict[str, Any]:
@@ -276,10 +277,12 @@ async def model(request: web.Request) -> web.Response:
 def add_routes(app: web.Application) -> None:
     app.router.add_get("/v1/models", models)
     app.router.add_get("/v1/models/{model:.+}", model)
-    app.router.add_post("/v1/chat/completions", chat_completions)
-    app.router.add_post("/v1/completions", completions)
-    app.router.add_post("/v1/embeddings", embeddings)
+    app.router.add_post(
+        "/v1/chat/completions", chat_completions, expect_handler=parse.expect_within_limit
+    )
+    app.router.add_post("/v1/completions", completions, expect_handler=parse.expect_within_limit)
+    app.router.add_post("/v1/embeddings", embeddings, expect_handler=parse.expect_within_limit)
     app.router.add_post("/v1/audio/transcriptions", transcriptions)
-    app.router.add_post("/v1/audio/speech", speech)
-    app.router.add_post("/v1/images/generations", images)
+    app.router.add_post("/v1/audio/speech", speech, expect_handler=parse.expect_within_limit)
+    app.router.add_post("/v1/images/generations", images, expect_handler=parse.expect_within_limit)
     app.router.add_post("/v1/detections", detections)

@@ -17,21 +17,39 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Self
 
-from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    model_validator,
+)
 
-from accelmux.request_validation import LenientInt, RequestModel, field_error, one_error
+from accelmux.config.limits import MAX_EMBEDDING_INPUTS
+from accelmux.request_validation import RequestModel, field_error, one_error
 
 TOOL_NAME = r"^[A-Za-z0-9_-]{1,64}$"
 MAX_N = 16
 MAX_STOP = 4
 MAX_IMAGES = 10
-MAX_EMBEDDING_INPUTS = 2048
+#: OpenAI's ceiling on ``top_logprobs``.
+MAX_TOP_LOGPROBS = 20
 MAX_SPEECH_CHARS = 4096
 IMAGE_SIDE = (16, 8192)
 
 ModelName = Annotated[str, Field(min_length=1, description="A service's model name or alias.")]
-PositiveInt = Annotated[LenientInt, Field(ge=1)]
-Choices = Annotated[LenientInt, Field(ge=1, le=MAX_N, description="Choices to generate.")]
+# JSON numbers as they are: "5" is not 5 (a string where a number belongs is refused)
+PositiveInt = Annotated[StrictInt, Field(ge=1)]
+Choices = Annotated[
+    StrictInt,
+    Field(ge=1, le=MAX_N, description="Choices to generate (a stream holds one)."),
+]
+Temperature = Annotated[float, Field(ge=0, le=2, description="0..2.")]
+TopP = Annotated[float, Field(ge=0, le=1, description="0..1.")]
+Penalty = Annotated[float, Field(ge=-2, le=2, description="-2..2.")]
+TopLogprobs = Annotated[StrictInt, Field(ge=0, le=MAX_TOP_LOGPROBS, description="0..20.")]
 
 #: A message's content: a string, or parts (objects: ``{"type": "text", "text": ...}``).
 Content = Annotated[
@@ -156,6 +174,13 @@ class ChatRequest(RequestModel):
     max_completion_tokens: PositiveInt | None = None
     max_tokens: PositiveInt | None = None
     stream: bool | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    frequency_penalty: Penalty | None = None
+    presence_penalty: Penalty | None = None
+    seed: StrictInt | None = None
+    logprobs: StrictBool | None = None
+    top_logprobs: TopLogprobs | None = None
 
     @model_validator(mode="after")
     def _across_fields(self) -> Self:
@@ -192,6 +217,11 @@ class CompletionRequest(RequestModel):
     max_completion_tokens: PositiveInt | None = None
     max_tokens: PositiveInt | None = None
     stream: bool | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    frequency_penalty: Penalty | None = None
+    presence_penalty: Penalty | None = None
+    seed: StrictInt | None = None
 
     @model_validator(mode="after")
     def _across_fields(self) -> Self:
@@ -228,6 +258,15 @@ class EmbeddingsRequest(RequestModel):
 
     model: ModelName
     input: EmbeddingsInput
+    encoding_format: Annotated[
+        Literal["float", "base64"] | None,
+        one_error("must be float or base64"),
+        Field(description="float (lists of numbers) or base64 (little-endian float32)."),
+    ] = None
+    dimensions: Annotated[
+        StrictInt | None,
+        Field(ge=1, description="Only the model's own size (a backend refuses any other)."),
+    ] = None
 
 
 class SpeechRequest(RequestModel):
@@ -236,7 +275,12 @@ class SpeechRequest(RequestModel):
     model: ModelName
     input: Annotated[str, Field(min_length=1, max_length=MAX_SPEECH_CHARS)]
     voice: str | None = None
-    response_format: str | None = None
+    response_format: Annotated[
+        Literal["mp3", "opus", "aac", "flac", "wav", "pcm"] | None,
+        one_error("must be mp3, opus, aac, flac, wav or pcm"),
+        Field(description="What the backend produces: the embedded and fake ones wav or pcm."),
+    ] = None
+    speed: Annotated[float | None, Field(ge=0.25, le=4.0)] = None
 
 
 def _within_sides(size: str) -> str:
@@ -254,7 +298,7 @@ class ImageRequest(RequestModel):
     model: ModelName
     prompt: Annotated[str, Field(min_length=1)]
     # a number, never null: image backends read it as one
-    n: Annotated[LenientInt, Field(ge=1, le=MAX_IMAGES)] = 1
+    n: Annotated[StrictInt, Field(ge=1, le=MAX_IMAGES)] = 1
     size: Annotated[
         str,
         Field(pattern=r"^[0-9]+[xX][0-9]+$", description="WIDTHxHEIGHT, 16..8192 each."),

@@ -14,21 +14,34 @@ Demand per kind (what the Manager's memory profile multiplies):
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
+import functools
 import json
+import logging
 import math
+import multiprocessing
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from aiohttp import web
+from aiohttp import hdrs, web
+from aiohttp.http import HttpVersion11
 from aiohttp.http_exceptions import HttpProcessingError
 from pydantic import ValidationError
 
+from accelmux.config.limits import LimitsConfig
 from accelmux.core.events import Demand
 from accelmux.core.types import ServiceKind
+from accelmux.gateway import body_checks
+from accelmux.gateway.body_checks import BodyProblem
 from accelmux.gateway.errors import ApiError, bad_field
+from accelmux.gateway.keys import RUNTIME
 from accelmux.gateway.media import audio_seconds, looks_like_audio, looks_like_image, megapixels
+from accelmux.gateway.ollama_relay import error_response as ollama_error
 from accelmux.gateway.openai_requests import (
     ChatRequest,
     CompletionRequest,
@@ -40,6 +53,8 @@ from accelmux.gateway.openai_requests import (
     TranscriptionForm,
 )
 from accelmux.request_validation import RequestModel, first_problem
+
+log = logging.getLogger("accelmux.gateway")
 
 CHARS_PER_TOKEN = 3.5
 TOKENS_PER_MESSAGE = 4
@@ -65,8 +80,6 @@ DEMAND_PARAM: dict[str, str] = {
     "/v1/images/generations": "size",
     "/v1/detections": "image",
 }
-#: How deeply a JSON body may nest (arrays and objects) before it is refused.
-MAX_JSON_DEPTH = 64
 
 
 @dataclass(slots=True, kw_only=True)
@@ -82,27 +95,176 @@ class Parsed:
     content_type: str = "application/json"
     #: Ollama's keep_alive in seconds (None: the service's configured TTL).
     keep_alive_s: float | None = None
+    #: The field a 413 ``too_large`` names: the one that made the demand large.
+    size_param: str | None = None
 
 
 def tokens_of(chars: int) -> int:
     return math.ceil(chars / CHARS_PER_TOKEN)
 
 
-async def read_json(request: web.Request) -> tuple[dict[str, Any], bytes]:
-    raw = await request.read()
-    if not raw:
-        raise ApiError(400, "request body is empty; expected a JSON object", code="invalid_json")
+#: The ``server.limits`` key that bounds each JSON route's body (others: server.max_body).
+ROUTE_BODY: dict[str, str] = {
+    "/v1/chat/completions": "chat_body",
+    "/v1/completions": "chat_body",
+    "/api/chat": "chat_body",
+    "/api/generate": "chat_body",
+    "/v1/embeddings": "embeddings_body",
+    "/api/embed": "embeddings_body",
+    "/api/embeddings": "embeddings_body",
+    "/v1/audio/speech": "small_body",
+    "/v1/images/generations": "small_body",
+    "/api/show": "small_body",
+}
+#: At most this many bodies are parsed off the event loop at once (the others wait).
+PARSE_THREADS = 2
+#: Processes that check big bodies before the daemon parses them.
+CHECK_PROCESSES = 1
+#: The field that holds the embedding inputs, by route.
+EMBEDDING_INPUTS = {"/v1/embeddings": "input", "/api/embed": "input", "/api/embeddings": "prompt"}
+
+T = TypeVar("T")
+
+
+def limits_of(request: web.Request) -> LimitsConfig:
+    return request.app[RUNTIME].cfg.server.limits
+
+
+def _body_limit(request: web.Request) -> tuple[int, str]:
+    """The largest body ``request``'s route takes, and the config key that sets it."""
+    server = request.app[RUNTIME].cfg.server
+    key = ROUTE_BODY.get(request.path)
+    if key is None:
+        return int(server.max_body), "server.max_body"
+    return min(int(getattr(server.limits, key)), int(server.max_body)), f"server.limits.{key}"
+
+
+def _too_big(size: str, limit: int, key: str) -> ApiError:
+    return ApiError(
+        413,
+        f"request body is {size} bytes; the limit of this route is {limit} ({key})",
+        code="body_too_large",
+    )
+
+
+async def read_body(request: web.Request) -> bytes:
+    """The body, refused (413 ``body_too_large``) beyond its route's limit: by its
+    Content-Length before a byte is read, else as soon as the read passes the limit."""
+    limit, key = _body_limit(request)
+    length = request.content_length
+    if length is not None and length > limit:
+        raise _too_big(str(length), limit, key)
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.content.iter_any():
+        size += len(chunk)
+        if size > limit:
+            raise _too_big(f"over {limit}", limit, key)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def expect_within_limit(request: web.Request) -> web.StreamResponse | None:
+    """``Expect: 100-continue`` (curl sends it before a large body): a body over the
+    route's limit is refused before the client sends it; any other gets its 100 Continue
+    (aiohttp's own behaviour)."""
+    limit, key = _body_limit(request)
+    length = request.content_length
+    if length is not None and length > limit:
+        err = _too_big(str(length), limit, key)
+        # answered before the middlewares: in the route's own error shape here
+        return ollama_error(err) if request.path.startswith("/api/") else err.response()
+    expect = request.headers.get(hdrs.EXPECT, "")
+    if request.version == HttpVersion11:
+        if expect.lower() != "100-continue":
+            raise web.HTTPExpectationFailed(text=f"Unknown Expect: {expect}")
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        request.writer.output_size = 0
+    return None
+
+
+def _api_error(exc: BodyProblem) -> ApiError:
+    return ApiError(exc.status, exc.message, param=exc.param, code=exc.code)
+
+
+def loads(raw: bytes) -> dict[str, Any]:
+    """``raw`` as a JSON object, strictly, nested at most MAX_JSON_DEPTH levels."""
     try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ApiError(400, f"request body is not valid JSON: {exc}", code="invalid_json") from None
-    except RecursionError:  # deeper than the parser's own stack allows
-        raise _too_deep() from None
-    if _depth_over(body, MAX_JSON_DEPTH):
-        raise _too_deep()
-    if not isinstance(body, dict):
-        raise ApiError(400, "request body must be a JSON object", code="invalid_json")
-    return body, raw
+        body = body_checks.loads(raw)
+        if body_checks.depth_over(body):
+            raise body_checks.too_deep()
+    except BodyProblem as exc:
+        raise _api_error(exc) from None
+    return body
+
+
+def check_items(body: dict[str, Any], limits: LimitsConfig, *, inputs: str | None = None) -> None:
+    """:func:`body_checks.check_items`, its refusal as a 400 ``limit_exceeded``."""
+    try:
+        body_checks.check_items(body, limits, inputs=inputs)
+    except BodyProblem as exc:
+        raise _api_error(exc) from None
+
+
+async def read_json(request: web.Request) -> tuple[dict[str, Any], bytes]:
+    """The body as a JSON object (small bodies: the parse is short, done in place)."""
+    raw = await read_body(request)
+    return loads(raw), raw
+
+
+@functools.cache
+def _parse_executor() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(PARSE_THREADS, thread_name_prefix="accelmux-parse")
+
+
+@functools.cache
+def _check_executor() -> ProcessPoolExecutor:
+    return ProcessPoolExecutor(
+        CHECK_PROCESSES,
+        mp_context=multiprocessing.get_context("spawn"),
+        initializer=body_checks.ignore_interrupts,
+    )
+
+
+def _decode(
+    raw: bytes, limits: LimitsConfig, build: Callable[[dict[str, Any], bytes, LimitsConfig], T]
+) -> T:
+    return build(loads(raw), raw, limits)
+
+
+async def _preflight(raw: bytes, limits: LimitsConfig, path: str) -> None:
+    """A big body parsed and counted in a process of its own first: a body over the
+    limits is refused without ever being parsed in the daemon."""
+    loop = asyncio.get_running_loop()
+    inputs = EMBEDDING_INPUTS.get(path)
+    try:
+        problem = await loop.run_in_executor(
+            _check_executor(), body_checks.preflight, raw, limits, inputs
+        )
+    except (BrokenProcessPool, OSError) as exc:  # checked in the daemon instead
+        log.warning("body check process unavailable (%s); checking in a thread", exc)
+        _check_executor.cache_clear()
+        return
+    if problem is not None:
+        status, message, param, code = problem
+        raise ApiError(status, message, param=param, code=code)
+
+
+async def decode(
+    request: web.Request, build: Callable[[dict[str, Any], bytes, LimitsConfig], T]
+) -> T:
+    """Read the body, parse it, check its item counts and ``build`` the request from it
+    (validation, token counts): in place for a small body, in a worker thread for one
+    over ``server.limits.offload_body``, so that the event loop serves other requests
+    meanwhile, after a check in a process of its own for one over ``preflight_body``."""
+    raw = await read_body(request)
+    limits = limits_of(request)
+    if len(raw) <= int(limits.offload_body):
+        return _decode(raw, limits, build)
+    if len(raw) > int(limits.preflight_body):
+        await _preflight(raw, limits, request.path)
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(_parse_executor(), _decode, raw, limits, build)
 
 
 async def read_form(
@@ -124,32 +286,6 @@ async def read_form(
         else:
             fields[key] = str(value)
     return fields, files, info
-
-
-def _too_deep() -> ApiError:
-    return ApiError(
-        400,
-        f"request body nests arrays/objects deeper than {MAX_JSON_DEPTH} levels",
-        code="json_too_deep",
-    )
-
-
-def _depth_over(value: Any, limit: int) -> bool:
-    """Whether ``value`` nests lists/dicts more than ``limit`` levels (iteratively: a
-    hostile body must not exhaust the stack here either)."""
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict):
-            children: Any = item.values()
-        elif isinstance(item, list):
-            children = item
-        else:
-            continue
-        if depth > limit:
-            return True
-        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
-    return False
 
 
 M = TypeVar("M", bound=RequestModel)
@@ -183,7 +319,22 @@ def _content_chars(content: str | list[dict[str, Any]] | None) -> int:
     return total
 
 
-def chat(body: dict[str, Any], raw: bytes, default_max: int) -> Parsed:
+def _size_param(prompt: int, output: int, req: ChatRequest | CompletionRequest, text: str) -> str:
+    """The field that made a demand large: the output's (``max_completion_tokens``,
+    ``max_tokens``, ``n``) when the output outweighs the prompt, else the prompt's."""
+    if output <= prompt:
+        return text
+    if req.max_completion_tokens is not None:
+        return "max_completion_tokens"
+    if req.max_tokens is not None:
+        return "max_tokens"
+    return "n" if (req.n or 1) > 1 else text
+
+
+def chat(
+    body: dict[str, Any], raw: bytes, default_max: int, limits: LimitsConfig | None = None
+) -> Parsed:
+    check_items(body, limits or LimitsConfig())
     req = validated(ChatRequest, body)
     chars = sum(_content_chars(msg.content) for msg in req.messages)
     if req.tools:  # a backend describes them to the model
@@ -200,16 +351,28 @@ def chat(body: dict[str, Any], raw: bytes, default_max: int) -> Parsed:
         stream=req.stream is True,
         raw=raw,
         demand=Demand(kv_tokens=prompt + output, prompt_tokens=prompt, output_tokens=output),
+        size_param=_size_param(prompt, output, req, "messages"),
     )
 
 
-def completion(body: dict[str, Any], raw: bytes, default_max: int) -> Parsed:
+def completion(
+    body: dict[str, Any], raw: bytes, default_max: int, limits: LimitsConfig | None = None
+) -> Parsed:
+    del limits  # a prompt is one text or one token array: nothing to count before
     req = validated(CompletionRequest, body)
     prompt = req.prompt
     if isinstance(prompt, str):
         tokens = tokens_of(len(prompt))
     elif isinstance(prompt[0], str):
-        tokens = sum(tokens_of(len(p)) for p in prompt if isinstance(p, str))
+        if len(prompt) > 1:  # one choice per prompt would be answered as one: refused
+            raise ApiError(
+                400,
+                f"'prompt' holds {len(prompt)} prompts; one request takes one prompt "
+                "(send one request per prompt)",
+                param="prompt",
+                code="unsupported",
+            )
+        tokens = tokens_of(len(prompt[0]))
     else:
         tokens = len(prompt)
     output = _max_output(req.n, req.max_completion_tokens, req.max_tokens, default_max)
@@ -220,10 +383,12 @@ def completion(body: dict[str, Any], raw: bytes, default_max: int) -> Parsed:
         stream=req.stream is True,
         raw=raw,
         demand=Demand(kv_tokens=tokens + output, prompt_tokens=tokens, output_tokens=output),
+        size_param=_size_param(tokens, output, req, "prompt"),
     )
 
 
-def embeddings(body: dict[str, Any], raw: bytes) -> Parsed:
+def embeddings(body: dict[str, Any], raw: bytes, limits: LimitsConfig | None = None) -> Parsed:
+    check_items(body, limits or LimitsConfig(), inputs="input")
     req = validated(EmbeddingsRequest, body)
     texts: list[Any] = req.input
     tokens = 0

@@ -104,6 +104,12 @@ class MiniLmComponent(_ModelComponent):
         if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
             raise RequestError("input must be a string or a list of strings", field="input")
         vectors = self.model.embed_array(texts)
+        dims = body.get("dimensions")
+        if dims is not None and dims != vectors.shape[1]:  # no truncation: refused
+            raise RequestError(
+                f"this model's embeddings have {vectors.shape[1]} dimensions (asked {dims})",
+                field="dimensions",
+            )
         b64 = body.get("encoding_format") == "base64"
         data: list[Any] = [
             base64.b64encode(row.astype("<f4").tobytes()).decode()
