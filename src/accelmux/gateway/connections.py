@@ -17,8 +17,8 @@ layer adds them without touching aiohttp's request handling:
   normal. A slow header on a keep-alive connection is bounded by aiohttp's
   ``keepalive_timeout`` (counted from the previous answer, bytes or not).
 - At ``server.max_connections`` a newcomer closes the oldest connection that has no
-  request in progress; when every connection is busy it gets ``503
-  too_many_connections`` with ``Connection: close`` and nothing else.
+  request in progress (no byte of the next one either, and opened over a second ago);
+  when there is none it gets ``503 too_many_connections`` with ``Connection: close``.
 
 Under a plain ``web.TCPSite`` (tests) the middleware finds no guard and does nothing.
 """
@@ -32,6 +32,7 @@ import resource
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 from aiohttp import web
 from aiohttp.streams import StreamReader
@@ -45,6 +46,8 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 #: Refusals that linger (answer sent, waiting for the client to read it) at most.
 MAX_LINGERING_REFUSALS = 64
 REFUSAL_LINGER_S = 1.0
+#: A connection younger than this is not closed to make room (its request may be on its way).
+EVICT_GRACE_S = 1.0
 
 
 def _answer(status: str, message: str, code: str) -> bytes:
@@ -97,6 +100,8 @@ class _Connection:
     busy: int = 0
     body: StreamReader | None = None
     bytes_seen: bool = False
+    #: Bytes arrived since the last request ended (the next one is on its way).
+    pending: bool = False
     closed: bool = field(default=False)
 
 
@@ -111,13 +116,13 @@ class GuardedProtocol(asyncio.Protocol):
         self.conn = _Connection(opened=now, last_byte=now)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.conn.transport = transport
+        self.conn.transport = cast(asyncio.Transport, transport)  # uvloop's is no subclass
         self._inner.connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
         self.conn.last_byte = time.monotonic()
         self.conn.bytes_seen = True
+        self.conn.pending = True
         self._inner.data_received(data)
 
     def eof_received(self) -> bool | None:
@@ -142,6 +147,7 @@ class GuardedProtocol(asyncio.Protocol):
     def request_ended(self) -> None:
         self.conn.busy -= 1
         self.conn.body = None
+        self.conn.pending = False
 
 
 class _Refusal(asyncio.Protocol):
@@ -153,7 +159,7 @@ class _Refusal(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        transport = cast(asyncio.Transport, transport)
         self._transport = transport
         transport.write(self._guard.refusal)
         if self._guard.lingering >= MAX_LINGERING_REFUSALS or not transport.can_write_eof():
@@ -222,9 +228,15 @@ class ConnectionGuard:
         self._open.pop(proto, None)
 
     def _evict_idle(self) -> bool:
-        """Close the oldest connection without a request in progress; False if none."""
+        """Close the oldest connection without a request in progress (none handled, no
+        byte of one received); False if none. One opened within the last moment is left
+        alone: its request may not have been read yet."""
+        settled = time.monotonic() - min(EVICT_GRACE_S, self.limits.header_timeout_s / 2)
         for proto in self._open:
-            if proto.conn.busy == 0 and proto.conn.transport is not None:
+            conn = proto.conn
+            if conn.opened > settled:
+                break  # the rest are younger still
+            if conn.busy == 0 and not conn.pending and conn.transport is not None:
                 self.counts.evicted_idle += 1
                 self._close(proto, None)
                 return True
