@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from tests.live.support import base_config, fake, live, run
 
 from accelmux.gateway.guard import HostRule, host_name
@@ -74,6 +76,16 @@ def test_host_names_are_parsed_and_matched() -> None:
     assert named.allows("accel.example:443") and named.allows("gpu.home.arpa")
     assert not named.allows("localhost") and not named.allows("home.arpa.evil.example")
     assert HostRule.of(["*"], "127.0.0.1").allows("anything.example")
+
+
+@given(st.ip_addresses(), st.integers(min_value=1, max_value=65535))
+def test_an_address_host_names_that_address(address: Any, port: int) -> None:
+    text = f"[{address}]" if address.version == 6 else str(address)
+    assert host_name(f"{text}:{port}") == str(address)
+    assert host_name(text) == str(address)
+    assert HostRule.of(None, "0.0.0.0").allows(f"{text}:{port}")
+    loopback_only = HostRule.of(None, "127.0.0.1")
+    assert loopback_only.allows(f"{text}:{port}") == (str(address) in ("127.0.0.1", "::1"))
 
 
 def test_foreign_host_is_refused_but_health_answers(tmp_path: Path) -> None:

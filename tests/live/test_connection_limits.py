@@ -112,6 +112,7 @@ def test_silent_and_slow_header_connections_are_closed(tmp_path: Path) -> None:
             assert all(got.get(s, b"").startswith(b"HTTP/1.1 408 ") for s in slow), got
             assert not any(got.get(s) for s in silent)  # closed without a word
         assert http("GET", d.url + "/health")[0] == 200
+    assert "Traceback" not in d.log.read_text()
 
 
 def test_idle_keepalive_connections_are_closed(tmp_path: Path) -> None:
@@ -149,6 +150,8 @@ def test_stalled_body_is_cut_but_steady_upload_and_long_stream_are_not(tmp_path:
         status, text, _ = http("POST", d.url + "/v1/chat/completions", stream)
         assert status == 200, text
         assert str(text).rstrip().endswith("data: [DONE]"), text
+    log = d.log.read_text()
+    assert "Traceback" not in log and " ERROR " not in log, log
 
 
 def test_connection_cap_makes_room_or_refuses_clearly(tmp_path: Path) -> None:
