@@ -17,8 +17,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
 from tests.live.support import base_config, fake
 from tests.reliability.support import http, running, wait_for, write_config
+
+pytestmark = pytest.mark.slow
 
 CHAT = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
 
