@@ -191,3 +191,32 @@ def test_requests_in_flight_spread_a_burst_before_the_next_snapshot() -> None:
         assert table.pending() == {}
 
     serve([a, b], body)
+
+
+def test_the_browser_guard_stands_in_front_and_origin_is_not_sent_on() -> None:
+    sent: list[list[tuple[str, str]]] = []
+    agent = Agent("b")
+
+    async def record(*args: Any) -> Any:
+        sent.append(list(args[2]))  # method, path, headers, body, timeout
+        return OK
+
+    agent.forward = Method(record)
+
+    async def body(client: TestClient, table: NodeTable) -> None:
+        resp = await client.get("/v1/models", headers={"Host": "evil.example"})
+        assert resp.status == 403
+        assert (await resp.json())["error"]["code"] == "host_not_allowed"
+        resp = await client.post(
+            "/v1/chat/completions", json=CHAT, headers={"Origin": "http://evil.example"}
+        )
+        assert resp.status == 403
+        assert (await resp.json())["error"]["code"] == "origin_not_allowed"
+        assert not sent
+        app_origin = "https://app.example"
+        resp = await client.post("/v1/chat/completions", json=CHAT, headers={"Origin": app_origin})
+        assert resp.status == 200 and resp.headers["Access-Control-Allow-Origin"] == app_origin
+        assert len(sent) == 1
+        assert not {k.lower() for k, _ in sent[0]} & {"origin", "sec-fetch-site", "host"}
+
+    serve([agent], body, cors_origins=["https://app.example"])

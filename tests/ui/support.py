@@ -259,7 +259,7 @@ def script_errors(driver: Any) -> list[str]:
 
 
 @contextlib.contextmanager
-def chromium(width: int = 1500, height: int = 1400) -> Iterator[Any]:
+def chromium(width: int = 1500, height: int = 1400, flags: tuple[str, ...] = ()) -> Iterator[Any]:
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
@@ -267,7 +267,7 @@ def chromium(width: int = 1500, height: int = 1400) -> Iterator[Any]:
     with tempfile.TemporaryDirectory(prefix="accelmux-chromium-") as profile:
         opts = webdriver.ChromeOptions()
         opts.binary_location = CHROMIUM
-        for flag in BROWSER_FLAGS:
+        for flag in (*BROWSER_FLAGS, *flags):
             opts.add_argument(flag)
         opts.add_argument(f"--user-data-dir={profile}")
         opts.add_argument(f"--window-size={width},{height}")

@@ -1,7 +1,8 @@
 """The cluster gateway: one HTTP front for every node, routing each request by its model.
 
 It keeps the single machine's guards (the same middlewares: API keys on ``/v1`` and
-``/api``, the admin key on ``/admin``, request size limits, rate limits) and forwards
+``/api``, the admin key on ``/admin``, the browser guard, request size limits, rate
+limits; the browser's ``Origin`` is checked here and not sent on) and forwards
 each inference request, body untouched, to the node :func:`accelmux.core.routing.route`
 chooses (through its per-poll index); that node's own daemon validates, admits and
 serves it, so every API (OpenAI, Ollama) answers as on one machine. Streamed answers
@@ -34,7 +35,9 @@ from accelmux.cluster.requests import model_of, streams
 from accelmux.cluster.snapshots import model_entries
 from accelmux.config.server import ServerConfig
 from accelmux.core.routing import NoRoute, NoRouteReason, live_models, route_indexed
+from accelmux.gateway.connections import activity_middleware
 from accelmux.gateway.errors import ApiError
+from accelmux.gateway.guard import add_cors, guard_middleware
 from accelmux.gateway.middleware import auth_middleware, error_middleware, rate_limit_middleware
 from accelmux.gateway.openapi import document
 
@@ -46,10 +49,14 @@ HOP_HEADERS = frozenset(
     {"host", "content-length", "transfer-encoding", "connection", "keep-alive", "upgrade"}
 )
 NODE_HEADER = "X-Accelmux-Node"
+#: Checked here by the browser guard, so not sent on: a node's own guard would compare
+#: the browser's Origin with the node's address.
+BROWSER_HEADERS = frozenset({"origin", "sec-fetch-site"})
 
 
 def request_headers(request: web.Request) -> list[tuple[str, str]]:
-    return [(k, v) for k, v in request.headers.items() if k.lower() not in HOP_HEADERS]
+    dropped = HOP_HEADERS | BROWSER_HEADERS
+    return [(k, v) for k, v in request.headers.items() if k.lower() not in dropped]
 
 
 def answer_headers(headers: list[tuple[str, str]], node: str) -> list[tuple[str, str]]:
@@ -269,10 +276,16 @@ def build_cluster_app(
     """The gateway in front of ``table``'s nodes, guarded as ``server`` says;
     ``configured``: the cluster config's models and the nodes that may host them."""
     max_body = int(server.max_body)
-    middlewares = [error_middleware(max_body), auth_middleware(server, server.host)]
+    middlewares = [
+        activity_middleware,
+        error_middleware(max_body),
+        guard_middleware(server, server.host),
+        auth_middleware(server, server.host),
+    ]
     if server.rate_limit is not None:
         middlewares.append(rate_limit_middleware(server.rate_limit))
     app = web.Application(client_max_size=max_body, middlewares=middlewares)
+    add_cors(app, server)
     app[TABLE] = table
     app[CONFIGURED] = dict(configured or {})
     app.router.add_get("/health", health)

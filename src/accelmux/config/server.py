@@ -56,6 +56,50 @@ class ServerConfig(BaseModel):
     event_loop: Literal["auto", "asyncio", "uvloop"] = Field(
         "auto", description="auto: uvloop when installed (faster), else asyncio."
     )
+    allowed_hosts: list[str] | None = Field(
+        None,
+        description="Host header names the daemon answers to (any port), against DNS "
+        "rebinding; other names get 403 host_not_allowed (/health excepted). None: "
+        "localhost, 127.0.0.1 and [::1], plus server.host when it is a specific address "
+        "(any IP literal when it is 0.0.0.0/::). Add the names clients use (a reverse "
+        'proxy\'s public name); ["*"] turns the check off.',
+    )
+    cors_origins: list[str] = Field(
+        default_factory=list,
+        description="Origins (https://app.example:8443) whose pages may call the API from a "
+        "browser: preflights are answered and Access-Control-Allow-Origin is sent for them "
+        "only, and their POST/PUT/PATCH/DELETE pass the cross-site check. None by default "
+        "(same-origin only).",
+    )
+    header_timeout_s: float = Field(
+        15.0,
+        gt=0,
+        le=3600,
+        description="A new connection must send complete request headers within this "
+        "(slow-header clients are cut off).",
+    )
+    body_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        le=3600,
+        description="While a request body is arriving, the longest pause between two of its "
+        "bytes before the connection is closed (a slow but steady upload is never cut).",
+    )
+    keepalive_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        le=3600,
+        description="An idle keep-alive connection is closed after this; the next request's "
+        "headers must be complete within it.",
+    )
+    max_connections: int = Field(
+        1000,
+        ge=1,
+        le=1_000_000,
+        description="Simultaneous HTTP connections; at the cap the oldest one without a "
+        "request in progress is closed for a newcomer, and when every one is busy the "
+        "newcomer gets 503 too_many_connections and Connection: close.",
+    )
     wyoming: WyomingConfig | None = Field(
         None,
         description="A Wyoming server for Home Assistant's voice pipeline, "

@@ -5,6 +5,8 @@ from __future__ import annotations
 from aiohttp import web
 
 from accelmux.gateway import admin, ollama_api, openai_api
+from accelmux.gateway.connections import activity_middleware
+from accelmux.gateway.guard import add_cors, guard_middleware
 from accelmux.gateway.keys import RUNTIME, add_request_id
 from accelmux.gateway.middleware import auth_middleware, error_middleware, rate_limit_middleware
 from accelmux.gateway.openapi import document
@@ -12,8 +14,14 @@ from accelmux.runtime.daemon import Runtime
 
 
 async def health(request: web.Request) -> web.Response:
+    """200 ``{"status": "ok"}``; 503 ``{"status": "stopping"}`` while the daemon drains, so
+    a load balancer stops sending it work."""
     rt = request.app[RUNTIME]
-    return web.json_response({"status": "stopping" if rt.stopping else "ok"})
+    if rt.stopping:
+        return web.json_response(
+            {"status": "stopping", "message": "the daemon is shutting down"}, status=503
+        )
+    return web.json_response({"status": "ok"})
 
 
 async def openapi(request: web.Request) -> web.Response:
@@ -23,15 +31,19 @@ async def openapi(request: web.Request) -> web.Response:
 def build_app(runtime: Runtime, *, host: str | None = None) -> web.Application:
     server = runtime.cfg.server
     max_body = int(server.max_body)
+    listen = host if host is not None else server.host
     middlewares = [
+        activity_middleware,
         error_middleware(max_body),
-        auth_middleware(server, host if host is not None else server.host),
+        guard_middleware(server, listen),
+        auth_middleware(server, listen),
     ]
     if server.rate_limit is not None:
         middlewares.append(rate_limit_middleware(server.rate_limit))
     app = web.Application(client_max_size=max_body, middlewares=middlewares)
     app[RUNTIME] = runtime
     app.on_response_prepare.append(add_request_id)
+    add_cors(app, server)
     app.router.add_get("/health", health)
     app.router.add_get("/openapi.json", openapi)
     openai_api.add_routes(app)

@@ -21,6 +21,7 @@ from accelmux.cluster.gateway import build_cluster_app
 from accelmux.cluster.nodes import NodeTable
 from accelmux.config.cluster import ClusterConfig
 from accelmux.config.server import ServerConfig
+from accelmux.gateway.connections import ConnectionGuard, ConnectionLimits, GuardedTCPSite
 from accelmux.gateway.middleware import ProtocolLogger
 from accelmux.server.serve import refuse_open_host
 
@@ -43,10 +44,15 @@ async def serve_cluster(
     app = build_cluster_app(table, server, configured)
     access = logging.getLogger("aiohttp.access") if server.access_log else None
     runner = web.AppRunner(
-        app, handler_cancellation=True, access_log=access, logger=ProtocolLogger()
+        app,
+        handler_cancellation=True,
+        access_log=access,
+        logger=ProtocolLogger(),
+        keepalive_timeout=server.keepalive_timeout_s,
     )
     await runner.setup()
-    site = web.TCPSite(runner, server.host, server.port, reuse_address=True)
+    guard = ConnectionGuard(ConnectionLimits.of(server))
+    site = GuardedTCPSite(runner, server.host, server.port, guard=guard, reuse_address=True)
     try:
         await site.start()
     except OSError as exc:

@@ -15,6 +15,12 @@ from accelmux.config.machine import host_memory_problems, prepare_data_dir, tigh
 from accelmux.config.schema import AccelmuxConfig
 from accelmux.config.server import ServerConfig
 from accelmux.gateway.app import build_app
+from accelmux.gateway.connections import (
+    ConnectionGuard,
+    ConnectionLimits,
+    GuardedTCPSite,
+    raise_open_files_limit,
+)
 from accelmux.gateway.middleware import ProtocolLogger, is_loopback
 from accelmux.gateway.wyoming_api import WyomingServer
 from accelmux.monitors.host import host_total
@@ -88,10 +94,21 @@ async def serve(
     await runtime.start()
     access = logging.getLogger("aiohttp.access") if server.access_log else None
     runner = web.AppRunner(
-        app, handler_cancellation=True, access_log=access, logger=ProtocolLogger()
+        app,
+        handler_cancellation=True,
+        access_log=access,
+        logger=ProtocolLogger(),
+        keepalive_timeout=server.keepalive_timeout_s,
     )
     await runner.setup()
-    site = web.TCPSite(runner, server.host, server.port, reuse_address=True)
+    wanted_files = server.max_connections + 256  # the rest: backends, logs, SQLite
+    if raise_open_files_limit(wanted_files) < wanted_files:
+        log.warning(
+            "the open-files limit (ulimit -n) is below server.max_connections + 256; "
+            "connections beyond it wait in the listen queue"
+        )
+    guard = ConnectionGuard(ConnectionLimits.of(server))
+    site = GuardedTCPSite(runner, server.host, server.port, guard=guard, reuse_address=True)
 
     async def give_up(message: str) -> NoReturn:
         """Stop what was started, then exit with ``message`` (a port already taken)."""

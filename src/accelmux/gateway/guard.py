@@ -1,0 +1,239 @@
+"""Browser guard: DNS rebinding, cross-site requests and CORS.
+
+A web page open on the machine can send requests to the daemon on loopback. The browser
+keeps it from *reading* a cross-origin answer, but not from *sending* a "simple" request
+(a form POST, or ``fetch`` with ``text/plain``), and a page whose name the attacker
+re-points at 127.0.0.1 (DNS rebinding) is same-origin with the daemon. Three checks, in
+front of the key checks:
+
+- ``Host`` must name the daemon: one of ``server.allowed_hosts`` (loopback names, plus
+  the listen address, by default; any port). A rebinding page sends its own name.
+  ``/health`` is exempt (a load balancer may probe it by any name); ``["*"]`` turns the
+  check off. Refused: 403 ``host_not_allowed``.
+- A state-changing request (POST, PUT, PATCH, DELETE) that carries an ``Origin`` must come
+  from the daemon's own origin (``Origin`` equal to ``Host``) or one of
+  ``server.cors_origins``; without ``Origin``, ``Sec-Fetch-Site: cross-site`` is refused.
+  Refused: 403 ``origin_not_allowed``. Clients that are not browsers send neither header.
+- A body in a content type a browser sends cross-site without a preflight
+  (``text/plain``, ``application/x-www-form-urlencoded``, ``multipart/form-data``) is
+  refused with 415 ``unsupported_media_type``, but for ``multipart/form-data`` on the
+  routes that take uploads (those rely on the ``Origin`` check).
+
+CORS is off unless ``server.cors_origins`` lists origins: then their preflights are
+answered and their answers carry ``Access-Control-Allow-Origin``; no other origin's are.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+
+from aiohttp import web
+from aiohttp.typedefs import Middleware
+from yarl import URL
+
+from accelmux.config.server import ServerConfig
+from accelmux.gateway.errors import ApiError
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+WILDCARD_HOSTS = ("", "0.0.0.0", "::")
+STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+#: Content types a browser sends cross-site without asking first (a CORS "simple request").
+SIMPLE_TYPES = frozenset({"text/plain", "application/x-www-form-urlencoded", "multipart/form-data"})
+#: Routes that take multipart uploads (OpenAI's shapes).
+FORM_PATHS = frozenset({"/v1/audio/transcriptions", "/v1/detections"})
+#: Routes that take JSON lines as well as JSON.
+JSONLINES_PATHS = frozenset({"/v1/jobs"})
+EXEMPT_PATHS = frozenset({"/health"})
+CORS_METHODS = "GET, POST, PUT, PATCH, DELETE"
+CORS_EXPOSED = "X-Request-Id, Retry-After"
+
+
+def host_name(value: str) -> str | None:
+    """The name in a ``Host`` value without its port (``[::1]:8600`` -> ``::1``); None
+    when it is malformed."""
+    value = value.strip().lower()
+    if value.startswith("["):
+        end = value.find("]")
+        rest = value[end + 1 :]
+        if end < 0 or (rest and not (rest.startswith(":") and rest[1:].isdigit())):
+            return None
+        return value[1:end] or None
+    if value.count(":") > 1:  # a bare IPv6 address (as written in a config)
+        return value
+    name, sep, port = value.partition(":")
+    if sep and not port.isdigit():
+        return None
+    return name.rstrip(".") or None
+
+
+def _is_ip(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HostRule:
+    """Which ``Host`` names are answered; ``any_name`` turns the check off."""
+
+    names: frozenset[str]
+    suffixes: tuple[str, ...] = ()
+    any_ip: bool = False
+    any_name: bool = False
+
+    @classmethod
+    def of(cls, allowed: Iterable[str] | None, listen: str) -> HostRule:
+        if allowed is None:
+            names = set(LOOPBACK_NAMES)
+            if listen not in WILDCARD_HOSTS:
+                names.add(host_name(listen) or listen)
+            return cls(names=frozenset(names), any_ip=listen in WILDCARD_HOSTS)
+        entries = [entry.strip().lower() for entry in allowed]
+        if "*" in entries:
+            return cls(names=frozenset(), any_name=True)
+        suffixes = tuple(entry[1:] for entry in entries if entry.startswith("*."))
+        plain = {host_name(entry) or entry for entry in entries if not entry.startswith("*.")}
+        return cls(names=frozenset(plain), suffixes=suffixes)
+
+    def allows(self, host: str) -> bool:
+        if self.any_name:
+            return True
+        name = host_name(host)
+        if name is None:
+            return False
+        if name in self.names or (self.any_ip and _is_ip(name)):
+            return True
+        return any(name.endswith(suffix) for suffix in self.suffixes)
+
+
+def _origin(value: str) -> str:
+    """An origin as compared: lower case, no trailing slash."""
+    return value.strip().lower().rstrip("/")
+
+
+def _origin_authority(origin: str) -> str | None:
+    """``host[:port]`` of an origin as a browser writes it in ``Host``."""
+    try:
+        url = URL(origin)
+    except ValueError:
+        return None
+    if not url.scheme or not url.raw_host:
+        return None
+    return url.raw_authority.lower()
+
+
+def guard_middleware(cfg: ServerConfig, listen: str) -> Middleware:
+    hosts = HostRule.of(cfg.allowed_hosts, listen)
+    cors = frozenset(_origin(o) for o in cfg.cors_origins)
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        path = request.path
+        host = request.headers.get("Host")
+        if host is not None and path not in EXEMPT_PATHS and not hosts.allows(host):
+            raise ApiError(
+                403,
+                f"Host {host!r} is not a name of this server (a request from a web page "
+                "under another name, as in DNS rebinding); add it to server.allowed_hosts",
+                code="host_not_allowed",
+            )
+        origin = request.headers.get("Origin")
+        if request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers:
+            return _preflight(request, origin, cors)
+        if request.method in STATE_CHANGING:
+            _check_origin(request, origin, host, cors)
+            if request.body_exists:
+                _check_content_type(request, path)
+        return await handler(request)
+
+    return middleware
+
+
+def _preflight(request: web.Request, origin: str | None, cors: frozenset[str]) -> web.Response:
+    if origin is None or _origin(origin) not in cors:
+        raise ApiError(
+            403,
+            f"cross-origin requests from {origin!r} are not allowed; "
+            "list the origin in server.cors_origins",
+            code="origin_not_allowed",
+        )
+    headers = {
+        "Access-Control-Allow-Origin": origin,
+        "Access-Control-Allow-Methods": CORS_METHODS,
+        "Access-Control-Max-Age": "600",
+        "Vary": "Origin",
+    }
+    asked = request.headers.get("Access-Control-Request-Headers")
+    if asked:
+        headers["Access-Control-Allow-Headers"] = asked
+    return web.Response(status=204, headers=headers)
+
+
+def _check_origin(
+    request: web.Request, origin: str | None, host: str | None, cors: frozenset[str]
+) -> None:
+    if origin is None:
+        if request.headers.get("Sec-Fetch-Site", "").lower() == "cross-site":
+            raise ApiError(
+                403,
+                "a cross-site browser request may not change anything here; "
+                "list the page's origin in server.cors_origins to allow it",
+                code="origin_not_allowed",
+            )
+        return
+    if _origin(origin) in cors:
+        return
+    authority = _origin_authority(origin)
+    if authority is not None and host is not None and authority == host.strip().lower():
+        return
+    raise ApiError(
+        403,
+        f"Origin {origin!r} may not send {request.method} requests here (a page of another "
+        "site); list it in server.cors_origins to allow it",
+        code="origin_not_allowed",
+    )
+
+
+def _check_content_type(request: web.Request, path: str) -> None:
+    if request.content_type not in SIMPLE_TYPES:
+        return
+    expected = "application/json"
+    if path in FORM_PATHS:
+        if request.content_type == "multipart/form-data":
+            return
+        expected = "multipart/form-data or application/json"
+    elif path in JSONLINES_PATHS:
+        expected = "application/json or application/jsonlines"
+    raise ApiError(
+        415,
+        f"Content-Type {request.content_type} is not accepted here (a browser sends it from "
+        f"any site without asking); send {expected}",
+        code="unsupported_media_type",
+    )
+
+
+async def add_cors_headers(request: web.Request, response: web.StreamResponse) -> None:
+    """``on_response_prepare``: Access-Control-Allow-Origin for a configured origin."""
+    origin = request.headers.get("Origin")
+    cors: frozenset[str] = request.app[CORS_ORIGINS]
+    if origin is not None and _origin(origin) in cors:
+        response.headers["Access-Control-Allow-Origin"] = origin
+        response.headers["Access-Control-Expose-Headers"] = CORS_EXPOSED
+        response.headers.add("Vary", "Origin")
+
+
+CORS_ORIGINS: web.AppKey[frozenset[str]] = web.AppKey("accelmux_cors_origins", frozenset)
+
+
+def add_cors(app: web.Application, cfg: ServerConfig) -> None:
+    """Send CORS headers to the origins of ``server.cors_origins`` (none: nothing added)."""
+    if not cfg.cors_origins:
+        return
+    app[CORS_ORIGINS] = frozenset(_origin(o) for o in cfg.cors_origins)
+    app.on_response_prepare.append(add_cors_headers)
