@@ -1,8 +1,10 @@
 """The Wyoming server: Home Assistant's voice protocol over the same Manager and backends.
 
-Built on the ``wyoming`` package (``AsyncTcpServer`` and one ``AsyncEventHandler`` per
-connection): the package frames and parses the events, this module maps them onto the
-services of ``server.wyoming`` (see :mod:`accelmux.config.wyoming`).
+Built on the ``wyoming`` package (one ``AsyncEventHandler`` per connection, its event
+classes and writer): this module maps the events onto the services of ``server.wyoming``
+(see :mod:`accelmux.config.wyoming`). Events are read by :mod:`.wyoming_frames`, the
+package's framing with every size checked before it is read and every wait bounded; the
+listener is asyncio's, with a cap on connections served at once.
 
 * ``describe`` -> ``info``, built from the config alone (never from a model), so it is
   answered at once even while the device is full or a model is loading.
@@ -20,8 +22,11 @@ Every transcription and synthesis is admitted by the Manager through
 :meth:`Runtime.run_request` with the class of its service (realtime in the default
 stack): it queues, waits, is preempted or refused like any HTTP request. Every failure is
 an ``error`` event with a text and a code (the policy's reason, ``no_asr_service``,
-``no_tts_service``, ``bad_audio_format``, ``unknown_voice``, ``invalid_request``,
-``backend_error``, ``internal_error``); the connection stays open.
+``no_tts_service``, ``bad_audio_format``, ``unknown_voice``, ``invalid_value``,
+``audio_too_long``, ``text_too_long``, ``invalid_request``, ``backend_error``,
+``internal_error``); the connection stays open. A broken frame or limit
+(``malformed_event``, ``event_too_large``, ``event_timeout``, ``idle_timeout``) and a
+connection over the cap (``too_many_connections``) are answered too, then closed.
 """
 
 from __future__ import annotations
