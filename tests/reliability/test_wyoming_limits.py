@@ -21,6 +21,8 @@ from typing import Any
 import psutil
 import pytest
 import yaml
+from hypothesis import given
+from hypothesis import strategies as st
 from tests.live.support import base_config, free_port, run, settle
 from tests.live.test_wyoming import client, read, read_until, tone, wyoming
 from tests.reliability.conftest import Record
@@ -29,12 +31,13 @@ from wyoming.asr import Transcribe, Transcript
 from wyoming.audio import AudioChunk, AudioStart, AudioStop
 from wyoming.client import AsyncTcpClient
 from wyoming.error import Error
-from wyoming.event import Event, async_read_event
+from wyoming.event import Event, async_read_event, async_write_event
 from wyoming.info import Describe, Info
 from wyoming.ping import Ping, Pong
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop
 
 from accelmux.config.wyoming import WyomingConfig
+from accelmux.gateway.wyoming_frames import FrameError, FrameLimits, read_event
 
 TIMEOUT = 10.0
 MiB = 1024**2
@@ -499,3 +502,107 @@ def test_the_limits_have_defaults_that_fit_home_assistant() -> None:
     # the sizes Home Assistant sends fit under the defaults: 1024 samples of 16-bit mono
     chunk = AudioChunk(rate=16000, width=2, channels=1, audio=b"\0" * 2048).event()
     assert len(chunk.payload or b"") <= cfg.max_payload_bytes
+
+
+# ---- the reader itself ------------------------------------------------------------------------
+SMALL = FrameLimits(
+    max_header_bytes=256,
+    max_data_bytes=64,
+    max_payload_bytes=64,
+    idle_timeout_s=5.0,
+    event_timeout_s=5.0,
+)
+
+
+async def _read_all(raw: bytes, limits: FrameLimits = SMALL) -> list[Event | FrameError]:
+    reader = asyncio.StreamReader(limit=limits.max_header_bytes)
+    reader.feed_data(raw)
+    reader.feed_eof()
+    out: list[Event | FrameError] = []
+    while True:
+        try:
+            event = await read_event(reader, limits)
+        except FrameError as exc:
+            out.append(exc)
+            return out
+        if event is None:
+            return out
+        out.append(event)
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner),
+    max_leaves=6,
+)
+
+
+def _frames() -> st.SearchStrategy[bytes]:
+    """Bytes, JSON lines of any value, and headers with any type, data and lengths."""
+    header = st.fixed_dictionaries(
+        {},
+        optional={
+            "type": json_values,
+            "data": json_values,
+            "data_length": st.integers(-2, 100) | json_values,
+            "payload_length": st.integers(-2, 100) | json_values,
+        },
+    )
+    line = (json_values | header).map(lambda v: json.dumps(v).encode() + b"\n")
+    return st.lists(line | st.binary(max_size=80), max_size=6).map(b"".join)
+
+
+@given(_frames())
+def test_any_bytes_are_events_or_one_frame_error_never_an_exception(raw: bytes) -> None:
+    for item in asyncio.run(_read_all(raw)):
+        if isinstance(item, Event):
+            assert isinstance(item.type, str) and isinstance(item.data, dict)
+            assert len(item.payload or b"") <= SMALL.max_payload_bytes
+        else:
+            assert item.code in {"malformed_event", "event_too_large"}, item
+
+
+@given(
+    st.text(min_size=1, max_size=20),
+    st.dictionaries(st.text(max_size=8), json_values, max_size=4),
+    st.binary(max_size=40),
+)
+def test_what_the_package_writes_reads_back_the_same(
+    kind: str, data: dict[str, Any], payload: bytes
+) -> None:
+    async def body() -> list[Event | FrameError]:
+        reader = asyncio.StreamReader(limit=4096)
+        out = _Sink()
+        await async_write_event(Event(type=kind, data=data, payload=payload), out)  # type: ignore[arg-type]
+        reader.feed_data(out.buffer)
+        reader.feed_eof()
+        limits = FrameLimits(
+            max_header_bytes=4096,
+            max_data_bytes=4096,
+            max_payload_bytes=4096,
+            idle_timeout_s=5.0,
+            event_timeout_s=5.0,
+        )
+        event = await read_event(reader, limits)
+        assert await read_event(reader, limits) is None
+        return [] if event is None else [event]
+
+    (event,) = asyncio.run(body())
+    assert isinstance(event, Event)
+    assert (event.type, event.data, event.payload) == (kind, data, payload or None)
+
+
+class _Sink:
+    """A StreamWriter stand-in that keeps what is written."""
+
+    def __init__(self) -> None:
+        self.buffer = b""
+
+    def write(self, data: bytes) -> None:
+        self.buffer += data
+
+    def writelines(self, lines: list[bytes]) -> None:
+        self.buffer += b"".join(lines)
+
+    async def drain(self) -> None:
+        return None
