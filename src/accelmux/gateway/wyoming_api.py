@@ -368,7 +368,7 @@ class VoiceHandler(AsyncEventHandler):
 
     async def _last_word(self, event: Event) -> None:
         """Say why the connection closes, unless the client is not reading."""
-        with contextlib.suppress(ConnectionError, TimeoutError):
+        with contextlib.suppress(OSError, TimeoutError):  # the client is gone or not reading
             async with asyncio.timeout(LAST_WORD_S):
                 await async_write_event(event, self.writer)
 
@@ -639,7 +639,7 @@ class WyomingServer:
         self.connections: dict[asyncio.Task[Any], VoiceHandler] = {}
         self._server: asyncio.Server | None = None
         self._refused = 0  # over the cap, since the last log line about it
-        self._refused_logged = -REFUSED_LOG_EVERY_S
+        self._refused_logged = float("-inf")
         self._lingering = 0  # refused connections being closed gracefully
         self._zeroconf: AsyncZeroconf | None = None
         self._service_info: AsyncServiceInfo | None = None
@@ -703,7 +703,7 @@ class WyomingServer:
             f"the server serves {cap} connections already (server.wyoming.max_connections): "
             "try again later"
         )
-        with contextlib.suppress(ConnectionError, TimeoutError):
+        with contextlib.suppress(OSError, TimeoutError):  # the client is gone or not reading
             async with asyncio.timeout(LAST_WORD_S):
                 await async_write_event(
                     Error(text=text, code="too_many_connections").event(), writer
