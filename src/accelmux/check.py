@@ -68,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
             return _check_scenario(data, path)
         cfg = load.load_config_data(data, str(path), path.parent)
         problems = [*machine.missing_backends(cfg), *machine.machine_problems(cfg)]
+        problems += _open_wyoming_problems(cfg)
         if problems:
             raise ConfigError(str(path), problems)
     except ConfigError as exc:
@@ -75,6 +76,17 @@ def run(args: argparse.Namespace) -> int:
     _report_deprecations(path, cfg.deprecations)
     print(f"{args.file}: OK ({len(cfg.devices)} device(s), {len(cfg.services)} service(s))")
     return 0
+
+
+def _open_wyoming_problems(cfg: Any) -> list[str]:
+    """What ``serve`` refuses: Wyoming (no authentication) off loopback without opt-in."""
+    from accelmux.config.wyoming import open_network_problem  # noqa: PLC0415  # --help stays fast
+
+    wy = cfg.server.wyoming
+    if wy is None:
+        return []
+    why = open_network_problem(wy, allow_unauthenticated=cfg.server.allow_unauthenticated)
+    return [] if why is None else [why]
 
 
 def _check_scenario(data: dict[str, Any], path: Path) -> int:

@@ -24,7 +24,7 @@ from wyoming.asr import Transcribe, Transcript
 from wyoming.audio import AudioChunk, AudioStart, AudioStop
 from wyoming.client import AsyncTcpClient
 from wyoming.error import Error
-from wyoming.event import Event
+from wyoming.event import Event, async_read_event
 from wyoming.info import Describe, Info
 from wyoming.ping import Ping, Pong
 from wyoming.tts import (
@@ -352,7 +352,7 @@ def test_zeroconf_is_not_advertised_from_a_loopback_host(
 
 
 @pytest.mark.parametrize("garbage", [b"not json\n", b'{"no": "type"}\n', b"[1, 2]\n"])
-def test_a_malformed_frame_closes_only_its_connection_without_a_traceback(
+def test_a_malformed_frame_is_answered_and_closes_only_its_connection(
     tmp_path: Path, garbage: bytes, caplog: pytest.LogCaptureFixture
 ) -> None:
     async def body() -> None:
@@ -360,13 +360,14 @@ def test_a_malformed_frame_closes_only_its_connection_without_a_traceback(
             reader, writer = await asyncio.open_connection(server.cfg.host, server.cfg.port)
             writer.write(garbage)
             await writer.drain()
-            assert await asyncio.wait_for(reader.read(), TIMEOUT) == b""  # closed
+            answer = await asyncio.wait_for(async_read_event(reader), TIMEOUT)
+            assert answer is not None and Error.from_event(answer).code == "malformed_event"
+            assert await asyncio.wait_for(reader.read(), TIMEOUT) == b""  # then closed
             writer.close()
             async with client(server) as c:  # the server goes on
                 await c.write_event(Describe().event())
                 assert Info.is_type((await read(c)).type)
         assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
-        if garbage != b"not json\n":  # the package itself drops what is not JSON, silently
-            assert "malformed event" in caplog.text
+        assert "closing the connection" in caplog.text  # one warning line
 
     run(body())

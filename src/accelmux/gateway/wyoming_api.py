@@ -1,8 +1,10 @@
 """The Wyoming server: Home Assistant's voice protocol over the same Manager and backends.
 
-Built on the ``wyoming`` package (``AsyncTcpServer`` and one ``AsyncEventHandler`` per
-connection): the package frames and parses the events, this module maps them onto the
-services of ``server.wyoming`` (see :mod:`accelmux.config.wyoming`).
+Built on the ``wyoming`` package (one ``AsyncEventHandler`` per connection, its event
+classes and writer): this module maps the events onto the services of ``server.wyoming``
+(see :mod:`accelmux.config.wyoming`). Events are read by :mod:`.wyoming_frames`, the
+package's framing with every size checked before it is read and every wait bounded; the
+listener is asyncio's, with a cap on connections served at once.
 
 * ``describe`` -> ``info``, built from the config alone (never from a model), so it is
   answered at once even while the device is full or a model is loading.
@@ -20,8 +22,11 @@ Every transcription and synthesis is admitted by the Manager through
 :meth:`Runtime.run_request` with the class of its service (realtime in the default
 stack): it queues, waits, is preempted or refused like any HTTP request. Every failure is
 an ``error`` event with a text and a code (the policy's reason, ``no_asr_service``,
-``no_tts_service``, ``bad_audio_format``, ``unknown_voice``, ``invalid_request``,
-``backend_crashed``, ``backend_error``, ``internal_error``); the connection stays open.
+``no_tts_service``, ``bad_audio_format``, ``unknown_voice``, ``invalid_value``,
+``audio_too_long``, ``text_too_long``, ``invalid_request``, ``backend_crashed``,
+``backend_error``, ``internal_error``); the connection stays open. A broken frame or limit
+(``malformed_event``, ``event_too_large``, ``event_timeout``, ``idle_timeout``) and a
+connection over the cap (``too_many_connections``) are answered too, then closed.
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ from typing import Any
 from wyoming.asr import Transcribe, Transcript
 from wyoming.audio import AudioChunk, AudioChunkConverter, AudioStart, AudioStop
 from wyoming.error import Error
-from wyoming.event import Event
+from wyoming.event import Event, async_write_event
 from wyoming.info import (
     AsrModel,
     AsrProgram,
@@ -51,7 +56,7 @@ from wyoming.info import (
     TtsVoice,
 )
 from wyoming.ping import Ping, Pong
-from wyoming.server import AsyncEventHandler, AsyncTcpServer
+from wyoming.server import AsyncEventHandler
 from wyoming.tts import (
     Synthesize,
     SynthesizeChunk,
@@ -71,6 +76,13 @@ from accelmux.core.events import Demand
 from accelmux.core.types import ServiceKind, ServiceStatus
 from accelmux.errors import BackendCrashedError, BackendError
 from accelmux.gateway.middleware import is_loopback
+from accelmux.gateway.wyoming_frames import (
+    FrameError,
+    FrameLimits,
+    WyomingError,
+    json_kind,
+    read_event,
+)
 from accelmux.runtime.daemon import Runtime
 from accelmux.runtime.requests import Refused
 
@@ -87,19 +99,11 @@ CHANNELS = range(1, 9)
 ZEROCONF_TYPE = "_wyoming._tcp.local."
 #: Who serves the programs (the models behind them are named by their services).
 ATTRIBUTION = Attribution(name="accelmux", url="")
+#: How long a closing ``error`` event may take to leave (the client may not be reading).
+LAST_WORD_S = 1.0
+#: At most one log line per this many seconds about connections refused over the cap.
+REFUSED_LOG_EVERY_S = 10.0
 _SENTENCE_END = re.compile(r"(?<=[.!?;:])\s+")
-
-
-class WyomingError(Exception):
-    """A failure answered with a Wyoming ``error`` event."""
-
-    def __init__(self, code: str, text: str) -> None:
-        super().__init__(text)
-        self.code = code
-        self.text = text
-
-    def event(self) -> Event:
-        return Error(text=self.text, code=self.code).event()
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +118,7 @@ class VoicePlan:
     languages: tuple[str, ...]
     name: str
     max_audio_bytes: int
+    max_text_chars: int
 
     def info(self) -> Info:
         asr = []
@@ -185,7 +190,8 @@ def voice_plan(cfg: AccelmuxConfig, wy: WyomingConfig) -> VoicePlan:
         voices=tuple(dict.fromkeys(voices)),
         languages=tuple(wy.languages),
         name=wy.name,
-        max_audio_bytes=int(cfg.server.max_body),
+        max_audio_bytes=wy.max_utterance_bytes,
+        max_text_chars=wy.max_text_chars,
     )
 
 
@@ -237,6 +243,60 @@ def _check_format(chunk: AudioChunk) -> None:
         )
 
 
+def _invalid(event: Event, name: str, want: str) -> WyomingError:
+    if name not in event.data:
+        return WyomingError("invalid_value", f"{event.type}: '{name}' is missing ({want})")
+    got = json_kind(event.data[name])
+    return WyomingError("invalid_value", f"{event.type}: '{name}' must be {want} (got {got})")
+
+
+def text_field(event: Event) -> str:
+    """The ``text`` of a ``synthesize`` or ``synthesize-chunk``: a string."""
+    value = event.data.get("text")
+    if not isinstance(value, str):
+        raise _invalid(event, "text", "a string")
+    return value
+
+
+def optional_str(event: Event, name: str) -> str | None:
+    value = event.data.get(name)
+    if value is not None and not isinstance(value, str):
+        raise _invalid(event, name, "a string")
+    return value
+
+
+def voice_name(event: Event) -> str | None:
+    """The voice a ``synthesize(-start)`` names (``voice.name``), or None."""
+    voice = event.data.get("voice")
+    if voice is None:
+        return None
+    if not isinstance(voice, dict):
+        raise _invalid(event, "voice", "an object")
+    name = voice.get("name")
+    if name is not None and not isinstance(name, str):
+        kind = json_kind(name)
+        raise WyomingError(
+            "invalid_value", f"{event.type}: 'voice.name' must be a string (got {kind})"
+        )
+    return name
+
+
+def audio_format(event: Event) -> tuple[int, int, int]:
+    """``rate``, ``width`` and ``channels`` of an ``audio-start`` or ``audio-chunk``."""
+    values = []
+    for name in ("rate", "width", "channels"):
+        value = event.data.get(name)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _invalid(event, name, "an integer")
+        values.append(value)
+    return values[0], values[1], values[2]
+
+
+def audio_chunk(event: Event) -> AudioChunk:
+    rate, width, channels = audio_format(event)
+    return AudioChunk(rate=rate, width=width, channels=channels, audio=event.payload or b"")
+
+
 def refusal_error(exc: Refused) -> WyomingError:
     detail = exc.action.detail
     retry = exc.retry_after_s
@@ -265,26 +325,62 @@ class VoiceHandler(AsyncEventHandler):
         plan: VoicePlan,
         info: Event,
         tasks: set[asyncio.Task[Any]],
+        limits: FrameLimits,
     ) -> None:
         super().__init__(reader, writer)
         self.rt = runtime
         self.plan = plan
         self.info = info
         self.tasks = tasks
+        self.limits = limits
         self.language: str | None = None
         self.utterance: _Utterance | None = None
         self.stream_text: str | None = None  # synthesize-start .. stop
         self.stream_voice: str | None = None
         self.stream_started = False
+        self.stream_chars = 0  # all the text of the stream so far
+        self.stream_failed = False  # over max_text_chars: the rest is dropped
 
     async def run(self) -> None:
+        """Events until the client closes, breaks the framing or a limit, or goes silent:
+        each of those is answered with an ``error`` event, then the connection closes."""
+        self._is_running = True
         try:
-            await super().run()
+            while self._is_running:
+                try:
+                    event = await read_event(self.reader, self.limits)
+                except FrameError as exc:
+                    self._log_closing(exc)
+                    await self._last_word(exc.event())
+                    break
+                if event is None or not await self.handle_event(event):
+                    break
         except (ConnectionError, asyncio.IncompleteReadError):
             pass  # the client went away
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            # not a Wyoming frame: the stream cannot be resynchronised
-            log.warning("wyoming: closing a connection that sent a malformed event: %r", exc)
+        finally:
+            await self.disconnect()
+            self.writer.close()
+
+    def _log_closing(self, exc: FrameError) -> None:
+        peer = self.writer.get_extra_info("peername")
+        level = logging.DEBUG if exc.code == "idle_timeout" else logging.WARNING
+        log.log(level, "wyoming: closing the connection of %s: %s", peer, exc.text)
+
+    async def _last_word(self, event: Event) -> None:
+        """Say why the connection closes, unless the client is not reading."""
+        with contextlib.suppress(OSError, TimeoutError):  # the client is gone or not reading
+            async with asyncio.timeout(LAST_WORD_S):
+                await async_write_event(event, self.writer)
+
+    async def write_event(self, event: Event) -> None:
+        """Send an event; a client that reads nothing for ``event_timeout_s`` is gone."""
+        try:
+            async with asyncio.timeout(self.limits.event_timeout_s):
+                await async_write_event(event, self.writer)
+        except TimeoutError:
+            raise ConnectionAbortedError(
+                f"the client read nothing for {self.limits.event_timeout_s:g} s"
+            ) from None
 
     async def handle_event(self, event: Event) -> bool:
         try:
@@ -309,13 +405,14 @@ class VoiceHandler(AsyncEventHandler):
             await self.write_event(Pong(text=Ping.from_event(event).text).event())
         elif Transcribe.is_type(event.type):
             self._need(self.plan.asr, "no_asr_service", "speech-to-text")
-            self.language = Transcribe.from_event(event).language
+            self.language = optional_str(event, "language")
         elif AudioStart.is_type(event.type):
             service = self._need(self.plan.asr, "no_asr_service", "speech-to-text")
+            audio_format(event)
             self.utterance = _Utterance(AudioChunkConverter(ASR_RATE, ASR_WIDTH, ASR_CHANNELS))
             self._warm(service)
         elif AudioChunk.is_type(event.type):
-            self._chunk(AudioChunk.from_event(event))
+            self._chunk(audio_chunk(event))
         elif AudioStop.is_type(event.type):
             utterance, self.utterance = self.utterance, None
             if utterance is not None and not utterance.failed:
@@ -323,22 +420,24 @@ class VoiceHandler(AsyncEventHandler):
                 await self.write_event(Transcript(text=text, language=self.language).event())
         elif SynthesizeStart.is_type(event.type):
             service = self._need(self.plan.tts, "no_tts_service", "text-to-speech")
-            start = SynthesizeStart.from_event(event)
-            self.stream_voice = self._voice(start.voice.name if start.voice else None)
+            self.stream_voice = self._voice(voice_name(event))
             self.stream_text, self.stream_started = "", False
+            self.stream_chars, self.stream_failed = 0, False
             self._warm(service)
         elif SynthesizeChunk.is_type(event.type):
+            text = text_field(event)
             if self.stream_text is not None:
-                await self._stream_chunk(SynthesizeChunk.from_event(event).text)
+                await self._stream_chunk(text)
         elif SynthesizeStop.is_type(event.type):
             await self._stream_stop()
         elif Synthesize.is_type(event.type):
+            text = text_field(event)
             if self.stream_text is not None:
                 return  # the compatibility copy of a streamed text: already spoken
             self._need(self.plan.tts, "no_tts_service", "text-to-speech")
-            synth = Synthesize.from_event(event)
-            voice = self._voice(synth.voice.name if synth.voice else None)
-            await self._speak(synth.text, voice, start=True, stop=True)
+            voice = self._voice(voice_name(event))
+            self._check_text_length(len(text), "the text")
+            await self._speak(text, voice, start=True, stop=True)
 
     # ---- helpers -----------------------------------------------------------------------
     def _need(self, service: str | None, code: str, what: str) -> str:
@@ -353,6 +452,14 @@ class VoiceHandler(AsyncEventHandler):
                 f"unknown voice {name!r}; voices: {', '.join(self.plan.voices)}",
             )
         return name
+
+    def _check_text_length(self, chars: int, what: str) -> None:
+        cap = self.plan.max_text_chars
+        if chars > cap:
+            raise WyomingError(
+                "text_too_long",
+                f"{what} has more than {cap} characters (server.wyoming.max_text_chars)",
+            )
 
     def _warm(self, service: str) -> None:
         """Start loading ``service`` through the Manager unless it is resident."""
@@ -391,8 +498,13 @@ class VoiceHandler(AsyncEventHandler):
             raise WyomingError("bad_audio_format", f"cannot convert the audio: {exc}") from None
         if len(utterance.pcm) + len(pcm) > self.plan.max_audio_bytes:
             utterance.failed = True
+            utterance.pcm = bytearray()
             seconds = self.plan.max_audio_bytes / (ASR_RATE * ASR_WIDTH)
-            raise WyomingError("too_large", f"the utterance is longer than {seconds:.0f} s")
+            raise WyomingError(
+                "audio_too_long",
+                f"the utterance is longer than {seconds:g} s (server.wyoming.max_utterance_s): "
+                "dropped",
+            )
         utterance.pcm += pcm
 
     async def _transcribe(self, pcm: bytes) -> str:
@@ -427,6 +539,14 @@ class VoiceHandler(AsyncEventHandler):
 
     async def _stream_chunk(self, text: str) -> None:
         assert self.stream_text is not None
+        if self.stream_failed:
+            return
+        self.stream_chars += len(text)
+        try:
+            self._check_text_length(self.stream_chars, "the streamed text")
+        except WyomingError:
+            self.stream_failed, self.stream_text = True, ""
+            raise
         sentences, self.stream_text = split_sentences(self.stream_text + text)
         for sentence in sentences:
             first = not self.stream_started
@@ -438,6 +558,9 @@ class VoiceHandler(AsyncEventHandler):
             return
         rest, self.stream_text = self.stream_text, None
         started, self.stream_started = self.stream_started, False
+        if self.stream_failed:  # its error was sent: only the end of the stream is left
+            await self.write_event(SynthesizeStopped().event())
+            return
         try:
             await self._speak(rest, self.stream_voice, start=not started, stop=True)
         except WyomingError as exc:
@@ -500,25 +623,42 @@ class VoiceHandler(AsyncEventHandler):
 
 
 class WyomingServer:
-    """The listening server and (optionally) its zeroconf advertisement."""
+    """The listening server, its connection cap and (optionally) its zeroconf
+    advertisement. The listener is asyncio's own (``asyncio.start_server``), not the
+    package's ``AsyncTcpServer``: its stream limit is ``max_header_bytes``, and a
+    connection over ``max_connections`` is answered and closed before a handler exists."""
 
     def __init__(self, runtime: Runtime, wy: WyomingConfig) -> None:
         self.rt = runtime
         self.cfg = wy
         self.plan = voice_plan(runtime.cfg, wy)
         self.info = self.plan.info().event()
+        self.limits = FrameLimits.of(wy)
         self.tasks: set[asyncio.Task[Any]] = set()
-        self._server = AsyncTcpServer(wy.host, wy.port)
+        #: the connections being served, by the task that serves each
+        self.connections: dict[asyncio.Task[Any], VoiceHandler] = {}
+        self._server: asyncio.Server | None = None
+        self._refused = 0  # over the cap, since the last log line about it
+        self._refused_logged = float("-inf")
+        self._lingering = 0  # refused connections being closed gracefully
         self._zeroconf: AsyncZeroconf | None = None
         self._service_info: AsyncServiceInfo | None = None
 
     def handler(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> VoiceHandler:
         return VoiceHandler(
-            reader, writer, runtime=self.rt, plan=self.plan, info=self.info, tasks=self.tasks
+            reader,
+            writer,
+            runtime=self.rt,
+            plan=self.plan,
+            info=self.info,
+            tasks=self.tasks,
+            limits=self.limits,
         )
 
     async def start(self) -> None:
-        await self._server.start(self.handler)
+        self._server = await asyncio.start_server(
+            self._connected, self.cfg.host, self.cfg.port, limit=self.limits.max_header_bytes
+        )
         log.info(
             "wyoming listening on tcp://%s:%d (asr: %s, tts: %s)",
             self.cfg.host,
@@ -528,6 +668,56 @@ class WyomingServer:
         )
         if self.cfg.zeroconf:
             await self._advertise()
+
+    async def _connected(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if len(self.connections) >= self.cfg.max_connections:
+            await self._refuse(reader, writer)
+            return
+        task = asyncio.current_task()
+        assert task is not None
+        handler = self.handler(reader, writer)
+        self.connections[task] = handler
+        try:
+            await handler.run()
+        finally:
+            self.connections.pop(task, None)
+
+    async def _refuse(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Answer a connection over the cap with an ``error`` event and close it.
+
+        What the client sent meanwhile (its ``describe``) is read and dropped for up to
+        ``LAST_WORD_S`` (at most ``max_connections`` such closes at once), so that the
+        close is a FIN after the answer rather than a reset that may discard it."""
+        cap = self.cfg.max_connections
+        self._refused += 1
+        now = time.monotonic()
+        if now - self._refused_logged >= REFUSED_LOG_EVERY_S:
+            log.warning(
+                "wyoming: %d connection(s) refused: %d served already "
+                "(server.wyoming.max_connections)",
+                self._refused,
+                cap,
+            )
+            self._refused, self._refused_logged = 0, now
+        text = (
+            f"the server serves {cap} connections already (server.wyoming.max_connections): "
+            "try again later"
+        )
+        with contextlib.suppress(OSError, TimeoutError):  # the client is gone or not reading
+            async with asyncio.timeout(LAST_WORD_S):
+                await async_write_event(
+                    Error(text=text, code="too_many_connections").event(), writer
+                )
+                writer.write_eof()
+            if self._lingering < cap:
+                self._lingering += 1
+                try:
+                    async with asyncio.timeout(LAST_WORD_S):
+                        while await reader.read(64 * 1024):
+                            pass
+                finally:
+                    self._lingering -= 1
+        writer.close()
 
     async def _advertise(self) -> None:
         if is_loopback(self.cfg.host):
@@ -561,7 +751,9 @@ class WyomingServer:
                     await self._zeroconf.async_unregister_service(self._service_info)
                 await self._zeroconf.async_close()
             self._zeroconf = None
-        await self._server.stop()
+        if self._server is not None:
+            self._server.close()
+        await asyncio.gather(*(h.stop() for h in list(self.connections.values())))
         for task in list(self.tasks):
             task.cancel()
         for task in list(self.tasks):

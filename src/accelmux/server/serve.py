@@ -14,6 +14,7 @@ from aiohttp import web
 from accelmux.config.machine import host_memory_problems, prepare_data_dir, tighten_data_dir
 from accelmux.config.schema import AccelmuxConfig
 from accelmux.config.server import ServerConfig
+from accelmux.config.wyoming import open_network_problem
 from accelmux.gateway.app import build_app
 from accelmux.gateway.connections import (
     ConnectionGuard,
@@ -57,6 +58,17 @@ def log_tightened(data_dir: Path) -> None:
         log.warning("data_dir: cannot make owner-only: %s", problem)
 
 
+def refuse_open_wyoming(server: ServerConfig) -> None:
+    """Exit when the Wyoming server (no authentication) would listen off loopback
+    without ``server.wyoming.allow_network`` (or ``allow_unauthenticated``)."""
+    wy = server.wyoming
+    if wy is None:
+        return
+    why = open_network_problem(wy, allow_unauthenticated=server.allow_unauthenticated)
+    if why is not None:
+        raise SystemExit(f"accelmux: refusing to start: {why}")
+
+
 async def serve(
     cfg: AccelmuxConfig, *, stop: asyncio.Event | None = None, signals: bool = True
 ) -> None:
@@ -77,6 +89,7 @@ async def serve(
     server = cfg.server
     data_dir = Path(server.data_dir)
     refuse_open_host(server)
+    refuse_open_wyoming(server)
     why = prepare_data_dir(data_dir)
     if why is not None:
         raise SystemExit(f"accelmux: cannot use server.data_dir {data_dir.absolute()}: {why}")
