@@ -22,6 +22,8 @@ ARGV_PLACEHOLDERS = (
     "port",
     "host",
     "ctx_size",
+    "ctx_total",
+    "ctx_per_slot",
     "parallel",
     "kv_pool_bytes",
     "model",
@@ -110,8 +112,11 @@ class FakeBackendConfig(_Backend):
 class ExternalBackendConfig(_Backend):
     """A supervised OpenAI-compatible server (llama-server, vLLM, a whisper/TTS server).
 
-    ``argv`` is templated with ``{port}``, ``{host}``, ``{ctx_size}`` (tokens the KV pool
-    holds), ``{parallel}`` (the service's concurrency), ``{kv_pool_bytes}``, ``{model}``,
+    ``argv`` is templated with ``{port}``, ``{host}``, ``{ctx_total}`` (tokens the whole KV
+    pool holds: llama-server's ``--ctx-size``; ``{ctx_size}`` is the same value, its
+    older name), ``{parallel}`` (the service's concurrency), ``{ctx_per_slot}``
+    (``ctx_total // parallel``: what one of llama-server's ``--parallel`` slots gets, and
+    so the longest request it serves), ``{kv_pool_bytes}``, ``{model}``,
     ``{gpu}`` (the device index), ``{memory_limit_bytes}`` (its ledger entry plus
     ``limit_margin``), ``{gpu_memory_utilization}`` (that limit as a fraction of the
     GPU) and ``{slot_save_path}`` (``<data_dir>/slots/<service>``, for llama-server's
@@ -131,7 +136,7 @@ class ExternalBackendConfig(_Backend):
         None, description="Model name sent upstream (default: the client's)."
     )
     ctx_size: int = Field(
-        4096, ge=1, description="{ctx_size} when the service has no kv_per_token."
+        4096, ge=1, description="{ctx_total} (and {ctx_size}) when the service has no kv_per_token."
     )
     log_lines: int = Field(200, ge=0, le=100_000, description="Log lines kept in memory.")
     memory_limit: bool = Field(
@@ -182,7 +187,9 @@ class ExternalBackendConfig(_Backend):
         Each request's peak is measured from outside (its process tree). ``sleep: vllm``
         declares sleep; ``park: llama-server`` declares pause and park."""
         sized = any(
-            f"{{{name}}}" in arg for arg in self.argv for name in ("ctx_size", "kv_pool_bytes")
+            f"{{{name}}}" in arg
+            for arg in self.argv
+            for name in ("ctx_size", "ctx_total", "ctx_per_slot", "kv_pool_bytes")
         )
         resize = ResizeSupport.NEXT_LOAD if sized else ResizeSupport.NONE
         parks = self.park == "llama-server"
@@ -192,6 +199,19 @@ class ExternalBackendConfig(_Backend):
             park=parks,
             sleep=self.sleep == "vllm",
             request_peaks=True,
+            park_on_disk=parks,  # slot files under the data dir, not host RAM
+            kv_per_slot=self.splits_context_per_slot(),
+        )
+
+    def splits_context_per_slot(self) -> bool:
+        """llama-server splits ``--ctx-size`` evenly between its ``--parallel`` (``-np``)
+        slots: a request gets one slot's share. True when argv passes ``{parallel}`` to
+        one of those flags."""
+        for flag, value in zip(self.argv, self.argv[1:], strict=False):
+            if flag in ("--parallel", "-np") and "{parallel}" in value:
+                return True
+        return any(
+            arg.startswith(("--parallel=", "-np=")) and "{parallel}" in arg for arg in self.argv
         )
 
 

@@ -109,6 +109,14 @@ class ServicePerfConfig(StrictModel):
         "service's init_s when parked, 0 when sleeping).",
     )
     request_sigma: float | None = Field(None, ge=0, le=2)
+    unpausable_share: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="LLMs: the share of requests that name tools, a response format, log "
+        "probabilities or n>1, which a backend (llama-server) cannot pause; each request "
+        "draws whether it is one, by the seed.",
+    )
 
 
 class ForeignConfig(StrictModel):
