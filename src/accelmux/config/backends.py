@@ -10,6 +10,7 @@ is still read (:mod:`accelmux.config.deprecated`).
 from __future__ import annotations
 
 import string
+from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ByteSize, ConfigDict, Field
@@ -32,6 +33,21 @@ ARGV_PLACEHOLDERS = (
     "memory_limit_bytes",
     "slot_save_path",
 )
+
+#: The model family the inference worker loads for each kind (``options.model_type``
+#: overrides), and its packaged LLM per LLM kind: with the model file, what makes two
+#: services share one loaded copy (:meth:`WorkerBackendConfig.weights_key`; the worker's
+#: ``component_key`` decides the same, a test keeps them in step).
+WORKER_FAMILIES = {
+    ServiceKind.CHAT: "llama",
+    ServiceKind.COMPLETION: "llama",
+    ServiceKind.EMBEDDINGS: "minilm",
+    ServiceKind.TTS: "piper",
+    ServiceKind.ASR: "pocketsphinx",
+    ServiceKind.DETECT: "opencv",
+    ServiceKind.CAMERA: "opencv",
+}
+PACKAGED_LLMS = {ServiceKind.CHAT: "smollm2", ServiceKind.COMPLETION: "gemma3"}
 
 #: The argv flag vLLM needs for its sleep endpoints (with ``VLLM_SERVER_DEV_MODE=1``).
 VLLM_SLEEP_FLAG = "--enable-sleep-mode"
@@ -242,6 +258,21 @@ class WorkerBackendConfig(_Backend):
     model_path: str | None = None
     isolated: bool = Field(False, description="Run in its own worker process.")
     options: dict[str, str | int | float | bool] = Field(default_factory=dict)
+
+    def weights_key(self, kind: ServiceKind) -> str:
+        """What makes services share one loaded copy of a model in the shared worker (the
+        worker's ``component_key``: the model family and its file); "" when isolated."""
+        if self.isolated:
+            return ""
+        family = str(self.options.get("model_type") or WORKER_FAMILIES.get(kind, kind.value))
+        if family == "llama":
+            name = self.options.get("model", PACKAGED_LLMS.get(kind, "smollm2"))
+            where = str(Path(self.model_path).resolve()) if self.model_path else f"{name}"
+        elif self.model_path:
+            where = str(Path(self.model_path).resolve())
+        else:
+            where = "packaged"
+        return f"{family}:{where}"
 
     def capabilities(self, kind: ServiceKind | None = None) -> Capabilities:
         """A worker-hosted llama.cpp model rebuilds its context on the loaded weights (a

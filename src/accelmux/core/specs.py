@@ -197,6 +197,9 @@ class ServiceSpec:
     #: The service clients address when this spec is one replica of a service that may
     #: run on several devices (``chat@gpu1`` of ``chat``); "" when it is the service.
     group: str = ""
+    #: Services on one device with the same non-empty key hold one copy of their weights
+    #: (one model loaded once in the shared inference worker): the ledger charges it once.
+    weights_key: str = ""
 
     def __post_init__(self) -> None:
         _require(self.concurrency >= 1, f"service {self.name}: concurrency must be >= 1")

@@ -121,6 +121,9 @@ class ServiceState:
     #: KV bytes of paused requests that kept their place in the pool (not parked):
     #: the service cannot unload while they wait.
     paused_kv: int = 0
+    #: The service whose weights copy this one shares while loaded (``weights_key``):
+    #: its own WEIGHTS are then 0, the copy is charged once, to that service.
+    weights_shared_by: str | None = None
 
     def __post_init__(self) -> None:
         self.name = self.spec.name
@@ -1125,6 +1128,10 @@ class World:
         if svc.tier is Tier.SLEEPING and svc.slept_pool is not None:
             pool = svc.slept_pool  # a sleeping server wakes with the sizes it started with
         weights, runtime, pool = self.projected_resident(svc, pool)
+        owner = self.weights_holder(svc)
+        if owner is not None:
+            weights = 0  # the copy another service loaded is shared, and charged to it
+        svc.weights_shared_by = owner.name if owner is not None else None
         total = weights + runtime + pool
         device = svc.spec.device
         # What was measured of it while down (a sleeping process) is part of this load;
@@ -1292,8 +1299,54 @@ class World:
             for r in svc.inflight.values()
         ]
 
+    def weights_holder(self, svc: ServiceState) -> ServiceState | None:
+        """The service on ``svc``'s device that holds (and is charged) the weights copy
+        ``svc`` shares (same ``weights_key``), if one holds memory."""
+        key = svc.spec.weights_key
+        if not key:
+            return None
+        for other in self.services_by_device[svc.spec.device]:
+            if (
+                other is not svc
+                and other.spec.weights_key == key
+                and other.holds_memory
+                and other.weights_shared_by is None
+            ):
+                return other
+        return None
+
+    def weights_sharers(self, svc: ServiceState) -> list[str]:
+        """The services whose weights are the copy ``svc`` holds (and is charged)."""
+        if not svc.spec.weights_key or svc.weights_shared_by is not None:
+            return []
+        return [
+            s.name
+            for s in self.services_by_device[svc.spec.device]
+            if s.weights_shared_by == svc.name and s.holds_memory
+        ]
+
+    def _hand_over_weights(self, svc: ServiceState) -> None:
+        """``svc`` lets go of the weights copy others share: the first of them that still
+        holds memory is charged it from now on (the copy stays loaded for it)."""
+        sharers = [self.services[n] for n in self.weights_sharers(svc)]
+        if not sharers:
+            return
+        weights = [le for le in svc.resident_leases if le.category is Category.WEIGHTS]
+        nbytes = sum(le.nbytes for le in weights)
+        heir = sharers[0]
+        lease = self.ledger.reserve(
+            heir.spec.device, heir.name, Category.WEIGHTS, nbytes, enforce=False
+        )
+        if lease is not None:
+            heir.resident_leases.append(lease)
+        heir.weights_shared_by = None
+        for other in sharers[1:]:
+            other.weights_shared_by = heir.name
+
     def release_service(self, svc: ServiceState) -> None:
         """Drop every byte a service holds (after Unloaded, LoadFailed or a crash)."""
+        self._hand_over_weights(svc)
+        svc.weights_shared_by = None
         for le in svc.resident_leases:
             self.ledger.release(le)
         svc.resident_leases = []

@@ -1160,8 +1160,12 @@ class AccelmuxPolicy:
 
     @staticmethod
     def unload_frees(world: World, svc: ServiceState) -> int:
-        """Bytes an unload gives back: resident, KV pool and the allocator's reserved cache."""
+        """Bytes an unload gives back: resident, KV pool and the allocator's reserved cache
+        (less weights another loaded service shares: they stay)."""
         reserved = world.ledger.amount(svc.spec.device, svc.name, Category.RESERVED)
+        if svc.spec.weights_key and world.weights_sharers(svc):
+            kept = sum(le.nbytes for le in svc.resident_leases if le.category is Category.WEIGHTS)
+            return svc.resident_bytes + reserved - kept
         return svc.resident_bytes + reserved
 
     def _pending_free(self, world: World, device: str) -> int:
