@@ -25,7 +25,7 @@ import dataclasses
 from hypothesis import given
 from hypothesis import strategies as st
 
-from accelmux.core.actions import Pause, Preempt, Reject, Unload
+from accelmux.core.actions import Dispatch, Load, Pause, Preempt, Reject, Unload
 from accelmux.core.events import (
     AdminCommand,
     Demand,
@@ -352,3 +352,30 @@ def test_every_measured_byte_is_charged_after_any_event_sequence(
     ex.refuse_pauses = False
     ex.settle()
     ex.check_world()
+
+
+def test_a_request_longer_than_a_slot_of_the_running_pool_reloads_it_larger() -> None:
+    caps = Capabilities(resize=ResizeSupport.NEXT_LOAD, kv_per_slot=True)
+    spec = dataclasses.replace(
+        llm("a", caps=caps, weights=GIB),
+        concurrency=2,
+        profile=llm_profile(weights=GIB, kv_floor=256 * MIB, kv_ceiling=2 * GIB),
+    )
+    m = build(spec, budget=3 * GIB + 512 * MIB)
+    m.start(0.0)
+    per_token = spec.profile.kv_bytes_per_token
+    m.handle(ask("small", "a", tokens=256), 0.0)
+    m.handle(loaded("a"), 0.0)
+    svc = m.world.services["a"]
+    m.handle(done("small"), 1.0)
+    # A request of 900 MiB of KV fits one slot of the 2 GiB ceiling, not of this pool.
+    tokens = 900 * MIB // per_token
+    assert svc.kv_slot < 900 * MIB <= svc.kv_request_limit
+    out = m.handle(ask("long", "a", tokens=tokens), 2.0)
+    (unload,) = of(Unload, out)
+    assert unload.reason is Reason.RESIZE_AT_NEXT_LOAD
+    out = m.handle(Unloaded(service="a"), 2.5)
+    (load,) = [a for a in out if isinstance(a, Load)]
+    assert load.kv_pool_bytes >= 2 * 900 * MIB  # a slot of it holds the request
+    out = m.handle(loaded("a"), 3.0)
+    assert [d.request_id for d in of(Dispatch, out)] == ["long"]

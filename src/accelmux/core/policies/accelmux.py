@@ -1992,10 +1992,12 @@ class AccelmuxPolicy:
         p = svc.spec.profile
         if not p.kv_ceiling:
             return 0
+        # A backend that splits its pool between its slots gives a request one slot.
+        slots = svc.spec.concurrency if svc.spec.capabilities.kv_per_slot else 1
         if svc.resize_support is not ResizeSupport.NEXT_LOAD:
-            return max(p.kv_floor, min(p.kv_ceiling, wanted))
+            return max(p.kv_floor, min(p.kv_ceiling, wanted * slots))
         waiting = max((r.estimate.kv_bytes for r in svc.queue.values()), default=0)
-        base = max(p.kv_floor, min(p.kv_ceiling, max(wanted, waiting)))
+        base = max(p.kv_floor, min(p.kv_ceiling, max(wanted, waiting) * slots))
         dev = svc.spec.device
         free = (
             world.ledger.available(dev)
