@@ -306,6 +306,12 @@ class Scenario:
             clock_origin_s_of_day=self.start_s_of_day,
             host_budget=int(self.config.simulation.page_cache),
         )
+        # A scenario's services each hold the memory their section describes: the
+        # simulated device keeps no copy of weights shared between two of them.
+        spec = dataclasses.replace(
+            spec,
+            services=tuple(dataclasses.replace(s, weights_key="") for s in spec.services),
+        )
         if capacity_gib is None:
             return spec
         devices = []
