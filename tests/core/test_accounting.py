@@ -106,13 +106,14 @@ def test_a_paused_stream_keeps_its_memory_and_model_until_the_backend_confirms()
     assert a1.pausing is True and not a1.paused and a1.active_lease is not None
     assert a.kv_in_use == a1.kv_bytes > 0  # its KV is still in the pool
     assert m.world.host_kv == 0
+    assert m.world.host_pending == a1.kv_bytes  # host room kept for it meanwhile
     # Nothing more happens on later rounds while the backend has not answered.
     assert not of(Unload, m.handle(Tick(), t + 1.0))
     assert not of(Pause, m.handle(Tick(), t + 1.5))  # never asked twice
     out = m.handle(PauseFinished(request_id="a1", attempt=1), t + 2.0)
     (unload,) = of(Unload, out)
     assert (unload.service, unload.tier) == ("a", Tier.PARKED)
-    assert a1.active_lease is None and a.kv_in_use == 0
+    assert a1.active_lease is None and a.kv_in_use == 0 and m.world.host_pending == 0
     assert m.world.waiting["a1"].paused and m.world.host_kv == a1.parked_kv > 0
 
 
@@ -124,7 +125,7 @@ def test_a_refused_pause_lets_the_stream_run_to_its_end_then_the_other_model_run
     # It runs on, holding its memory; it is neither paused again nor preempted.
     assert not of(Unload, out) and not of(Preempt, out) and not of(Pause, out)
     a1 = m.world.inflight["a1"]
-    assert a1.pausing is None and not a1.pausable
+    assert a1.pausing is None and not a1.pausable and m.world.host_pending == 0
     assert "pause refused: it names tools" in m.explain("a1")[-1]
     for now in (t + 5.0, t + 20.0):
         later = m.handle(Tick(), now)

@@ -229,6 +229,8 @@ class RequestState:
     #: Until the answer the request runs and keeps what it holds.
     pausing: bool | None = None
     pausing_for_realtime: bool = False
+    #: Host RAM kept for the KV state a pending parked pause will save (0: none).
+    pause_reserved: int = 0
     pauses: int = 0
     #: Pauses that gave the compute to realtime work (not counted in ``pauses``).
     yields: int = 0
@@ -403,6 +405,9 @@ class World:
         #: and for parked KV state (total), against ``spec.host_budget_bytes``.
         self.host_weights: dict[str, int] = {}
         self.host_kv = 0
+        #: Host RAM held for KV state of pauses the backend has not confirmed yet (each
+        #: request's ``pause_reserved``): the budget keeps room for it.
+        self.host_pending = 0
         #: The device whose memory is the host RAM (kind ``host``), if any: the park
         #: budget is carved out of its budget (``Ledger.parked``).
         self.park_device: str | None = next(
@@ -627,6 +632,11 @@ class World:
         paused = [r for r in self.waiting.values() if r.paused]
         expect("host_kv", self.host_kv, sum(r.parked_kv for r in paused if r.parked_in_ram))
         expect(
+            "host_pending",
+            self.host_pending,
+            sum(r.pause_reserved for r in self.inflight.values()),
+        )
+        expect(
             "pausing requests run",
             {r.request_id for r in self.waiting.values() if r.pausing is not None},
             set(),
@@ -686,7 +696,7 @@ class World:
     # ---- host tiers -------------------------------------------------------------
     @property
     def host_used(self) -> int:
-        return sum(self.host_weights.values()) + self.host_kv
+        return sum(self.host_weights.values()) + self.host_kv + self.host_pending
 
     def host_free(self) -> int:
         return self.spec.host_budget_bytes - self.host_used
@@ -722,7 +732,8 @@ class World:
         caps = svc.spec.capabilities
         if not self.spec.host_budget_bytes or not (caps.sleep or caps.host_cache):
             return Tier.COLD
-        if self._host_weight_bytes(svc) > self.spec.host_budget_bytes - self.host_kv:
+        held_kv = self.host_kv + self.host_pending
+        if self._host_weight_bytes(svc) > self.spec.host_budget_bytes - held_kv:
             return Tier.COLD
         return Tier.SLEEPING if caps.sleep else Tier.PARKED
 
@@ -891,8 +902,12 @@ class World:
             return False
         if not req.pausable or not caps.pause or (park and not caps.park):
             return False
-        if park and self._parks_in_ram(svc) and not self._make_host_room(req.kv_bytes):
+        in_ram = park and self._parks_in_ram(svc)
+        if in_ram and not self._make_host_room(req.kv_bytes):
             return False
+        if in_ram:  # room kept for its state until the backend answers
+            req.pause_reserved = req.kv_bytes
+            self.host_pending += req.kv_bytes
         req.pausing = park
         req.pausing_for_realtime = for_realtime
         self._explain(req, f"pausing ({reason.value}{', park' if park else ''}) {detail}")
@@ -915,6 +930,7 @@ class World:
         park = bool(req.pausing)
         svc = self.services[req.service]
         req.pausing = None
+        self._unreserve_pause(req)
         self._release_active(req, svc)
         if park:
             svc.kv_in_use -= req.kv_bytes
@@ -947,8 +963,15 @@ class World:
         asked again (it counts as a request that cannot pause from now on)."""
         req.pausing = None
         req.pausable = False
+        self._unreserve_pause(req)
         self.touch(self.services[req.service].spec.device)
         self._explain(req, f"pause refused: {error}".rstrip(": "))
+
+    def _unreserve_pause(self, req: RequestState) -> None:
+        """Give back the host room kept for ``req``'s pause (answered, or it ended)."""
+        if req.pause_reserved:
+            self.host_pending -= req.pause_reserved
+            req.pause_reserved = 0
 
     def _parks_in_ram(self, svc: ServiceState) -> bool:
         """Whether ``svc``'s backend parks KV state in host RAM (else on disk: no charge)."""
@@ -1067,6 +1090,8 @@ class World:
 
     def _release_request(self, req: RequestState) -> None:
         svc = self.services[req.service]
+        req.pausing = None
+        self._unreserve_pause(req)
         self._release_active(req, svc)
         svc.kv_in_use -= req.kv_bytes
         req.kv_bytes = 0
