@@ -20,7 +20,7 @@ def ledger_picture(snap: dict[str, Any]) -> dict[str, Any]:
     devices: dict[str, Any] = {}
     for dev in snap["devices"]:
         devices[dev["name"]] = {
-            key: dev[f"{key}_bytes"]
+            key: dev.get(f"{key}_bytes", 0)
             for key in (
                 "capacity",
                 "budget",
