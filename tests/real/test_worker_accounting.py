@@ -14,7 +14,7 @@ from tests.live.support import base_config, live, run
 
 from accelmux.backends.worker import WorkerPool
 from accelmux.config.backends import WorkerBackendConfig
-from accelmux.core.types import ServiceKind
+from accelmux.core.types import Category, ServiceKind
 from accelmux.errors import BackendError
 
 from .support import MINILM, MINILM_TOKENIZER, ORT, TOKENIZERS, need
@@ -45,12 +45,7 @@ def test_two_services_of_one_model_are_charged_one_copy(tmp_path: Path) -> None:
             ledger = world.ledger
             dev = world.services["embeddings"].spec.device
             charged = {
-                n: sum(
-                    le.nbytes
-                    for le in world.services[n].resident_leases
-                    if le.category.value == "weights"
-                )
-                for n in ("embeddings", "indexer")
+                n: ledger.amount(dev, n, Category.WEIGHTS) for n in ("embeddings", "indexer")
             }
             status, body = await lv.get("/admin/status")
             assert status == 200
@@ -58,7 +53,7 @@ def test_two_services_of_one_model_are_charged_one_copy(tmp_path: Path) -> None:
         assert charged["embeddings"] > 0 and charged["indexer"] == 0
         assert services["indexer"]["weights_shared_by"] == "embeddings"
         assert services["embeddings"]["weights_shared_with"] == ["indexer"]
-        assert services["indexer"]["backend"]["shared_with"] == ["embeddings"]
+        assert services["indexer"]["backend"]["last_load"]["shared"] is True  # the worker's word
         assert ledger.decided(dev) >= charged["embeddings"]
 
     run(body())
