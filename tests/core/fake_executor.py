@@ -28,6 +28,8 @@ from accelmux.core.events import (
     Event,
     LoadFailed,
     LoadFinished,
+    PauseFinished,
+    PauseRefused,
     RequestArrived,
     RequestCancelled,
     RequestFinished,
@@ -68,6 +70,11 @@ class FakeExecutor:
     pinned_evictions: list[Unload] = field(default_factory=list)
     #: Resizes not answered yet: service -> the pool asked for.
     resizes: dict[str, int] = field(default_factory=dict)
+    #: Pauses not answered yet: request -> park. ``ack_pauses``: answer each at once
+    #: (PauseFinished, or PauseRefused with ``refuse_pauses``), as the simulator does.
+    pausing: dict[str, bool] = field(default_factory=dict)
+    ack_pauses: bool = True
+    refuse_pauses: bool = False
 
     def __post_init__(self) -> None:
         self.services = {name: DOWN for name in self.manager.world.services}
@@ -87,7 +94,18 @@ class FakeExecutor:
         out = self.manager.handle(event, self.now)
         self.react(out)
         self._after(event, out)
+        while self.ack_pauses and self.pausing:
+            self.answer_pause(next(iter(self.pausing)))
         return out
+
+    def answer_pause(self, request_id: str) -> list[Action]:
+        """Answer the pending Pause of ``request_id`` (refused with ``refuse_pauses``)."""
+        attempt = self.attempts[request_id]
+        if self.refuse_pauses:
+            return self.send(
+                PauseRefused(request_id=request_id, attempt=attempt, error="cannot pause")
+            )
+        return self.send(PauseFinished(request_id=request_id, attempt=attempt))
 
     def _before(self, event: Event) -> None:
         match event:
@@ -97,7 +115,18 @@ class FakeExecutor:
                 self.owner[event.request_id] = event.service
                 self.addressed[event.request_id] = event.service
                 self.attempts[event.request_id] = 0
+            case PauseFinished():
+                park = self.pausing.pop(event.request_id, None)
+                if park is not None and self.requests.get(event.request_id) == RUNNING:
+                    self.requests[event.request_id] = PAUSED
+                    if park:
+                        self.parked.add(event.request_id)
+                    else:
+                        self.parked.discard(event.request_id)
+            case PauseRefused():
+                self.pausing.pop(event.request_id, None)
             case RequestFinished():
+                self.pausing.pop(event.request_id, None)
                 if (
                     self.requests.get(event.request_id) in (RUNNING, PAUSED)
                     and self.attempts[event.request_id] == event.attempt
@@ -157,6 +186,7 @@ class FakeExecutor:
                 case Preempt():
                     assert self.requests.get(a.request_id) == RUNNING, a
                     assert a.attempt == self.attempts[a.request_id], a
+                    assert a.request_id not in self.pausing, f"preempt while pausing: {a}"
                     self.requests[a.request_id] = WAITING
                 case Pause():
                     assert self.requests.get(a.request_id) == RUNNING, a
@@ -170,11 +200,9 @@ class FakeExecutor:
                             r for r in world.finished_requests if r.request_id == a.request_id
                         )
                     assert req.pausable, a
-                    self.requests[a.request_id] = PAUSED
-                    if a.park:
-                        self.parked.add(a.request_id)
-                    else:
-                        self.parked.discard(a.request_id)
+                    assert a.request_id not in self.pausing, f"second pause before the answer: {a}"
+                    # It runs (and holds its memory) until the backend answers.
+                    self.pausing[a.request_id] = a.park
                 case Resume():
                     assert self.requests.get(a.request_id) == PAUSED, a
                     assert self.services[a.service] == LOADED, a
@@ -184,6 +212,7 @@ class FakeExecutor:
                     self.parked.discard(a.request_id)
                 case Fail():
                     assert self.requests.get(a.request_id) in (RUNNING, FAILING, PAUSED), a
+                    self.pausing.pop(a.request_id, None)
                     self._end(a.request_id, f"fail:{a.reason.value}")
                 case Reject():
                     assert self.requests.get(a.request_id) == WAITING, a
@@ -280,7 +309,8 @@ class FakeExecutor:
                     assert svc.kv_pool == p.kv_ceiling
             else:
                 assert not svc.resident_leases and svc.kv_lease is None
-                assert ledger.service_total(svc.spec.device, svc.name) == 0
+                leftover = ledger.amount(svc.spec.device, svc.name, Category.LEFTOVER)
+                assert ledger.service_total(svc.spec.device, svc.name) == leftover
             if svc.spec.capabilities.resize is not ResizeSupport.LIVE:
                 assert not any(
                     isinstance(a, Resize) and a.service == svc.name for a in self.actions[-50:]
@@ -295,7 +325,11 @@ class FakeExecutor:
                 if le.service == svc.name and le.device == svc.spec.device
             )
             total = ledger.service_total(svc.spec.device, svc.name)
-            assert total - ledger.amount(svc.spec.device, svc.name, Category.RESERVED) == decided
+            measured = sum(
+                ledger.amount(svc.spec.device, svc.name, c)
+                for c in (Category.RESERVED, Category.LEFTOVER)
+            )
+            assert total - measured == decided
             assert svc.kv_in_use == sum(r.kv_bytes for r in svc.inflight.values()) + svc.paused_kv
         for req in world.inflight.values():
             assert req.active_lease is not None

@@ -43,6 +43,7 @@ def test_reserve_grants_a_lease_and_accounts_it() -> None:
         Category.KV: 0,
         Category.ACTIVE: 0,
         Category.RESERVED: 0,
+        Category.LEFTOVER: 0,
     }
     assert ledger.leases() == [lease]
 

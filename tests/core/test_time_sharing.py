@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from accelmux.core.actions import Fail, Load, Pause, Resume, Unload
-from accelmux.core.events import Demand, RequestArrived, Tick, Unloaded
+from accelmux.core.actions import Action, Fail, Load, Pause, Resume, Unload
+from accelmux.core.events import Demand, PauseFinished, RequestArrived, Tick, Unloaded
 from accelmux.core.manager import Manager
 from accelmux.core.policies import make_policy
 from accelmux.core.policies.accelmux import TIME_SHARE_MIN_RUN_S
@@ -71,6 +71,14 @@ def ask(rid: str, svc: str, tokens: int = 1024) -> RequestArrived:
     )
 
 
+def acked(m: Manager, out: list[Action], now: float) -> list[Action]:
+    """``out`` and what the Manager does once the backend confirmed each of its pauses."""
+    more: list[Action] = []
+    for p in of(Pause, out):
+        more += m.handle(PauseFinished(request_id=p.request_id, attempt=p.attempt), now)
+    return out + (acked(m, more, now) if more else [])
+
+
 def running_a(m: Manager) -> None:
     """Model a is loaded and streams request a1 since t=0."""
     m.start(0.0)
@@ -88,6 +96,9 @@ def test_a_first_token_due_elsewhere_pauses_a_stream_that_ran_long_enough() -> N
     out = m.handle(Tick(), TIME_SHARE_MIN_RUN_S + 0.1)
     (pause,) = of(Pause, out)
     assert (pause.request_id, pause.park, pause.reason) == ("a1", True, Reason.TIME_SHARE)
+    # a unloads only once the backend confirmed a1 is parked.
+    assert not of(Unload, out) and "a1" in m.world.inflight
+    out = acked(m, out, TIME_SHARE_MIN_RUN_S + 0.1)
     (unload,) = of(Unload, out)
     assert (unload.service, unload.tier) == ("a", Tier.PARKED)
     out = m.handle(Unloaded(service="a"), 2.0)
@@ -143,7 +154,7 @@ def test_realtime_work_pauses_interactive_streams_and_they_resume_after() -> Non
     m.handle(loaded("voice"), 0.0)
     m.handle(ask("a1", "a"), 0.0)
     m.handle(loaded("a"), 0.0)
-    out = m.handle(RequestArrived(request_id="v1", service="voice"), 2.0)
+    out = acked(m, m.handle(RequestArrived(request_id="v1", service="voice"), 2.0), 2.0)
     (pause,) = of(Pause, out)
     # Parked: if the realtime work needs the memory, a's model can be evicted.
     assert pause.request_id == "a1" and pause.park
@@ -159,7 +170,7 @@ def test_a_paused_request_past_its_deadline_ends_with_an_error() -> None:
     m = build(llm("a"), llm("b"))
     running_a(m)
     m.handle(ask("b1", "b"), 0.1)
-    m.handle(Tick(), TIME_SHARE_MIN_RUN_S + 0.1)
+    acked(m, m.handle(Tick(), TIME_SHARE_MIN_RUN_S + 0.1), TIME_SHARE_MIN_RUN_S + 0.1)
     assert m.world.waiting["a1"].paused
     # b never finishes loading: a1 waits past its deadline and fails (never a hang).
     m.handle(Unloaded(service="a"), 2.0)

@@ -1,5 +1,6 @@
 """The executor carries Pause and Resume to the service's backend, in order with the
-service's other operations, and a refusal is logged, not raised."""
+service's other operations; a pause is acknowledged (PauseFinished) or refused
+(PauseRefused, with the backend's reason), a refused resume is logged, not raised."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 
 from accelmux.config.load import load_config_data
 from accelmux.core.actions import Pause, Resume, Unload
+from accelmux.core.events import PauseFinished, PauseRefused
 from accelmux.core.types import Reason, Tier
 from accelmux.errors import BackendError
 from accelmux.runtime.executor import ActionExecutor
@@ -70,6 +72,37 @@ def test_pause_and_resume_reach_the_backend_in_order() -> None:
             await asyncio.gather(*executor.tasks)
         assert backend.calls == [("pause", "r1", True), ("unload", Tier.PARKED), ("resume", "r1")]
         assert executor.last_errors["chat"].startswith("resume failed: chat: no request")
-        assert [type(e).__name__ for e in events] == ["Unloaded"]
+        assert [type(e).__name__ for e in events] == ["PauseFinished", "Unloaded"]
+        assert events[0] == PauseFinished(request_id="r1", attempt=1)
+
+    asyncio.run(body())
+
+
+class Refuser(Recorder):
+    async def pause(self, request_id: str, *, park: bool) -> None:
+        raise BackendError(f"chat: {request_id} cannot be paused: it names tools")
+
+
+def test_a_pause_the_backend_cannot_carry_out_is_reported_refused() -> None:
+    async def body() -> None:
+        events: list[Any] = []
+        executor = ActionExecutor(
+            load_config_data(base_config(), "test"),
+            {"chat": Refuser()},  # type: ignore[dict-item]
+            submit=events.append,
+            deliver=lambda action: None,
+            metrics=Metrics(lambda: {}),
+            activity={},
+        )
+        executor.execute(
+            Pause(request_id="r7", service="chat", attempt=2, park=True, reason=Reason.TIME_SHARE)
+        )
+        while executor.tasks:
+            await asyncio.gather(*executor.tasks)
+        (refused,) = events
+        assert isinstance(refused, PauseRefused)
+        assert (refused.request_id, refused.attempt) == ("r7", 2)
+        assert "it names tools" in refused.error
+        assert executor.last_errors["chat"].startswith("pause failed:")
 
     asyncio.run(body())

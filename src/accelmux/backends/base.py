@@ -137,3 +137,11 @@ class Backend(Protocol):
     async def close(self) -> None:
         """Final cleanup at shutdown (after unload)."""
         ...
+
+
+def can_pause(backend: Backend, request: BackendRequest) -> bool:
+    """Whether ``backend`` could pause ``request`` between tokens: what its
+    ``can_pause(request)`` says, for a backend that has one; False otherwise (a backend
+    that cannot tell is never asked to pause)."""
+    decide = getattr(backend, "can_pause", None)
+    return bool(decide(request)) if callable(decide) else False

@@ -71,6 +71,7 @@ from accelmux.backends.limits import (
     mps_limit_value,
     remove_service_cgroup,
 )
+from accelmux.backends.pausable import why_not_pausable
 from accelmux.backends.process_meter import PeakTracker, ProcessTreeMeter
 from accelmux.backends.server_log import ServerLog
 from accelmux.backends.server_metrics import argv_option, parse_server_metrics, parse_slots
@@ -183,6 +184,8 @@ class ExternalBackend:
             "port": port,
             "host": self.cfg.host,
             "ctx_size": max(1, ctx),
+            "ctx_total": max(1, ctx),
+            "ctx_per_slot": max(1, ctx // max(1, self.concurrency)),
             "parallel": self.concurrency,
             "kv_pool_bytes": self.kv_pool_bytes,
             "model": self.model,
@@ -500,6 +503,11 @@ class ExternalBackend:
     @property
     def capabilities(self) -> Capabilities:
         return self.cfg.capabilities()
+
+    def can_pause(self, request: BackendRequest) -> bool:
+        """Whether ``request`` could be paused here (``park: llama-server`` and a request
+        the pausable path reproduces: no tools, response format, log probabilities, n>1)."""
+        return self.parking is not None and why_not_pausable(request) is None
 
     async def pause(self, request_id: str, *, park: bool) -> None:
         if self.parking is None:

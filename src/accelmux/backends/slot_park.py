@@ -188,9 +188,11 @@ class SlotParking:
             await self.client.erase(pc.slot)
         except BackendError as exc:
             self._drop_name(name)
+            # Refused as a whole: the stream goes on (the Manager still counts it running).
+            pc.resume()
             raise BackendError(
-                f"{self.service}: {pc.request_id} is paused, but its slot {pc.slot} was not "
-                f"saved: {exc}"
+                f"{self.service}: {pc.request_id} was not parked (its slot {pc.slot} was not "
+                f"saved: {exc}); it goes on"
             ) from None
         pc.parked = name
         self.stats["saves"] += 1

@@ -182,6 +182,10 @@ class WorkerBackend:
     def capabilities(self) -> Capabilities:
         return self.cfg.capabilities(self.kind)
 
+    def can_pause(self, request: BackendRequest) -> bool:
+        """A streamed generation of a worker-hosted LLM pauses between chunks."""
+        return self.capabilities.pause and request.stream and self.kind.is_llm
+
     async def pause(self, request_id: str, *, park: bool) -> None:
         """Pause a streamed request between chunks (returns once it took); ``park``:
         its llama.cpp sequence is also saved off the context."""
@@ -219,10 +223,17 @@ class WorkerBackend:
     async def resize(self, kv_pool_bytes: int) -> None:
         if not self.loaded or not self.client.alive:
             raise BackendError(f"{self.service}: resize while the model is not loaded")
-        await self.client.call(
+        reply, _ = await self.client.call(
             {"op": "resize", "service": self.service, "kv_pool_bytes": kv_pool_bytes},
             timeout=LOAD_TIMEOUT_S,
         )
+        if reply.get("applied") is False:
+            # The worker kept the context it had (a shared model, or a size it refused):
+            # a refusal, so that the Manager keeps the old pool in its ledger.
+            raise BackendError(
+                f"{self.service}: the worker did not resize the KV pool to {kv_pool_bytes} B "
+                f"(it holds {reply.get('kv_bytes', 'its old size')} B)"
+            )
 
     # -- requests -------------------------------------------------------------------------
     async def handle(self, request: BackendRequest) -> BackendResponse:

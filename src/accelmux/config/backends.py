@@ -10,6 +10,7 @@ is still read (:mod:`accelmux.config.deprecated`).
 from __future__ import annotations
 
 import string
+from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ByteSize, ConfigDict, Field
@@ -22,6 +23,8 @@ ARGV_PLACEHOLDERS = (
     "port",
     "host",
     "ctx_size",
+    "ctx_total",
+    "ctx_per_slot",
     "parallel",
     "kv_pool_bytes",
     "model",
@@ -30,6 +33,21 @@ ARGV_PLACEHOLDERS = (
     "memory_limit_bytes",
     "slot_save_path",
 )
+
+#: The model family the inference worker loads for each kind (``options.model_type``
+#: overrides), and its packaged LLM per LLM kind: with the model file, what makes two
+#: services share one loaded copy (:meth:`WorkerBackendConfig.weights_key`; the worker's
+#: ``component_key`` decides the same, a test keeps them in step).
+WORKER_FAMILIES = {
+    ServiceKind.CHAT: "llama",
+    ServiceKind.COMPLETION: "llama",
+    ServiceKind.EMBEDDINGS: "minilm",
+    ServiceKind.TTS: "piper",
+    ServiceKind.ASR: "pocketsphinx",
+    ServiceKind.DETECT: "opencv",
+    ServiceKind.CAMERA: "opencv",
+}
+PACKAGED_LLMS = {ServiceKind.CHAT: "smollm2", ServiceKind.COMPLETION: "gemma3"}
 
 #: The argv flag vLLM needs for its sleep endpoints (with ``VLLM_SERVER_DEV_MODE=1``).
 VLLM_SLEEP_FLAG = "--enable-sleep-mode"
@@ -110,8 +128,11 @@ class FakeBackendConfig(_Backend):
 class ExternalBackendConfig(_Backend):
     """A supervised OpenAI-compatible server (llama-server, vLLM, a whisper/TTS server).
 
-    ``argv`` is templated with ``{port}``, ``{host}``, ``{ctx_size}`` (tokens the KV pool
-    holds), ``{parallel}`` (the service's concurrency), ``{kv_pool_bytes}``, ``{model}``,
+    ``argv`` is templated with ``{port}``, ``{host}``, ``{ctx_total}`` (tokens the whole KV
+    pool holds: llama-server's ``--ctx-size``; ``{ctx_size}`` is the same value, its
+    older name), ``{parallel}`` (the service's concurrency), ``{ctx_per_slot}``
+    (``ctx_total // parallel``: what one of llama-server's ``--parallel`` slots gets, and
+    so the longest request it serves), ``{kv_pool_bytes}``, ``{model}``,
     ``{gpu}`` (the device index), ``{memory_limit_bytes}`` (its ledger entry plus
     ``limit_margin``), ``{gpu_memory_utilization}`` (that limit as a fraction of the
     GPU) and ``{slot_save_path}`` (``<data_dir>/slots/<service>``, for llama-server's
@@ -131,7 +152,7 @@ class ExternalBackendConfig(_Backend):
         None, description="Model name sent upstream (default: the client's)."
     )
     ctx_size: int = Field(
-        4096, ge=1, description="{ctx_size} when the service has no kv_per_token."
+        4096, ge=1, description="{ctx_total} (and {ctx_size}) when the service has no kv_per_token."
     )
     log_lines: int = Field(200, ge=0, le=100_000, description="Log lines kept in memory.")
     memory_limit: bool = Field(
@@ -182,7 +203,9 @@ class ExternalBackendConfig(_Backend):
         Each request's peak is measured from outside (its process tree). ``sleep: vllm``
         declares sleep; ``park: llama-server`` declares pause and park."""
         sized = any(
-            f"{{{name}}}" in arg for arg in self.argv for name in ("ctx_size", "kv_pool_bytes")
+            f"{{{name}}}" in arg
+            for arg in self.argv
+            for name in ("ctx_size", "ctx_total", "ctx_per_slot", "kv_pool_bytes")
         )
         resize = ResizeSupport.NEXT_LOAD if sized else ResizeSupport.NONE
         parks = self.park == "llama-server"
@@ -192,6 +215,19 @@ class ExternalBackendConfig(_Backend):
             park=parks,
             sleep=self.sleep == "vllm",
             request_peaks=True,
+            park_on_disk=parks,  # slot files under the data dir, not host RAM
+            kv_per_slot=self.splits_context_per_slot(),
+        )
+
+    def splits_context_per_slot(self) -> bool:
+        """llama-server splits ``--ctx-size`` evenly between its ``--parallel`` (``-np``)
+        slots: a request gets one slot's share. True when argv passes ``{parallel}`` to
+        one of those flags."""
+        for flag, value in zip(self.argv, self.argv[1:], strict=False):
+            if flag in ("--parallel", "-np") and "{parallel}" in value:
+                return True
+        return any(
+            arg.startswith(("--parallel=", "-np=")) and "{parallel}" in arg for arg in self.argv
         )
 
 
@@ -222,6 +258,21 @@ class WorkerBackendConfig(_Backend):
     model_path: str | None = None
     isolated: bool = Field(False, description="Run in its own worker process.")
     options: dict[str, str | int | float | bool] = Field(default_factory=dict)
+
+    def weights_key(self, kind: ServiceKind) -> str:
+        """What makes services share one loaded copy of a model in the shared worker (the
+        worker's ``component_key``: the model family and its file); "" when isolated."""
+        if self.isolated:
+            return ""
+        family = str(self.options.get("model_type") or WORKER_FAMILIES.get(kind, kind.value))
+        if family == "llama":
+            name = self.options.get("model", PACKAGED_LLMS.get(kind, "smollm2"))
+            where = str(Path(self.model_path).resolve()) if self.model_path else f"{name}"
+        elif self.model_path:
+            where = str(Path(self.model_path).resolve())
+        else:
+            where = "packaged"
+        return f"{family}:{where}"
 
     def capabilities(self, kind: ServiceKind | None = None) -> Capabilities:
         """A worker-hosted llama.cpp model rebuilds its context on the loaded weights (a

@@ -14,7 +14,7 @@ from accelmux.core.specs import (
     PolicyKnobs,
     ServiceSpec,
 )
-from accelmux.core.types import Residency
+from accelmux.core.types import Residency, ServiceKind
 from accelmux.errors import ConfigError
 from accelmux.models.gguf_profile import gguf_profile, llama_memory_estimate
 
@@ -91,6 +91,7 @@ def to_manager_spec(
             model=svc.model or name,
             capabilities=(capabilities or {}).get(name)
             or (svc.backend.capabilities(svc.kind) if svc.backend else Capabilities()),
+            weights_key=_weights_key(svc.backend, svc.kind),
         )
         if len(placement[name]) == 1:
             services.append(spec)
@@ -182,3 +183,9 @@ def gguf_memory_profile(mem: MemoryConfig) -> MemoryProfile:
         workspace=int(mem.workspace),
         per_unit=float(mem.per_unit),
     )
+
+
+def _weights_key(backend: object, kind: ServiceKind) -> str:
+    """Services of the shared inference worker that load the same model share one copy."""
+    key = getattr(backend, "weights_key", None)
+    return str(key(kind)) if callable(key) else ""

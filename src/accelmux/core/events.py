@@ -119,6 +119,32 @@ class ResizeFinished:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class PauseFinished:
+    """The backend paused the request (``attempt``) between tokens as a ``Pause`` asked:
+    its stream is stopped and, for ``park``, its KV state is off the device. Until this
+    event the request counts as running and keeps every byte it holds."""
+
+    request_id: str
+    attempt: int
+
+    def __post_init__(self) -> None:
+        _require(self.attempt >= 1, "attempt starts at 1")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PauseRefused:
+    """The backend could not pause the request (``attempt``): it runs on, holding what
+    it held, and is not asked to pause again (``error`` says why)."""
+
+    request_id: str
+    attempt: int
+    error: str = ""
+
+    def __post_init__(self) -> None:
+        _require(self.attempt >= 1, "attempt starts at 1")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Unloaded:
     service: str
 
@@ -178,6 +204,8 @@ Event = (
     | LoadFinished
     | LoadFailed
     | ResizeFinished
+    | PauseFinished
+    | PauseRefused
     | Unloaded
     | BackendCrashed
     | MemorySampled

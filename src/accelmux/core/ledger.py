@@ -1,11 +1,12 @@
 """The memory ledger: bytes per device x service x category.
 
 Categories per service: weights, runtime, kv (the KV pool), active (leases of in-flight
-requests) and reserved (measured memory above what was accounted, e.g. allocator
-caches). Per device: headroom (kept free for transient peaks) and foreign (memory of
-processes accelmux does not control).
+requests), reserved (measured memory above what was accounted, e.g. allocator caches)
+and leftover (memory measured for a service that is not loaded). Per device: headroom
+(kept free for transient peaks), foreign (memory of processes accelmux does not
+control) and parked (host RAM the park budget holds, on the device that RAM is).
 
-Admission is against ``available = budget - headroom - foreign - committed``.
+Admission is against ``available = budget - headroom - foreign - parked - committed``.
 ``reserve`` returns a :class:`Lease` or ``None`` when it does not fit: not fitting is a
 decision, not an error. Releasing a lease twice, or committing more than the usable
 budget through ``enforce=True``, raises :class:`~accelmux.errors.InvariantError`.
@@ -16,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from accelmux.core.specs import DeviceSpec
-from accelmux.core.types import SERVICE_CATEGORIES, Category
+from accelmux.core.types import MEASURED_CATEGORIES, SERVICE_CATEGORIES, Category
 from accelmux.errors import InvariantError
 
 #: Categories that hold what the manager decided (estimates it admitted).
@@ -33,13 +34,15 @@ class Lease:
 
 
 class _DeviceAccount:
-    __slots__ = ("decided", "foreign", "reserved_total", "services", "spec", "usable")
+    __slots__ = ("decided", "foreign", "parked", "reserved_total", "services", "spec", "usable")
 
     def __init__(self, spec: DeviceSpec) -> None:
         self.spec = spec
         self.usable = spec.usable_bytes  # the spec is frozen: read on every decision
         self.foreign = 0
+        self.parked = 0
         self.decided = 0
+        #: Measured categories (reserved and leftover) of every service.
         self.reserved_total = 0
         self.services: dict[str, dict[Category, int]] = {}
 
@@ -76,17 +79,21 @@ class Ledger:
         return self._devices[device].decided
 
     def committed(self, device: str) -> int:
-        """Everything held by managed services: decided plus measured reserved."""
+        """Everything held by managed services: decided plus measured (reserved, leftover)."""
         acc = self._devices[device]
         return acc.decided + acc.reserved_total
 
     def foreign(self, device: str) -> int:
         return self._devices[device].foreign
 
+    def parked(self, device: str) -> int:
+        """Host RAM the park budget holds on this device (0 but on the host device)."""
+        return self._devices[device].parked
+
     def available(self, device: str) -> int:
-        """budget - headroom - foreign - committed (may be negative under pressure)."""
+        """budget - headroom - foreign - parked - committed (negative under pressure)."""
         acc = self._devices[device]
-        return acc.usable - acc.foreign - acc.decided - acc.reserved_total
+        return acc.usable - acc.foreign - acc.parked - acc.decided - acc.reserved_total
 
     def lease_count(self) -> int:
         return len(self._leases)
@@ -104,7 +111,7 @@ class Ledger:
                 f"ledger {device}/{service}/{category.value} would go negative ({new})"
             )
         cats[category] = new
-        if category is Category.RESERVED:
+        if category in MEASURED_CATEGORIES:
             acc.reserved_total += delta
         else:
             acc.decided += delta
@@ -124,7 +131,7 @@ class Ledger:
         """Grant ``nbytes`` if it fits (or unconditionally with ``enforce=False``)."""
         if nbytes < 0:
             raise InvariantError(f"negative reservation {nbytes}")
-        if category in (Category.RESERVED, Category.HEADROOM, Category.FOREIGN):
+        if category not in DECIDED:
             raise InvariantError(f"cannot lease category {category.value}")
         if enforce and not self.fits(device, nbytes):
             return None
@@ -151,9 +158,27 @@ class Ledger:
     def set_foreign(self, device: str, nbytes: int) -> None:
         self._devices[device].foreign = max(0, nbytes)
 
+    def set_parked(self, device: str, nbytes: int) -> None:
+        self._devices[device].parked = max(0, nbytes)
+
     def set_reserved(self, device: str, service: str, nbytes: int) -> None:
         current = self.amount(device, service, Category.RESERVED)
         self._add(device, service, Category.RESERVED, max(0, nbytes) - current)
+
+    def set_leftover(self, device: str, service: str, nbytes: int) -> None:
+        """Charge ``nbytes`` measured for ``service`` while it is not loaded."""
+        current = self.amount(device, service, Category.LEFTOVER)
+        if current or nbytes > 0:
+            self._add(device, service, Category.LEFTOVER, max(0, nbytes) - current)
+
+    def leftovers(self, device: str) -> dict[str, int]:
+        """Services charged leftover memory on ``device`` (bytes, > 0)."""
+        out = {}
+        for name, cats in self._devices[device].services.items():
+            n = cats.get(Category.LEFTOVER, 0)
+            if n:
+                out[name] = n
+        return out
 
     def drop_service(self, device: str, service: str) -> None:
         """Forget every byte of a service that has no leases left (after unload/crash)."""
@@ -163,7 +188,7 @@ class Ledger:
         acc = self._devices[device]
         cats = acc.services.pop(service, {})
         for cat, n in cats.items():
-            if cat is Category.RESERVED:
+            if cat in MEASURED_CATEGORIES:
                 acc.reserved_total -= n
             else:
                 acc.decided -= n
@@ -180,7 +205,9 @@ class Ledger:
             decided = sum(
                 n for cats in acc.services.values() for c, n in cats.items() if c in DECIDED
             )
-            reserved = sum(cats.get(Category.RESERVED, 0) for cats in acc.services.values())
+            reserved = sum(
+                n for cats in acc.services.values() for c, n in cats.items() if c not in DECIDED
+            )
             if (decided, reserved) != (acc.decided, acc.reserved_total):
                 raise InvariantError(
                     f"ledger {name}: totals {(acc.decided, acc.reserved_total)} "

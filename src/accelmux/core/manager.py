@@ -29,6 +29,8 @@ from accelmux.core.events import (
     LoadFailed,
     LoadFinished,
     MemorySampled,
+    PauseFinished,
+    PauseRefused,
     RequestArrived,
     RequestCancelled,
     RequestFinished,
@@ -278,6 +280,14 @@ class Manager:
                 svc = w.services[event.service]
                 if svc.resize_target == event.kv_pool_bytes:
                     w.resize_done(svc, ok=event.ok)
+            case PauseFinished():
+                req = w.inflight.get(event.request_id)
+                if req is not None and req.attempt == event.attempt and req.pausing is not None:
+                    w.pause_done(req)
+            case PauseRefused():
+                req = w.inflight.get(event.request_id)
+                if req is not None and req.attempt == event.attempt and req.pausing is not None:
+                    w.pause_refused(req, error=event.error)
             case Unloaded():
                 svc = w.services[event.service]
                 if svc.status is ServiceStatus.UNLOADING or (
@@ -387,6 +397,7 @@ class Manager:
         if svc.loading_since is not None:
             w.observe_load_seconds(svc, w.now - svc.loading_since)
         svc.consecutive_failures = 0
+        svc.resize_refused = False  # a refusal was about the previous load
         if svc.load_reason is Reason.DEMAND or svc.load_reason is Reason.RELOAD_AFTER_CRASH:
             svc.cold_starts += 1
         svc.last_used = max(svc.last_used, w.now)
@@ -409,25 +420,38 @@ class Manager:
         svc_state.backoff_until = w.now + delay
 
     def _reconcile(self, event: MemorySampled) -> None:
-        """Measured memory replaces guesses: foreign usage and per-service reserved."""
+        """Measured memory replaces guesses: foreign usage, per-service reserved, and
+        the leftover of services that are not loaded.
+
+        Every measured byte is charged somewhere: a loaded service's bytes to its
+        leases, the rest of them to its ``reserved``; a service that is not loaded to
+        what the park budget holds of it (on the host device), the rest to its
+        ``leftover`` until a sample shows it gone; whatever no service accounts for
+        (less the device's baseline) to ``foreign``."""
         w = self.world
-        if event.device not in w.devices:
+        device = event.device
+        if device not in w.devices:
             return
         ledger = w.ledger
+        on_host = device == w.park_device
         managed = 0
+        seen: set[str] = set()
         for name, measured in event.per_service.items():
             svc = w.services.get(name)
-            if svc is None or svc.spec.device != event.device:
+            if svc is None or svc.spec.device != device:
                 continue
             managed += measured
+            seen.add(name)
             svc.measured_bytes = measured
+            parked = w.parked_of(svc) if on_host else 0
             if not svc.holds_memory:
+                ledger.set_leftover(device, name, measured - parked)
                 continue
             accounted = sum(
-                ledger.amount(event.device, name, c)
+                ledger.amount(device, name, c)
                 for c in (Category.WEIGHTS, Category.RUNTIME, Category.KV, Category.ACTIVE)
             )
-            ledger.set_reserved(event.device, name, measured - accounted)
+            ledger.set_reserved(device, name, measured - parked - accounted)
             p = svc.spec.profile
             per_request = max(p.workspace, svc.peak_active_bytes)
             ceiling = p.weights + p.runtime + p.kv_ceiling + svc.spec.concurrency * per_request
@@ -435,8 +459,11 @@ class Manager:
             if svc.over_limit and svc.idle and svc.is_up:
                 # Idle, what it holds is its resident size: the next load is sized by it.
                 svc.calibration.observe_load(p.weights + p.runtime, measured - svc.kv_pool)
-        ledger.set_foreign(event.device, event.used_bytes - managed - event.baseline_bytes)
-        w.sampled_at[event.device] = w.now
+        for name in ledger.leftovers(device):
+            if name not in seen:  # not measured any more: gone
+                ledger.set_leftover(device, name, 0)
+        ledger.set_foreign(device, event.used_bytes - managed - event.baseline_bytes)
+        w.sampled_at[device] = w.now
 
     def _admin(self, event: AdminCommand) -> None:
         w = self.world

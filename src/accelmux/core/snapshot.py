@@ -6,6 +6,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from accelmux.core.ledger import DECIDED
 from accelmux.core.state import World
 from accelmux.core.types import SERVICE_CATEGORIES, ServiceClass
 
@@ -56,6 +57,7 @@ def build_snapshot(
                 "budget_bytes": dev.budget_bytes,
                 "headroom_bytes": dev.headroom_bytes,
                 "foreign_bytes": ledger.foreign(name),
+                "parked_bytes": ledger.parked(name),
                 "decided_bytes": ledger.decided(name),
                 "committed_bytes": ledger.committed(name),
                 "available_bytes": ledger.available(name),
@@ -76,12 +78,15 @@ def build_snapshot(
                 "model": spec.model,
                 "state": svc.status.value,
                 "ledger": {c.value: breakdown[c] for c in SERVICE_CATEGORIES},
-                "estimated_bytes": sum(breakdown.values()) - breakdown[SERVICE_CATEGORIES[-1]],
+                "estimated_bytes": sum(breakdown[c] for c in DECIDED),
                 "measured_bytes": svc.measured_bytes,
                 "inflight": len(svc.inflight),
                 "concurrency": spec.concurrency,
                 "waiting": svc.waiting_count,
                 "paused": sum(1 for r in svc.queue.values() if r.paused),
+                "pausing": sum(1 for r in svc.inflight.values() if r.pausing is not None),
+                "weights_shared_by": svc.weights_shared_by,
+                "weights_shared_with": w.weights_sharers(svc),
                 "tier": svc.tier.value,
                 "load_seconds": {t.value: round(v, 3) for t, v in sorted(svc.load_s.items())},
                 "kv_pool_bytes": svc.kv_pool,

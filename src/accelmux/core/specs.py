@@ -146,7 +146,11 @@ class Capabilities:
     ``sleeping``); ``host_cache``: an unloaded model's weights can be kept in host RAM
     (the page cache of an mmap'd file) and reloaded from there (tier ``parked``).
     ``request_peaks``: finished requests report their measured peak memory, which
-    calibrates the service's estimates.
+    calibrates the service's estimates. ``park_on_disk``: parked KV state goes to files
+    on disk (llama-server's slot save), not host RAM: it is not charged to the host
+    budget. ``kv_per_slot``: the backend splits its KV pool evenly between its
+    ``concurrency`` slots (llama-server's ``--parallel``): one request can use at most
+    one slot's share of it.
 
     The default is the simulator's model of a backend: a live resize and measured
     peaks, nothing else.
@@ -158,6 +162,8 @@ class Capabilities:
     sleep: bool = False
     host_cache: bool = False
     request_peaks: bool = True
+    park_on_disk: bool = False
+    kv_per_slot: bool = False
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -167,6 +173,8 @@ class Capabilities:
             "sleep": self.sleep,
             "host_cache": self.host_cache,
             "request_peaks": self.request_peaks,
+            "park_on_disk": self.park_on_disk,
+            "kv_per_slot": self.kv_per_slot,
         }
 
 
@@ -189,6 +197,9 @@ class ServiceSpec:
     #: The service clients address when this spec is one replica of a service that may
     #: run on several devices (``chat@gpu1`` of ``chat``); "" when it is the service.
     group: str = ""
+    #: Services on one device with the same non-empty key hold one copy of their weights
+    #: (one model loaded once in the shared inference worker): the ledger charges it once.
+    weights_key: str = ""
 
     def __post_init__(self) -> None:
         _require(self.concurrency >= 1, f"service {self.name}: concurrency must be >= 1")

@@ -121,6 +121,9 @@ class ServiceState:
     #: KV bytes of paused requests that kept their place in the pool (not parked):
     #: the service cannot unload while they wait.
     paused_kv: int = 0
+    #: The service whose weights copy this one shares while loaded (``weights_key``):
+    #: its own WEIGHTS are then 0, the copy is charged once, to that service.
+    weights_shared_by: str | None = None
 
     def __post_init__(self) -> None:
         self.name = self.spec.name
@@ -144,6 +147,23 @@ class ServiceState:
         if declared is ResizeSupport.LIVE and self.resize_refused:
             return ResizeSupport.NEXT_LOAD
         return declared
+
+    @property
+    def kv_request_limit(self) -> int:
+        """The most KV one request may ever hold: the ceiling of the pool, or one slot's
+        share of it where the backend splits its pool between ``concurrency`` slots."""
+        ceiling = self.spec.profile.kv_ceiling
+        if self.spec.capabilities.kv_per_slot:
+            return ceiling // self.spec.concurrency
+        return ceiling
+
+    @property
+    def kv_slot(self) -> int:
+        """The most KV one request may hold in the pool now (one slot's share of the
+        usable pool where the backend splits it, else the whole usable pool)."""
+        if self.spec.capabilities.kv_per_slot:
+            return self.kv_usable // self.spec.concurrency
+        return self.kv_usable
 
     @property
     def resizing(self) -> bool:
@@ -201,6 +221,16 @@ class RequestState:
     pausable: bool = False
     paused: bool = False
     parked_kv: int = 0
+    #: Paused with its KV state off the device (``parked_kv`` may be 0), and whether
+    #: that state is in host RAM (charged to the host budget) rather than on disk.
+    parked: bool = False
+    parked_in_ram: bool = False
+    #: A Pause the backend has not answered yet: whether it parks (None: none asked).
+    #: Until the answer the request runs and keeps what it holds.
+    pausing: bool | None = None
+    pausing_for_realtime: bool = False
+    #: Host RAM kept for the KV state a pending parked pause will save (0: none).
+    pause_reserved: int = 0
     pauses: int = 0
     #: Pauses that gave the compute to realtime work (not counted in ``pauses``).
     yields: int = 0
@@ -375,6 +405,14 @@ class World:
         #: and for parked KV state (total), against ``spec.host_budget_bytes``.
         self.host_weights: dict[str, int] = {}
         self.host_kv = 0
+        #: Host RAM held for KV state of pauses the backend has not confirmed yet (each
+        #: request's ``pause_reserved``): the budget keeps room for it.
+        self.host_pending = 0
+        #: The device whose memory is the host RAM (kind ``host``), if any: the park
+        #: budget is carved out of its budget (``Ledger.parked``).
+        self.park_device: str | None = next(
+            (d.name for d in spec.devices if d.kind == "host"), None
+        )
 
     # ---- time ---------------------------------------------------------------
     def time_of_day(self, now: float | None = None) -> float:
@@ -414,6 +452,8 @@ class World:
         self._unloading_by_device[svc.spec.device].update(svc, status is ServiceStatus.UNLOADING)
         self.crashed.update(svc, status is ServiceStatus.CRASHED)
         self._update_evicted(svc)
+        if svc.name in self.host_weights:
+            self._host_changed()  # whether its parked weights alone hold the RAM
 
     def loaded_on(self, device: str) -> ServiceSet:
         return self._loaded_by_device[device]
@@ -595,9 +635,19 @@ class World:
         live = {e[2].request_id for e in self._deadlines if self._queued_now(e)}
         expect("deadlines", live, set(self.waiting))
         paused = [r for r in self.waiting.values() if r.paused]
-        expect("host_kv", self.host_kv, sum(r.parked_kv for r in paused))
+        expect("host_kv", self.host_kv, sum(r.parked_kv for r in paused if r.parked_in_ram))
+        expect(
+            "host_pending",
+            self.host_pending,
+            sum(r.pause_reserved for r in self.inflight.values()),
+        )
+        expect(
+            "pausing requests run",
+            {r.request_id for r in self.waiting.values() if r.pausing is not None},
+            set(),
+        )
         for svc in svcs:
-            mine = [r for r in paused if r.service == svc.name and not r.parked_kv]
+            mine = [r for r in paused if r.service == svc.name and not r.parked]
             expect(f"{svc.name}.paused_kv", svc.paused_kv, sum(r.kv_bytes for r in mine))
             held = sum(r.kv_bytes for r in svc.inflight.values()) + svc.paused_kv
             expect(f"{svc.name}.kv_in_use", svc.kv_in_use, held)
@@ -651,10 +701,34 @@ class World:
     # ---- host tiers -------------------------------------------------------------
     @property
     def host_used(self) -> int:
-        return sum(self.host_weights.values()) + self.host_kv
+        return sum(self.host_weights.values()) + self.host_kv + self.host_pending
 
     def host_free(self) -> int:
         return self.spec.host_budget_bytes - self.host_used
+
+    def _host_changed(self) -> None:
+        """The park budget's use changed: on the host device it is that device's memory
+        (weights of a service still holding its device memory are the same pages, not
+        counted twice)."""
+        if self.park_device is None:
+            return
+        self.ledger.set_parked(self.park_device, self.parked_on_host())
+        self.touch(self.park_device)
+
+    def parked_on_host(self) -> int:
+        """Bytes the park budget holds that are not also device memory of a service."""
+        weights = sum(
+            n for name, n in self.host_weights.items() if not self.services[name].holds_memory
+        )
+        return weights + self.host_kv
+
+    def parked_of(self, svc: ServiceState) -> int:
+        """What the park budget holds of ``svc`` (its weights once it holds no device
+        memory, and the KV state its paused requests parked in RAM)."""
+        weights = 0 if svc.holds_memory else self.host_weights.get(svc.name, 0)
+        return weights + sum(
+            r.parked_kv for r in svc.queue.values() if r.paused and r.parked_in_ram
+        )
 
     def park_tier(self, svc: ServiceState) -> Tier:
         """Where ``svc``'s weights may go when it unloads, by what its backend declares
@@ -663,7 +737,8 @@ class World:
         caps = svc.spec.capabilities
         if not self.spec.host_budget_bytes or not (caps.sleep or caps.host_cache):
             return Tier.COLD
-        if self._host_weight_bytes(svc) > self.spec.host_budget_bytes - self.host_kv:
+        held_kv = self.host_kv + self.host_pending
+        if self._host_weight_bytes(svc) > self.spec.host_budget_bytes - held_kv:
             return Tier.COLD
         return Tier.SLEEPING if caps.sleep else Tier.PARKED
 
@@ -688,6 +763,7 @@ class World:
         ``cold`` of a service that is not loaded)."""
         if self.host_weights.pop(svc.name, None) is None:
             return
+        self._host_changed()
         tier, svc.tier = svc.tier, Tier.COLD
         if svc.status in (ServiceStatus.UNLOADED, ServiceStatus.CRASHED):
             self.record(
@@ -719,7 +795,7 @@ class World:
         if req.paused:
             return self._resume(req, svc, reason=reason, active_bytes=active_bytes, detail=detail)
         kv = req.estimate.kv_bytes
-        if kv > svc.kv_usable - svc.kv_in_use:
+        if kv > svc.kv_usable - svc.kv_in_use or kv > svc.kv_slot:
             return False
         need = self.projected_active(req) if active_bytes is None else active_bytes
         lease = self.ledger.reserve(
@@ -774,13 +850,16 @@ class World:
             return False
         self._absorb_cache(svc, need)
         self._remove_waiting(req)
-        if restore:
-            self.host_kv -= restore
+        if req.parked:
+            if req.parked_in_ram:
+                self.host_kv -= restore
+                self._host_changed()
             svc.kv_in_use += restore
             req.kv_bytes = restore
         else:
             svc.paused_kv -= req.kv_bytes
         req.parked_kv = 0
+        req.parked = req.parked_in_ram = False
         req.paused = False
         req.active_lease = lease
         req.running_since = self.now
@@ -811,41 +890,32 @@ class World:
         detail: str = "",
         for_realtime: bool = False,
     ) -> bool:
-        """Pause a running request between tokens: it gives back its activation lease
-        and waits again, at its place, for a Resume. ``park``: its KV state leaves the
-        pool for host RAM (so the service may unload); otherwise it keeps its place in
-        the pool. False (and no action) when its backend does not declare it, or the
-        host budget cannot hold the parked state."""
+        """Ask the backend to pause a running request between tokens. ``park``: its KV
+        state is to leave the pool (so the service may unload); otherwise it keeps its
+        place in the pool. False (and no action) when its backend does not declare it,
+        the request cannot pause (it does not stream, or its backend refused before), a
+        pause of it is already under way, or the host budget cannot hold the parked state.
+
+        Nothing is released yet: the request runs, holding every byte it holds, until
+        the backend confirms (:meth:`pause_done`, on ``PauseFinished``) or refuses
+        (:meth:`pause_refused`). Its service cannot unload meanwhile."""
         svc = self.services[req.service]
         caps = svc.spec.capabilities
         if req.request_id not in self.inflight:
             raise InvariantError(f"pause of {req.request_id} which is not running")
+        if req.pausing is not None:
+            return False
         if not req.pausable or not caps.pause or (park and not caps.park):
             return False
-        if park and not self._make_host_room(req.kv_bytes):
+        in_ram = park and self._parks_in_ram(svc)
+        if in_ram and not self._make_host_room(req.kv_bytes):
             return False
-        self._release_active(req, svc)
-        if park:
-            svc.kv_in_use -= req.kv_bytes
-            self.host_kv += req.kv_bytes
-            req.parked_kv, req.kv_bytes = req.kv_bytes, 0
-        else:
-            svc.paused_kv += req.kv_bytes
-        svc.inflight.pop(req.request_id, None)
-        if not svc.inflight:
-            self.busy.discard(svc)
-        self.inflight.pop(req.request_id, None)
-        req.paused = True
-        if for_realtime:
-            req.yields += 1
-        else:
-            req.pauses += 1
-        req.running_since = None
-        req.wait_reason = None
-        # A paused stream has a client waiting on it: its wait is bounded afresh.
-        req.deadline_at = self.now + svc.spec.deadline_s
-        self.add_waiting(req)
-        self._explain(req, f"paused ({reason.value}{', parked' if park else ''}) {detail}")
+        if in_ram:  # room kept for its state until the backend answers
+            req.pause_reserved = req.kv_bytes
+            self.host_pending += req.kv_bytes
+        req.pausing = park
+        req.pausing_for_realtime = for_realtime
+        self._explain(req, f"pausing ({reason.value}{', park' if park else ''}) {detail}")
         self.record(
             Pause(
                 request_id=req.request_id,
@@ -858,14 +928,71 @@ class World:
         )
         return True
 
+    def pause_done(self, req: RequestState) -> None:
+        """The backend paused ``req``: it gives back its activation lease and waits again,
+        at its place, for a Resume; a parked one's KV state leaves the pool (charged to
+        host RAM, or to nothing where the backend parks on disk)."""
+        park = bool(req.pausing)
+        svc = self.services[req.service]
+        req.pausing = None
+        self._unreserve_pause(req)
+        self._release_active(req, svc)
+        if park:
+            svc.kv_in_use -= req.kv_bytes
+            if self._parks_in_ram(svc):
+                self.host_kv += req.kv_bytes
+                req.parked_in_ram = True
+            req.parked_kv, req.kv_bytes = req.kv_bytes, 0
+            self._host_changed()
+        else:
+            svc.paused_kv += req.kv_bytes
+        svc.inflight.pop(req.request_id, None)
+        if not svc.inflight:
+            self.busy.discard(svc)
+        self.inflight.pop(req.request_id, None)
+        req.paused = True
+        req.parked = park
+        if req.pausing_for_realtime:
+            req.yields += 1
+        else:
+            req.pauses += 1
+        req.running_since = None
+        req.wait_reason = None
+        # A paused stream has a client waiting on it: its wait is bounded afresh.
+        req.deadline_at = self.now + svc.spec.deadline_s
+        self.add_waiting(req)
+        self._explain(req, f"paused{' (parked)' if park else ''}")
+
+    def pause_refused(self, req: RequestState, *, error: str) -> None:
+        """The backend could not pause ``req``: it runs on with what it holds and is not
+        asked again (it counts as a request that cannot pause from now on)."""
+        req.pausing = None
+        req.pausable = False
+        self._unreserve_pause(req)
+        self.touch(self.services[req.service].spec.device)
+        self._explain(req, f"pause refused: {error}".rstrip(": "))
+
+    def _unreserve_pause(self, req: RequestState) -> None:
+        """Give back the host room kept for ``req``'s pause (answered, or it ended)."""
+        if req.pause_reserved:
+            self.host_pending -= req.pause_reserved
+            req.pause_reserved = 0
+
+    def _parks_in_ram(self, svc: ServiceState) -> bool:
+        """Whether ``svc``'s backend parks KV state in host RAM (else on disk: no charge)."""
+        return not svc.spec.capabilities.park_on_disk
+
     def _release_paused(self, req: RequestState) -> None:
         """A paused request ends (finished meanwhile, cancelled, failed): its KV state
         is given back, wherever it is."""
         svc = self.services[req.service]
         self._remove_waiting(req)
-        if req.parked_kv:
-            self.host_kv -= req.parked_kv
+        if req.parked:
+            if req.parked_in_ram:
+                self.host_kv -= req.parked_kv
+                self._host_changed()
             req.parked_kv = 0
+            req.parked = req.parked_in_ram = False
         else:
             svc.paused_kv -= req.kv_bytes
             svc.kv_in_use -= req.kv_bytes
@@ -968,6 +1095,8 @@ class World:
 
     def _release_request(self, req: RequestState) -> None:
         svc = self.services[req.service]
+        req.pausing = None
+        self._unreserve_pause(req)
         self._release_active(req, svc)
         svc.kv_in_use -= req.kv_bytes
         req.kv_bytes = 0
@@ -1029,10 +1158,19 @@ class World:
         if svc.tier is Tier.SLEEPING and svc.slept_pool is not None:
             pool = svc.slept_pool  # a sleeping server wakes with the sizes it started with
         weights, runtime, pool = self.projected_resident(svc, pool)
+        owner = self.weights_holder(svc)
+        if owner is not None:
+            weights = 0  # the copy another service loaded is shared, and charged to it
+        svc.weights_shared_by = owner.name if owner is not None else None
         total = weights + runtime + pool
         device = svc.spec.device
-        if enforce and not self.ledger.fits(device, total):
+        # What was measured of it while down (a sleeping process) is part of this load;
+        # so are its parked weights (they move back onto the device).
+        leftover = self.ledger.amount(device, svc.name, Category.LEFTOVER)
+        parked_here = self.host_weights.get(svc.name, 0) if device == self.park_device else 0
+        if enforce and not self.ledger.fits(device, total - leftover - parked_here):
             return False
+        self.ledger.set_leftover(device, svc.name, 0)
         leases = [
             self.ledger.reserve(device, svc.name, Category.WEIGHTS, weights, enforce=False),
             self.ledger.reserve(device, svc.name, Category.RUNTIME, runtime, enforce=False),
@@ -1043,7 +1181,8 @@ class World:
         from_tier = svc.tier
         svc.loading_from = from_tier
         svc.tier = Tier.COLD
-        self.host_weights.pop(svc.name, None)  # the weights move back onto the device
+        if self.host_weights.pop(svc.name, None) is not None:  # back onto the device
+            self._host_changed()
         svc.loading_since = self.now
         svc.load_reason = reason
         svc.loads += 1
@@ -1080,6 +1219,7 @@ class World:
                 tier = Tier.COLD
             else:
                 self.host_weights[svc.name] = nbytes
+                self._host_changed()
         svc.tier = tier
         svc.slept_pool = svc.kv_pool if tier is Tier.SLEEPING else None
         if reason in (Reason.ADMIN, Reason.TTL_EXPIRED):
@@ -1189,8 +1329,54 @@ class World:
             for r in svc.inflight.values()
         ]
 
+    def weights_holder(self, svc: ServiceState) -> ServiceState | None:
+        """The service on ``svc``'s device that holds (and is charged) the weights copy
+        ``svc`` shares (same ``weights_key``), if one holds memory."""
+        key = svc.spec.weights_key
+        if not key:
+            return None
+        for other in self.services_by_device[svc.spec.device]:
+            if (
+                other is not svc
+                and other.spec.weights_key == key
+                and other.holds_memory
+                and other.weights_shared_by is None
+            ):
+                return other
+        return None
+
+    def weights_sharers(self, svc: ServiceState) -> list[str]:
+        """The services whose weights are the copy ``svc`` holds (and is charged)."""
+        if not svc.spec.weights_key or svc.weights_shared_by is not None:
+            return []
+        return [
+            s.name
+            for s in self.services_by_device[svc.spec.device]
+            if s.weights_shared_by == svc.name and s.holds_memory
+        ]
+
+    def _hand_over_weights(self, svc: ServiceState) -> None:
+        """``svc`` lets go of the weights copy others share: the first of them that still
+        holds memory is charged it from now on (the copy stays loaded for it)."""
+        sharers = [self.services[n] for n in self.weights_sharers(svc)]
+        if not sharers:
+            return
+        weights = [le for le in svc.resident_leases if le.category is Category.WEIGHTS]
+        nbytes = sum(le.nbytes for le in weights)
+        heir = sharers[0]
+        lease = self.ledger.reserve(
+            heir.spec.device, heir.name, Category.WEIGHTS, nbytes, enforce=False
+        )
+        if lease is not None:
+            heir.resident_leases.append(lease)
+        heir.weights_shared_by = None
+        for other in sharers[1:]:
+            other.weights_shared_by = heir.name
+
     def release_service(self, svc: ServiceState) -> None:
         """Drop every byte a service holds (after Unloaded, LoadFailed or a crash)."""
+        self._hand_over_weights(svc)
+        svc.weights_shared_by = None
         for le in svc.resident_leases:
             self.ledger.release(le)
         svc.resident_leases = []
@@ -1200,6 +1386,7 @@ class World:
         self.ledger.drop_service(svc.spec.device, svc.name)
         svc.resize_target = None
         svc.resize_from = None
+        svc.resize_refused = False  # the next load may resize live again
         svc.load_excess = 0
         svc.measured_bytes = None
         svc.over_limit = False

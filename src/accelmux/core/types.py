@@ -91,8 +91,14 @@ class Category(StrEnum):
     KV = "kv"
     ACTIVE = "active"
     RESERVED = "reserved"
+    #: Measured memory of a service that is not loaded (a sleeping server's process, a
+    #: worker still holding what it freed late): charged until a sample shows it gone.
+    LEFTOVER = "leftover"
     HEADROOM = "headroom"
     FOREIGN = "foreign"
+    #: Per device: host RAM the park budget holds (parked or sleeping weights, parked KV
+    #: state) on the device whose memory is that RAM (kind ``host``).
+    PARKED = "parked"
 
 
 SERVICE_CATEGORIES: tuple[Category, ...] = (
@@ -101,7 +107,11 @@ SERVICE_CATEGORIES: tuple[Category, ...] = (
     Category.KV,
     Category.ACTIVE,
     Category.RESERVED,
+    Category.LEFTOVER,
 )
+
+#: Service categories set from measurements (not leased): reserved and leftover.
+MEASURED_CATEGORIES: tuple[Category, ...] = (Category.RESERVED, Category.LEFTOVER)
 
 
 class Reason(StrEnum):

@@ -102,7 +102,7 @@ def default_config_data(
     hosted: dict[str, Any] = {"type": "worker"}
     # Services that share a loaded model each get its full estimate: either may carry the
     # copy alone (the one that loaded it first does; the other takes over when it goes).
-    # While both hold it the ledger counts it twice, which errs on the safe side.
+    # While both hold it the ledger counts it once (``weights_key``), naming the sharer.
     minilm = {
         "weights": 160 * MIB,
         "runtime": 8 * MIB,

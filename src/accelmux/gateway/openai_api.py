@@ -68,10 +68,10 @@ async def serve(
     def on_dispatch(ticket: Ticket) -> None:
         metrics.queue_wait.labels(service).observe(time.monotonic() - ticket.arrived)
 
-    def backend_request(d: Dispatch) -> BackendRequest:
+    def backend_request(d: Dispatch | None) -> BackendRequest:
         return BackendRequest(
             request_id=rid,
-            service=d.service,
+            service=d.service if d is not None else service,
             kind=kind,
             endpoint=parsed.endpoint,
             body=parsed.body,
@@ -80,7 +80,7 @@ async def serve(
             file_info=parsed.file_info,
             raw=parsed.raw,
             content_type=parsed.content_type,
-            lease_bytes=d.lease_bytes,
+            lease_bytes=d.lease_bytes if d is not None else 0,
         )
 
     stream_resp: web.StreamResponse | None = None
@@ -128,7 +128,7 @@ async def serve(
             request_id=rid,
             on_dispatch=on_dispatch,
             keep_alive_s=parsed.keep_alive_s,
-            pausable=parsed.stream and kind.is_llm,
+            pausable=kind.is_llm and rt.can_pause(service, backend_request(None)),
         )
     except Refused as exc:
         outcome = exc.reason.value

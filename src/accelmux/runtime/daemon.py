@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 import psutil
 
 from accelmux import __version__
-from accelmux.backends.base import Backend
+from accelmux.backends.base import Backend, BackendRequest, can_pause
 from accelmux.backends.factory import build_backends
 from accelmux.config.baselines import build_policy
 from accelmux.config.schema import AccelmuxConfig
@@ -196,6 +196,14 @@ class Runtime:
         replica's that has one, for a service with replicas)."""
         errors = (self.last_errors.get(r.name) for r in self.replicas(name))
         return next((e for e in errors if e), None)
+
+    def can_pause(self, name: str, request: BackendRequest) -> bool:
+        """Whether ``request`` for service ``name`` may be paused between tokens: its
+        backend says so (every replica's, for a service with replicas)."""
+        replicas = self.replicas(name)
+        return bool(replicas) and all(
+            can_pause(self.backends[r.name], request) for r in replicas if r.name in self.backends
+        )
 
     def backend_of(self, name: str) -> Backend:
         """The backend of :meth:`service_state` (for describing, never for a request:

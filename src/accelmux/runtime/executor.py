@@ -3,9 +3,11 @@
 Request actions (Dispatch, Enqueue, Reject, Fail, Preempt) go to the request's ticket.
 Service actions (Load, Unload, Resize) and the Pause and Resume of a running request run
 as tasks chained per service (never two at once for one service, so an Unload waits for
-the Pause before it) and report back as LoadFinished / LoadFailed, Unloaded and
-ResizeFinished events. A Pause or Resume the backend cannot carry out is logged; the
-request's own stream then ends it (its RequestFinished). A load still running after the
+the Pause before it) and report back as LoadFinished / LoadFailed, Unloaded,
+ResizeFinished, and PauseFinished / PauseRefused events: the Manager keeps a pausing
+request's memory (and its service loaded) until the backend confirmed the pause. A
+Resume the backend cannot carry out is logged; the request's own stream then ends it
+(its RequestFinished). A load still running after the
 service's ``load_timeout_s`` is cancelled, unloaded and reported as LoadFailed. A
 backend that dies while loaded reports BackendCrashed at once (from any thread), so the
 Manager fails its in-flight requests before it dispatches anything else to it.
@@ -43,6 +45,8 @@ from accelmux.core.events import (
     Event,
     LoadFailed,
     LoadFinished,
+    PauseFinished,
+    PauseRefused,
     ResizeFinished,
     Unloaded,
 )
@@ -211,6 +215,13 @@ class ActionExecutor:
                 shown,
             )
             self.last_errors[action.service] = f"{type(action).__name__.lower()} failed: {shown}"
+            if isinstance(action, Pause):
+                self._submit(
+                    PauseRefused(request_id=action.request_id, attempt=action.attempt, error=shown)
+                )
+            return
+        if isinstance(action, Pause):
+            self._submit(PauseFinished(request_id=action.request_id, attempt=action.attempt))
 
     async def _resize(self, action: Resize) -> None:
         """Ask the backend; its answer (done or refused) goes back to the Manager, which

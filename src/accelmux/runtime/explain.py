@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 #: Categories a service holds in the ledger, as the snapshot names them.
-LEDGER_CATEGORIES = ("weights", "runtime", "kv", "active", "reserved")
+LEDGER_CATEGORIES = ("weights", "runtime", "kv", "active", "reserved", "leftover")
 
 
 def ledger_picture(snap: dict[str, Any]) -> dict[str, Any]:
@@ -20,8 +20,16 @@ def ledger_picture(snap: dict[str, Any]) -> dict[str, Any]:
     devices: dict[str, Any] = {}
     for dev in snap["devices"]:
         devices[dev["name"]] = {
-            key: dev[f"{key}_bytes"]
-            for key in ("capacity", "budget", "headroom", "foreign", "committed", "available")
+            key: dev.get(f"{key}_bytes", 0)
+            for key in (
+                "capacity",
+                "budget",
+                "headroom",
+                "foreign",
+                "parked",
+                "committed",
+                "available",
+            )
         }
         devices[dev["name"]]["services"] = {}
     for svc in snap["services"]:

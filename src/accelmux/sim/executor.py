@@ -15,6 +15,8 @@ daemon runs, and turns its actions into simulated effects:
   ``sleeping`` tier holds the weights in the host cache until the next load;
 - ``Preempt``: stop the job (its stale completion is dropped);
 - ``Pause``: stop the job, keeping its progress, and free its activation memory;
+  ``PauseFinished`` at the same virtual time (a request drawn as one its backend cannot
+  pause, ``unpausable_share``, arrives with ``pausable`` false and is never asked);
   ``Resume``: after ``switch_s`` (plus the KV state at host bandwidth when it was
   parked) allocate its activation again and continue the job where it stopped;
 - ``Resize``: change the KV pool: a growth allocates at once (it may OOM), a shrink
@@ -57,6 +59,7 @@ from accelmux.core.events import (
     LoadFailed,
     LoadFinished,
     MemorySampled,
+    PauseFinished,
     RequestArrived,
     RequestFinished,
     ResizeFinished,
@@ -286,16 +289,26 @@ class Simulation:
             source=source,
             tag=tag,
         )
-        # A simulated LLM request streams its answer: its backend may pause it.
+        # A simulated LLM request streams its answer: its backend may pause it, unless it
+        # is one of the service's share of requests it cannot pause (tools, structured).
         event = RequestArrived(
             request_id=rid,
             service=service,
             demand=demand,
             job_id=job_id,
-            pausable=spec.kind.is_llm,
+            pausable=spec.kind.is_llm and self._pausable(service, rid),
         )
         self.heap.at(now, lambda: self._handle(event))
         return rid
+
+    def _pausable(self, service: str, rid: str) -> bool:
+        """Whether request ``rid`` of an LLM ``service`` can pause: drawn from the
+        service's ``unpausable_share`` (deterministic by seed and request)."""
+        perf = self.perf.get(service)
+        share = perf.unpausable_share if perf is not None else 0.0
+        if share <= 0:
+            return True
+        return random.Random(f"{self.seed}:pausable:{rid}").random() >= share
 
     # ---- driving ----------------------------------------------------------------------
     def run(self) -> RunOutput:
@@ -579,6 +592,10 @@ class Simulation:
         dev_name = self._device_of(a.service)
         self.pause_gen[rid] = self.pause_gen.get(rid, 0) + 1
         self.parked[rid] = a.park
+        # Every simulated pause takes at once (a request that cannot pause is never asked):
+        # the acknowledgement comes at the same virtual time.
+        ack = PauseFinished(request_id=rid, attempt=a.attempt)
+        self.heap.at(now, lambda: self._handle(ack))
         job = self.compute[dev_name].remove(rid, now)
         if job is None:
             return  # not running (a resume under way is made stale; its job stays paused)

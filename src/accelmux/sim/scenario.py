@@ -109,6 +109,14 @@ class ServicePerfConfig(StrictModel):
         "service's init_s when parked, 0 when sleeping).",
     )
     request_sigma: float | None = Field(None, ge=0, le=2)
+    unpausable_share: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="LLMs: the share of requests that name tools, a response format, log "
+        "probabilities or n>1, which a backend (llama-server) cannot pause; each request "
+        "draws whether it is one, by the seed.",
+    )
 
 
 class ForeignConfig(StrictModel):
@@ -297,6 +305,12 @@ class Scenario:
             self.config,
             clock_origin_s_of_day=self.start_s_of_day,
             host_budget=int(self.config.simulation.page_cache),
+        )
+        # A scenario's services each hold the memory their section describes: the
+        # simulated device keeps no copy of weights shared between two of them.
+        spec = dataclasses.replace(
+            spec,
+            services=tuple(dataclasses.replace(s, weights_key="") for s in spec.services),
         )
         if capacity_gib is None:
             return spec

@@ -369,6 +369,8 @@ class AccelmuxPolicy:
         """Stop a running request to make room: pause and park it when its backend can,
         else preempt it (it starts again later)."""
         svc = world.services[req.service]
+        if req.pausing is not None:
+            return  # its pause is under way: its memory comes back with the answer
         if self._can_pause(world, svc):
             why = requester.request_id if requester is not None else f"class {cls.label}"
             if world.pause(req, reason=Reason.TIME_SHARE, park=True, detail=f"room for {why}"):
@@ -398,6 +400,8 @@ class AccelmuxPolicy:
             if r.running_since is not None
             and world.now - r.running_since >= TIME_SHARE_MIN_RUN_S
             and r.pauses < MAX_PAUSES
+            and r.pausable
+            and r.pausing is None
         ]
         if not ran:
             return False
@@ -477,10 +481,16 @@ class AccelmuxPolicy:
         if world.knobs.enabled("realtime_yield") and world.busy:
             self._yield_to_realtime(world)
         if self._yielded_to:
-            self._yielded_to = {r: o for r, o in self._yielded_to.items() if r in world.waiting}
+            self._yielded_to = {
+                r: o
+                for r, o in self._yielded_to.items()
+                if r in world.waiting or _pausing(world, r)
+            }
         if self._yielded_realtime:
             self._yielded_realtime = {
-                r for r in self._yielded_realtime if (q := world.waiting.get(r)) and q.paused
+                r
+                for r in self._yielded_realtime
+                if ((q := world.waiting.get(r)) and q.paused) or _pausing(world, r)
             }
         self._learn(world)
         self._admin_unloads(world)
@@ -1140,6 +1150,8 @@ class AccelmuxPolicy:
             since = r.running_since if r.running_since is not None else world.now
             if r.pauses >= MAX_PAUSES or world.now - since < run:
                 return []
+            if not r.pausable or r.pausing is not None:
+                return []  # one that cannot pause (or is pausing) is never preempted here
         return running
 
     def eviction_cost(self, world: World, svc: ServiceState) -> float:
@@ -1148,8 +1160,12 @@ class AccelmuxPolicy:
 
     @staticmethod
     def unload_frees(world: World, svc: ServiceState) -> int:
-        """Bytes an unload gives back: resident, KV pool and the allocator's reserved cache."""
+        """Bytes an unload gives back: resident, KV pool and the allocator's reserved cache
+        (less weights another loaded service shares: they stay)."""
         reserved = world.ledger.amount(svc.spec.device, svc.name, Category.RESERVED)
+        if svc.spec.weights_key and world.weights_sharers(svc):
+            kept = sum(le.nbytes for le in svc.resident_leases if le.category is Category.WEIGHTS)
+            return svc.resident_bytes + reserved - kept
         return svc.resident_bytes + reserved
 
     def _pending_free(self, world: World, device: str) -> int:
@@ -1173,15 +1189,17 @@ class AccelmuxPolicy:
         exclude: ServiceState | None,
         strict: bool = False,
         once_preempted: bool = False,
+        yielded: int = 0,
     ) -> bool:
         """Whether ``svc`` may be evicted for class ``cls``; ``once_preempted``: it is
-        busy, but every request it runs is being preempted for this room."""
+        busy, but every request it runs is being preempted for this room; ``yielded``:
+        how many of its waiting requests are streams it paused for this room."""
         return (
             svc is not exclude
             and svc.status is ServiceStatus.LOADED
             and (svc.idle or once_preempted)
             and not self._keep(svc)
-            and (svc.waiting_count == 0 or svc.spec.cls > cls)
+            and (svc.waiting_count == yielded or svc.spec.cls > cls)
             and (svc.spec.cls > cls if strict else svc.spec.cls >= cls)
         )
 
@@ -1206,6 +1224,7 @@ class AccelmuxPolicy:
         found = _Survey()
         for svc in world.loaded_on(device):
             cleared = False
+            yielded = 0
             stopped_kv = 0  # KV the stopped requests of svc give back to its pool
             inflight = svc.inflight
             if inflight:
@@ -1220,6 +1239,16 @@ class AccelmuxPolicy:
                     found.preempts.append(r)
                     found.gain += r.active_lease.nbytes if r.active_lease else 0
                     stopped_kv += r.kv_bytes
+            elif requester is not None and svc.queue and self._yielded_to:
+                # Its streams were paused (and confirmed parked) for this requester in an
+                # earlier round: it counts as cleared for it, as in the round it paused them.
+                rid = requester.request_id
+                yielded = sum(
+                    1
+                    for r in svc.queue.values()
+                    if r.paused and r.parked and self._yielded_to.get(r.request_id) == rid
+                )
+                cleared = yielded > 0
             if svc is exclude or svc.status is not ServiceStatus.LOADED:
                 continue
             if shrinking and world.resizable(svc):
@@ -1230,7 +1259,7 @@ class AccelmuxPolicy:
                     found.shrinks.append((svc, target))
                 # KV freed by a preemption comes back only as far as its pool can shrink.
                 found.gain += max(0, pool - max(floor, svc.kv_in_use - stopped_kv))
-            if self._evictable(svc, cls, exclude, strict, once_preempted=cleared):
+            if self._evictable(svc, cls, exclude, strict, once_preempted=cleared, yielded=yielded):
                 found.victims.append(svc)
                 found.gain += self.unload_frees(world, svc)
         return found
@@ -1777,13 +1806,12 @@ class AccelmuxPolicy:
         spec = svc.spec
         dev = spec.device
         cls = req.cls
-        if req.estimate.kv_bytes > spec.profile.kv_ceiling:
+        if req.estimate.kv_bytes > svc.kv_request_limit:
             world.reject(
                 req,
                 reason=Reason.TOO_LARGE,
                 retry_after_s=0.0,
-                detail=f"needs {req.estimate.kv_bytes} B of KV, ceiling "
-                f"{spec.profile.kv_ceiling} B",
+                detail=_too_large_kv(svc, req),
             )
             return
         outside, wait = self._service_wait(world, svc, cls, rnd)
@@ -1843,7 +1871,9 @@ class AccelmuxPolicy:
         kv = req.parked_kv if req.paused else req.estimate.kv_bytes
         kv_in_use = svc.kv_in_use
         pool = svc.kv_pool
-        if svc.resize_support is not ResizeSupport.LIVE and kv_in_use + kv > pool:
+        if svc.resize_support is not ResizeSupport.LIVE and (
+            kv_in_use + kv > pool or kv > svc.kv_slot
+        ):
             self._kv_pool_fixed(world, req, svc)
             return
         if kv_in_use + kv > max(profile.kv_ceiling, pool):
@@ -1962,10 +1992,12 @@ class AccelmuxPolicy:
         p = svc.spec.profile
         if not p.kv_ceiling:
             return 0
+        # A backend that splits its pool between its slots gives a request one slot.
+        slots = svc.spec.concurrency if svc.spec.capabilities.kv_per_slot else 1
         if svc.resize_support is not ResizeSupport.NEXT_LOAD:
-            return max(p.kv_floor, min(p.kv_ceiling, wanted))
+            return max(p.kv_floor, min(p.kv_ceiling, wanted * slots))
         waiting = max((r.estimate.kv_bytes for r in svc.queue.values()), default=0)
-        base = max(p.kv_floor, min(p.kv_ceiling, max(wanted, waiting)))
+        base = max(p.kv_floor, min(p.kv_ceiling, max(wanted, waiting) * slots))
         dev = svc.spec.device
         free = (
             world.ledger.available(dev)
@@ -1983,7 +2015,7 @@ class AccelmuxPolicy:
         reloads with a pool sized for the waiting requests; while busy, it waits.
         """
         kv = req.estimate.kv_bytes
-        if kv <= svc.kv_pool:
+        if kv <= svc.kv_slot:
             self._queue_or_reject(
                 world,
                 req,
@@ -2169,3 +2201,21 @@ class AccelmuxPolicy:
             if fits:
                 world.load(svc, reason=Reason.PRELOAD, kv_pool=pool, detail="likely reused soon")
                 world.forget_eviction(svc)
+
+
+def _too_large_kv(svc: ServiceState, req: RequestState) -> str:
+    """Why ``req``'s KV can never fit ``svc``: its pool's ceiling, or one slot's share."""
+    need = req.estimate.kv_bytes
+    spec = svc.spec
+    if spec.capabilities.kv_per_slot and spec.concurrency > 1:
+        return (
+            f"needs {need} B of KV, one of its {spec.concurrency} slots holds "
+            f"{svc.kv_request_limit} B (ctx_total / parallel)"
+        )
+    return f"needs {need} B of KV, ceiling {spec.profile.kv_ceiling} B"
+
+
+def _pausing(world: World, request_id: str) -> bool:
+    """Whether ``request_id`` runs with a pause the backend has not answered yet."""
+    req = world.inflight.get(request_id)
+    return req is not None and req.pausing is not None

@@ -147,13 +147,15 @@ def _fifo(world: World) -> list[RequestState]:
 
 def _too_large_for_pool(world: World, req: RequestState) -> bool:
     """An LLM request whose KV exceeds the largest pool can never run: refuse it."""
-    p = world.services[req.service].spec.profile
-    if p.kv_ceiling and req.estimate.kv_bytes > p.kv_ceiling:
+    svc = world.services[req.service]
+    limit = svc.kv_request_limit
+    if svc.spec.profile.kv_ceiling and req.estimate.kv_bytes > limit:
         world.reject(
             req,
             reason=Reason.TOO_LARGE,
             retry_after_s=0.0,
-            detail=f"needs {req.estimate.kv_bytes} B of KV, pool {p.kv_ceiling} B",
+            detail=f"needs {req.estimate.kv_bytes} B of KV, pool {limit} B"
+            + (" per slot" if svc.spec.capabilities.kv_per_slot else ""),
         )
         return True
     return False
