@@ -33,12 +33,14 @@ class Lease:
 
 
 class _DeviceAccount:
-    __slots__ = ("decided", "foreign", "reserved_total", "services", "spec", "usable")
+    __slots__ = ("decided", "foreign", "overhead", "reserved_total", "services", "spec", "usable")
 
     def __init__(self, spec: DeviceSpec) -> None:
         self.spec = spec
         self.usable = spec.usable_bytes  # the spec is frozen: read on every decision
         self.foreign = 0
+        #: measured memory of accelmux's inference workers beyond their services' share
+        self.overhead = 0
         self.decided = 0
         self.reserved_total = 0
         self.services: dict[str, dict[Category, int]] = {}
@@ -83,10 +85,14 @@ class Ledger:
     def foreign(self, device: str) -> int:
         return self._devices[device].foreign
 
+    def overhead(self, device: str) -> int:
+        return self._devices[device].overhead
+
     def available(self, device: str) -> int:
-        """budget - headroom - foreign - committed (may be negative under pressure)."""
+        """budget - headroom - foreign - overhead - committed (may be negative under
+        pressure)."""
         acc = self._devices[device]
-        return acc.usable - acc.foreign - acc.decided - acc.reserved_total
+        return acc.usable - acc.foreign - acc.overhead - acc.decided - acc.reserved_total
 
     def lease_count(self) -> int:
         return len(self._leases)
@@ -150,6 +156,10 @@ class Ledger:
 
     def set_foreign(self, device: str, nbytes: int) -> None:
         self._devices[device].foreign = max(0, nbytes)
+
+    def set_overhead(self, device: str, nbytes: int) -> None:
+        """The workers' measured overhead on ``device`` (see ``MemorySampled``)."""
+        self._devices[device].overhead = max(0, nbytes)
 
     def set_reserved(self, device: str, service: str, nbytes: int) -> None:
         current = self.amount(device, service, Category.RESERVED)

@@ -432,7 +432,11 @@ class Manager:
             if svc.over_limit and svc.idle and svc.is_up:
                 # Idle, what it holds is its resident size: the next load is sized by it.
                 svc.calibration.observe_load(p.weights + p.runtime, measured - svc.kv_pool)
-        ledger.set_foreign(event.device, event.used_bytes - managed - event.baseline_bytes)
+        ledger.set_overhead(event.device, event.overhead_bytes)
+        ledger.set_foreign(
+            event.device,
+            event.used_bytes - managed - event.baseline_bytes - event.overhead_bytes,
+        )
         w.sampled_at[event.device] = w.now
 
     def _admin(self, event: AdminCommand) -> None:

@@ -56,6 +56,7 @@ def build_snapshot(
                 "budget_bytes": dev.budget_bytes,
                 "headroom_bytes": dev.headroom_bytes,
                 "foreign_bytes": ledger.foreign(name),
+                "overhead_bytes": ledger.overhead(name),
                 "decided_bytes": ledger.decided(name),
                 "committed_bytes": ledger.committed(name),
                 "available_bytes": ledger.available(name),

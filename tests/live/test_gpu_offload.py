@@ -1,0 +1,206 @@
+"""Worker offload decisions and GPU memory attribution, against fake runtimes and a fake
+NVML (there is no GPU here): where each model runs, what llama.cpp is given, and how a
+shared worker's NVML figure is split between its services and its overhead."""
+
+from __future__ import annotations
+
+import sys
+import types
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from accelmux.core.events import MemorySampled
+from accelmux.core.ledger import Ledger
+from accelmux.core.specs import DeviceSpec
+from accelmux.models import offload
+from accelmux.models.chat import LlamaTextModel
+from accelmux.monitors import nvidia
+from accelmux.monitors.base import ServiceProcesses
+
+GIB = 2**30
+MIB = 2**20
+
+
+def _module(name: str, **attrs: Any) -> types.ModuleType:
+    mod = types.ModuleType(name)
+    for key, value in attrs.items():
+        setattr(mod, key, value)
+    return mod
+
+
+@pytest.fixture
+def llama_with_gpu(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setitem(
+        sys.modules, "llama_cpp", _module("llama_cpp", llama_supports_gpu_offload=lambda: True)
+    )
+    yield
+
+
+@pytest.fixture
+def llama_cpu_only(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setitem(
+        sys.modules, "llama_cpp", _module("llama_cpp", llama_supports_gpu_offload=lambda: False)
+    )
+    yield
+
+
+def _ort(monkeypatch: pytest.MonkeyPatch, providers: list[str]) -> None:
+    fake = _module("onnxruntime", get_available_providers=lambda: providers)
+    monkeypatch.setitem(sys.modules, "onnxruntime", fake)
+
+
+def test_host_device_runs_on_the_cpu_with_no_layers_offloaded(llama_with_gpu: None) -> None:
+    where = offload.placement("llama", {}, None)
+    assert where.accelerator == "cpu" and where.n_gpu_layers == 0 and not where.fallback
+    assert offload.placement("minilm", {}, None).providers == ("CPUExecutionProvider",)
+
+
+def test_nvidia_device_offloads_every_layer_by_default(llama_with_gpu: None) -> None:
+    where = offload.placement("llama", {}, 1)
+    assert where.accelerator == "cuda:1" and where.n_gpu_layers == -1 and where.gpu_index == 1
+    assert offload.placement("llama", {"n_gpu_layers": 12}, 0).n_gpu_layers == 12
+    assert offload.placement("llama", {"n_gpu_layers": 0}, 0).accelerator == (
+        "cpu (n_gpu_layers: 0)"
+    )
+
+
+def test_llama_without_cuda_falls_back_to_the_cpu_and_says_why(llama_cpu_only: None) -> None:
+    where = offload.placement("llama", {}, 0)
+    assert where.fallback and where.n_gpu_layers == 0
+    assert where.accelerator == "cpu (fallback: llama-cpp-python built without CUDA)"
+    assert "GGML_CUDA" in where.fix
+
+
+def test_bad_n_gpu_layers_is_named(llama_with_gpu: None) -> None:
+    for bad in ("many", -2, True, 1.5):
+        with pytest.raises(ValueError, match="n_gpu_layers"):
+            offload.placement("llama", {"n_gpu_layers": bad}, 0)
+
+
+def test_onnx_uses_cuda_where_installed_else_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    _ort(monkeypatch, ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    where = offload.placement("piper", {}, 0)
+    assert where.accelerator == "cuda:0"
+    assert where.providers == (
+        ("CUDAExecutionProvider", {"device_id": 0}),
+        "CPUExecutionProvider",
+    )
+    _ort(monkeypatch, ["CPUExecutionProvider"])
+    where = offload.placement("minilm", {}, 0)
+    assert where.accelerator == "cpu (fallback: onnxruntime without the CUDA provider)"
+    assert where.providers == ("CPUExecutionProvider",) and "onnxruntime-gpu" in where.fix
+
+
+def test_runtimes_without_a_gpu_path_say_so() -> None:
+    where = offload.placement("pocketsphinx", {}, 0)
+    assert where.fallback and "pocketsphinx" in where.accelerator
+
+
+def test_llama_is_given_its_layers_and_one_gpu() -> None:
+    cpu = LlamaTextModel("x.gguf")
+    assert cpu._gpu_kwargs() == {"n_gpu_layers": 0}  # unchanged on the CPU
+    gpu = LlamaTextModel("x.gguf", n_gpu_layers=-1, main_gpu=2)
+    assert gpu._gpu_kwargs() == {"n_gpu_layers": -1, "main_gpu": 2, "split_mode": 0}
+
+
+# -- reconciliation with NVML --------------------------------------------------------
+
+
+@given(
+    nvml=st.integers(0, 64 * GIB),
+    claims=st.dictionaries(st.sampled_from("abcdef"), st.integers(0, 64 * GIB), max_size=6),
+)
+def test_reconciled_bytes_add_up_to_nvml(nvml: int, claims: dict[str, int]) -> None:
+    shares, overhead = nvidia.reconcile_worker(nvml, claims)
+    assert sum(shares.values()) + overhead == nvml
+    assert set(shares) == set(claims)
+    assert all(0 <= shares[k] <= claims[k] for k in claims)
+    assert overhead >= 0
+    if sum(claims.values()) <= nvml:
+        assert shares == claims
+
+
+class FakeNvml:
+    """One GPU; per-process memory as given (NVML's shape of things)."""
+
+    def __init__(self, total: int, processes: dict[int, int]) -> None:
+        self.total = total
+        self.processes = processes
+
+    def nvmlInit(self) -> None:
+        pass
+
+    def nvmlShutdown(self) -> None:
+        pass
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
+        if index != 0:
+            raise RuntimeError("no such GPU")
+        return 0
+
+    def nvmlDeviceGetMemoryInfo(self, handle: int) -> Any:
+        used = sum(self.processes.values())
+        return types.SimpleNamespace(total=self.total, used=used, free=self.total - used)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[Any]:
+        return [
+            types.SimpleNamespace(pid=pid, usedGpuMemory=n) for pid, n in self.processes.items()
+        ]
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, handle: int) -> list[Any]:
+        return []
+
+
+def test_shared_worker_is_split_by_its_claims_and_the_rest_is_overhead(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    worker, server = 4242, 4343
+    fake = FakeNvml(80 * GIB, {worker: 3 * GIB, server: 2 * GIB})
+    monkeypatch.setattr(nvidia, "pynvml", fake)
+    sampler = nvidia.NvidiaSampler("gpu", index=0, capacity=80 * GIB, budget=80 * GIB)
+    monkeypatch.setattr(nvidia, "tree_pids", lambda root: [root])
+    sample = sampler.sample(
+        [
+            ServiceProcesses(service="chat", gpu_claim=(worker, 2 * GIB)),
+            ServiceProcesses(service="tts", gpu_claim=(worker, 512 * MIB)),
+            ServiceProcesses(service="big", pids=[server]),
+        ]
+    )
+    assert sample is not None
+    event = sample.event
+    assert event.per_service == {"chat": 2 * GIB, "tts": 512 * MIB, "big": 2 * GIB}
+    assert event.overhead_bytes == 512 * MIB  # CUDA context and slack: the worker's
+    assert sample.details["foreign_bytes"] == 0
+    (entry,) = sample.details["workers"]
+    assert entry["pid"] == worker and entry["nvml_bytes"] == 3 * GIB
+    assert entry["overhead_bytes"] == 512 * MIB
+
+    fake.processes[worker] = 2 * GIB  # claims above NVML's figure: scaled down to it
+    event = sampler.sample(
+        [
+            ServiceProcesses(service="chat", gpu_claim=(worker, 3 * GIB)),
+            ServiceProcesses(service="tts", gpu_claim=(worker, 1 * GIB)),
+        ]
+    )
+    assert event is not None
+    assert event.event.per_service == {"chat": 3 * GIB // 2, "tts": GIB // 2}
+    assert event.event.overhead_bytes == 0
+    sampler.close()
+
+
+def test_overhead_is_in_use_not_foreign() -> None:
+    device = DeviceSpec(
+        name="gpu", kind="nvidia", capacity_bytes=8 * GIB, budget_bytes=8 * GIB, headroom_bytes=0
+    )
+    ledger = Ledger([device])
+    before = ledger.available("gpu")
+    ledger.set_overhead("gpu", 300 * MIB)
+    assert ledger.overhead("gpu") == 300 * MIB
+    assert ledger.available("gpu") == before - 300 * MIB
+    assert ledger.foreign("gpu") == 0
+    event = MemorySampled(device="gpu", used_bytes=GIB, overhead_bytes=300 * MIB)
+    assert event.overhead_bytes == 300 * MIB
