@@ -4,22 +4,35 @@ shared worker's NVML figure is split between its services and its overhead."""
 
 from __future__ import annotations
 
+import os
+import socket
 import sys
 import types
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
+from accelmux.backends.worker import WorkerBackend, WorkerPool
+from accelmux.cli import main
+from accelmux.config.backends import WorkerBackendConfig
+from accelmux.config.offload import KIND_COMPONENTS
 from accelmux.core.events import MemorySampled
 from accelmux.core.ledger import Ledger
 from accelmux.core.specs import DeviceSpec
+from accelmux.core.types import ServiceKind
+from accelmux.errors import BackendError
 from accelmux.models import offload
 from accelmux.models.chat import LlamaTextModel
 from accelmux.monitors import nvidia
 from accelmux.monitors.base import ServiceProcesses
+from accelmux.worker.component_base import Component, Slot
+from accelmux.worker.components import COMPONENTS, component_type
+from accelmux.worker.main import Worker
 
 GIB = 2**30
 MIB = 2**20
@@ -204,3 +217,137 @@ def test_overhead_is_in_use_not_foreign() -> None:
     assert ledger.foreign("gpu") == 0
     event = MemorySampled(device="gpu", used_bytes=GIB, overhead_bytes=300 * MIB)
     assert event.overhead_bytes == 300 * MIB
+
+
+# -- accelmux check --------------------------------------------------------------------
+
+
+def _gpu_config(tmp_path: Path, **options: Any) -> Path:
+    data = {
+        "server": {"data_dir": str(tmp_path)},
+        "devices": {
+            "gpu": {"kind": "nvidia", "index": 0, "capacity": "8GiB"},
+            "cpu": {"kind": "host", "capacity": "1GiB"},
+        },
+        "services": {
+            "chat": {
+                "kind": "chat",
+                "device": "gpu",
+                "memory": {"weights": "256MiB"},
+                "backend": {"type": "worker", "options": options},
+            },
+            "embed": {
+                "kind": "embeddings",
+                "device": "cpu",
+                "memory": {"weights": "64MiB"},
+                "backend": {"type": "worker"},
+            },
+        },
+    }
+    path = tmp_path / "gpu.yaml"
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    return path
+
+
+def test_check_warns_when_a_gpu_service_will_run_on_the_cpu(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], llama_cpu_only: None
+) -> None:
+    path = _gpu_config(tmp_path)
+    assert main(["check", str(path)]) == 0
+    out = capsys.readouterr()
+    (warning,) = [line for line in out.err.splitlines() if "warning" in line]
+    assert "'chat'" in warning and "nvidia device 'gpu'" in warning
+    assert "cpu (fallback: llama-cpp-python built without CUDA)" in warning
+    assert "GGML_CUDA" in warning  # how to fix it
+    assert "OK" in out.out
+
+
+def test_check_is_quiet_when_the_gpu_is_used_and_names_a_bad_n_gpu_layers(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], llama_with_gpu: None
+) -> None:
+    assert main(["check", str(_gpu_config(tmp_path))]) == 0
+    assert "warning" not in capsys.readouterr().err
+    assert main(["check", str(_gpu_config(tmp_path, n_gpu_layers="all"))]) == 2
+    err = capsys.readouterr().err
+    assert "services.chat.backend.options: n_gpu_layers must be an integer" in err
+
+
+def test_check_knows_the_worker_component_of_every_kind() -> None:
+    for kind in ServiceKind:
+        if kind.value in KIND_COMPONENTS:
+            assert KIND_COMPONENTS[kind.value] == component_type(kind, {})
+
+
+# -- the worker: where it loads a model, and what it reports ------------------------------
+
+
+class _GpuModel(Component):
+    """A model whose load takes 100 MiB on the GPU (as the fake NVML sees this process)."""
+
+    ctype = "fakegpu"
+    nvml: FakeNvml
+
+    def _load(self, slot: Slot) -> None:
+        pid = os.getpid()
+        self.nvml.processes[pid] = self.nvml.processes.get(pid, 0) + 100 * MIB
+
+    def unload(self) -> None:
+        pass
+
+
+def test_worker_loads_on_the_services_gpu_and_reports_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    fake = FakeNvml(80 * GIB, {os.getpid(): 300 * MIB})  # its CUDA context
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    _ort(monkeypatch, ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    monkeypatch.setitem(offload.RUNTIMES, "fakegpu", "onnxruntime")
+    monkeypatch.setitem(COMPONENTS, "fakegpu", _GpuModel)
+    monkeypatch.setattr(_GpuModel, "nvml", fake, raising=False)
+    ours, theirs = socket.socketpair()
+    try:
+        worker = Worker(ours, tmp_path)
+        load = {"service": "voice", "kind": "tts", "options": {"model_type": "fakegpu"}}
+        reply = worker.op_load({**load, "gpu_index": 0})
+        assert reply["accelerator"] == "cuda:0" and reply["gpu_bytes"] == 100 * MIB
+        entry = worker.memory()["services"]["voice"]
+        assert entry["gpu"] == 100 * MIB and entry["accelerator"] == "cuda:0"
+        assert entry["batch_size"] == 0
+        worker.op_unload({"service": "voice"})
+        host = worker.op_load({**load, "service": "cpu-voice"})  # a host device: no GPU index
+        assert host["accelerator"] == "cpu" and host["gpu_bytes"] == 0
+        worker.op_unload({"service": "cpu-voice"})
+        bad = {**load, "options": {"model_type": "fakegpu", "n_gpu_layers": "x"}}
+        with pytest.raises(BackendError, match="n_gpu_layers must be an integer"):
+            worker.op_load({**bad, "service": "bad", "gpu_index": 0})
+    finally:
+        ours.close()
+        theirs.close()
+
+
+class _Client:
+    def __init__(self, memory: dict[str, Any]) -> None:
+        self.memory = memory
+        self.pid = 777
+        self.alive = True
+        self.name = "shared"
+        self.starts = 1
+        self.last_exit = None
+
+    def add_death_listener(self, listener: Any) -> None:
+        pass
+
+
+def test_worker_backend_claims_its_gpu_bytes_for_the_monitor(tmp_path: Path) -> None:
+    pool = WorkerPool(tmp_path)
+    client = _Client({"services": {"chat": {"gpu": 5 * MIB, "accelerator": "cuda:0"}}})
+    pool.shared = client  # type: ignore[assignment]
+    cfg = WorkerBackendConfig(type="worker")
+    backend = WorkerBackend("chat", ServiceKind.CHAT, cfg, client, pool)  # type: ignore[arg-type]
+    assert backend.gpu_claim() is None  # no GPU index: the CPU
+    backend.gpu_index = 0
+    assert backend.gpu_claim() == (777, 0)  # not loaded
+    backend.loaded = True
+    assert backend.gpu_claim() == (777, 5 * MIB)
+    described = backend.describe()
+    assert described["accelerator"] == "cuda:0" and described["gpu_bytes"] == 5 * MIB

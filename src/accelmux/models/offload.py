@@ -122,12 +122,13 @@ def n_gpu_layers_option(options: dict[str, Any]) -> int | None:
 
 def placement(ctype: str, options: dict[str, Any], gpu_index: int | None) -> Placement:
     """Where a component of type ``ctype`` runs for a service on GPU ``gpu_index``
-    (None: a host or virtual device, always the CPU)."""
+    (None: a host or virtual device, always the CPU). A bad ``n_gpu_layers`` option is a
+    ValueError naming it."""
+    layers = n_gpu_layers_option(options)
     if gpu_index is None:
         return Placement(accelerator="cpu")
     runtime = RUNTIMES.get(ctype, ctype)
     if runtime == "llama.cpp":
-        layers = n_gpu_layers_option(options)
         if layers == 0:
             return Placement(accelerator="cpu (n_gpu_layers: 0)")
         why = llama_gpu_support()

@@ -119,7 +119,10 @@ class Component:
 
     # -- lifecycle ----------------------------------------------------------------------
     def load(self, slot: Slot) -> None:
-        self.placement = placement(self.ctype, self.options, self.gpu_index)
+        try:
+            self.placement = placement(self.ctype, self.options, self.gpu_index)
+        except ValueError as exc:
+            raise BackendError(f"{self.key}: {exc}") from None
         gpu = self.placement.gpu_index
         gpu_before = own_gpu_bytes(gpu) if gpu is not None else None
         before = rss_bytes()
