@@ -16,6 +16,7 @@ import pytest
 import yaml
 from hypothesis import given
 from hypothesis import strategies as st
+from tests.live.support import base_config, live, run
 
 from accelmux.backends.worker import WorkerBackend, WorkerPool
 from accelmux.cli import main
@@ -351,3 +352,30 @@ def test_worker_backend_claims_its_gpu_bytes_for_the_monitor(tmp_path: Path) -> 
     assert backend.gpu_claim() == (777, 5 * MIB)
     described = backend.describe()
     assert described["accelerator"] == "cuda:0" and described["gpu_bytes"] == 5 * MIB
+
+
+def test_status_shows_the_workers_overhead_as_in_use_not_foreign(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    worker = 4242
+    fake = FakeNvml(8 * GIB, {worker: GIB})
+    monkeypatch.setattr(nvidia, "pynvml", fake)
+    monkeypatch.setattr(nvidia, "tree_pids", lambda root: [root])
+    cfg = base_config()
+    cfg["devices"] = {"gpu": {"kind": "nvidia", "index": 0, "capacity": "8GiB"}}
+
+    async def body() -> dict[str, Any]:
+        async with live(cfg, tmp=tmp_path, sample=True) as lv:
+            backend = lv.runtime.backends["chat"]
+            backend.gpu_claim = lambda: (worker, 600 * MIB)  # type: ignore[attr-defined]
+            await lv.runtime.sample_once()
+            return (await lv.get("/admin/status"))[1]
+
+    snap = run(body())
+    (device,) = snap["devices"]
+    assert device["overhead_bytes"] == GIB - 600 * MIB
+    assert device["foreign_bytes"] == 0
+    (entry,) = device["measured"]["workers"]
+    assert entry["attributed_bytes"] == {"chat": 600 * MIB}
+    chat = next(s for s in snap["services"] if s["name"] == "chat")
+    assert chat["measured_bytes"] >= 600 * MIB
