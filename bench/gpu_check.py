@@ -54,6 +54,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 from meta import run_meta  # noqa: E402
 from tests.stack.support import Daemon, run_daemon, stack_config  # noqa: E402
 
+from accelmux.errors import is_out_of_memory  # noqa: E402
+
 RESULTS = ROOT / "bench" / "results" / "gpu_check.json"
 FAKE_NVML_DIR = ROOT / "bench" / "fake_nvml"
 #: In --fake-nvml mode each fake service's process holds its ledger bytes times this.
@@ -65,7 +67,6 @@ SENTENCE = "What is the weather going to be like tomorrow morning in the city?"
 #: Services of the default stack moved onto the GPU (the others have no GPU path).
 GPU_SERVICES = ("chat", "completion", "embeddings", "indexer", "tts")
 LEDGER_CATEGORIES = ("weights", "runtime", "kv", "active")
-OOM_WORDS = ("out of memory", "cuda error", "outofmemory", "oom")
 
 
 # -- figures (pure) ------------------------------------------------------------------------
@@ -170,11 +171,11 @@ def ttft_rows(status: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def count_ooms(errors: list[str], status: dict[str, Any], log: str) -> int:
-    """Failures that name memory: request errors, services' last errors, the daemon log."""
+    """Failures that say memory ran out (the words accelmux itself reads as an OOM):
+    request errors, services' last errors, the daemon's log lines."""
     texts = [*errors, *(str(s.get("last_error") or "") for s in status["services"])]
-    found = sum(1 for t in texts if any(w in t.lower() for w in OOM_WORDS))
-    found += sum(1 for line in log.lower().splitlines() if "out of memory" in line)
-    return found
+    texts += log.splitlines()
+    return sum(1 for text in texts if text and is_out_of_memory(RuntimeError(text)))
 
 
 # -- NVML -----------------------------------------------------------------------------------
