@@ -31,6 +31,7 @@ from accelmux.models import offload
 from accelmux.models.chat import LlamaTextModel
 from accelmux.monitors import nvidia
 from accelmux.monitors.base import ServiceProcesses
+from accelmux.runtime.status_cli import render
 from accelmux.worker.component_base import Component, Slot
 from accelmux.worker.components import COMPONENTS, component_type
 from accelmux.worker.main import Worker
@@ -379,3 +380,7 @@ def test_status_shows_the_workers_overhead_as_in_use_not_foreign(
     assert entry["attributed_bytes"] == {"chat": 600 * MIB}
     chat = next(s for s in snap["services"] if s["name"] == "chat")
     assert chat["measured_bytes"] >= 600 * MIB
+    chat["accelerator"] = "cuda:0"  # as a worker service's entry has it
+    text = render(snap)  # `accelmux status`
+    assert "where worker models run:" in text and "  chat: cuda:0" in text
+    assert "gpu: 424.0M of inference-worker overhead" in text
