@@ -502,6 +502,10 @@ def _fake_owners(state: Path) -> dict[str, list[str]]:
     return dict(json.loads(state.read_text(encoding="utf-8"))["owners"])
 
 
+def _pct(value: float | None) -> str:
+    return "n/a (nothing measured)" if value is None else f"{value:+.2f} %"
+
+
 def render(result: dict[str, Any]) -> str:
     """The report a person reads (the JSON has it all)."""
     lines = [f"GPU: {result['gpu']['name']} ({result['gpu']['total_bytes'] / GIB:.1f} GiB)"]
@@ -511,14 +515,14 @@ def render(result: dict[str, Any]) -> str:
             f"  pid {row['pid']:>7} {','.join(row['services']):<32} "
             f"ledger {row['ledger_bytes'] / MIB:9.1f} MiB + overhead "
             f"{row['overhead_bytes'] / MIB:7.1f} MiB  nvml {row['nvml_bytes'] / MIB:9.1f} MiB  "
-            f"error {row['error_pct']} %"
+            f"error {_pct(row['error_pct'])}"
         )
     lines.append("per service: ledger vs attributed")
     for row in result["services"]:
         lines.append(
             f"  {row['service']:<12} {row['accelerator'] or '-':<40} "
             f"ledger {row['ledger_bytes'] / MIB:9.1f} MiB  measured "
-            f"{(row['measured_bytes'] or 0) / MIB:9.1f} MiB  error {row['error_pct']} %"
+            f"{(row['measured_bytes'] or 0) / MIB:9.1f} MiB  error {_pct(row['error_pct'])}"
         )
     voice = result["voice"]
     lines.append(f"OOMs: {result['ooms']} (must be 0)")

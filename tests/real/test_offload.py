@@ -4,12 +4,17 @@ device falls back to the CPU and names why."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 
+from accelmux.config.load import load_config_data
+from accelmux.config.offload import offload_warnings
 from accelmux.models import LlamaTextModel, MiniLmEmbedder
 from accelmux.models.offload import llama_gpu_support, ort_cuda_support, placement
 
-from .support import LLAMA, ORT, need
+from .support import GEMMA3, LLAMA, ORT, SMOLLM2, need
 
 pytestmark = pytest.mark.real
 
@@ -36,3 +41,16 @@ def test_onnx_runs_on_the_providers_it_was_given(embedder: MiniLmEmbedder) -> No
     assert embedder.running_providers() == ["CPUExecutionProvider"]
     if ort_cuda_support() is not None:
         assert placement("minilm", {}, 0).fallback
+
+
+def test_the_gpu_check_config_is_valid_and_check_names_each_fallback(tmp_path: Path) -> None:
+    need(LLAMA, SMOLLM2, GEMMA3, ORT)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    import gpu_check
+
+    data = gpu_check.gpu_config(tmp_path, "/usr/bin/llama-server")
+    cfg = load_config_data(data, "gpu-check", tmp_path)
+    assert cfg.services["big"].device == "gpu" and cfg.devices["gpu"].kind == "nvidia"
+    warned = {line.split("'")[1] for line in offload_warnings(cfg)}
+    if llama_gpu_support() is not None and ort_cuda_support() is not None:  # this machine
+        assert warned == set(gpu_check.GPU_SERVICES)
