@@ -57,12 +57,8 @@ def _report_offload(path: Path, warnings: list[str]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from accelmux.config import (  # noqa: PLC0415  # --help stays fast
-        load,
-        machine,
-        offload,
-        reference,
-    )
+    from accelmux.config import load, machine, reference  # noqa: PLC0415  # --help stays fast
+    from accelmux.config.offload import offload_problems, offload_warnings  # noqa: PLC0415
 
     if args.reference:
         print(reference.render_reference(), end="")
@@ -77,13 +73,13 @@ def run(args: argparse.Namespace) -> int:
             return _check_scenario(data, path)
         cfg = load.load_config_data(data, str(path), path.parent)
         problems = [*machine.missing_backends(cfg), *machine.machine_problems(cfg)]
-        problems += offload.offload_problems(cfg)
+        problems += offload_problems(cfg)
         if problems:
             raise ConfigError(str(path), problems)
     except ConfigError as exc:
         return _report(exc)
     _report_deprecations(path, cfg.deprecations)
-    _report_offload(path, offload.offload_warnings(cfg))
+    _report_offload(path, offload_warnings(cfg))
     print(f"{args.file}: OK ({len(cfg.devices)} device(s), {len(cfg.services)} service(s))")
     return 0
 
