@@ -58,7 +58,7 @@ def _report_offload(path: Path, warnings: list[str]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from accelmux.config import load, machine, reference  # noqa: PLC0415  # --help stays fast
-    from accelmux.config.offload import offload_problems, offload_warnings  # noqa: PLC0415
+    from accelmux.config.offload import offload_problems, offload_warnings  # noqa: PLC0415  # --help stays fast
 
     if args.reference:
         print(reference.render_reference(), end="")
