@@ -52,8 +52,16 @@ def _report_deprecations(path: Path, notices: tuple[str, ...]) -> None:
         print(f"{path}: {notice}", file=sys.stderr)
 
 
+def _report_offload(path: Path, warnings: list[str]) -> None:
+    """A worker service on a GPU whose model will run on the CPU: why, and the fix (the
+    file is still OK)."""
+    for warning in warnings:
+        print(f"{path}: warning: {warning}", file=sys.stderr)
+
+
 def run(args: argparse.Namespace) -> int:
     from accelmux.config import load, machine, reference  # noqa: PLC0415  # --help stays fast
+    from accelmux.config.offload import offload_problems, offload_warnings  # noqa: PLC0415  # --help stays fast
 
     if args.reference:
         print(reference.render_reference(), end="")
@@ -69,11 +77,13 @@ def run(args: argparse.Namespace) -> int:
         cfg = load.load_config_data(data, str(path), path.parent)
         problems = [*machine.missing_backends(cfg), *machine.machine_problems(cfg)]
         problems += _open_wyoming_problems(cfg)
+        problems += offload_problems(cfg)
         if problems:
             raise ConfigError(str(path), problems)
     except ConfigError as exc:
         return _report(exc)
     _report_deprecations(path, cfg.deprecations)
+    _report_offload(path, offload_warnings(cfg))
     print(f"{args.file}: OK ({len(cfg.devices)} device(s), {len(cfg.services)} service(s))")
     return 0
 

@@ -83,7 +83,9 @@ def build_backends(
         elif isinstance(section, WorkerBackendConfig):
             if workers is None:
                 workers = WorkerPool(data_dir)
-            out[spec.name] = workers.backend(spec.name, svc.kind, section)
+            out[spec.name] = workers.backend(
+                spec.name, svc.kind, section, gpu_index=gpu_index(cfg.devices[spec.device])
+            )
     return out
 
 

@@ -78,13 +78,23 @@ class WorkerPool:
         self.clients: dict[str, WorkerClient] = {"shared": self.shared}
         self.backends: dict[str, WorkerBackend] = {}
 
-    def backend(self, service: str, kind: ServiceKind, cfg: WorkerBackendConfig) -> WorkerBackend:
+    def backend(
+        self,
+        service: str,
+        kind: ServiceKind,
+        cfg: WorkerBackendConfig,
+        *,
+        gpu_index: int | None = None,
+    ) -> WorkerBackend:
+        """``gpu_index``: the GPU of the service's device (an nvidia one), where the
+        worker runs its model when it can (:mod:`accelmux.models.offload`)."""
         if cfg.isolated:
             client = WorkerClient(service, self.data_dir)
             self.clients[service] = client
         else:
             client = self.shared
         backend = WorkerBackend(service, kind, cfg, client, self)
+        backend.gpu_index = gpu_index
         self.backends[service] = backend
         return backend
 
@@ -113,6 +123,8 @@ class WorkerBackend:
         self.parked = False
         self.last_load: dict[str, Any] = {}
         self.last_pause: dict[str, Any] = {}
+        #: the GPU of its device (None: the CPU)
+        self.gpu_index: int | None = None
         self._on_crash: CrashCallback | None = None
         self._sent: dict[str, bool] = {}  # request id -> streamed, while it runs
         self._ended: OrderedDict[str, bool] = OrderedDict()
@@ -141,6 +153,7 @@ class WorkerBackend:
             "options": dict(self.cfg.options),
             "model_path": self.cfg.model_path,
             "kv_pool_bytes": kv_pool_bytes,
+            "gpu_index": self.gpu_index,
         }
         reply, _ = await self.client.call(header, timeout=LOAD_TIMEOUT_S)
         self.loaded, self.parked = True, False
@@ -328,6 +341,16 @@ class WorkerBackend:
             return total_pss // max(1, len(services))
         return total_pss * attributed(mine) // everyone
 
+    def gpu_claim(self) -> tuple[int, int] | None:
+        """(its worker's pid, the bytes the worker says this service holds on the GPU)
+        for the NVIDIA monitor, which reconciles the claims of one worker with NVML's
+        figure for that process; None when it is not on a GPU or its worker is not up."""
+        pid = self.client.pid
+        if self.gpu_index is None or pid is None or not self.client.alive or self.isolated:
+            return None  # an isolated worker is its service's own process (``pids``)
+        entry = (self.client.memory.get("services") or {}).get(self.service) or {}
+        return pid, int(entry.get("gpu", 0)) if self.loaded else 0
+
     def memory_bytes(self) -> int | None:
         return None
 
@@ -353,6 +376,14 @@ class WorkerBackend:
             "shared_with": report.get("shared_with", []),
             "memory": {
                 k: report.get(k) for k in ("weights", "runtime", "kv", "active", "parked_kv")
+            },
+            "accelerator": report.get("accelerator") or self.last_load.get("accelerator"),
+            "accelerator_fix": self.last_load.get("accelerator_fix") or None,
+            "gpu_index": self.gpu_index,
+            "gpu_bytes": report.get("gpu"),
+            "live": {
+                "context_tokens": report.get("context_tokens"),
+                "batch_size": report.get("batch_size") if self.loaded else None,
             },
             "paused_requests": report.get("paused", 0),
             "parked": self.parked,

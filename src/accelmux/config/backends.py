@@ -257,7 +257,12 @@ class WorkerBackendConfig(_Backend):
     type: Literal["worker"]
     model_path: str | None = None
     isolated: bool = Field(False, description="Run in its own worker process.")
-    options: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    options: dict[str, str | int | float | bool] = Field(
+        default_factory=dict,
+        description="Model options (`model`, `n_ctx`, `n_threads`, `model_type`). "
+        "`n_gpu_layers`: llama.cpp layers on the GPU when the service's device is "
+        "`nvidia` (default -1: all; 0: the CPU; ignored on other devices). See docs/gpu.md.",
+    )
 
     def weights_key(self, kind: ServiceKind) -> str:
         """What makes services share one loaded copy of a model in the shared worker (the

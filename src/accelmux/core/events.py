@@ -163,13 +163,18 @@ class MemorySampled:
     ``used_bytes``: device-wide used memory. ``per_service``: measured bytes of each
     managed service (process memory, or NVML per-process). Foreign usage is derived:
     used - sum(per_service) - ``baseline_bytes`` (memory the device uses on its own,
-    for the host device the OS and accelmux itself).
+    for the host device the OS and accelmux itself) - ``overhead_bytes``.
+
+    ``overhead_bytes``: memory accelmux's inference workers hold on the device beyond
+    what they attribute to their services (a CUDA context, allocator slack). It is in
+    use (the ledger counts it against what is available), never foreign.
     """
 
     device: str
     used_bytes: int
     per_service: dict[str, int] = field(default_factory=dict)
     baseline_bytes: int = 0
+    overhead_bytes: int = 0
 
     def __post_init__(self) -> None:
         _require(self.used_bytes >= 0, "used_bytes must be >= 0")

@@ -34,13 +34,24 @@ class Lease:
 
 
 class _DeviceAccount:
-    __slots__ = ("decided", "foreign", "parked", "reserved_total", "services", "spec", "usable")
+    __slots__ = (
+        "decided",
+        "foreign",
+        "overhead",
+        "parked",
+        "reserved_total",
+        "services",
+        "spec",
+        "usable",
+    )
 
     def __init__(self, spec: DeviceSpec) -> None:
         self.spec = spec
         self.usable = spec.usable_bytes  # the spec is frozen: read on every decision
         self.foreign = 0
         self.parked = 0
+        #: measured memory of accelmux's inference workers beyond their services' share
+        self.overhead = 0
         self.decided = 0
         #: Measured categories (reserved and leftover) of every service.
         self.reserved_total = 0
@@ -90,10 +101,17 @@ class Ledger:
         """Host RAM the park budget holds on this device (0 but on the host device)."""
         return self._devices[device].parked
 
+    def overhead(self, device: str) -> int:
+        """The workers' measured memory on this device beyond their services' share."""
+        return self._devices[device].overhead
+
     def available(self, device: str) -> int:
-        """budget - headroom - foreign - parked - committed (negative under pressure)."""
+        """budget - headroom - foreign - overhead - parked - committed (negative under
+        pressure)."""
         acc = self._devices[device]
-        return acc.usable - acc.foreign - acc.parked - acc.decided - acc.reserved_total
+        return (
+            acc.usable - acc.foreign - acc.overhead - acc.parked - acc.decided - acc.reserved_total
+        )
 
     def lease_count(self) -> int:
         return len(self._leases)
@@ -160,6 +178,10 @@ class Ledger:
 
     def set_parked(self, device: str, nbytes: int) -> None:
         self._devices[device].parked = max(0, nbytes)
+
+    def set_overhead(self, device: str, nbytes: int) -> None:
+        """The workers' measured overhead on ``device`` (see ``MemorySampled``)."""
+        self._devices[device].overhead = max(0, nbytes)
 
     def set_reserved(self, device: str, service: str, nbytes: int) -> None:
         current = self.amount(device, service, Category.RESERVED)

@@ -462,7 +462,11 @@ class Manager:
         for name in ledger.leftovers(device):
             if name not in seen:  # not measured any more: gone
                 ledger.set_leftover(device, name, 0)
-        ledger.set_foreign(device, event.used_bytes - managed - event.baseline_bytes)
+        ledger.set_overhead(device, event.overhead_bytes)
+        ledger.set_foreign(
+            device,
+            event.used_bytes - managed - event.baseline_bytes - event.overhead_bytes,
+        )
         w.sampled_at[device] = w.now
 
     def _admin(self, event: AdminCommand) -> None:

@@ -58,6 +58,7 @@ def build_snapshot(
                 "headroom_bytes": dev.headroom_bytes,
                 "foreign_bytes": ledger.foreign(name),
                 "parked_bytes": ledger.parked(name),
+                "overhead_bytes": ledger.overhead(name),
                 "decided_bytes": ledger.decided(name),
                 "committed_bytes": ledger.committed(name),
                 "available_bytes": ledger.available(name),

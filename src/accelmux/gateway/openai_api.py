@@ -63,6 +63,7 @@ async def serve(
     kind = rt.service_state(service).spec.kind
     rid = request_id(request)
     started = time.perf_counter()
+    arrived = rt.live.clock()
     metrics = rt.metrics
 
     def on_dispatch(ticket: Ticket) -> None:
@@ -93,8 +94,11 @@ async def serve(
         # the replica the Manager dispatched it to (any of a replicated service's)
         answer = await rt.backends[d.service].handle(backend_request(d))
         if answer.stream is None:
+            if kind.is_llm and answer.status < 400:
+                rt.live.usage_json(service, answer.body)
             return answer, answer.peak_bytes
         chunks = answer.stream
+        timer = rt.live.stream(service, arrived)
         try:
             if stream_resp is None:
                 stream_resp = web.StreamResponse(
@@ -107,6 +111,8 @@ async def serve(
                 )
                 await stream_resp.prepare(request)
             async for chunk in chunks:
+                if chunk:
+                    timer.chunk(chunk)
                 data = relay.chunk(chunk) if relay else chunk
                 if data:
                     await stream_resp.write(data)

@@ -101,6 +101,8 @@ class LlamaTextModel:
         n_ubatch: int = 512,
         n_threads: int | None = None,
         use_mmap: bool = True,
+        n_gpu_layers: int = 0,
+        main_gpu: int = 0,
     ) -> None:
         self.model_path = Path(model_path)
         self.name = name or self.model_path.stem
@@ -111,6 +113,10 @@ class LlamaTextModel:
         # barriers, so with other processes on the cores a full-width pool slows to a crawl.
         self._n_threads = n_threads or max(1, (os.cpu_count() or 2) // 2)
         self._use_mmap = use_mmap
+        #: layers offloaded to GPU ``main_gpu`` (-1: all; 0: the CPU only, see
+        #: :mod:`accelmux.models.offload`)
+        self.n_gpu_layers = n_gpu_layers
+        self._main_gpu = main_gpu
         self._profile: GgufProfile | None = None
         self._llm: Any = None
         self._formatter: Any = None
@@ -244,12 +250,19 @@ class LlamaTextModel:
                 n_threads=self._n_threads,
                 n_threads_batch=self._n_threads,
                 use_mmap=self._use_mmap,
+                **self._gpu_kwargs(),
                 verbose=False,
             )
         except (ValueError, RuntimeError, OSError) as exc:
             raise BackendError(
                 f"{self.name}: llama.cpp failed to load {self.model_path}: {exc}"
             ) from exc
+
+    def _gpu_kwargs(self) -> dict[str, Any]:
+        """Offload to one GPU (no split over several), or none at all."""
+        if self.n_gpu_layers == 0:
+            return {"n_gpu_layers": 0}
+        return {"n_gpu_layers": self.n_gpu_layers, "main_gpu": self._main_gpu, "split_mode": 0}
 
     def _make_formatter(self, llm: Any) -> Any:
         template = llm.metadata.get("tokenizer.chat_template")

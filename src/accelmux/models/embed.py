@@ -43,6 +43,7 @@ class MiniLmEmbedder:
         batch_size: int = 32,
         max_batch_tokens: int = 512,
         n_threads: int | None = None,
+        providers: Sequence[Any] = ("CPUExecutionProvider",),
     ) -> None:
         if max_length < 8 or batch_size < 1 or max_batch_tokens < max_length:
             raise ValueError(
@@ -54,6 +55,8 @@ class MiniLmEmbedder:
         self.batch_size = batch_size
         self.max_batch_tokens = max_batch_tokens
         self._n_threads = n_threads
+        #: ONNX Runtime execution providers, in order (see :mod:`accelmux.models.offload`)
+        self.providers = list(providers)
         self._session: Any = None
         self._tokenizer: Any = None
         self._counter: Any = None  # the same tokenizer without truncation or padding
@@ -81,6 +84,11 @@ class MiniLmEmbedder:
         weights = self.model_path.stat().st_size * ORT_WEIGHT_FACTOR
         return weights + ORT_RUNTIME_BYTES + self.max_batch_tokens * ACTIVATION_BYTES_PER_TOKEN
 
+    def running_providers(self) -> list[str]:
+        """The execution providers the loaded session runs on (ONNX Runtime drops
+        one it cannot start, CUDA without its libraries for one)."""
+        return list(self._session.get_providers()) if self._session is not None else []
+
     def load(self) -> None:
         if self._session is not None:
             return
@@ -101,7 +109,7 @@ class MiniLmEmbedder:
         options.enable_cpu_mem_arena = False
         try:
             session = ort.InferenceSession(
-                str(self.model_path), sess_options=options, providers=["CPUExecutionProvider"]
+                str(self.model_path), sess_options=options, providers=self.providers
             )
         except Exception as exc:  # onnxruntime raises its own exception types
             raise BackendError(f"onnxruntime cannot load {self.model_path}: {exc}") from exc

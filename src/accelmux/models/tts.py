@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -85,6 +86,7 @@ class PiperSpeaker:
         config_path: str | Path | None = None,
         length_scale: float | None = None,
         max_words: int = 16,
+        providers: Sequence[Any] = ("CPUExecutionProvider",),
     ) -> None:
         if max_words < 1:
             raise ValueError("max_words must be at least 1")
@@ -92,6 +94,8 @@ class PiperSpeaker:
         self._config_path = Path(config_path) if config_path else None
         self.length_scale = length_scale
         self.max_words = max_words
+        #: ONNX Runtime execution providers, in order (see :mod:`accelmux.models.offload`)
+        self.providers = list(providers)
         self._voice: Any = None
 
     @property
@@ -134,13 +138,18 @@ class PiperSpeaker:
             options.enable_cpu_mem_arena = False
             options.log_severity_level = 3
             session = ort.InferenceSession(
-                str(self.model_path), sess_options=options, providers=["CPUExecutionProvider"]
+                str(self.model_path), sess_options=options, providers=self.providers
             )
             self._voice = piper.PiperVoice(
                 session=session, config=piper.PiperConfig.from_dict(config)
             )
         except Exception as exc:  # onnxruntime and json raise their own types
             raise BackendError(f"piper cannot load the voice {self.model_path}: {exc}") from exc
+
+    def running_providers(self) -> list[str]:
+        """The execution providers the loaded session runs on (ONNX Runtime drops
+        one it cannot start, CUDA without its libraries for one)."""
+        return list(self._voice.session.get_providers()) if self._voice is not None else []
 
     def unload(self) -> None:
         self._voice = None

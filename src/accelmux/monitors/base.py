@@ -18,6 +18,10 @@ class ServiceProcesses:
     #: Bytes measured in a process accelmux runs models in (its inference worker), already
     #: attributed to this service; unlike ``inprocess_bytes`` they are not accelmux's own.
     hosted_bytes: int | None = None
+    #: (pid of the shared inference worker hosting it, the bytes that worker says this
+    #: service holds on the GPU): the NVIDIA monitor reconciles them with NVML's figure
+    #: for that process (:func:`accelmux.monitors.nvidia.reconcile_worker`).
+    gpu_claim: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

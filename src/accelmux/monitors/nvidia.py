@@ -2,6 +2,15 @@
 
 ``used`` is NVML's device used memory; a service's bytes are the NVML per-process used
 memory of its process tree plus what its in-process backend reports.
+
+Services hosted by the shared inference worker are one process to NVML. The worker says
+what each of its services holds on the GPU (llama.cpp's buffers, an ONNX Runtime
+session's load delta); :func:`reconcile_worker` turns those claims and NVML's figure for
+the worker process into per-service bytes that add up to NVML's figure: each service
+its claim, and the rest (the CUDA context, allocator slack) the worker's ``overhead``;
+when the claims add up to more than NVML sees, they are scaled down to it (no overhead).
+The overhead goes to the Manager as ``MemorySampled.overhead_bytes`` (in use, never
+foreign) and each worker's figures to the status page (``workers``).
 """
 
 from __future__ import annotations
@@ -76,6 +85,26 @@ def gpu_total(index: int) -> int | None:
         nv.nvmlShutdown()
 
 
+def reconcile_worker(nvml_bytes: int, claims: dict[str, int]) -> tuple[dict[str, int], int]:
+    """(bytes per service, overhead) of one worker process that NVML measures as
+    ``nvml_bytes`` and whose services claim ``claims``: they add up to ``nvml_bytes``,
+    and no service gets more than its claim."""
+    total = max(0, nvml_bytes)
+    wanted = {name: max(0, n) for name, n in claims.items()}
+    claimed = sum(wanted.values())
+    if claimed <= total:
+        return wanted, total - claimed
+    shares = {name: n * total // claimed for name, n in wanted.items()}
+    left = total - sum(shares.values())  # the floor's remainder, a byte each in turn
+    for name in sorted(wanted, key=lambda k: -wanted[k]):
+        if left <= 0:
+            break
+        if shares[name] < wanted[name]:
+            shares[name] += 1
+            left -= 1
+    return shares, 0
+
+
 class NvidiaSampler:
     def __init__(self, device: str, *, index: int, capacity: int, budget: int) -> None:
         self.device = device
@@ -105,12 +134,33 @@ class NvidiaSampler:
             return None
         per_service: dict[str, int] = {}
         inprocess = 0
+        claims: dict[int, dict[str, int]] = {}  # worker pid -> service -> claimed bytes
         for svc in services:
             n = svc.inprocess_bytes or 0
             inprocess += n
             for root in svc.pids:
                 n += sum(per_pid.get(pid, 0) for pid in tree_pids(root))
             per_service[svc.service] = n
+            if svc.gpu_claim is not None:
+                pid, nbytes = svc.gpu_claim
+                claims.setdefault(pid, {})[svc.service] = nbytes
+        workers = []
+        overhead = 0
+        for pid, claimed in claims.items():
+            nvml_bytes = per_pid.get(pid, 0)
+            shares, extra = reconcile_worker(nvml_bytes, claimed)
+            for name, n in shares.items():
+                per_service[name] += n
+            overhead += extra
+            workers.append(
+                {
+                    "pid": pid,
+                    "nvml_bytes": nvml_bytes,
+                    "claimed_bytes": claimed,
+                    "attributed_bytes": shares,
+                    "overhead_bytes": extra,
+                }
+            )
         own = per_pid.get(os.getpid(), 0)
         baseline = max(0, own - inprocess) + self.slack
         used = int(info.used)
@@ -121,6 +171,7 @@ class NvidiaSampler:
                 used_bytes=used,
                 per_service=per_service,
                 baseline_bytes=baseline,
+                overhead_bytes=overhead,
             ),
             total_bytes=int(info.total),
             details={
@@ -129,7 +180,10 @@ class NvidiaSampler:
                 "used_bytes": used,
                 "processes": len(per_pid),
                 "baseline_bytes": baseline,
-                "foreign_bytes": max(0, used - managed - baseline),
+                "overhead_bytes": overhead,
+                "workers": workers,
+                "per_process_bytes": {str(pid): n for pid, n in sorted(per_pid.items())},
+                "foreign_bytes": max(0, used - managed - baseline - overhead),
             },
         )
 

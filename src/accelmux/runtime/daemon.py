@@ -52,6 +52,7 @@ from accelmux.runtime.devices import build_samplers, detect_devices
 from accelmux.runtime.driver import Driver
 from accelmux.runtime.executor import ActionExecutor
 from accelmux.runtime.explain import why_full
+from accelmux.runtime.live_latency import LiveLatency
 from accelmux.runtime.metrics import Metrics
 from accelmux.runtime.request_runner import Attempt, RequestRunner
 from accelmux.runtime.requests import Ticket
@@ -111,6 +112,8 @@ class Runtime:
             name: ServiceActivity(started_at=time.monotonic())
             for name in self.manager.world.services
         }
+        #: TTFT, TBT and context in use per service, measured by the gateway
+        self.live = LiveLatency()
         self.metrics = Metrics(self.status)
         self.request_runner = RequestRunner(self.submit, closed=lambda: self.driver.closed)
         self.executor = ActionExecutor(
@@ -295,6 +298,7 @@ class Runtime:
             sampling=self.sampling,
             last_errors=self.last_errors,
             activity=self.activity,
+            live=self.live,
             server={
                 "version": __version__,
                 "policy": self.manager.policy.name,

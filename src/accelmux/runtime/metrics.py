@@ -106,6 +106,7 @@ class _SnapshotCollector(Collector):
                     usage.add_metric([name, key], float(value))
         yield from (est, measured, state, inflight, waiting, cold, loads, evictions, crashes)
         yield usage
+        yield from _live_families(by_group(snap["services"]))
 
         dev_g = GaugeMetricFamily(
             "accelmux_device_bytes",
@@ -131,6 +132,41 @@ class _SnapshotCollector(Collector):
             action, _, reason = key.partition(":")
             decisions.add_metric([action, reason], n)
         yield decisions
+
+
+#: Live percentiles exported per service: (metric, help, usage key prefix).
+LIVE_PERCENTILES = (
+    ("accelmux_ttft_seconds", "Time to first token (streams; arrival to first chunk)", "ttft"),
+    ("accelmux_tbt_seconds", "Time between tokens (gap between stream chunks)", "tbt"),
+)
+
+
+def _live_families(groups: dict[str, dict[str, Any]]) -> Iterable[Metric]:
+    """TTFT and TBT p50/p95 over the gateway's sliding window (``quantile`` label, as a
+    Prometheus summary has), context in use and batch size, per service."""
+    for name, doc, key in LIVE_PERCENTILES:
+        family = GaugeMetricFamily(
+            name, f"{doc}, p50 and p95 over the last 5 minutes.", labels=["service", "quantile"]
+        )
+        for service, s in groups.items():
+            usage = s.get("usage") or {}
+            for quantile, suffix in (("0.5", "p50"), ("0.95", "p95")):
+                value = usage.get(f"{key}_{suffix}_s")
+                if value is not None:
+                    family.add_metric([service, quantile], float(value))
+        yield family
+    for name, doc, key in (
+        ("accelmux_context_in_use_tokens", "Context in use per service, tokens.", "context"),
+        ("accelmux_batch_size", "Requests the service computes at once.", "batch"),
+    ):
+        gauge = GaugeMetricFamily(name, doc, labels=["service"])
+        for service, s in groups.items():
+            value = (s.get("usage") or {}).get(
+                "context_in_use_tokens" if key == "context" else "batch_size"
+            )
+            if value is not None:
+                gauge.add_metric([service], float(value))
+        yield gauge
 
 
 def by_group(services: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:

@@ -1,7 +1,8 @@
 """The memory sampler loop: every ``server.sample_interval_s``, measure each device.
 
 Each round lets backends that read their server's own metrics do so (external servers),
-tells each device's sampler which processes and bytes belong to which service, measures
+tells each device's sampler which processes and bytes belong to which service (a shared
+inference worker's services: what the worker says each holds on the GPU), measures
 in a worker thread (a monitor may block), and submits one ``MemorySampled`` per device:
 the Manager reconciles its ledger with what was measured (foreign and reserved memory).
 """
@@ -66,12 +67,14 @@ class SamplerLoop:
             if backend is None or svc.device not in groups:
                 continue
             hosted = getattr(backend, "hosted_bytes", None)  # inference-worker backends
+            claim = getattr(backend, "gpu_claim", None)
             groups[svc.device].append(
                 ServiceProcesses(
                     service=svc.name,
                     pids=backend.pids(),
                     inprocess_bytes=backend.memory_bytes(),
                     hosted_bytes=hosted() if callable(hosted) else None,
+                    gpu_claim=claim() if callable(claim) else None,
                 )
             )
         return groups

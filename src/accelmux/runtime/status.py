@@ -3,7 +3,10 @@
 Per device, the last memory sample; per service, what its backend describes, its last
 error, the activity the daemon measured (switches per hour, cold starts), its memory
 limit and its usage figures in one place (:func:`service_usage`, which ``/metrics``
-exports too); and the server's own state.
+exports too: live TTFT and TBT percentiles, context in use and batch size among them,
+see :mod:`accelmux.runtime.live_latency`); where its model runs (``accelerator``:
+``cuda:0``, ``cpu``, or ``cpu (fallback: WHY)``, for worker services once loaded);
+and the server's own state.
 
 A service that runs on several devices shows as one entry per replica (``chat@gpu1``,
 each with its own device, state and backend); every entry's ``group`` names the service
@@ -20,6 +23,7 @@ from typing import Any
 from accelmux.backends.base import Backend
 from accelmux.core.manager import Manager
 from accelmux.runtime.activity import ServiceActivity
+from accelmux.runtime.live_latency import LiveLatency
 from accelmux.runtime.sampler import SamplerLoop
 
 
@@ -31,6 +35,7 @@ def build_status(
     last_errors: Mapping[str, str],
     activity: Mapping[str, ServiceActivity],
     server: dict[str, Any],
+    live: LiveLatency | None = None,
 ) -> dict[str, Any]:
     snap = manager.snapshot().as_dict()
     monitors = {}
@@ -58,20 +63,28 @@ def build_status(
         used = activity[svc["name"]].as_dict(now)
         svc["activity"] = used
         svc["limit"] = (described or {}).get("limit", {}).get("summary")
-        svc["usage"] = service_usage(svc, described or {}, used)
+        svc["accelerator"] = (described or {}).get("accelerator")
+        figures = live.figures(svc["group"]) if live is not None else {}
+        svc["usage"] = service_usage(svc, described or {}, used, figures)
     snap["groups"] = {g: [r.name for r in reps] for g, reps in world.groups.items()}
     snap["server"] = server
     return snap
 
 
 def service_usage(
-    svc: dict[str, Any], described: dict[str, Any], activity: dict[str, Any]
+    svc: dict[str, Any],
+    described: dict[str, Any],
+    activity: dict[str, Any],
+    live: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One service's memory and load figures in one place (status page and /metrics).
 
     KV in use and context in use come from the server itself where it reports them
     (llama-server's ``/slots`` and ``/metrics``, vLLM's ``/metrics``), else from the
-    ledger."""
+    ledger; context in use then from the latest answer's usage (``live``, the gateway's
+    figures). Batch size: the server's busy slots, else the requests the inference worker
+    runs for it, else the requests in flight. TTFT and TBT: the gateway's percentiles
+    over its window (``live``)."""
     server = described.get("server") or {}
     measured = described.get("measured") or {}
     kv_pool = int(svc["kv_pool_bytes"])
@@ -79,6 +92,18 @@ def service_usage(
     if "kv_usage_ratio" in server and kv_pool:
         kv_in_use = int(float(server["kv_usage_ratio"]) * kv_pool)
     ledger = svc["ledger"]
+    figures = live or {}
+    worker = described.get("live") or {}
+    context = server.get("context_in_use_tokens")
+    if context is None:
+        context = figures.get("context_in_use_tokens")
+    batch = measured.get("batch_size")
+    if batch is None:
+        batch = worker.get("batch_size")
+    if batch is None:
+        batch = svc["inflight"]
+    ttft = figures.get("ttft_s") or {}
+    tbt = figures.get("tbt_s") or {}
     return {
         "weights_bytes": ledger.get("weights", 0),
         "reserved_bytes": ledger.get("reserved", 0),
@@ -87,9 +112,15 @@ def service_usage(
         "kv_pool_bytes": kv_pool,
         "concurrency": svc["concurrency"],
         "inflight": svc["inflight"],
-        "context_in_use_tokens": server.get("context_in_use_tokens"),
+        "context_in_use_tokens": context,
         "context_per_slot_tokens": server.get("context_per_slot"),
-        "batch_size": measured.get("batch_size"),
+        "context_size_tokens": worker.get("context_tokens") or server.get("context_per_slot"),
+        "batch_size": batch,
+        "ttft_p50_s": ttft.get("p50"),
+        "ttft_p95_s": ttft.get("p95"),
+        "tbt_p50_s": tbt.get("p50"),
+        "tbt_p95_s": tbt.get("p95"),
+        "latency_window_s": figures.get("window_s"),
         "busy_slots_per_decode": server.get("busy_slots_per_decode"),
         "switches_per_hour": activity["switches_per_hour"],
         "cold_start_s": activity["cold_start_s_last"],

@@ -205,6 +205,18 @@ def render(data: dict[str, Any], *, decisions: int = 12) -> str:
         lines.append("")
         lines.append("limits of external servers:")
         lines.extend(limits)
+    placed = [
+        f"  {s['name']}: {s['accelerator']}" for s in data["services"] if s.get("accelerator")
+    ]
+    overhead = [
+        f"  {d['name']}: {human(d['overhead_bytes'])} of inference-worker overhead"
+        for d in data["devices"]
+        if d.get("overhead_bytes")
+    ]
+    if placed or overhead:
+        lines.append("")
+        lines.append("where worker models run:")
+        lines.extend(placed + overhead)
     lines.append("")
     queues = data.get("queues", {})
     lines.append("queues: " + "  ".join(f"{k} {v}" for k, v in queues.items()))

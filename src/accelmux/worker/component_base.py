@@ -13,6 +13,11 @@ Memory per component, reported to the daemon:
   load added (measured);
 * the others: ``runtime`` = RSS the runtime's first import added (libraries: zero when
   another component already imported them), ``weights`` = RSS the load added.
+
+On a GPU (:mod:`accelmux.models.offload`): ``gpu`` = the bytes the component put on its
+GPU by its own account (llama.cpp: weights, KV, compute and output buffers of the
+offloaded layers; ONNX Runtime: what NVML saw this process gain over the load). The
+daemon's NVIDIA monitor reconciles these with NVML's total for the worker process.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import psutil
 from accelmux.core.types import ServiceKind
 from accelmux.errors import BackendError, RequestError
 from accelmux.models.llama_sequences import SequenceReport, TextStream
+from accelmux.models.offload import Placement, own_gpu_bytes, placement
 
 #: Modules each kind of component imports (their first import is the "runtime" cost).
 RUNTIME_MODULES: dict[str, tuple[str, ...]] = {
@@ -105,9 +111,20 @@ class Component:
         self.runtime_bytes = 0
         self.load_rss_bytes = 0
         self.load_seconds = 0.0
+        #: the GPU its service's device is (None: a host or virtual device: the CPU)
+        self.gpu_index: int | None = None
+        self.placement = Placement(accelerator="cpu")
+        #: bytes it holds on its GPU by its own account (0 on the CPU)
+        self.gpu_bytes = 0
 
     # -- lifecycle ----------------------------------------------------------------------
     def load(self, slot: Slot) -> None:
+        try:
+            self.placement = placement(self.ctype, self.options, self.gpu_index)
+        except ValueError as exc:
+            raise BackendError(f"{self.key}: {exc}") from None
+        gpu = self.placement.gpu_index
+        gpu_before = own_gpu_bytes(gpu) if gpu is not None else None
         before = rss_bytes()
         for module in RUNTIME_MODULES.get(self.ctype, ()):
             if module not in sys.modules:
@@ -122,6 +139,21 @@ class Component:
         self.load_rss_bytes = after - before
         self.runtime_bytes = max(0, imported - before)
         self.weights_bytes = max(0, after - imported)
+        if gpu is not None and gpu_before is not None:
+            gpu_after = own_gpu_bytes(gpu)
+            self.gpu_bytes = max(0, (gpu_after or 0) - gpu_before)
+
+    @property
+    def accelerator(self) -> str:
+        return self.placement.accelerator
+
+    def gpu_bytes_now(self) -> int:
+        """What it holds on its GPU now, by its own account."""
+        return self.gpu_bytes if self.placement.on_gpu else 0
+
+    def live(self) -> dict[str, Any]:
+        """Live figures for the status page (an LLM: its context size)."""
+        return {}
 
     def _load(self, slot: Slot) -> None:
         raise NotImplementedError

@@ -19,6 +19,7 @@ from accelmux.models.asr import PocketsphinxRecognizer
 from accelmux.models.camera import FrameReader
 from accelmux.models.detect import OpenCvDetector
 from accelmux.models.embed import MiniLmEmbedder
+from accelmux.models.offload import Placement
 from accelmux.models.tts import PiperSpeaker
 from accelmux.worker.component_base import Component, Slot, json_body
 from accelmux.worker.llama_component import LlamaComponent, llm_path
@@ -67,6 +68,19 @@ class _ModelComponent(Component):
         model = self._make_model()
         model.load()
         self.model = model
+        self._check_providers()
+
+    def _check_providers(self) -> None:
+        """ONNX Runtime drops a provider it cannot start (CUDA without its libraries):
+        the accelerator then says the model runs on the CPU, and why."""
+        running = getattr(self.model, "running_providers", None)
+        if not self.placement.on_gpu or not callable(running):
+            return
+        if "CUDAExecutionProvider" not in running():
+            self.placement = Placement(
+                accelerator="cpu (fallback: onnxruntime could not start CUDA)",
+                fix="check the CUDA and cuDNN libraries onnxruntime-gpu needs (docs/gpu.md)",
+            )
 
     def unload(self) -> None:
         if self.model is not None:
@@ -93,7 +107,9 @@ class MiniLmComponent(_ModelComponent):
     def _make_model(self) -> Any:
         threads = self.options.get("n_threads")
         return MiniLmEmbedder(
-            model_path=self.model_path, n_threads=int(threads) if threads else None
+            model_path=self.model_path,
+            n_threads=int(threads) if threads else None,
+            providers=self.placement.providers,
         )
 
     def _serve(
@@ -128,7 +144,7 @@ class PiperComponent(_ModelComponent):
     endpoint = "/v1/audio/speech"
 
     def _make_model(self) -> Any:
-        return PiperSpeaker(model_path=self.model_path)
+        return PiperSpeaker(model_path=self.model_path, providers=self.placement.providers)
 
     def _serve(
         self, slot: Slot, body: dict[str, Any], files: dict[str, bytes]
@@ -255,13 +271,20 @@ COMPONENTS: dict[str, type[Component]] = {
 
 
 def make_component(
-    kind: ServiceKind, options: dict[str, Any], model_path: str | None, data_dir: Path
+    kind: ServiceKind,
+    options: dict[str, Any],
+    model_path: str | None,
+    data_dir: Path,
+    gpu_index: int | None = None,
 ) -> Component:
+    """``gpu_index``: the GPU of the loading service's device (None: the CPU); services
+    sharing the component share where it runs."""
     ctype = component_type(kind, options)
     cls = COMPONENTS.get(ctype)
     if cls is None:
         raise BackendError(f"no hosted model type {ctype!r} (known: {', '.join(COMPONENTS)})")
     component = cls(component_key(kind, options, model_path), model_path, options)
+    component.gpu_index = gpu_index
     if isinstance(component, OpenCvComponent):
         component.data_dir = data_dir
     return component

@@ -13,7 +13,7 @@ from accelmux.errors import BackendError, RequestError
 from accelmux.models import structured
 from accelmux.models.assets import gemma3_gguf_path, smollm2_gguf_path
 from accelmux.models.chat import LlamaTextModel
-from accelmux.models.gguf_profile import gguf_profile, pad_context
+from accelmux.models.gguf_profile import gguf_profile, llama_memory_estimate, pad_context
 from accelmux.worker.component_base import Component, Slot, StreamControl, json_body
 
 DEFAULT_LLM = {ServiceKind.CHAT: "smollm2", ServiceKind.COMPLETION: "gemma3"}
@@ -90,7 +90,13 @@ class LlamaComponent(Component):
             model.discard(f"{slot.service} now loads {path}: a paused stream cannot continue")
             model = None
         if model is None:
-            model = LlamaTextModel(path, n_ctx=n_ctx, n_threads=int(threads) if threads else None)
+            model = LlamaTextModel(
+                path,
+                n_ctx=n_ctx,
+                n_threads=int(threads) if threads else None,
+                n_gpu_layers=self.placement.n_gpu_layers,
+                main_gpu=self.placement.gpu_index or 0,
+            )
         else:  # its paused streams continue on this load (a context of the new size)
             model.resize_context(n_ctx)
         try:
@@ -107,6 +113,22 @@ class LlamaComponent(Component):
         profile = self.model.profile
         self.weights_bytes = int(profile.weights_bytes)
         self.runtime_bytes = max(0, self.load_rss_bytes - self.weights_bytes - self.kv_bytes())
+
+    def gpu_bytes_now(self) -> int:
+        """llama.cpp's own buffers on the GPU: the offloaded share of the weights and KV
+        cache (its layers' share; all with ``n_gpu_layers: -1``), the compute and output
+        buffers (estimated from the GGUF header, :func:`llama_memory_estimate`)."""
+        if self.model is None or self.model.n_gpu_layers == 0:
+            return 0
+        profile = self.model.profile
+        estimate = llama_memory_estimate(profile, int(self.model.n_ctx))
+        layers = self.model.n_gpu_layers
+        share = 1.0 if layers < 0 else min(1.0, layers / max(1, profile.n_layers))
+        offloaded = (estimate.weights_bytes + estimate.kv_bytes) * share
+        return int(offloaded) + estimate.compute_bytes + estimate.output_bytes
+
+    def live(self) -> dict[str, Any]:
+        return {"context_tokens": int(self.model.n_ctx)} if self.model is not None else {}
 
     def unload(self) -> None:
         model, self.model = self.model, None

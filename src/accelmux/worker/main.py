@@ -250,7 +250,10 @@ class Worker:
         if held is None:
             component = self.resting.pop(key, None)  # its paused streams continue
             if component is None:
-                component = make_component(kind, options, model_path, self.data_dir)
+                gpu = h.get("gpu_index")
+                component = make_component(
+                    kind, options, model_path, self.data_dir, None if gpu is None else int(gpu)
+                )
             kept = component.kept_streams()
             held = Held(component)
             try:
@@ -283,6 +286,9 @@ class Worker:
             "load_rss_bytes": 0 if shared else c.load_rss_bytes,
             "load_seconds": round(c.load_seconds, 4),
             "base_bytes": self.base_rss,
+            "accelerator": c.accelerator,
+            "accelerator_fix": c.placement.fix,
+            "gpu_bytes": 0 if shared else c.gpu_bytes_now(),
         }
 
     def op_unload(self, h: dict[str, Any]) -> dict[str, Any]:
@@ -465,8 +471,10 @@ class Worker:
         """Per service: weights, runtime, kv, active (owners carry shared components)."""
         services: dict[str, dict[str, Any]] = {}
         active: dict[str, int] = {}
+        running: dict[str, int] = {}
         for service, token in list(self.active.values()):
             active[service] = active.get(service, 0) + self.sampler.current(token)
+            running[service] = running.get(service, 0) + 1
         for service, (slot, held) in self.slots.items():
             c = held.component
             owner = held.slots[0] is slot
@@ -478,6 +486,10 @@ class Worker:
                 "runtime": c.runtime_bytes if owner else 0,
                 "kv": c.kv_bytes() if owner else 0,
                 "active": active.get(service, 0),
+                "gpu": c.gpu_bytes_now() if owner else 0,
+                "accelerator": c.accelerator,
+                "batch_size": running.get(service, 0),
+                **c.live(),
                 **self.streams.report(service),
             }
         # paused requests of services not loaded now: what they parked is host memory
