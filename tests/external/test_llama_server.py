@@ -138,7 +138,7 @@ def test_a_request_too_long_for_the_running_context_restarts_the_server_larger(
 ) -> None:
     # llama-server declares resize at next load: the Manager never resizes it live. Its
     # first start takes what is free beyond the spare fraction; a request whose KV does
-    # not fit that context restarts the idle server with a larger one, and is served.
+    # not fit one slot of that context restarts the idle server with a larger one, and is served.
     config = llama_config(llama_server_path(), smollm2())
     config["devices"]["cpu"]["capacity"] = "768MiB"
     config["services"]["chat"]["memory"]["kv_ceiling"] = "512MiB"
@@ -153,8 +153,10 @@ def test_a_request_too_long_for_the_running_context_restarts_the_server_larger(
                 first_pid = chat["backend"]["pid"]
                 first_ctx = _ctx_arg(first_pid)
                 per_token = chat["kv_pool_bytes"] // first_ctx
-                long = first_ctx + 64  # just more than the running context holds
-                assert long * per_token <= 512 * MIB
+                # llama-server gives each of its 2 slots half of -c: just more than one
+                # running slot holds, within one slot's share of the ceiling
+                long = first_ctx // 2 + 64
+                assert long * per_token <= 512 * MIB // 2
                 r = await client.chat.completions.create(
                     model="chat", messages=MSG, max_tokens=long, temperature=0
                 )

@@ -10,9 +10,10 @@ const MAX_DECISIONS = 300;
 const KEY_STORE = "accelmux.adminKey";
 const PALETTE = ["#4f8cff", "#f2a93b", "#3fc98a", "#e5534b", "#a371f7", "#2fb9c9",
   "#e46fbd", "#c9b037", "#7d8cff", "#6fcf5a", "#ff8a5c", "#5ad1b0"];
-const CATEGORIES = ["weights", "runtime", "kv", "active", "reserved"];
+const CATEGORIES = ["weights", "runtime", "kv", "active", "reserved", "leftover"];
 const CATEGORY_NAMES = { weights: "weights", runtime: "runtime", kv: "KV cache",
-  active: "active (in-flight leases)", reserved: "reserved (allocator cache)" };
+  active: "active (in-flight leases)", reserved: "reserved (allocator cache)",
+  leftover: "leftover (measured, not loaded)" };
 const REFUSALS = new Set(["reject", "fail", "enqueue", "preempt"]);
 const MEMORY_ACTIONS = new Set(["load", "unload", "resize", "preempt"]);
 
@@ -197,7 +198,8 @@ function renderDevices(st) {
     const headroom = dev.headroom_bytes;
     const free = Math.max(0, dev.available_bytes);
     const outside = Math.max(0, dev.capacity_bytes - budget);
-    const total = Math.max(dev.capacity_bytes, committed + foreign + headroom + free + outside, 1);
+    const extra = (dev.overhead_bytes || 0) + (dev.parked_bytes || 0);
+    const total = Math.max(dev.capacity_bytes, committed + extra + foreign + headroom + free + outside, 1);
     const segs = [];
     const seg = (cls, n, title, label, c) => {
       if (n <= 0) return;
@@ -216,6 +218,10 @@ function renderDevices(st) {
         first = false;
       }
     }
+    const overhead = dev.overhead_bytes || 0;
+    const parked = dev.parked_bytes || 0;
+    seg("overhead", overhead, "overhead (accelmux's workers beyond their services): " + bytes(overhead), "overhead");
+    seg("parked", parked, "parked (host RAM the park budget holds): " + bytes(parked), "parked");
     seg("foreign", foreign, "foreign (processes outside accelmux): " + bytes(foreign), "foreign");
     seg("free", free, "free for new work: " + bytes(free), "free " + bytes(free));
     seg("headroom", headroom, "headroom kept for transient peaks: " + bytes(headroom), "headroom");
@@ -238,7 +244,8 @@ function renderDevices(st) {
     '<span><i class="sw" style="background:' + color(s.name) + '"></i>' + esc(s.name) + "</span>");
   const legendCat = CATEGORIES.map((c) =>
     '<span><i class="sw seg cat-' + c + '" style="--c:#9aa5b1"></i>' + CATEGORY_NAMES[c] + "</span>");
-  legendCat.push('<span><i class="sw seg foreign"></i>foreign</span>',
+  legendCat.push('<span><i class="sw seg overhead"></i>overhead</span>',
+    '<span><i class="sw seg parked"></i>parked</span>', '<span><i class="sw seg foreign"></i>foreign</span>',
     '<span><i class="sw seg headroom"></i>headroom</span>', '<span><i class="sw seg free"></i>free</span>');
   setHTML($("#legend"), '<div class="group">' + legendSvc.join("") + '</div><div class="sep"></div><div class="group">' + legendCat.join("") + "</div>");
 }
