@@ -36,6 +36,7 @@ from accelmux.cluster.snapshots import model_entries
 from accelmux.config.server import ServerConfig
 from accelmux.core.routing import NoRoute, NoRouteReason, live_models, route_indexed
 from accelmux.gateway.connections import activity_middleware
+from accelmux.gateway.drain import drain_middleware
 from accelmux.gateway.errors import ApiError
 from accelmux.gateway.guard import add_cors, guard_middleware
 from accelmux.gateway.middleware import auth_middleware, error_middleware, rate_limit_middleware
@@ -278,6 +279,7 @@ def build_cluster_app(
     max_body = int(server.max_body)
     middlewares = [
         activity_middleware,
+        drain_middleware(),
         error_middleware(max_body),
         guard_middleware(server, server.host),
         auth_middleware(server, server.host),

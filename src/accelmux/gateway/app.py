@@ -6,6 +6,7 @@ from aiohttp import web
 
 from accelmux.gateway import admin, ollama_api, openai_api
 from accelmux.gateway.connections import activity_middleware
+from accelmux.gateway.drain import drain_middleware
 from accelmux.gateway.guard import add_cors, guard_middleware
 from accelmux.gateway.keys import RUNTIME, add_request_id
 from accelmux.gateway.middleware import auth_middleware, error_middleware, rate_limit_middleware
@@ -34,6 +35,7 @@ def build_app(runtime: Runtime, *, host: str | None = None) -> web.Application:
     listen = host if host is not None else server.host
     middlewares = [
         activity_middleware,
+        drain_middleware(),
         error_middleware(max_body),
         guard_middleware(server, listen),
         auth_middleware(server, listen),

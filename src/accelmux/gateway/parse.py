@@ -38,6 +38,7 @@ from accelmux.core.events import Demand
 from accelmux.core.types import ServiceKind
 from accelmux.gateway import body_checks
 from accelmux.gateway.body_checks import BodyProblem
+from accelmux.gateway.drain import ReadPace
 from accelmux.gateway.errors import ApiError, bad_field
 from accelmux.gateway.keys import RUNTIME
 from accelmux.gateway.media import audio_seconds, looks_like_audio, looks_like_image, megapixels
@@ -116,6 +117,11 @@ ROUTE_BODY: dict[str, str] = {
     "/v1/images/generations": "small_body",
     "/api/show": "small_body",
 }
+#: Bodies over ``server.limits.offload_body`` are read at this pace, all together: reading
+#: a socket is the event loop's work, and a client sending 25 MiB bodies in a loop would
+#: otherwise keep it busy (a 25 MiB body then takes 0.4 s more to arrive).
+BIG_BODY_RATE = 64 * 1024**2
+BIG_BODIES = ReadPace(BIG_BODY_RATE)
 #: At most this many bodies are parsed off the event loop at once (the others wait).
 PARSE_THREADS = 2
 #: Processes that check big bodies before the daemon parses them.
@@ -156,11 +162,17 @@ async def read_body(request: web.Request) -> bytes:
         raise _too_big(str(length), limit, key)
     chunks: list[bytes] = []
     size = 0
+    paced_from = int(limits_of(request).offload_body)
+    loop = asyncio.get_running_loop()
     async for chunk in request.content.iter_any():
         size += len(chunk)
         if size > limit:
             raise _too_big(f"over {limit}", limit, key)
         chunks.append(chunk)
+        if size > paced_from:  # a big body: its share of the loop is bounded
+            wait = BIG_BODIES.delay_for(len(chunk), loop.time())
+            if wait > 0:
+                await asyncio.sleep(wait)
     return b"".join(chunks)
 
 

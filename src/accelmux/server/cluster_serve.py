@@ -49,6 +49,7 @@ async def serve_cluster(
         access_log=access,
         logger=ProtocolLogger(),
         keepalive_timeout=server.keepalive_timeout_s,
+        lingering_time=0,  # refused bodies are read by drain_middleware, at its pace
     )
     await runner.setup()
     guard = ConnectionGuard(ConnectionLimits.of(server))

@@ -112,6 +112,7 @@ async def serve(
         access_log=access,
         logger=ProtocolLogger(),
         keepalive_timeout=server.keepalive_timeout_s,
+        lingering_time=0,  # refused bodies are read by drain_middleware, at its pace
     )
     await runner.setup()
     wanted_files = server.max_connections + 256  # the rest: backends, logs, SQLite
