@@ -9,9 +9,12 @@ into its HTTP error.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
 import signal
+import threading
 from typing import Any
 
 from accelmux.config.limits import LimitsConfig
@@ -139,6 +142,21 @@ def preflight(raw: bytes, limits: LimitsConfig, inputs: str | None) -> Problem |
     return None
 
 
+#: How much less CPU priority the check process takes than the daemon (``nice``): it
+#: works for a client that sent a huge body, and must not slow everyone else's requests.
+CHECK_NICENESS = 10
+
+
+def lower_priority() -> None:
+    """In a parse thread: this thread's CPU comes after the event loop's (Linux gives
+    each thread its own niceness; elsewhere nothing changes)."""
+    with contextlib.suppress(OSError, AttributeError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), CHECK_NICENESS)
+
+
 def ignore_interrupts() -> None:
-    """In the check process: Ctrl-C is the daemon's to handle (it stops the process)."""
+    """In the check process: Ctrl-C is the daemon's to handle (it stops the process), and
+    its CPU comes after the daemon's (see :data:`CHECK_NICENESS`)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with contextlib.suppress(OSError):
+        os.nice(CHECK_NICENESS)

@@ -226,7 +226,9 @@ async def read_json(request: web.Request) -> tuple[dict[str, Any], bytes]:
 
 @functools.cache
 def _parse_executor() -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(PARSE_THREADS, thread_name_prefix="accelmux-parse")
+    return ThreadPoolExecutor(
+        PARSE_THREADS, thread_name_prefix="accelmux-parse", initializer=body_checks.lower_priority
+    )
 
 
 @functools.cache
