@@ -13,8 +13,9 @@ per device and per measured service ``s`` (``m_s`` bytes measured, ``decided_s``
 leases, ``parked_s`` what the park budget holds of it on the host device):
 ``charged_s + parked_s == max(m_s, decided_s + parked_s)`` (every measured byte is
 charged, and only the manager's own admitted estimates exceed a measurement),
-``foreign == max(0, used - baseline - sum(m))`` and the device's ``parked`` is the sum of
-``parked_s``. So ``used == baseline + foreign + sum(charged + parked - unspent)``
+``foreign == max(0, used - baseline - overhead - sum(m))`` (``overhead``: the workers'
+memory beyond their services' claims) and the device's ``parked`` is the sum of
+``parked_s``. So ``used == baseline + overhead + foreign + sum(charged + parked - unspent)``
 with ``unspent_s = max(0, decided_s + parked_s - m_s)``, to the byte.
 """
 
@@ -277,7 +278,9 @@ def _check_sample(m: Manager, event: MemorySampled) -> None:
         decided = sum(ledger.amount(dev, svc.name, c) for c in DECIDED)
         assert charged + parked == max(measured, decided + parked), svc.name
     managed = sum(event.per_service.values())
-    assert ledger.foreign(dev) == max(0, event.used_bytes - event.baseline_bytes - managed)
+    unmanaged = event.used_bytes - event.baseline_bytes - event.overhead_bytes - managed
+    assert ledger.foreign(dev) == max(0, unmanaged)
+    assert ledger.overhead(dev) == event.overhead_bytes  # the workers': in use, not foreign
     assert ledger.parked(dev) == (total_parked if on_host else 0)
 
 
@@ -311,10 +314,15 @@ def _sample(ex: FakeExecutor, a: int, b: float, dt: float) -> None:
             per_service[svc.name] = int(b * 512 * MIB) + w.parked_of(svc)
     foreign = 0 if a % 3 == 0 else int(b * GIB)
     baseline = (a % 4) * 64 * MIB
-    used = sum(per_service.values()) + foreign + baseline
+    overhead = (a % 5) * 96 * MIB  # a GPU worker's CUDA context and workspaces
+    used = sum(per_service.values()) + foreign + baseline + overhead
     ex.send(
         MemorySampled(
-            device="gpu", used_bytes=used, per_service=per_service, baseline_bytes=baseline
+            device="gpu",
+            used_bytes=used,
+            per_service=per_service,
+            baseline_bytes=baseline,
+            overhead_bytes=overhead,
         ),
         dt,
     )
