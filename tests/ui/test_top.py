@@ -173,3 +173,61 @@ def test_frame_letters_stay_distinct_and_fit_the_width() -> None:
     # 30% chat, 20% foreign, 40% free, 10% headroom of 56 cells
     assert bar.count("C") == 17 and bar.count("#") == 11 and bar.count(":") == 6
     assert "reject" in text and "queue_full" in text
+
+
+def test_frame_shows_every_byte_the_ledger_attributes() -> None:
+    device = {
+        "name": "gpu",
+        "kind": "nvidia",
+        "capacity_bytes": 1000,
+        "budget_bytes": 1000,
+        "headroom_bytes": 100,
+        "foreign_bytes": 100,
+        "committed_bytes": 300,  # chat's weights and the leftover of a stopped service
+        "overhead_bytes": 200,
+        "parked_bytes": 100,
+        "available_bytes": 200,
+    }
+
+    def service(name: str, state: str, ledger: dict[str, int]) -> dict[str, Any]:
+        return {
+            "name": name,
+            "device": "gpu",
+            "state": state,
+            "class": "interactive",
+            "residency": "warm",
+            "pinned": False,
+            "ledger": ledger,
+            "inflight": 0,
+            "concurrency": 1,
+            "waiting": 0,
+            "kv_pool_bytes": 0,
+            "kv_in_use_bytes": 0,
+            "loads": 1,
+            "evictions": 0,
+            "thrash": 0,
+            "cold_starts": 0,
+            "served": 0,
+            "windows": [],
+        }
+
+    status: dict[str, Any] = {
+        "time": 10.0,
+        "devices": [device],
+        "services": [
+            service("chat", "loaded", {"weights": 200}),
+            service("vllm", "unloaded", {"leftover": 100}),
+        ],
+        "queues": {},
+        "decisions": [],
+    }
+    text = top.plain(top.frame(top.View(url="http://x", status=status), 60, 40))
+    bar = next(line for line in text.splitlines() if line.strip().startswith("["))
+    # of 56 cells: chat 20%, vllm's leftover 10%, overhead 20%, parked 10%, foreign 10%
+    # (cells are rounded on the running total: 11, 6, 11, 6, 5)
+    assert bar.count("o") == 11 and bar.count("p") == 6 and bar.count("#") == 5
+    assert bar.count("C") == 11 and bar.count("V") == 6
+    flat = " ".join(text.split())
+    assert "100B left over by unloaded services" in flat
+    assert "200B workers' overhead" in flat and "100B parked" in flat
+    assert "o=overhead p=parked" in text

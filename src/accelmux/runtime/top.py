@@ -32,7 +32,7 @@ Span = tuple[str, str]
 Line = list[Span]
 
 STYLES = ("plain", "dim", "bold", "title", "ok", "warn", "bad", "info", "svc0")
-CATEGORIES = ("weights", "runtime", "kv", "active", "reserved")
+CATEGORIES = ("weights", "runtime", "kv", "active", "reserved", "leftover")
 SERVICE_COLORS = 6
 
 
@@ -100,16 +100,23 @@ def letters(names: list[str]) -> dict[str, str]:
 
 
 def _bar(dev: dict[str, Any], parts_in: list[tuple[int, str, str]], width: int) -> Line:
-    """The budget as ``width`` cells: one letter per service, # foreign, : headroom."""
+    """The budget as ``width`` cells: one letter per service, o the workers' overhead,
+    p the host park, # foreign, : headroom."""
+    overhead = dev.get("overhead_bytes", 0)
+    parked = dev.get("parked_bytes", 0)
     total = max(
         dev["capacity_bytes"],
         dev["committed_bytes"]
+        + overhead
+        + parked
         + dev["foreign_bytes"]
         + dev["headroom_bytes"]
         + max(0, dev["available_bytes"]),
         1,
     )
     parts = list(parts_in)
+    parts.append((overhead, "o", "dim"))
+    parts.append((parked, "p", "dim"))
     parts.append((dev["foreign_bytes"], "#", "dim"))
     parts.append((max(0, dev["available_bytes"]), ".", "dim"))
     parts.append((dev["headroom_bytes"], ":", "ok"))
@@ -138,11 +145,21 @@ def _why(dev: dict[str, Any], services: list[dict[str, Any]]) -> str:
     waiting = sum(s["waiting"] for s in services)
     kv_unused = sum(max(0, s["kv_pool_bytes"] - s["kv_in_use_bytes"]) for s in services)
     reserved = sum(s["ledger"].get("reserved", 0) for s in services)
+    leftover = sum(s["ledger"].get("leftover", 0) for s in services)
     names = ", ".join(s["name"] for s in idle) or "none"
+    extra = "".join(
+        f"; {human(n)} {what}"
+        for n, what in (
+            (leftover, "left over by unloaded services"),
+            (dev.get("overhead_bytes", 0), "workers' overhead"),
+            (dev.get("parked_bytes", 0), "parked"),
+        )
+        if n > 0
+    )
     return (
         f"{running} running, {waiting} waiting; {human(idle_bytes)} in idle loaded services "
         f"({names}); {human(kv_unused)} KV pool unused; {human(reserved)} allocator cache; "
-        f"{human(dev['foreign_bytes'])} foreign"
+        f"{human(dev['foreign_bytes'])} foreign{extra}"
     )
 
 
@@ -213,7 +230,7 @@ def frame(view: View, width: int, height: int) -> list[Line]:
         legend: Line = [("  ", "plain")]
         for s in svcs:
             legend.append((f"{marks[s['name']]}={s['name']} ", _svc_style(index, s)))
-        legend.append(("#=foreign .=free :=headroom", "dim"))
+        legend.append(("o=overhead p=parked #=foreign .=free :=headroom", "dim"))
         lines.append(legend)
         lines.append([])
     cols = (
