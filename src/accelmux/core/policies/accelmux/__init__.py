@@ -39,9 +39,9 @@ Each heuristic has a name in ``HEURISTICS`` and can be turned off (``policy.disa
 from __future__ import annotations
 
 from accelmux.core.policies.accelmux.heuristics import HEURISTICS, TUNING, Tuning
+from accelmux.core.policies.accelmux.interface import Round as _Round
+from accelmux.core.policies.accelmux.interface import Survey as _Survey
 from accelmux.core.policies.accelmux.policy import AccelmuxPolicy
-from accelmux.core.policies.accelmux.room import Survey as _Survey
-from accelmux.core.policies.accelmux.schedule import Round as _Round
 
 # The constants by their former names (``TUNING`` holds them).
 MAX_PREEMPTIONS = TUNING.max_preemptions

@@ -5,10 +5,10 @@ through, makes it wait (with a reason) or rejects it (with a reason and Retry-Af
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
-from accelmux.core.policies.accelmux.schedule import Round
+from accelmux.core.policies.accelmux.interface import Parts, Round
 from accelmux.core.state import RequestState, ServiceState, World
+from accelmux.core.switches import Switch
 from accelmux.core.types import (
     Category,
     Reason,
@@ -17,11 +17,8 @@ from accelmux.core.types import (
     ServiceStatus,
 )
 
-if TYPE_CHECKING:
-    from accelmux.core.policies.accelmux.policy import AccelmuxPolicy
 
-
-def retry_after(self: AccelmuxPolicy, svc: ServiceState) -> float:
+def retry_after(self: Parts, svc: ServiceState) -> float:
     return float(
         max(
             1,
@@ -40,7 +37,7 @@ def told(req: RequestState, reason: Reason) -> bool:
 
 
 def queue_or_reject(
-    self: AccelmuxPolicy, world: World, req: RequestState, reason: Reason, detail: str = ""
+    self: Parts, world: World, req: RequestState, reason: Reason, detail: str = ""
 ) -> None:
     svc = world.services[req.service]
     if not req.announced and svc.waiting_count - 1 >= svc.spec.queue_limit:
@@ -74,7 +71,7 @@ def class_must_wait(
 
 
 def service_wait(
-    self: AccelmuxPolicy, world: World, svc: ServiceState, cls: ServiceClass, rnd: Round
+    self: Parts, world: World, svc: ServiceState, cls: ServiceClass, rnd: Round
 ) -> tuple[bool, tuple[Reason, str] | None]:
     """(whether ``svc`` is outside its windows, :meth:`_must_wait` for its requests of
     ``cls``), found once per service while no action runs: the round's state it reads
@@ -91,7 +88,7 @@ def service_wait(
 
 
 def must_wait(
-    self: AccelmuxPolicy,
+    self: Parts,
     world: World,
     svc: ServiceState,
     cls: ServiceClass,
@@ -100,7 +97,7 @@ def must_wait(
 ) -> tuple[Reason, str] | None:
     """Why a request of ``svc`` waits without competing for memory, if it does."""
     dev = svc.spec.device
-    fair_progress = world.knobs.enabled("fair_progress")
+    fair_progress = world.knobs.enabled(Switch.FAIR_PROGRESS)
     wait = self._class_must_wait(dev, cls, rnd, fair_progress)
     if wait is not None:
         return wait
@@ -128,7 +125,7 @@ def must_wait(
     return None
 
 
-def consider(self: AccelmuxPolicy, world: World, req: RequestState, rnd: Round) -> None:
+def consider(self: Parts, world: World, req: RequestState, rnd: Round) -> None:
     svc = world.services[req.service]
     spec = svc.spec
     dev = spec.device
@@ -178,7 +175,7 @@ def consider(self: AccelmuxPolicy, world: World, req: RequestState, rnd: Round) 
             world, req, Reason.NO_MEMORY, "service above its memory limit: one at a time"
         )
         return
-    if inflight and svc.name in self._charged and knobs.enabled("pressure_charging"):
+    if inflight and svc.name in self._charged and knobs.enabled(Switch.PRESSURE_CHARGING):
         self._queue_or_reject(
             world, req, Reason.NO_MEMORY, "uses more than its leases: one at a time"
         )
@@ -228,7 +225,7 @@ def consider(self: AccelmuxPolicy, world: World, req: RequestState, rnd: Round) 
     lease: int | None = None
     if need > limit:
         observed = svc.calibration.active.project_observed(req.estimate.active_bytes)
-        if observed + grow > limit or not knobs.enabled("degrade_to_raw"):
+        if observed + grow > limit or not knobs.enabled(Switch.DEGRADE_TO_RAW):
             world.reject(
                 req,
                 reason=Reason.TOO_LARGE,
@@ -253,7 +250,7 @@ def consider(self: AccelmuxPolicy, world: World, req: RequestState, rnd: Round) 
             self._rt_peak_changes += 1
     # A caching allocator's reserved blocks are reused by the service's own requests.
     own_cache = ledger.amount(dev, svc.name, Category.RESERVED)
-    if before < 0 or not knobs.enabled("cache_reuse"):
+    if before < 0 or not knobs.enabled(Switch.CACHE_REUSE):
         own_cache = 0  # under pressure the cache is what has to go, not reuse
     reserve = 0
     if cls > ServiceClass.REALTIME and not self._yields_to_realtime(world, svc):

@@ -5,21 +5,18 @@ service using it (``failure_calibration``, ``pressure_charging``, ``cache_accoun
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from accelmux.core.policies.accelmux.heuristics import TUNING
+from accelmux.core.policies.accelmux.interface import Parts
 from accelmux.core.state import ServiceState, World
+from accelmux.core.switches import Switch
 from accelmux.core.types import (
     Category,
     Reason,
     ServiceClass,
 )
 
-if TYPE_CHECKING:
-    from accelmux.core.policies.accelmux.policy import AccelmuxPolicy
 
-
-def learn(self: AccelmuxPolicy, world: World) -> None:
+def learn(self: Parts, world: World) -> None:
     """Learn from being wrong, at once: crashes and measurements above the leases.
 
     A crash with requests in flight (an OOM kills the service that asked) raises the
@@ -35,7 +32,7 @@ def learn(self: AccelmuxPolicy, world: World) -> None:
     device's epoch (a round there is not a repeat of an earlier one).
     """
     knobs = world.knobs
-    learn = knobs.enabled("failure_calibration")
+    learn = knobs.enabled(Switch.FAILURE_CALIBRATION)
     for svc in self._learners(world):
         name = svc.name
         dev = svc.spec.device
@@ -64,7 +61,7 @@ def learn(self: AccelmuxPolicy, world: World) -> None:
         if not svc.inflight and reserved > TUNING.excess_tolerance:
             # a property of the backend: every replica of the service caches alike
             self._caching.add(svc.spec.addressed_as)
-            if knobs.enabled("cache_accounting"):
+            if knobs.enabled(Switch.CACHE_ACCOUNTING):
                 world.mark_caching(svc)
         if not svc.inflight or excess <= TUNING.excess_tolerance:
             self._charged.pop(name, None)
@@ -75,7 +72,7 @@ def learn(self: AccelmuxPolicy, world: World) -> None:
             world.observe_excess(svc, estimated, measured)
 
 
-def learners(self: AccelmuxPolicy, world: World) -> list[ServiceState]:
+def learners(self: Parts, world: World) -> list[ServiceState]:
     """The services :meth:`_learn` may learn from this round, in spec order.
 
     A crash leaves its service CRASHED until the round after it (the Manager applies
@@ -92,7 +89,7 @@ def learners(self: AccelmuxPolicy, world: World) -> list[ServiceState]:
     return sorted(found.values(), key=lambda s: s.index)
 
 
-def relieve_pressure(self: AccelmuxPolicy, world: World) -> None:
+def relieve_pressure(self: Parts, world: World) -> None:
     """Foreign or reserved memory grew: give memory back until the ledger balances.
 
     Memory a running service uses above its leases is charged to it: its own
@@ -101,7 +98,7 @@ def relieve_pressure(self: AccelmuxPolicy, world: World) -> None:
     the ledger until the next sample, so the shortfall other work must cover is what
     remains after the charged bytes.
     """
-    charging = world.knobs.enabled("pressure_charging")
+    charging = world.knobs.enabled(Switch.PRESSURE_CHARGING)
     ledger = world.ledger
     for device in world.devices:
         if ledger.available(device) >= 0:

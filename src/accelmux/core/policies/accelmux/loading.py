@@ -4,10 +4,9 @@ gates a cold start passes (serial loads after an out-of-memory load included).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from accelmux.core.policies.accelmux.schedule import Round
+from accelmux.core.policies.accelmux.interface import Parts, Round
 from accelmux.core.state import RequestState, ServiceState, World
+from accelmux.core.switches import Switch
 from accelmux.core.types import (
     Reason,
     ResizeSupport,
@@ -15,21 +14,18 @@ from accelmux.core.types import (
     ServiceStatus,
 )
 
-if TYPE_CHECKING:
-    from accelmux.core.policies.accelmux.policy import AccelmuxPolicy
 
-
-def loads_one_at_a_time(self: AccelmuxPolicy, world: World, device: str) -> bool:
+def loads_one_at_a_time(self: Parts, world: World, device: str) -> bool:
     """A load has run out of memory on ``device`` and another load is in flight there
     (``serial_loads``): a second load waits for it. A load's true size is known only
     once it is measured, so two loads side by side on a device where one was already
     larger than its ledger said can both fail, and a service a second time."""
-    if device not in world.load_oom_devices or not world.knobs.enabled("serial_loads"):
+    if device not in world.load_oom_devices or not world.knobs.enabled(Switch.SERIAL_LOADS):
         return False
     return any(s.status is ServiceStatus.LOADING for s in world.services_by_device[device])
 
 
-def load_pool(self: AccelmuxPolicy, world: World, svc: ServiceState, wanted: int) -> int:
+def load_pool(self: Parts, world: World, svc: ServiceState, wanted: int) -> int:
     """The KV pool a load asks for: the KV bytes ``wanted``, within the floor and the
     ceiling, when the pool can grow and shrink later (a live resize).
 
@@ -57,7 +53,7 @@ def load_pool(self: AccelmuxPolicy, world: World, svc: ServiceState, wanted: int
     return base + max(0, min(p.kv_ceiling - base, free))
 
 
-def kv_pool_fixed(self: AccelmuxPolicy, world: World, req: RequestState, svc: ServiceState) -> None:
+def kv_pool_fixed(self: Parts, world: World, req: RequestState, svc: ServiceState) -> None:
     """A request whose KV does not fit a pool that cannot change while loaded.
 
     If it would fit the empty pool it waits for running requests to end. If not, and
@@ -90,7 +86,7 @@ def kv_pool_fixed(self: AccelmuxPolicy, world: World, req: RequestState, svc: Se
 
 
 def load_for(
-    self: AccelmuxPolicy,
+    self: Parts,
     world: World,
     req: RequestState,
     svc: ServiceState,
@@ -103,7 +99,7 @@ def load_for(
     pool, active, resident, observed = self._load_sizes(world, req, svc)
     need = resident + active
     limit = self._max_possible(world, dev, svc)
-    if need > limit >= resident + observed and knobs.enabled("degrade_to_raw"):
+    if need > limit >= resident + observed and knobs.enabled(Switch.DEGRADE_TO_RAW):
         # Only the calibration margin does not fit: plan for the estimate scaled by
         # what was measured (the dispatch degrades the same way).
         active = observed
@@ -157,7 +153,7 @@ def load_for(
 
 
 def load_sizes(
-    self: AccelmuxPolicy, world: World, req: RequestState, svc: ServiceState
+    self: Parts, world: World, req: RequestState, svc: ServiceState
 ) -> tuple[int, int, int, int]:
     """(KV pool, projected activation, resident size, activation as measured so far)
     of loading ``svc`` for ``req``.

@@ -2,7 +2,8 @@
 and the table that wires in the parts.
 
 Each part is a module of this package whose functions take the policy as ``self`` and
-become its methods here (``_survey = room.survey``): a method of the part is still
+become its methods here (``_survey = room.survey``); the parts see the policy as
+:class:`~accelmux.core.policies.accelmux.interface.Parts`. A method of a part is still
 reached through the instance, so a subclass that overrides one (the tests' copies of
 the policy without memos do) changes it for every part.
 """
@@ -14,6 +15,7 @@ from typing import Any
 
 from accelmux.core.policies.accelmux import (
     admission,
+    interface,
     learning,
     loading,
     preemption,
@@ -27,6 +29,7 @@ from accelmux.core.policies.accelmux import (
 )
 from accelmux.core.policies.accelmux.time_sharing import pausing
 from accelmux.core.state import RequestState, ServiceSet, ServiceState, World
+from accelmux.core.switches import Switch
 from accelmux.core.types import ServiceClass
 
 
@@ -111,7 +114,7 @@ class AccelmuxPolicy:
 
     def start(self, world: World, now: float) -> None:
         self._keep_pinned_loaded(world)
-        if world.knobs.prewarm and world.knobs.enabled("prewarm"):
+        if world.knobs.prewarm and world.knobs.enabled(Switch.PREWARM):
             self._preload_warm(world)
 
     def decide(self, world: World, now: float) -> None:
@@ -122,7 +125,7 @@ class AccelmuxPolicy:
         self._rt_devices = None
         if len(self._sizes) > 2 * len(world.waiting) + 64:
             self._sizes = {k: v for k, v in self._sizes.items() if k in world.waiting}
-        if world.knobs.enabled("realtime_yield") and world.busy:
+        if world.knobs.enabled(Switch.REALTIME_YIELD) and world.busy:
             self._yield_to_realtime(world)
         if self._yielded_to:
             self._yielded_to = {
@@ -138,13 +141,13 @@ class AccelmuxPolicy:
         self._admin_unloads(world)
         self._relieve_pressure(world)
         self._keep_pinned_loaded(world)
-        if world.groups and world.knobs.enabled("placement"):
+        if world.groups and world.knobs.enabled(Switch.PLACEMENT):
             self._reroute_to_free_replicas(world)
         self._schedule(world)
         self._expire_idle(world)
-        if world.knobs.enabled("ballooning"):
+        if world.knobs.enabled(Switch.BALLOONING):
             self._balloon(world)
-        if world.knobs.prewarm and world.knobs.enabled("prewarm"):
+        if world.knobs.prewarm and world.knobs.enabled(Switch.PREWARM):
             self._prewarm(world)
 
     # ---- the parts (each a module of this package; see its docstring) ----------
@@ -258,3 +261,8 @@ class AccelmuxPolicy:
     # wakeup
     next_wakeup = wakeup.next_wakeup
     _window_edges = wakeup.window_edges
+
+
+def _as_parts(policy: AccelmuxPolicy) -> interface.Parts:
+    """The class is what its parts expect (a check for mypy: it fails here if not)."""
+    return policy

@@ -5,26 +5,23 @@ parks the request's KV when its backend can, else a preemption).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from accelmux.core.policies.accelmux.heuristics import TUNING
+from accelmux.core.policies.accelmux.interface import Parts
 from accelmux.core.state import RequestState, ServiceState, World
+from accelmux.core.switches import Switch
 from accelmux.core.types import (
     Reason,
     Residency,
     ServiceClass,
 )
 
-if TYPE_CHECKING:
-    from accelmux.core.policies.accelmux.policy import AccelmuxPolicy
 
-
-def may_preempt(self: AccelmuxPolicy, world: World, req: RequestState) -> bool:
+def may_preempt(self: Parts, world: World, req: RequestState) -> bool:
     """A request may be preempted again: it has not reached the bound."""
-    return not world.knobs.enabled("preemption_bound") or req.attempt <= TUNING.max_preemptions
+    return not world.knobs.enabled(Switch.PREEMPTION_BOUND) or req.attempt <= TUNING.max_preemptions
 
 
-def may_stop(self: AccelmuxPolicy, world: World, req: RequestState) -> bool:
+def may_stop(self: Parts, world: World, req: RequestState) -> bool:
     """A running request may be stopped for higher-class work: paused (below the
     pause bound) when its backend can pause, else preempted (below that bound)."""
     if self._can_pause(world, world.services[req.service]):
@@ -33,7 +30,7 @@ def may_stop(self: AccelmuxPolicy, world: World, req: RequestState) -> bool:
 
 
 def stop(
-    self: AccelmuxPolicy,
+    self: Parts,
     world: World,
     req: RequestState,
     cls: ServiceClass,
@@ -73,11 +70,11 @@ def preemptible(svc: ServiceState, cls: ServiceClass) -> bool:
     )
 
 
-def stoppable(self: AccelmuxPolicy, world: World, svc: ServiceState) -> list[RequestState]:
+def stoppable(self: Parts, world: World, svc: ServiceState) -> list[RequestState]:
     """The running requests of ``svc`` that :meth:`_may_stop` allows to stop."""
     running = svc.inflight.values()
     if self._can_pause(world, svc):
         return [r for r in running if r.pauses < TUNING.max_pauses]
-    if not world.knobs.enabled("preemption_bound"):
+    if not world.knobs.enabled(Switch.PREEMPTION_BOUND):
         return list(running)
     return [r for r in running if r.attempt <= TUNING.max_preemptions]

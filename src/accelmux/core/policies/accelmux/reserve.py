@@ -7,26 +7,23 @@ the part of it that services realtime work can take back by one unload may hold
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from accelmux.core.policies.accelmux.interface import Parts
 from accelmux.core.state import ServiceState, World
+from accelmux.core.switches import Switch
 from accelmux.core.types import (
     ServiceClass,
     ServiceStatus,
 )
 
-if TYPE_CHECKING:
-    from accelmux.core.policies.accelmux.policy import AccelmuxPolicy
 
-
-def realtime_reserve(self: AccelmuxPolicy, world: World, device: str) -> int:
+def realtime_reserve(self: Parts, world: World, device: str) -> int:
     """Memory kept free for the next requests of loaded realtime services.
 
     Lower classes may not take it: a voice request never waits for memory that
     chat or batch work holds. Sized by the largest activation seen per service
     (its workspace estimate before any request), minus what its requests hold now.
     """
-    if not world.knobs.enabled("realtime_reserve"):
+    if not world.knobs.enabled(Switch.REALTIME_RESERVE):
         return 0
     key = ("realtime_reserve", device)
     version = world.version
@@ -46,7 +43,7 @@ def realtime_reserve(self: AccelmuxPolicy, world: World, device: str) -> int:
     return value
 
 
-def yields_to_realtime(self: AccelmuxPolicy, world: World, svc: ServiceState) -> bool:
+def yields_to_realtime(self: Parts, world: World, svc: ServiceState) -> bool:
     """Whether realtime work takes ``svc``'s activation leases back at once: it is
     preempted, or (an interactive LLM that can pause) paused between tokens.
 
@@ -58,7 +55,7 @@ def yields_to_realtime(self: AccelmuxPolicy, world: World, svc: ServiceState) ->
     return found
 
 
-def static_facts(self: AccelmuxPolicy, world: World) -> dict[str, bool]:
+def static_facts(self: Parts, world: World) -> dict[str, bool]:
     """Per service, what :meth:`_yields_to_realtime` found (for ``world`` only)."""
     if self._facts_world is not world:
         self._facts_world = world
@@ -66,20 +63,18 @@ def static_facts(self: AccelmuxPolicy, world: World) -> dict[str, bool]:
     return self._facts
 
 
-def compute_yields_to_realtime(self: AccelmuxPolicy, world: World, svc: ServiceState) -> bool:
+def compute_yields_to_realtime(self: Parts, world: World, svc: ServiceState) -> bool:
     if self._preemptible(svc, ServiceClass.REALTIME):
         return True
     return (
         svc.spec.kind.is_llm
         and svc.spec.cls is ServiceClass.INTERACTIVE
         and self._can_pause(world, svc)
-        and world.knobs.enabled("time_share")
+        and world.knobs.enabled(Switch.TIME_SHARE)
     )
 
 
-def fitting_reserve(
-    self: AccelmuxPolicy, world: World, svc: ServiceState, need: int, limit: int
-) -> int:
+def fitting_reserve(self: Parts, world: World, svc: ServiceState, need: int, limit: int) -> int:
     """The realtime reserve a lower-class need of ``need`` bytes of ``svc`` must leave
     free, when at most ``limit`` bytes could ever be freed for it.
 
@@ -92,7 +87,7 @@ def fitting_reserve(
     """
     device = svc.spec.device
     reserve = full = self._realtime_reserve(world, device)
-    if need + full > limit >= need and world.knobs.enabled("reserve_fallback"):
+    if need + full > limit >= need and world.knobs.enabled(Switch.RESERVE_FALLBACK):
         largest = max(
             (
                 self._typical_activation(s)
@@ -103,7 +98,7 @@ def fitting_reserve(
         )
         reserve = min(full, largest)
     available = world.ledger.available(device)
-    if need <= available < need + reserve and world.knobs.enabled("reserve_lending"):
+    if need <= available < need + reserve and world.knobs.enabled(Switch.RESERVE_LENDING):
         # Lent only when ``need`` fits in free memory: the services that hold the
         # rest must stay to be given back, so none of them is evicted for ``need``.
         lent = max(0, reserve - self._quickly_freeable(world, device, svc))
@@ -112,7 +107,7 @@ def fitting_reserve(
     return reserve
 
 
-def quickly_freeable(self: AccelmuxPolicy, world: World, device: str, exclude: ServiceState) -> int:
+def quickly_freeable(self: Parts, world: World, device: str, exclude: ServiceState) -> int:
     """Memory realtime work could take back on ``device`` by one unload each: what
     the services below realtime that it may evict hold (``exclude`` aside; see
     :meth:`_freeable_for_realtime`).
@@ -131,7 +126,7 @@ def quickly_freeable(self: AccelmuxPolicy, world: World, device: str, exclude: S
     return max(0, total)
 
 
-def sum_quickly_freeable(self: AccelmuxPolicy, world: World, device: str) -> int:
+def sum_quickly_freeable(self: Parts, world: World, device: str) -> int:
     return sum(
         self.unload_frees(world, s)
         for s in world.loaded_on(device)
@@ -139,7 +134,7 @@ def sum_quickly_freeable(self: AccelmuxPolicy, world: World, device: str) -> int
     )
 
 
-def freeable_for_realtime(self: AccelmuxPolicy, world: World, svc: ServiceState) -> bool:
+def freeable_for_realtime(self: Parts, world: World, svc: ServiceState) -> bool:
     """Realtime work could take all ``svc`` holds back by one unload: it is loaded,
     below realtime, not kept, and idle, or running only work realtime preempts (a
     batch or background job below its preemption bound), which it then evicts."""
@@ -153,15 +148,15 @@ def freeable_for_realtime(self: AccelmuxPolicy, world: World, svc: ServiceState)
         return True
     knobs = world.knobs
     return (
-        knobs.enabled("preemption")
-        and knobs.enabled("evict_after_preemption")
+        knobs.enabled(Switch.PREEMPTION)
+        and knobs.enabled(Switch.EVICT_AFTER_PREEMPTION)
         and not svc.paused_kv
         and self._preemptible(svc, ServiceClass.REALTIME)
         and all(self._may_preempt(world, r) for r in svc.inflight.values())
     )
 
 
-def typical_activation(self: AccelmuxPolicy, svc: ServiceState) -> int:
+def typical_activation(self: Parts, svc: ServiceState) -> int:
     """A realtime service's next activation: the largest projected so far, or its
     workspace estimate before any request."""
     typical = self._rt_peak.get(svc.name)
@@ -170,7 +165,7 @@ def typical_activation(self: AccelmuxPolicy, svc: ServiceState) -> int:
     return typical
 
 
-def compute_realtime_reserve(self: AccelmuxPolicy, world: World, device: str) -> int:
+def compute_realtime_reserve(self: Parts, world: World, device: str) -> int:
     total = 0
     for s in world.realtime_by_device[device]:
         if not s.holds_memory:

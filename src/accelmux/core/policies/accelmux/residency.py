@@ -6,10 +6,12 @@ admin unloads and ballooning idle KV pools.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from accelmux.core.policies.accelmux.heuristics import TUNING
+from accelmux.core.policies.accelmux.interface import Parts
 from accelmux.core.state import ServiceState, World, reuse_rate
+from accelmux.core.switches import Switch
 from accelmux.core.types import (
     Reason,
     Residency,
@@ -17,11 +19,8 @@ from accelmux.core.types import (
     ServiceStatus,
 )
 
-if TYPE_CHECKING:
-    from accelmux.core.policies.accelmux.policy import AccelmuxPolicy
 
-
-def preload_warm(self: AccelmuxPolicy, world: World) -> None:
+def preload_warm(self: Parts, world: World) -> None:
     """At start, load warm services (class order) into memory nobody else needs yet."""
     order = sorted(world.services.values(), key=lambda s: (int(s.spec.cls), s.name))
     for svc in order:
@@ -43,32 +42,32 @@ def keep(svc: ServiceState) -> bool:
     return svc.pinned or svc.admin_wants_loaded
 
 
-def ttl(self: AccelmuxPolicy, world: World, svc: ServiceState) -> float:
+def ttl(self: Parts, world: World, svc: ServiceState) -> float:
     short, ttl = self._ttl_range(world, svc)
     if short < ttl and self._restore_pending(world, svc):
         return short
     return ttl
 
 
-def ttl_range(self: AccelmuxPolicy, world: World, svc: ServiceState) -> tuple[float, float]:
+def ttl_range(self: Parts, world: World, svc: ServiceState) -> tuple[float, float]:
     """(the TTL if a restore is pending, the TTL if not) of ``svc``, without asking
     whether one is (:meth:`_restore_pending` is the costly part of a TTL)."""
     knobs = world.knobs
     if svc.spec.residency is Residency.ON_DEMAND:
         ttl = svc.ttl_s
-        if not knobs.enabled("on_demand_keep") or self._memory_wanted(world, svc):
+        if not knobs.enabled(Switch.ON_DEMAND_KEEP) or self._memory_wanted(world, svc):
             ttl = min(ttl, knobs.on_demand_ttl_s)
-        elif knobs.enabled("idle_keep") and self._memory_spare(world, svc):
+        elif knobs.enabled(Switch.IDLE_KEEP) and self._memory_spare(world, svc):
             ttl = math.inf
-        if knobs.prewarm and knobs.enabled("restore"):
+        if knobs.prewarm and knobs.enabled(Switch.RESTORE):
             return min(ttl, TUNING.restore_grace_s), ttl
         return ttl, ttl
-    if knobs.enabled("idle_keep") and self._memory_spare(world, svc):
+    if knobs.enabled(Switch.IDLE_KEEP) and self._memory_spare(world, svc):
         return math.inf, math.inf
     return svc.ttl_s, svc.ttl_s
 
 
-def idle_past_ttl(self: AccelmuxPolicy, world: World, svc: ServiceState) -> bool:
+def idle_past_ttl(self: Parts, world: World, svc: ServiceState) -> bool:
     """``world.now - svc.last_used >= self._ttl(world, svc)``, asking whether a
     restore is pending only when the answer depends on it."""
     idle_s = world.now - svc.last_used
@@ -80,7 +79,7 @@ def idle_past_ttl(self: AccelmuxPolicy, world: World, svc: ServiceState) -> bool
     return self._restore_pending(world, svc)
 
 
-def memory_wanted(self: AccelmuxPolicy, world: World, svc: ServiceState) -> bool:
+def memory_wanted(self: Parts, world: World, svc: ServiceState) -> bool:
     """Whether memory an idle on-demand service holds is wanted by something else.
 
     It is while a request waits for memory on its device, or when less than the
@@ -103,7 +102,7 @@ def memory_wanted(self: AccelmuxPolicy, world: World, svc: ServiceState) -> bool
     return wanted
 
 
-def memory_spare(self: AccelmuxPolicy, world: World, svc: ServiceState) -> bool:
+def memory_spare(self: Parts, world: World, svc: ServiceState) -> bool:
     """Whether ``svc``'s device has memory to spare: nothing wants what is loaded
     (:meth:`_memory_wanted`) and more than the realtime reserve plus the spare
     fraction of the budget is free (room for a foreign process to start).
@@ -144,7 +143,7 @@ def likely_reused(world: World, svc: ServiceState) -> bool:
     return 1.0 - math.exp(-reuse_rate(svc, world.now, horizon) * horizon) >= 0.5
 
 
-def restore_pending(self: AccelmuxPolicy, world: World, holder: ServiceState) -> bool:
+def restore_pending(self: Parts, world: World, holder: ServiceState) -> bool:
     """A warm service evicted for memory on ``holder``'s device, of a class at least
     as high as ``holder``'s, is likely to be used again, sooner than ``holder`` (an
     on-demand service used more often than what it displaced keeps its place), and
@@ -163,7 +162,7 @@ def restore_pending(self: AccelmuxPolicy, world: World, holder: ServiceState) ->
     return pending
 
 
-def compute_restore_pending(self: AccelmuxPolicy, world: World, holder: ServiceState) -> bool:
+def compute_restore_pending(self: Parts, world: World, holder: ServiceState) -> bool:
     horizon = world.knobs.reuse_horizon_s
     own = reuse_rate(holder, world.now, horizon)
     dev = holder.spec.device
@@ -181,7 +180,7 @@ def compute_restore_pending(self: AccelmuxPolicy, world: World, holder: ServiceS
     return False
 
 
-def restorable(self: AccelmuxPolicy, world: World, device: str) -> list[list[Any]]:
+def restorable(self: Parts, world: World, device: str) -> list[list[Any]]:
     """The warm services evicted from ``device`` that are likely to be used again, in
     spec order, as ``[service, reuse rate, restore need, the world.version it was
     computed at (None: not yet)]``.
@@ -206,13 +205,13 @@ def restorable(self: AccelmuxPolicy, world: World, device: str) -> list[list[Any
     return found
 
 
-def warm_services(self: AccelmuxPolicy, world: World, device: str) -> list[ServiceState]:
+def warm_services(self: Parts, world: World, device: str) -> list[ServiceState]:
     """The warm services of ``device``, in spec order (what the spec says)."""
     self._know_warm(world)
     return self._warm[device]
 
 
-def know_warm(self: AccelmuxPolicy, world: World) -> None:
+def know_warm(self: Parts, world: World) -> None:
     """Find ``world``'s warm services once: per device, and all in class order."""
     if self._warm_world is not world:
         self._warm_world = world
@@ -226,13 +225,13 @@ def know_warm(self: AccelmuxPolicy, world: World) -> None:
         )
 
 
-def warm_in_class_order(self: AccelmuxPolicy, world: World) -> list[ServiceState]:
+def warm_in_class_order(self: Parts, world: World) -> list[ServiceState]:
     """Every warm service, in class order then by name (what the spec says)."""
     self._know_warm(world)
     return self._warm_ordered
 
 
-def restore_need(self: AccelmuxPolicy, world: World, svc: ServiceState, pool: int) -> int:
+def restore_need(self: Parts, world: World, svc: ServiceState, pool: int) -> int:
     """Free memory a prewarm of ``svc`` with a KV pool of ``pool`` needs: its resident
     size, plus the realtime reserve and a tenth of the budget left free after it
     (memory measured only at the next sample, e.g. an allocator's cache)."""
@@ -241,7 +240,7 @@ def restore_need(self: AccelmuxPolicy, world: World, svc: ServiceState, pool: in
     return sum(world.projected_resident(svc, pool)) + spare
 
 
-def admin_unloads(self: AccelmuxPolicy, world: World) -> None:
+def admin_unloads(self: Parts, world: World) -> None:
     for name in sorted(world.admin_unload):
         svc = world.services[name]
         if svc.status is ServiceStatus.LOADED and svc.idle:
@@ -254,7 +253,7 @@ def admin_unloads(self: AccelmuxPolicy, world: World) -> None:
             world.clear_admin_unload(name)
 
 
-def keep_pinned_loaded(self: AccelmuxPolicy, world: World) -> None:
+def keep_pinned_loaded(self: Parts, world: World) -> None:
     down = (
         s
         for s in world.kept
@@ -285,7 +284,7 @@ def keep_pinned_loaded(self: AccelmuxPolicy, world: World) -> None:
             world.load(svc, reason=reason, kv_pool=pool)
 
 
-def expire_idle(self: AccelmuxPolicy, world: World) -> None:
+def expire_idle(self: Parts, world: World) -> None:
     for svc in world.loaded:
         if (
             svc.status is ServiceStatus.LOADED
@@ -302,7 +301,7 @@ def expire_idle(self: AccelmuxPolicy, world: World) -> None:
             )
 
 
-def balloon(self: AccelmuxPolicy, world: World) -> None:
+def balloon(self: Parts, world: World) -> None:
     for svc in world.loaded:
         if svc.kv_pool <= svc.spec.profile.kv_floor or not world.resizable(svc):
             continue
@@ -312,7 +311,7 @@ def balloon(self: AccelmuxPolicy, world: World) -> None:
                 world.resize(svc, target, reason=Reason.BALLOON_SHRINK, detail="idle pool")
 
 
-def prewarm(self: AccelmuxPolicy, world: World) -> None:
+def prewarm(self: Parts, world: World) -> None:
     """WarmServe-style: reload a recently evicted, likely-reused service into spare memory."""
     horizon = world.knobs.reuse_horizon_s
     if world.waiting_for(Reason.NO_MEMORY):
@@ -341,7 +340,7 @@ def prewarm(self: AccelmuxPolicy, world: World) -> None:
         tried = self._restore_tried_at.get(svc.name)
         if tried is not None and world.now - tried < TUNING.restore_retry_s:
             pass  # the room it made went to demand: do not evict for it again yet
-        elif not fits and svc.spec.cls < ServiceClass.BATCH and world.knobs.enabled("restore"):
+        elif not fits and svc.spec.cls < ServiceClass.BATCH and world.knobs.enabled(Switch.RESTORE):
             # An interactive service outranks batch and background work: take its
             # memory back from them (they are preempted or evicted) to restore it.
             # Only strictly lower classes yield: two services of one class that cannot

@@ -6,10 +6,10 @@ an unload frees and costs.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
+from accelmux.core.policies.accelmux.interface import Parts, Survey
 from accelmux.core.state import RequestState, ServiceState, World, reuse_rate
+from accelmux.core.switches import Switch
 from accelmux.core.types import (
     Category,
     Reason,
@@ -19,23 +19,8 @@ from accelmux.core.types import (
     Tier,
 )
 
-if TYPE_CHECKING:
-    from accelmux.core.policies.accelmux.policy import AccelmuxPolicy
 
-
-@dataclass(slots=True)
-class Survey:
-    """What make_room found it could free on a device (see AccelmuxPolicy._survey)."""
-
-    shrinks: list[tuple[ServiceState, int]] = field(default_factory=list)
-    preempts: list[RequestState] = field(default_factory=list)
-    victims: list[ServiceState] = field(default_factory=list)
-    #: Bytes the shrinks, stops and evictions would free, beyond what is free or on its
-    #: way back.
-    gain: int = 0
-
-
-def victim_score(self: AccelmuxPolicy, world: World, svc: ServiceState) -> float:
+def victim_score(self: Parts, world: World, svc: ServiceState) -> float:
     """Lower is a better victim: cheap to reload, unlikely reused, large."""
     horizon = world.knobs.reuse_horizon_s
     rate = reuse_rate(svc, world.now, horizon)
@@ -49,16 +34,14 @@ def victim_score(self: AccelmuxPolicy, world: World, svc: ServiceState) -> float
 
 def tier(world: World, svc: ServiceState) -> Tier:
     """Where ``svc``'s weights go when it unloads."""
-    return world.park_tier(svc) if world.knobs.enabled("park_weights") else Tier.COLD
+    return world.park_tier(svc) if world.knobs.enabled(Switch.PARK_WEIGHTS) else Tier.COLD
 
 
-def unload(
-    self: AccelmuxPolicy, world: World, svc: ServiceState, *, reason: Reason, detail: str
-) -> None:
+def unload(self: Parts, world: World, svc: ServiceState, *, reason: Reason, detail: str) -> None:
     world.unload(svc, reason=reason, tier=self._tier(world, svc), detail=detail)
 
 
-def eviction_cost(self: AccelmuxPolicy, world: World, svc: ServiceState) -> float:
+def eviction_cost(self: Parts, world: World, svc: ServiceState) -> float:
     """The victim score without the per-byte normalisation."""
     return self.victim_score(world, svc) * max(1, self.unload_frees(world, svc)) / 1e9
 
@@ -73,7 +56,7 @@ def unload_frees(world: World, svc: ServiceState) -> int:
     return svc.resident_bytes + reserved
 
 
-def pending_free(self: AccelmuxPolicy, world: World, device: str) -> int:
+def pending_free(self: Parts, world: World, device: str) -> int:
     """Memory on its way back: services unloading, KV pools shrinking."""
     key = ("pending_free", device)
     epoch = world.epoch(device)
@@ -89,7 +72,7 @@ def pending_free(self: AccelmuxPolicy, world: World, device: str) -> int:
 
 
 def evictable(
-    self: AccelmuxPolicy,
+    self: Parts,
     svc: ServiceState,
     cls: ServiceClass,
     exclude: ServiceState | None,
@@ -111,7 +94,7 @@ def evictable(
 
 
 def survey(
-    self: AccelmuxPolicy,
+    self: Parts,
     world: World,
     device: str,
     cls: ServiceClass,
@@ -125,9 +108,9 @@ def survey(
     shrink, running requests to stop, idle services to evict. ``sharing`` is None
     when no stream there can be paused for time sharing (:meth:`_room_key`)."""
     knobs = world.knobs
-    preempting = knobs.enabled("preemption")
-    shrinking = knobs.enabled("ballooning")
-    clearing = knobs.enabled("evict_after_preemption")
+    preempting = knobs.enabled(Switch.PREEMPTION)
+    shrinking = knobs.enabled(Switch.BALLOONING)
+    clearing = knobs.enabled(Switch.EVICT_AFTER_PREEMPTION)
     found = Survey()
     for svc in world.loaded_on(device):
         cleared = False
@@ -173,7 +156,7 @@ def survey(
 
 
 def make_room(
-    self: AccelmuxPolicy,
+    self: Parts,
     world: World,
     device: str,
     need: int,
@@ -220,10 +203,10 @@ def make_room(
         return False
     shrinks, preempts, victims = found.shrinks, found.preempts, found.victims
     knobs = world.knobs
-    shrinking = knobs.enabled("ballooning")
+    shrinking = knobs.enabled(Switch.BALLOONING)
     shrinks.sort(key=lambda st: -int(st[0].spec.cls))  # stable: lowest class first
     preempts.sort(key=lambda r: (-int(r.cls), -(r.dispatched_at or 0.0)))
-    if knobs.enabled("victim_scoring"):
+    if knobs.enabled(Switch.VICTIM_SCORING):
         victims.sort(key=lambda s: (self.victim_score(world, s), s.name))
     else:
         victims.sort(key=lambda s: (s.last_used, s.name))
@@ -275,7 +258,7 @@ def make_room(
         return False  # shrinks and unloads under way cover it
     freed = 0
     short = need - ledger.available(device) - pending
-    if knobs.enabled("lower_class_first"):
+    if knobs.enabled(Switch.LOWER_CLASS_FIRST):
         lower = [s for s in victims if s.spec.cls > cls]
         if len(lower) < len(victims) and sum(self.unload_frees(world, s) for s in lower) >= short:
             victims = lower
@@ -283,7 +266,7 @@ def make_room(
     # (reload cost x reuse x class weight), not the best per byte: a few MB must
     # not cost the largest model.
     single = [s for s in victims if self.unload_frees(world, s) >= short]
-    if single and knobs.enabled("single_victim"):
+    if single and knobs.enabled(Switch.SINGLE_VICTIM):
         victims = [min(single, key=lambda s: (self.eviction_cost(world, s), s.name))]
     for svc in victims:
         if ledger.available(device) + pending + freed >= need:
@@ -309,7 +292,7 @@ def kept_floor(world: World, s: ServiceState) -> int:
     return 0
 
 
-def max_possible(self: AccelmuxPolicy, world: World, device: str, exclude: ServiceState) -> int:
+def max_possible(self: Parts, world: World, device: str, exclude: ServiceState) -> int:
     dev = world.devices[device]
     key = ("kept_floor", device)
     epoch = world.epoch(device)

@@ -6,28 +6,26 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from accelmux.core.events import Demand
 from accelmux.core.placement import first_up
+from accelmux.core.policies.accelmux.interface import Parts
 from accelmux.core.state import ServiceState, World, reuse_rate
+from accelmux.core.switches import Switch
 from accelmux.core.types import (
     ServiceClass,
     ServiceStatus,
 )
 
-if TYPE_CHECKING:
-    from accelmux.core.policies.accelmux.policy import AccelmuxPolicy
-
 
 def route(
-    self: AccelmuxPolicy, world: World, replicas: Sequence[ServiceState], demand: Demand
+    self: Parts, world: World, replicas: Sequence[ServiceState], demand: Demand
 ) -> ServiceState:
     """The replica expected to start a new request of ``demand`` soonest, to 0.1 s
     (ties: the device left with the most free memory, then the one running fewer
     requests, then config order). Routing to a replica that is not loaded loads it:
     placement and a second replica for a busy service are both decided here."""
-    if not world.knobs.enabled("placement"):
+    if not world.knobs.enabled(Switch.PLACEMENT):
         return first_up(replicas)
     # A second replica is worth only memory nobody else holds: once one replica is
     # up, another is a candidate only where it fits in free memory.
@@ -89,7 +87,7 @@ def other_replica_up(world: World, svc: ServiceState) -> bool:
     return bool(group) and any(r.holds_memory for r in world.groups[group] if r is not svc)
 
 
-def placed_here(self: AccelmuxPolicy, world: World, svc: ServiceState) -> bool:
+def placed_here(self: Parts, world: World, svc: ServiceState) -> bool:
     """Whether a warm service preloads as ``svc``: an ordinary service does; of a
     service with replicas only the one placement picks, and only while none is up."""
     group = svc.spec.group
@@ -115,9 +113,7 @@ def footprint(world: World, svc: ServiceState) -> int:
     return weights + runtime + svc.spec.profile.kv_floor
 
 
-def expected_start_s(
-    self: AccelmuxPolicy, world: World, svc: ServiceState, room_s: float | None
-) -> float:
+def expected_start_s(self: Parts, world: World, svc: ServiceState, room_s: float | None) -> float:
     """Seconds until ``svc`` could start a new request: its queue ahead of it, plus
     the rest of a load in progress or the whole load (and ``room_s``, what making its
     room costs: :meth:`_room_seconds`) if it is not loaded. A replica that could start
@@ -138,9 +134,7 @@ def expected_start_s(
     return world.load_seconds(svc, svc.tier) + room_s + queue_s
 
 
-def room_seconds(
-    self: AccelmuxPolicy, world: World, svc: ServiceState, demand: Demand
-) -> float | None:
+def room_seconds(self: Parts, world: World, svc: ServiceState, demand: Demand) -> float | None:
     """The expected reload seconds others pay for ``svc`` to load now (0: it fits in
     free memory), or None when it fits only once busy work ends."""
     device = svc.spec.device
@@ -151,7 +145,7 @@ def room_seconds(
         + self._realtime_reserve(world, device)
     )
     short = need - world.ledger.available(device) - self._pending_free(world, device)
-    if short > 0 and world.knobs.enabled("ballooning"):
+    if short > 0 and world.knobs.enabled(Switch.BALLOONING):
         # KV pools above what their requests use shrink at no reload cost to anyone
         short -= sum(
             max(0, s.kv_pool - max(s.spec.profile.kv_floor, s.kv_in_use))

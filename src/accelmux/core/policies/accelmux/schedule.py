@@ -5,56 +5,28 @@ again as before.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
-
+from accelmux.core.policies.accelmux.interface import Parts, Round
 from accelmux.core.state import RequestState, ServiceState, World
+from accelmux.core.switches import Switch
 from accelmux.core.types import (
-    Reason,
     ServiceClass,
 )
 
-if TYPE_CHECKING:
-    from accelmux.core.policies.accelmux.policy import AccelmuxPolicy
 
-
-@dataclass(slots=True)
-class Round:
-    """Per-decide scratch state."""
-
-    blocked: dict[str, ServiceClass] = field(default_factory=dict)
-    realtime_active: set[str] = field(default_factory=set)
-    #: Devices with realtime work running, waiting or within its grace (realtime_yield).
-    realtime_work: set[str] = field(default_factory=set)
-    interactive_active: set[str] = field(default_factory=set)
-    higher_waiting: dict[str, ServiceClass] = field(default_factory=dict)
-    #: Devices where this round would repeat a round that changed nothing.
-    quiet: set[str] = field(default_factory=set)
-    #: (service, class) -> (world.version, outside its windows, why it waits): see
-    #: AccelmuxPolicy._service_wait.
-    waits: dict[tuple[str, ServiceClass], tuple[int, bool, tuple[Reason, str] | None]] = field(
-        default_factory=dict
-    )
-    #: The time of day (windows): the round's time does not change.
-    tod: float = 0.0
-    #: Per service with windows, whether one is open (see AccelmuxPolicy._in_window).
-    inside: dict[str, bool] = field(default_factory=dict)
-
-
-def schedule(self: AccelmuxPolicy, world: World) -> None:
+def schedule(self: Parts, world: World) -> None:
     if not world.waiting:
         return  # a device's quiet record stays true: it names the state it saw
     rnd = Round(tod=world.time_of_day())
     knobs = world.knobs
-    hold = knobs.enabled("realtime_hold")
+    hold = knobs.enabled(Switch.REALTIME_HOLD)
     grace = knobs.realtime_grace_s  # 0 (the default) turns it off
     for svcs in world.realtime_by_device.values():
         for svc in svcs:
             if (hold and svc.inflight) or world.now < svc.last_used + grace:
                 rnd.realtime_active.add(svc.spec.device)
-    if knobs.enabled("realtime_yield"):
+    if knobs.enabled(Switch.REALTIME_YIELD):
         rnd.realtime_work = self._round_realtime_devices(world)
-    if knobs.enabled("batch_yield"):
+    if knobs.enabled(Switch.BATCH_YIELD):
         for svc in world.busy:
             if svc.spec.cls is ServiceClass.INTERACTIVE:
                 rnd.interactive_active.add(svc.spec.device)
@@ -103,7 +75,7 @@ def schedule(self: AccelmuxPolicy, world: World) -> None:
     }
 
 
-def round_inputs(self: AccelmuxPolicy, world: World, rnd: Round, device: str) -> tuple[object, ...]:
+def round_inputs(self: Parts, world: World, rnd: Round, device: str) -> tuple[object, ...]:
     """What a round's decisions on ``device`` read besides its state: time (windows,
     backoffs of the queued services there) and the round's realtime and class state.
     """
@@ -133,9 +105,7 @@ def in_window(svc: ServiceState, rnd: Round) -> bool:
     return inside
 
 
-def unsettled(
-    self: AccelmuxPolicy, world: World, cls: ServiceClass, rnd: Round
-) -> list[RequestState]:
+def unsettled(self: Parts, world: World, cls: ServiceClass, rnd: Round) -> list[RequestState]:
     """Waiting requests of ``cls`` that this round may decide differently.
 
     Called when the class's turn comes. Whether a request has to wait without
@@ -149,7 +119,7 @@ def unsettled(
         services = world.queued_services(dev, cls)
         if not len(services) or dev in rnd.quiet:
             continue
-        group = self._class_must_wait(dev, cls, rnd, world.knobs.enabled("fair_progress"))
+        group = self._class_must_wait(dev, cls, rnd, world.knobs.enabled(Switch.FAIR_PROGRESS))
         if group is not None and world.waiting_causes.get(
             (dev, cls, group[0]), 0
         ) == world.waiting_classes.get((dev, cls), 0):

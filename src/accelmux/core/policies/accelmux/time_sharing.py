@@ -6,29 +6,24 @@ must know of both.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from accelmux.core.policies.accelmux.heuristics import TUNING
+from accelmux.core.policies.accelmux.interface import Parts
 from accelmux.core.state import RequestState, ServiceState, World
+from accelmux.core.switches import Switch
 from accelmux.core.types import (
     Reason,
     ServiceClass,
 )
 
-if TYPE_CHECKING:
-    from accelmux.core.policies.accelmux.policy import AccelmuxPolicy
 
-
-def pause_for_first_token(
-    self: AccelmuxPolicy, world: World, svc: ServiceState, req: RequestState
-) -> bool:
+def pause_for_first_token(self: Parts, world: World, svc: ServiceState, req: RequestState) -> bool:
     """A new request of a service at its concurrency limit pauses the stream of that
     service that has run longest (at least ``TIME_SHARE_MIN_RUN_S``, below the
     pause bound): it gets its first token now, the paused stream resumes at the
     next free slot. Its KV state is parked only when the pool must make room."""
     if (
         req.paused
-        or not world.knobs.enabled("first_token_pause")
+        or not world.knobs.enabled(Switch.FIRST_TOKEN_PAUSE)
         or not self._can_pause(world, svc)
     ):
         return False
@@ -52,7 +47,7 @@ def pause_for_first_token(
     )
 
 
-def yielding(self: AccelmuxPolicy, world: World, req: RequestState) -> bool:
+def yielding(self: Parts, world: World, req: RequestState) -> bool:
     """Whether paused ``req`` still leaves its memory to the request it was paused
     for: until that one has started (or ended)."""
     other = self._yielded_to.get(req.request_id)
@@ -70,14 +65,12 @@ def sharing_key(world: World, requester: RequestState | None) -> object:
     of the requester, when it may pause other models' streams (:meth:`_time_shared`:
     its service, whether that is an LLM, whether it is paused). Requests alike in
     these share a failure (the memo lasts one round: the time does not change)."""
-    if requester is None or not world.knobs.enabled("time_share"):
+    if requester is None or not world.knobs.enabled(Switch.TIME_SHARE):
         return None
     return (requester.service, requester.paused)
 
 
-def room_key(
-    self: AccelmuxPolicy, world: World, device: str, requester: RequestState | None
-) -> object:
+def room_key(self: Parts, world: World, device: str, requester: RequestState | None) -> object:
     """:meth:`_sharing_key`, or None where no service of ``device`` can be paused for
     time sharing (then no requester's state changes what make_room can free)."""
     if device not in self._time_sharing_devices(world):
@@ -85,7 +78,7 @@ def room_key(
     return self._sharing_key(world, requester)
 
 
-def time_sharing_devices(self: AccelmuxPolicy, world: World) -> frozenset[str]:
+def time_sharing_devices(self: Parts, world: World) -> frozenset[str]:
     """Devices with an LLM service whose backend can pause (what the spec and the
     knobs declare: found once per World)."""
     kept = self._sharing_devices
@@ -101,11 +94,11 @@ def time_sharing_devices(self: AccelmuxPolicy, world: World) -> frozenset[str]:
 
 def can_pause(world: World, svc: ServiceState) -> bool:
     caps = svc.spec.capabilities
-    return world.knobs.enabled("pause") and caps.pause and caps.park
+    return world.knobs.enabled(Switch.PAUSE) and caps.pause and caps.park
 
 
 def time_shared(
-    self: AccelmuxPolicy,
+    self: Parts,
     world: World,
     svc: ServiceState,
     cls: ServiceClass,
@@ -126,7 +119,7 @@ def time_shared(
     )
     if (
         requester is None
-        or not world.knobs.enabled("time_share")
+        or not world.knobs.enabled(Switch.TIME_SHARE)
         or not (for_realtime or same_class_llm)
         or not svc.spec.kind.is_llm
         or not self._can_pause(world, svc)
@@ -159,7 +152,7 @@ def realtime_devices(world: World) -> set[str]:
     return out
 
 
-def round_realtime_devices(self: AccelmuxPolicy, world: World) -> set[str]:
+def round_realtime_devices(self: Parts, world: World) -> set[str]:
     """:meth:`_realtime_devices`, found once per round: the yield to realtime work and
     the schedule both ask, and nothing between them starts, ends or queues realtime
     work (they pause, preempt, evict and load only lower-class or idle services)."""
@@ -168,13 +161,13 @@ def round_realtime_devices(self: AccelmuxPolicy, world: World) -> set[str]:
     return self._rt_devices
 
 
-def yields_compute(self: AccelmuxPolicy, world: World, svc: ServiceState) -> bool:
+def yields_compute(self: Parts, world: World, svc: ServiceState) -> bool:
     """Interactive LLM work that pauses while realtime work runs beside it."""
     return (
         svc.spec.cls is ServiceClass.INTERACTIVE
         and svc.spec.kind.is_llm
         and self._can_pause(world, svc)
-        and world.knobs.enabled("realtime_yield")
+        and world.knobs.enabled(Switch.REALTIME_YIELD)
     )
 
 
@@ -188,7 +181,7 @@ def compute_is_shared(world: World, device: str) -> bool:
     return world.devices[device].kind == "host"
 
 
-def yield_to_realtime(self: AccelmuxPolicy, world: World) -> None:
+def yield_to_realtime(self: Parts, world: World) -> None:
     """Pause the running streams of interactive LLMs on devices with realtime work."""
     devices = self._round_realtime_devices(world)
     if not devices:
@@ -218,7 +211,7 @@ def share_thresholds(world: World, device: str) -> tuple[tuple[str, bool, bool],
     to be paused for another request (``TIME_SHARE_MIN_RUN_S``, and the quantum of a
     stream paused before): time alone changes that, so a round where one crossed is
     not a repeat."""
-    if not world.knobs.enabled("pause"):
+    if not world.knobs.enabled(Switch.PAUSE):
         return ()
     now = world.now
     return tuple(

@@ -5,16 +5,13 @@ window edge or realtime grace to pass.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
+from accelmux.core.policies.accelmux.interface import Parts
 from accelmux.core.specs import seconds_until_next_sorted
 from accelmux.core.state import ServiceState, World
 
-if TYPE_CHECKING:
-    from accelmux.core.policies.accelmux.policy import AccelmuxPolicy
 
-
-def next_wakeup(self: AccelmuxPolicy, world: World, now: float) -> float | None:
+def next_wakeup(self: Parts, world: World, now: float) -> float | None:
     # The earliest of the times below after ``now``. A TTL that a pending restore
     # would shorten is settled last, and only when either TTL could be the earliest.
     best: float | None = None
@@ -67,7 +64,7 @@ def next_wakeup(self: AccelmuxPolicy, world: World, now: float) -> float | None:
     return best
 
 
-def window_edges(self: AccelmuxPolicy, world: World) -> tuple[float, ...]:
+def window_edges(self: Parts, world: World) -> tuple[float, ...]:
     """The edges of the windows of the services with waiting requests (sorted, each
     once), kept while those services stay the same."""
     queued = world.queued
