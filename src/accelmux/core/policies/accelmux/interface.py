@@ -158,6 +158,8 @@ class Parts(Protocol):
     def _typical_activation(self, svc: ServiceState) -> int: ...
     def _compute_realtime_reserve(self, world: World, device: str) -> int: ...
 
+    def _note_realtime_activation(self, svc: ServiceState, active: int) -> None: ...
+
     # room.py
     def victim_score(self, world: World, svc: ServiceState) -> float: ...
 
@@ -207,6 +209,51 @@ class Parts(Protocol):
     def _kept_floor(self) -> Callable[[World, ServiceState], int]: ...
 
     def _max_possible(self, world: World, device: str, exclude: ServiceState) -> int: ...
+
+    def _room_plan(
+        self,
+        world: World,
+        device: str,
+        need: int,
+        cls: ServiceClass,
+        exclude: ServiceState | None,
+        strict: bool,
+        requester: RequestState | None,
+        within: int,
+    ) -> Survey | None: ...
+
+    @property
+    def _shrink_for_room(
+        self,
+    ) -> Callable[[World, str, int, list[tuple[ServiceState, int]], Reason], int]: ...
+
+    def _stop_for_room(
+        self,
+        world: World,
+        device: str,
+        need: int,
+        pending: int,
+        preempts: list[RequestState],
+        cls: ServiceClass,
+        exclude: ServiceState | None,
+        strict: bool,
+        requester: RequestState | None,
+    ) -> int | None: ...
+
+    def _pick_victims(
+        self, world: World, victims: list[ServiceState], cls: ServiceClass, short: int
+    ) -> list[ServiceState]: ...
+
+    def _evict_for_room(
+        self,
+        world: World,
+        device: str,
+        need: int,
+        pending: int,
+        victims: list[ServiceState],
+        cls: ServiceClass,
+        reason: Reason,
+    ) -> None: ...
 
     # residency.py
     def _preload_warm(self, world: World) -> None: ...
@@ -291,6 +338,47 @@ class Parts(Protocol):
     @property
     def _earlier_waits_for_growth(self) -> Callable[[ServiceState, RequestState], bool]: ...
 
+    def _gives_way(
+        self, world: World, req: RequestState, svc: ServiceState, rnd: Round
+    ) -> bool: ...
+
+    def _one_at_a_time(self, world: World, req: RequestState, svc: ServiceState) -> bool: ...
+
+    def _admit(
+        self,
+        world: World,
+        req: RequestState,
+        svc: ServiceState,
+        rnd: Round,
+        outside: bool,
+        blocked: ServiceClass | None,
+    ) -> None: ...
+
+    def _kv_fit(
+        self, world: World, req: RequestState, svc: ServiceState
+    ) -> tuple[int, int] | None: ...
+
+    def _admission_need(
+        self, world: World, req: RequestState, svc: ServiceState, active: int, grow: int
+    ) -> tuple[int, int, int | None] | None: ...
+
+    @property
+    def _reusable_cache(self) -> Callable[[World, ServiceState, int], int]: ...
+
+    def _start_admitted(
+        self,
+        world: World,
+        req: RequestState,
+        svc: ServiceState,
+        rnd: Round,
+        kv: int,
+        grow: int,
+        before: int,
+        running: int,
+        lease: int | None,
+        own_cache: int,
+    ) -> None: ...
+
     # loading.py
     def _loads_one_at_a_time(self, world: World, device: str) -> bool: ...
     def _load_pool(self, world: World, svc: ServiceState, wanted: int) -> int: ...
@@ -305,6 +393,10 @@ class Parts(Protocol):
         idle_only: bool = False,
     ) -> None: ...
     def _load_sizes(
+        self, world: World, req: RequestState, svc: ServiceState
+    ) -> tuple[int, int, int, int]: ...
+
+    def _load_plan(
         self, world: World, req: RequestState, svc: ServiceState
     ) -> tuple[int, int, int, int]: ...
 

@@ -94,23 +94,12 @@ def load_for(
     outside: bool,
     idle_only: bool = False,
 ) -> None:
+    """Load ``svc`` for ``req`` if it can ever fit and its room can be made now (a cold
+    start: ``req`` waits for the load), else reject it or make it wait, saying why.
+    ``idle_only``: fair progress, it may take only idle memory."""
     dev = svc.spec.device
     knobs = world.knobs
-    pool, active, resident, observed = self._load_sizes(world, req, svc)
-    need = resident + active
-    limit = self._max_possible(world, dev, svc)
-    if need > limit >= resident + observed and knobs.enabled(Switch.DEGRADE_TO_RAW):
-        # Only the calibration margin does not fit: plan for the estimate scaled by
-        # what was measured (the dispatch degrades the same way).
-        active = observed
-        need = resident + active
-    reserve = 0
-    if req.cls > ServiceClass.REALTIME:
-        # Resident memory must leave the realtime reserve free; the first request's
-        # activations may overlap it when realtime work can preempt them.
-        reserve = self._fitting_reserve(world, svc, need, limit)
-        if self._yields_to_realtime(world, svc):
-            reserve = max(0, reserve - active)
+    pool, need, reserve, limit = self._load_plan(world, req, svc)
     if need > limit:  # what _max_possible says (nothing changed since it was asked)
         world.reject(
             req,
@@ -179,3 +168,26 @@ def load_sizes(
     if fixed:
         self._sizes[req.request_id] = (req, stamp, sizes)
     return sizes
+
+
+def load_plan(
+    self: Parts, world: World, req: RequestState, svc: ServiceState
+) -> tuple[int, int, int, int]:
+    """(KV pool, bytes the load and ``req`` need, realtime reserve to leave free, the most
+    the device could ever free for them) of loading ``svc`` for ``req``."""
+    pool, active, resident, observed = self._load_sizes(world, req, svc)
+    need = resident + active
+    limit = self._max_possible(world, svc.spec.device, svc)
+    if need > limit >= resident + observed and world.knobs.enabled(Switch.DEGRADE_TO_RAW):
+        # Only the calibration margin does not fit: plan for the estimate scaled by
+        # what was measured (the dispatch degrades the same way).
+        active = observed
+        need = resident + active
+    reserve = 0
+    if req.cls > ServiceClass.REALTIME:
+        # Resident memory must leave the realtime reserve free; the first request's
+        # activations may overlap it when realtime work can preempt them.
+        reserve = self._fitting_reserve(world, svc, need, limit)
+        if self._yields_to_realtime(world, svc):
+            reserve = max(0, reserve - active)
+    return pool, need, reserve, limit

@@ -189,6 +189,7 @@ class AccelmuxPolicy:
     _freeable_for_realtime = reserve.freeable_for_realtime
     _typical_activation = reserve.typical_activation
     _compute_realtime_reserve = reserve.compute_realtime_reserve
+    _note_realtime_activation = reserve.note_realtime_activation
 
     # room
     victim_score = room.victim_score
@@ -202,6 +203,11 @@ class AccelmuxPolicy:
     make_room = room.make_room
     _kept_floor = staticmethod(room.kept_floor)
     _max_possible = room.max_possible
+    _room_plan = room.room_plan
+    _shrink_for_room = staticmethod(room.shrink_for_room)
+    _stop_for_room = room.stop_for_room
+    _pick_victims = room.pick_victims
+    _evict_for_room = room.evict_for_room
 
     # residency
     _preload_warm = residency.preload_warm
@@ -250,6 +256,13 @@ class AccelmuxPolicy:
     _must_wait = admission.must_wait
     _consider = admission.consider
     _earlier_waits_for_growth = staticmethod(admission.earlier_waits_for_growth)
+    _gives_way = admission.gives_way
+    _one_at_a_time = admission.one_at_a_time
+    _admit = admission.admit
+    _kv_fit = admission.kv_fit
+    _admission_need = admission.admission_need
+    _reusable_cache = staticmethod(admission.reusable_cache)
+    _start_admitted = admission.start_admitted
 
     # loading
     _loads_one_at_a_time = loading.loads_one_at_a_time
@@ -257,6 +270,7 @@ class AccelmuxPolicy:
     _kv_pool_fixed = loading.kv_pool_fixed
     _load_for = loading.load_for
     _load_sizes = loading.load_sizes
+    _load_plan = loading.load_plan
 
     # wakeup
     next_wakeup = wakeup.next_wakeup

@@ -174,3 +174,12 @@ def compute_realtime_reserve(self: Parts, world: World, device: str) -> int:
         held = sum(r.active_lease.nbytes for r in s.inflight.values() if r.active_lease)
         total += max(0, s.spec.concurrency * typical - held)
     return total
+
+
+def note_realtime_activation(self: Parts, svc: ServiceState, active: int) -> None:
+    """Learn the activation of a realtime request about to run: the reserve keeps the
+    largest seen per service free."""
+    peak = self._rt_peak.get(svc.name)
+    if peak is None or active > peak:  # the first one sets it, even at 0
+        self._rt_peak[svc.name] = max(0, active)
+        self._rt_peak_changes += 1

@@ -185,33 +185,102 @@ def make_room(
     pending = self._pending_free(world, device)
     if available + pending >= need:
         return False
-    # What can be freed depends on the state, the class and the requester (only when
-    # it holds memory), not on the need: a failure answers every need above what it
-    # found it could free, until something on the device changes (its epoch; a new
-    # wait reason frees nothing).
+    plan = self._room_plan(
+        world, device, need, cls, exclude, strict, requester, available + pending
+    )
+    if plan is None:
+        return False
+    # A shrink frees its memory once the backend answers: it counts as pending.
+    pending += self._shrink_for_room(world, device, need, plan.shrinks, reason)
+    stopped = self._stop_for_room(
+        world, device, need, pending, plan.preempts, cls, exclude, strict, requester
+    )
+    if stopped is None:
+        return False  # the memory comes back with the unload
+    pending = stopped
+    if ledger.available(device) >= need:
+        return True
+    if ledger.available(device) + pending >= need:
+        return False  # shrinks and unloads under way cover it
+    short = need - ledger.available(device) - pending
+    victims = self._pick_victims(world, plan.victims, cls, short)
+    self._evict_for_room(world, device, need, pending, victims, cls, reason)
+    return False
+
+
+def kept_floor(world: World, s: ServiceState) -> int:
+    """Memory a kept (pinned or admin-loaded) service holds at its KV floor, with
+    the allocator cache measured in it (freed only when it unloads: never)."""
+    if (s.pinned or s.admin_wants_loaded) and s.holds_memory:
+        reserved = world.ledger.amount(s.spec.device, s.name, Category.RESERVED)
+        return s.resident_bytes - s.kv_pool + s.spec.profile.kv_floor + reserved
+    return 0
+
+
+def max_possible(self: Parts, world: World, device: str, exclude: ServiceState) -> int:
+    dev = world.devices[device]
+    key = ("kept_floor", device)
+    epoch = world.epoch(device)
+    hit = self._memo.get(key)  # _cached, inlined: asked for every request considered
+    if hit is not None and hit[0] == epoch:
+        held = hit[1]
+    else:
+        held = sum(self._kept_floor(world, s) for s in world.kept if s.spec.device == device)
+        self._memo[key] = (epoch, held)
+    return dev.usable_bytes - (held - self._kept_floor(world, exclude))
+
+
+def room_plan(
+    self: Parts,
+    world: World,
+    device: str,
+    need: int,
+    cls: ServiceClass,
+    exclude: ServiceState | None,
+    strict: bool,
+    requester: RequestState | None,
+    within: int,
+) -> Survey | None:
+    """What make_room can free on ``device`` for ``need`` bytes (:meth:`_survey`), in the
+    order it frees it: shrinks lowest class first, stops lowest class and latest first,
+    victims by score (or least recently used). None when it cannot free enough beyond
+    ``within`` (what is free or on its way back).
+
+    What can be freed depends on the state, the class and the requester (only when it
+    holds memory), not on the need: a failure answers every need above what it found it
+    could free, until something on the device changes (its epoch; a new wait reason
+    frees nothing)."""
     holding = exclude.name if exclude is not None and exclude.is_up else None
     # None: no stream on the device can be paused for time sharing (see _room_key).
     sharing = self._room_key(world, device, requester)
     memo_key = (device, cls, strict, holding, sharing)
     failed = self._room_failed.get(memo_key)
     if failed is not None and failed[0] == world.epoch(device) and need > failed[1]:
-        return False
+        return None
     found = self._survey(world, device, cls, exclude, strict, requester, sharing)
-    freeable = available + pending + found.gain
+    freeable = within + found.gain
     if freeable < need:
         self._room_failed[memo_key] = (world.epoch(device), freeable)
-        return False
-    shrinks, preempts, victims = found.shrinks, found.preempts, found.victims
-    knobs = world.knobs
-    shrinking = knobs.enabled(Switch.BALLOONING)
-    shrinks.sort(key=lambda st: -int(st[0].spec.cls))  # stable: lowest class first
-    preempts.sort(key=lambda r: (-int(r.cls), -(r.dispatched_at or 0.0)))
-    if knobs.enabled(Switch.VICTIM_SCORING):
-        victims.sort(key=lambda s: (self.victim_score(world, s), s.name))
+        return None
+    found.shrinks.sort(key=lambda st: -int(st[0].spec.cls))  # stable: lowest class first
+    found.preempts.sort(key=lambda r: (-int(r.cls), -(r.dispatched_at or 0.0)))
+    if world.knobs.enabled(Switch.VICTIM_SCORING):
+        found.victims.sort(key=lambda s: (self.victim_score(world, s), s.name))
     else:
-        victims.sort(key=lambda s: (s.last_used, s.name))
+        found.victims.sort(key=lambda s: (s.last_used, s.name))
+    return found
 
-    # A shrink frees its memory once the backend answers: it counts as pending.
+
+def shrink_for_room(
+    world: World,
+    device: str,
+    need: int,
+    shrinks: list[tuple[ServiceState, int]],
+    reason: Reason,
+) -> int:
+    """Shrink KV pools in order until ``need`` would fit in free memory; the bytes the
+    shrinks give back once the backends answer."""
+    ledger = world.ledger
     shrunk = 0
     for svc, target in shrinks:
         if ledger.available(device) + shrunk >= need:
@@ -220,9 +289,30 @@ def make_room(
             svc, target, reason=Reason.BALLOON_SHRINK, detail=f"room for {reason.value}"
         ):
             shrunk += svc.kv_shrinking
-    pending += shrunk
-    # A caching allocator keeps what a preempted request held: the World charges
-    # it to the service (RESERVED) until the service unloads.
+    return shrunk
+
+
+def stop_for_room(
+    self: Parts,
+    world: World,
+    device: str,
+    need: int,
+    pending: int,
+    preempts: list[RequestState],
+    cls: ServiceClass,
+    exclude: ServiceState | None,
+    strict: bool,
+    requester: RequestState | None,
+) -> int | None:
+    """Stop running requests in order until ``need`` would fit, shrinking the pools they
+    leave; the memory then on its way back (``pending`` and what the shrinks free), or
+    None when a stopped request's service was evicted for its allocator cache (the
+    memory comes back with the unload).
+
+    A caching allocator keeps what a preempted request held: the World charges it to the
+    service (RESERVED) until the service unloads."""
+    ledger = world.ledger
+    shrinking = world.knobs.enabled(Switch.BALLOONING)
     evicted_cache = False
     for req in preempts:
         if ledger.available(device) + pending >= need:
@@ -250,24 +340,40 @@ def make_room(
                 detail=f"room for class {cls.label}: its allocator keeps freed memory",
             )
             evicted_cache = True
-    if evicted_cache:
-        return False  # the memory comes back with the unload
-    if ledger.available(device) >= need:
-        return True
-    if ledger.available(device) + pending >= need:
-        return False  # shrinks and unloads under way cover it
-    freed = 0
-    short = need - ledger.available(device) - pending
+    return None if evicted_cache else pending
+
+
+def pick_victims(
+    self: Parts, world: World, victims: list[ServiceState], cls: ServiceClass, short: int
+) -> list[ServiceState]:
+    """The victims, in eviction order, to evict for ``short`` bytes: strictly lower
+    classes alone when they cover it (``lower_class_first``); when one victim alone
+    covers it, the cheapest such one (reload cost x reuse x class weight, not the best
+    per byte: a few MB must not cost the largest model; ``single_victim``)."""
+    knobs = world.knobs
     if knobs.enabled(Switch.LOWER_CLASS_FIRST):
         lower = [s for s in victims if s.spec.cls > cls]
         if len(lower) < len(victims) and sum(self.unload_frees(world, s) for s in lower) >= short:
             victims = lower
-    # When one victim alone covers the shortfall, take the cheapest such one
-    # (reload cost x reuse x class weight), not the best per byte: a few MB must
-    # not cost the largest model.
     single = [s for s in victims if self.unload_frees(world, s) >= short]
     if single and knobs.enabled(Switch.SINGLE_VICTIM):
         victims = [min(single, key=lambda s: (self.eviction_cost(world, s), s.name))]
+    return victims
+
+
+def evict_for_room(
+    self: Parts,
+    world: World,
+    device: str,
+    need: int,
+    pending: int,
+    victims: list[ServiceState],
+    cls: ServiceClass,
+    reason: Reason,
+) -> None:
+    """Evict ``victims`` in order until ``need`` would fit once their unloads are done."""
+    ledger = world.ledger
+    freed = 0
     for svc in victims:
         if ledger.available(device) + pending + freed >= need:
             break
@@ -280,26 +386,3 @@ def make_room(
             reason=Reason.EVICTED_FOR_MEMORY,
             detail=f"room for class {cls.label} ({reason.value})",
         )
-    return False
-
-
-def kept_floor(world: World, s: ServiceState) -> int:
-    """Memory a kept (pinned or admin-loaded) service holds at its KV floor, with
-    the allocator cache measured in it (freed only when it unloads: never)."""
-    if (s.pinned or s.admin_wants_loaded) and s.holds_memory:
-        reserved = world.ledger.amount(s.spec.device, s.name, Category.RESERVED)
-        return s.resident_bytes - s.kv_pool + s.spec.profile.kv_floor + reserved
-    return 0
-
-
-def max_possible(self: Parts, world: World, device: str, exclude: ServiceState) -> int:
-    dev = world.devices[device]
-    key = ("kept_floor", device)
-    epoch = world.epoch(device)
-    hit = self._memo.get(key)  # _cached, inlined: asked for every request considered
-    if hit is not None and hit[0] == epoch:
-        held = hit[1]
-    else:
-        held = sum(self._kept_floor(world, s) for s in world.kept if s.spec.device == device)
-        self._memo[key] = (epoch, held)
-    return dev.usable_bytes - (held - self._kept_floor(world, exclude))
