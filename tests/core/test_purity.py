@@ -85,8 +85,10 @@ def core_files() -> list[Path]:
 
 def test_core_has_the_expected_modules() -> None:
     names = {p.name for p in core_files()}
-    assert {"manager.py", "ledger.py", "state.py", "policy.py", "accelmux.py"} <= names
-    assert package_of(CORE / "policies" / "accelmux.py") == "accelmux.core.policies"
+    assert {"manager.py", "ledger.py", "state.py", "policy.py", "room.py"} <= names
+    assert package_of(CORE / "policies" / "accelmux" / "room.py") == (
+        "accelmux.core.policies.accelmux"
+    )
 
 
 def test_core_imports_no_io_clock_os_or_randomness() -> None:

@@ -18,8 +18,8 @@ from accelmux.config.backends import BackendConfig
 from accelmux.config.baselines import LlamaSwapConfig, OllamaConfig
 from accelmux.config.cluster import NODE_NAME_PATTERN, ClusterConfig
 from accelmux.config.server import ServerConfig
-from accelmux.core.policies.accelmux import HEURISTICS
 from accelmux.core.specs import DAY_S, Window
+from accelmux.core.switches import unknown_switch_message, unknown_switches
 from accelmux.core.types import Residency, ServiceClass, ServiceKind
 
 Bytes = Annotated[ByteSize, Field(ge=0)]
@@ -211,19 +211,16 @@ class PolicyConfig(StrictModel):
     disable: list[str] = Field(
         default_factory=list,
         description="Heuristics of the accelmux policy to turn off (ablation); each name "
-        "must be one of `accelmux.core.policies.accelmux.HEURISTICS` (listed in "
+        "must be one of `accelmux.core.switches.Switch` (listed in "
         "docs/architecture.md).",
     )
 
     @field_validator("disable")
     @classmethod
     def _known_heuristics(cls, value: list[str]) -> list[str]:
-        unknown = [name for name in value if name not in HEURISTICS]
+        unknown = unknown_switches(value)
         if unknown:
-            raise ValueError(
-                f"unknown heuristic(s) {', '.join(repr(n) for n in unknown)}; "
-                f"known: {', '.join(sorted(HEURISTICS))}"
-            )
+            raise ValueError(unknown_switch_message(unknown))
         return value
 
 

@@ -9,6 +9,7 @@ import bisect
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from accelmux.core.switches import SWITCH_NAMES, unknown_switch_message, unknown_switches
 from accelmux.core.types import Residency, ResizeSupport, ServiceClass, ServiceKind
 
 DAY_S = 86_400.0
@@ -236,8 +237,8 @@ class PolicyKnobs:
     class_weights: tuple[float, float, float, float] = (16.0, 4.0, 1.0, 1.0)
     prewarm: bool = True
     max_decision_log: int = 2000
-    #: Names of accelmux policy heuristics turned off (ablation); see ``HEURISTICS`` in
-    #: :mod:`accelmux.core.policies.accelmux`. Baselines ignore it.
+    #: Names of accelmux policy heuristics turned off (ablation): each one a
+    #: :class:`~accelmux.core.switches.Switch`. Baselines ignore it.
     disabled: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
@@ -245,9 +246,15 @@ class PolicyKnobs:
         _require(self.calibration_window >= 1, "calibration_window must be >= 1")
         _require(0 <= self.spare_fraction < 1, "spare_fraction must be in [0, 1)")
         _require(self.realtime_grace_s >= 0, "realtime_grace_s must be >= 0")
+        unknown = unknown_switches(sorted(self.disabled))
+        _require(not unknown, f"disabled: {unknown_switch_message(unknown)}")
 
     def enabled(self, heuristic: str) -> bool:
-        """Whether the named policy heuristic is on (not listed in ``disabled``)."""
+        """Whether the named policy heuristic (a :class:`~accelmux.core.switches.Switch`)
+        is on: not listed in ``disabled``. A name that is no switch is an error, never
+        "on"."""
+        if heuristic not in SWITCH_NAMES:
+            raise ValueError(f"PolicyKnobs.enabled: {unknown_switch_message([heuristic])}")
         return heuristic not in self.disabled
 
 

@@ -1,0 +1,133 @@
+"""One round of scheduling: the round's scratch state (:class:`Round`), the waiting requests
+considered in class order, and skipping devices and requests a round would only decide
+again as before.
+"""
+
+from __future__ import annotations
+
+from accelmux.core.policies.accelmux.interface import Parts, Round
+from accelmux.core.state import RequestState, ServiceState, World
+from accelmux.core.switches import Switch
+from accelmux.core.types import (
+    ServiceClass,
+)
+
+
+def schedule(self: Parts, world: World) -> None:
+    if not world.waiting:
+        return  # a device's quiet record stays true: it names the state it saw
+    rnd = Round(tod=world.time_of_day())
+    knobs = world.knobs
+    hold = knobs.enabled(Switch.REALTIME_HOLD)
+    grace = knobs.realtime_grace_s  # 0 (the default) turns it off
+    for svcs in world.realtime_by_device.values():
+        for svc in svcs:
+            if (hold and svc.inflight) or world.now < svc.last_used + grace:
+                rnd.realtime_active.add(svc.spec.device)
+    if knobs.enabled(Switch.REALTIME_YIELD):
+        rnd.realtime_work = self._round_realtime_devices(world)
+    if knobs.enabled(Switch.BATCH_YIELD):
+        for svc in world.busy:
+            if svc.spec.cls is ServiceClass.INTERACTIVE:
+                rnd.interactive_active.add(svc.spec.device)
+    classes: set[ServiceClass] = set()
+    for (dev, cls), count in world.waiting_classes.items():
+        if not count:
+            continue
+        classes.add(cls)
+        if hold and cls is ServiceClass.REALTIME:
+            rnd.realtime_active.add(dev)
+        current = rnd.higher_waiting.get(dev)
+        if current is None or cls < current:
+            rnd.higher_waiting[dev] = cls
+    if len(world.waiting) <= self.few_waiting:
+        # A short queue: considering every request costs less than finding the ones
+        # to skip (both decide the same).
+        for req in sorted(world.waiting.values(), key=lambda r: r.sort_key):
+            self._consider(world, req, rnd)
+            world.mark_announced(req)
+        return
+    # A device whose state (its World epoch) and round inputs are those of a round
+    # that changed nothing there (wait reasons aside) would repeat it: it is skipped.
+    # Its inputs are read only where the epoch alone does not tell it apart.
+    start = {dev: world.epoch(dev) for dev in world.devices}
+    inputs: dict[str, tuple[object, ...]] = {}
+    for dev, epoch in start.items():
+        seen = self._quiet.get(dev)
+        if seen is not None and seen[0] == epoch:
+            inputs[dev] = self._round_inputs(world, rnd, dev)
+            if seen[1] == inputs[dev]:
+                rnd.quiet.add(dev)
+    # Requests in class order, then arrival order; those requeued meanwhile (preempted
+    # in this round) wait for the next one.
+    mark = world.queue_mark
+    for cls in sorted(classes):
+        todo = [r for r in self._unsettled(world, cls, rnd) if r.queued_mark <= mark]
+        for req in sorted(todo, key=lambda r: r.seq):
+            self._consider(world, req, rnd)
+            world.mark_announced(req)
+    # Where the epoch did not move, nothing there changed: the inputs read now are
+    # those at the start of the round.
+    self._quiet = {
+        dev: (epoch, inputs[dev] if dev in inputs else self._round_inputs(world, rnd, dev))
+        for dev, epoch in start.items()
+        if world.epoch(dev) == epoch
+    }
+
+
+def round_inputs(self: Parts, world: World, rnd: Round, device: str) -> tuple[object, ...]:
+    """What a round's decisions on ``device`` read besides its state: time (windows,
+    backoffs of the queued services there) and the round's realtime and class state.
+    """
+    now = world.now
+    queued = tuple(
+        (svc.index, self._in_window(svc, rnd), now < svc.backoff_until)
+        for svc in world.queued
+        if svc.spec.device == device
+    )
+    return (
+        device in rnd.realtime_active,
+        device in rnd.realtime_work,
+        device in rnd.interactive_active,
+        rnd.higher_waiting.get(device),
+        queued,
+        self._share_thresholds(world, device),
+    )
+
+
+def in_window(svc: ServiceState, rnd: Round) -> bool:
+    """Whether ``svc`` has no windows or one of them is open: once per round."""
+    if not svc.spec.windows:
+        return True
+    inside = rnd.inside.get(svc.name)
+    if inside is None:
+        inside = rnd.inside[svc.name] = svc.spec.in_window(rnd.tod)
+    return inside
+
+
+def unsettled(self: Parts, world: World, cls: ServiceClass, rnd: Round) -> list[RequestState]:
+    """Waiting requests of ``cls`` that this round may decide differently.
+
+    Called when the class's turn comes. Whether a request has to wait without
+    competing for memory (:meth:`_must_wait`) depends, by then, only on the round's
+    state and on its service, and none of them changes during the class's turn. A
+    request already told to wait for that same reason would only be told again (a
+    no-op): it is skipped. A request never told why (new or preempted) is not.
+    """
+    out: list[RequestState] = []
+    for dev in world.devices:
+        services = world.queued_services(dev, cls)
+        if not len(services) or dev in rnd.quiet:
+            continue
+        group = self._class_must_wait(dev, cls, rnd, world.knobs.enabled(Switch.FAIR_PROGRESS))
+        if group is not None and world.waiting_causes.get(
+            (dev, cls, group[0]), 0
+        ) == world.waiting_classes.get((dev, cls), 0):
+            continue
+        for svc in services:
+            wait = self._service_wait(world, svc, cls, rnd)[1]
+            if wait is None:
+                out.extend(svc.queue.values())
+            else:
+                out.extend(r for r in svc.queue.values() if r.wait_reason is not wait[0])
+    return out
