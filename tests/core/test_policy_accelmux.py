@@ -1099,3 +1099,43 @@ def test_without_reserve_fallback_that_load_waits_for_memory() -> None:
     out = m.handle(arrive("c1", "chat"), 1.0)
     assert loads(out) == []
     assert enqueued(out)["c1"].reason is Reason.NO_MEMORY
+
+
+# ---- the background floor: batch never takes a steady (camera) service ---------------------
+def _camera(steady: bool, profile: MemoryProfile) -> ServiceSpec:
+    return replace(service("cam", cls=BG, profile=profile, kind=ServiceKind.DETECT), steady=steady)
+
+
+def test_batch_never_evicts_a_steady_camera_service() -> None:
+    def first_moves(steady: bool) -> tuple[list[str], Reason | None]:
+        m = manager(
+            _camera(steady, big(6)),
+            service("idx", cls=BA, profile=big(7), kind=ServiceKind.EMBEDDINGS),
+            knobs=EXACT,
+        )
+        up(m, "cam")
+        out = m.handle(arrive("x1", "idx"), 1.0)
+        waiting = enqueued(out).get("x1")
+        return [u.service for u in unloads(out)], waiting.reason if waiting else None
+
+    assert first_moves(steady=True) == ([], Reason.NO_MEMORY)
+    assert first_moves(steady=False)[0] == ["cam"]  # "room for class batch"
+
+
+@pytest.mark.parametrize(("cls", "steady", "stopped"), [
+    (BA, True, []),  # the floor
+    (BA, False, ["c1"]),
+    (IA, True, ["c1"]),  # higher classes still take it
+])  # fmt: skip
+def test_a_steady_cameras_frames_are_stopped_only_for_higher_classes(
+    cls: ServiceClass, steady: bool, stopped: list[str]
+) -> None:
+    m = manager(
+        _camera(steady, big(1, 5)),
+        service("other", cls=cls, profile=big(1, 5), kind=ServiceKind.EMBEDDINGS),
+        knobs=EXACT,
+    )
+    up(m, "cam", "other")
+    assert dispatched(m.handle(arrive("c1", "cam"), 1.0)) == ["c1"]
+    out = m.handle(arrive("o1", "other"), 2.0)
+    assert [p.request_id for p in of(Preempt, out)] == stopped

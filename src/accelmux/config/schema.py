@@ -141,6 +141,13 @@ class ServiceConfig(StrictModel):
     windows: list[str] = Field(
         default_factory=list, description='Maintenance windows, "HH:MM-HH:MM" local time.'
     )
+    steady: bool | None = Field(
+        None,
+        description="A steady stream of frames (a camera): batch work may not evict it nor "
+        "stop its requests, so a maintenance window never costs a camera its frames; "
+        "realtime and interactive work still may (default: true for kind camera, and in "
+        "a scenario for a service a camera workload feeds).",
+    )
     backend: BackendConfig | None = Field(
         None, description="How it runs: external, worker or fake (none: simulation only)."
     )

@@ -92,6 +92,7 @@ def to_manager_spec(
             capabilities=(capabilities or {}).get(name)
             or (svc.backend.capabilities(svc.kind) if svc.backend else Capabilities()),
             weights_key=_weights_key(svc.backend, svc.kind),
+            steady=svc.steady if svc.steady is not None else svc.kind is ServiceKind.CAMERA,
         )
         if len(placement[name]) == 1:
             services.append(spec)

@@ -201,6 +201,10 @@ class ServiceSpec:
     #: Services on one device with the same non-empty key hold one copy of their weights
     #: (one model loaded once in the shared inference worker): the ledger charges it once.
     weights_key: str = ""
+    #: A steady stream of work at a frame rate (a camera's frames): batch work may not
+    #: evict it nor stop its requests, so a maintenance window never costs a camera its
+    #: frames (the background floor). Higher classes still may.
+    steady: bool = False
 
     def __post_init__(self) -> None:
         _require(self.concurrency >= 1, f"service {self.name}: concurrency must be >= 1")
@@ -217,6 +221,12 @@ class ServiceSpec:
     def in_window(self, time_of_day_s: float) -> bool:
         """True when the service has no windows or one of them is open."""
         return not self.windows or any(w.contains(time_of_day_s) for w in self.windows)
+
+
+def floored(spec: ServiceSpec, cls: ServiceClass) -> bool:
+    """Whether work of class ``cls`` may not take ``spec``'s memory nor stop its requests:
+    batch and background work never take a steady service (the background floor)."""
+    return spec.steady and cls >= ServiceClass.BATCH
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -32,7 +32,7 @@ from accelmux.config.load import (
 )
 from accelmux.config.schema import AccelmuxConfig, Bytes, StrictModel
 from accelmux.config.specs import to_manager_spec
-from accelmux.core.specs import ManagerSpec
+from accelmux.core.specs import ManagerSpec, ServiceSpec
 from accelmux.core.types import GIB
 from accelmux.errors import ConfigError
 
@@ -308,9 +308,19 @@ class Scenario:
         )
         # A scenario's services each hold the memory their section describes: the
         # simulated device keeps no copy of weights shared between two of them.
+        # A service a camera workload feeds runs a steady stream of frames (unless its
+        # section says ``steady: false``): batch work may not take it (the background floor).
+        fed = {w.service for w in self.config.workloads if isinstance(w, CameraWorkload)}
+
+        def steady(s: ServiceSpec) -> bool:
+            own = self.config.services[s.group or s.name].steady
+            return own if own is not None else s.steady or (s.group or s.name) in fed
+
         spec = dataclasses.replace(
             spec,
-            services=tuple(dataclasses.replace(s, weights_key="") for s in spec.services),
+            services=tuple(
+                dataclasses.replace(s, weights_key="", steady=steady(s)) for s in spec.services
+            ),
         )
         if capacity_gib is None:
             return spec

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 from accelmux.core.policies.accelmux.interface import Parts, Round
+from accelmux.core.specs import floored
 from accelmux.core.state import RequestState, ServiceState, World
 from accelmux.core.switches import Switch
 from accelmux.core.types import (
@@ -107,9 +108,11 @@ def must_wait(
         and blocked is not None
         and blocked < cls
         and (svc.status is ServiceStatus.UNLOADING or not self._preemptible(svc, blocked))
+        and not floored(svc.spec, blocked)
     ):
         # Fair progress is for work the blocked class could preempt, and a service
-        # on its way out takes no new work.
+        # on its way out takes no new work. A steady service the blocked class may not
+        # take runs on: holding its work back would free nothing that class could use.
         return Reason.HIGHER_CLASS_WAITING, f"{blocked.label} request waits for memory"
     if outside:
         higher = rnd.higher_waiting.get(dev)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from accelmux.core.policies.accelmux.heuristics import TUNING
 from accelmux.core.policies.accelmux.interface import Parts
+from accelmux.core.specs import floored
 from accelmux.core.state import RequestState, ServiceState, World
 from accelmux.core.switches import Switch
 from accelmux.core.types import (
@@ -59,7 +60,7 @@ def preemptible(svc: ServiceState, cls: ServiceClass) -> bool:
     interactive job (an image) yields to realtime work: it restarts a few seconds
     later within its looser SLO, while a voice request cannot wait.
     """
-    if svc.spec.cls <= cls:
+    if svc.spec.cls <= cls or floored(svc.spec, cls):
         return False
     if svc.spec.cls >= ServiceClass.BATCH:
         return True

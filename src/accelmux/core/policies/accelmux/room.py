@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 
 from accelmux.core.policies.accelmux.interface import Parts, Survey
+from accelmux.core.specs import floored
 from accelmux.core.state import RequestState, ServiceState, World, reuse_rate
 from accelmux.core.switches import Switch
 from accelmux.core.types import (
@@ -90,6 +91,7 @@ def evictable(
         and not self._keep(svc)
         and (svc.waiting_count == yielded or svc.spec.cls > cls)
         and (svc.spec.cls > cls if strict else svc.spec.cls >= cls)
+        and not floored(svc.spec, cls)
     )
 
 
