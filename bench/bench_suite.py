@@ -6,6 +6,8 @@ Usage::
     .venv/bin/python bench/bench_suite.py --first-home 100 --out bench/results/suite-holdout.json
     .venv/bin/python bench/bench_suite.py --homes 10 --seeds 1
     .venv/bin/python bench/bench_suite.py --ablation         # accelmux with each heuristic off
+    .venv/bin/python bench/bench_suite.py --kinds night-cameras,evening-game --homes 6 \
+        --out bench/results/suite-foreign.json               # the other kinds of home
 
 Each home comes from :func:`accelmux.sim.generate.generate_home` (pure given its seed),
 and every registered policy (``accelmux.core.policies.policy_names()``) runs on it for
@@ -18,6 +20,13 @@ class waited while idle memory could have held its work), and the targets:
 - interactive: within 1 point of the best baseline (or better) in >= 95% of homes;
 - no OOM when the estimates are right (no global bias);
 - at most one OOM per service per run when the estimates are 2x wrong.
+
+Each policy is also scored on what it does to the foreign programs
+(:func:`accelmux.sim.metrics.foreign_starvation`): the share of the byte-seconds they
+asked for that they went without (pooled over the seeds), and the mean seconds until a
+program held all it asked. ``--kinds`` picks the kinds of home
+(:data:`accelmux.sim.generate.HOME_KINDS`; ``mixed`` by default, the suite's homes), each
+run for the same seeds; the report then has the policy means per kind too.
 
 The OOM targets count the OOMs the policy caused. An OOM that would not have happened but
 for memory a foreign process took after the last memory sample (``OomEvent.foreign_surge``:
@@ -47,7 +56,7 @@ from typing import Any
 
 from accelmux.core.policies import policy_names
 from accelmux.sim.executor import Simulation
-from accelmux.sim.generate import generate_home, stress_classes
+from accelmux.sim.generate import HOME_KINDS, generate_home, stress_classes
 from accelmux.sim.metrics import summarize
 from accelmux.sim.scenario import Scenario, load_scenario_data
 
@@ -78,11 +87,14 @@ class Job:
     seed: int
     duration_s: float
     disable: tuple[str, ...] = ()
+    kind: str = "mixed"
 
 
 @lru_cache(maxsize=32)
-def _scenario(home: int, duration_s: float, disable: tuple[str, ...]) -> Scenario:
-    gen = generate_home(home, duration_s=duration_s)
+def _scenario(
+    home: int, duration_s: float, disable: tuple[str, ...], kind: str = "mixed"
+) -> Scenario:
+    gen = generate_home(home, duration_s=duration_s, kind=kind)
     data = copy.deepcopy(gen.data)
     if disable:
         data["policy"]["disable"] = list(disable)
@@ -92,10 +104,12 @@ def _scenario(home: int, duration_s: float, disable: tuple[str, ...]) -> Scenari
 def run_job(job: Job) -> dict[str, Any]:
     """One simulation, reduced to what the suite reads."""
     started, cpu = time.perf_counter(), time.process_time()
-    scn = _scenario(job.home, job.duration_s, job.disable)
+    scn = _scenario(job.home, job.duration_s, job.disable, job.kind)
     r = summarize(Simulation(scn, job.policy, job.seed).run())
+    foreign = r["foreign"]
     return {
         "home": job.home,
+        "kind": job.kind,
         "policy": job.policy,
         "seed": job.seed,
         "disable": list(job.disable),
@@ -115,6 +129,9 @@ def run_job(job: Job) -> dict[str, Any]:
         "max_preemptions": r["max_preemptions_per_request"],
         "starved_s": {c: v["starved_s"] for c, v in r["starvation"].items()},
         "longest_starved_s": max(v["longest_starved_s"] for v in r["starvation"].values()),
+        "foreign_asked_byte_s": foreign["asked_byte_s"],
+        "foreign_short_byte_s": foreign["short_byte_s"],
+        "foreign_wait_s_mean": foreign["wait_s_mean"],
         "wall_s": time.perf_counter() - started,
         "cpu_s": time.process_time() - cpu,
     }
@@ -147,6 +164,11 @@ def aggregate_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
     for r in runs:
         for svc, n in r["ooms_per_service"].items():
             per_service[svc] = max(per_service.get(svc, 0), int(n))
+    asked = sum(float(r.get("foreign_asked_byte_s") or 0.0) for r in runs)
+    short = sum(float(r.get("foreign_short_byte_s") or 0.0) for r in runs)
+    waits = [
+        float(r["foreign_wait_s_mean"]) for r in runs if r.get("foreign_wait_s_mean") is not None
+    ]
     return {
         "classes": classes,
         "requests": requests,
@@ -161,17 +183,22 @@ def aggregate_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "starvation_s": _mean([sum(r["starved_s"].values()) for r in runs]),
         "starved_s": {c: _mean([float(r["starved_s"].get(c, 0.0)) for r in runs]) for c in CLASSES},
         "longest_starved_s": max(float(r["longest_starved_s"]) for r in runs),
+        # the foreign programs: share of the byte-seconds they asked for that they went
+        # without (pooled over the seeds), mean seconds until one held all it asked
+        "foreign_starved_share": short / asked if asked else None,
+        "foreign_wait_s": _mean(waits),
         "wall_s": sum(float(r["wall_s"]) for r in runs),
         "cpu_s": sum(float(r["cpu_s"]) for r in runs),
     }
 
 
-def _home_info(home: int, duration_s: float) -> dict[str, Any]:
-    gen = generate_home(home, duration_s=duration_s)
-    scn = _scenario(home, duration_s, ())
+def _home_info(home: int, duration_s: float, kind: str = "mixed") -> dict[str, Any]:
+    gen = generate_home(home, duration_s=duration_s, kind=kind)
+    scn = _scenario(home, duration_s, (), kind)
     err = scn.config.simulation.error
     return {
         "home": home,
+        "kind": kind,
         "name": gen.name,
         "device": gen.device.name,
         "capacity_gib": gen.device.capacity_gib,
@@ -348,33 +375,67 @@ def policy_means(homes: list[dict[str, Any]], policies: list[str]) -> dict[str, 
         ]
         row["starvation_s"] = _mean(starv)
         row["longest_starved_s"] = max(h["policies"][p]["longest_starved_s"] for h in homes)
+        # over the homes with a foreign program
+        for key in ("foreign_starved_share", "foreign_wait_s"):
+            row[key] = _mean(
+                [
+                    float(h["policies"][p][key])
+                    for h in homes
+                    if h["policies"][p].get(key) is not None
+                ]
+            )
         row["cpu_s"] = sum(h["policies"][p]["cpu_s"] for h in homes)
         out[p] = row
     return out
 
 
 def compare_homes(
-    runs: list[dict[str, Any]], homes: list[int], policies: list[str], duration_s: float
+    runs: list[dict[str, Any]],
+    homes: list[int],
+    policies: list[str],
+    duration_s: float,
+    kinds: tuple[str, ...] = ("mixed",),
 ) -> list[dict[str, Any]]:
     """Each home's runs, pooled per policy over the seeds and compared (compare_home)."""
     results = []
-    for h in homes:
-        per_policy = {
-            p: aggregate_runs([r for r in runs if r["home"] == h and r["policy"] == p])
-            for p in policies
-        }
-        results.append(compare_home(_home_info(h, duration_s), per_policy))
+    for k in kinds:
+        for h in homes:
+            per_policy = {
+                p: aggregate_runs(
+                    [
+                        r
+                        for r in runs
+                        if r["home"] == h and r.get("kind", "mixed") == k and r["policy"] == p
+                    ]
+                )
+                for p in policies
+            }
+            results.append(compare_home(_home_info(h, duration_s, k), per_policy))
     return results
 
 
 def run_suite(
-    homes: list[int], seeds: int, duration_s: float, policies: list[str], workers: int
+    homes: list[int],
+    seeds: int,
+    duration_s: float,
+    policies: list[str],
+    workers: int,
+    kinds: tuple[str, ...] = ("mixed",),
 ) -> dict[str, Any]:
-    jobs = [Job(h, p, s, duration_s) for h in homes for p in policies for s in range(seeds)]
+    jobs = [
+        Job(h, p, s, duration_s, kind=k)
+        for k in kinds
+        for h in homes
+        for p in policies
+        for s in range(seeds)
+    ]
     started = time.perf_counter()
     runs = run_jobs(jobs, workers)
     wall = time.perf_counter() - started
-    results = compare_homes(runs, homes, policies, duration_s)
+    results = compare_homes(runs, homes, policies, duration_s, kinds)
+    by_kind = {}
+    if kinds != ("mixed",):
+        by_kind = {k: policy_means([h for h in results if h["kind"] == k], policies) for k in kinds}
     return {
         "wall_s": round(wall, 1),
         "cpu_s": round(sum(float(r["cpu_s"]) for r in runs), 1),
@@ -385,6 +446,7 @@ def run_suite(
         "targets": targets(results),
         "by_stress": by_stress(results),
         "policy_means": policy_means(results, policies),
+        **({"kinds": list(kinds), "by_kind": by_kind} if by_kind else {}),
         "homes": results,
     }
 
@@ -472,6 +534,11 @@ def main() -> int:
     )
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--policies", help="comma-separated (default: every registered policy)")
+    parser.add_argument(
+        "--kinds",
+        default="mixed",
+        help=f"comma-separated kinds of home (of {', '.join(HOME_KINDS)}; default mixed)",
+    )
     parser.add_argument("--out", default=str(RESULTS / "suite.json"))
     parser.add_argument("--ablation", action="store_true", help="run the ablation instead")
     parser.add_argument("--ablation-homes", type=int, default=30)
@@ -499,10 +566,16 @@ def main() -> int:
                 parser.error(f"unknown policies {unknown} (known: {policy_names()})")
         if OURS not in policies:
             parser.error("the suite compares accelmux: include it in --policies")
+        kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip())
+        unknown_kinds = sorted(set(kinds) - set(HOME_KINDS))
+        if unknown_kinds or not kinds:
+            parser.error(f"unknown kinds of home {unknown_kinds} (known: {list(HOME_KINDS)})")
         homes = list(range(args.first_home, args.first_home + args.homes))
-        report = run_suite(homes, args.seeds, args.duration_s, policies, args.workers)
+        report = run_suite(homes, args.seeds, args.duration_s, policies, args.workers, kinds)
         report = {
-            "meta": run_meta({**settings, "homes": len(homes), "policies": policies}),
+            "meta": run_meta(
+                {**settings, "homes": len(homes), "policies": policies, "kinds": list(kinds)}
+            ),
             **report,
         }
         out = Path(args.out)

@@ -1,4 +1,5 @@
-"""Blocks of docs/benchmarks.md rendered from bench/results/suite.json and ablation.json."""
+"""Blocks of docs/benchmarks.md rendered from bench/results/suite.json, suite-holdout.json,
+suite-foreign.json and ablation.json."""
 
 from __future__ import annotations
 
@@ -56,10 +57,14 @@ def _settings(data: dict[str, Any]) -> str:
     )
 
 
-def _policy_means(data: dict[str, Any]) -> str:
+def _policy_means(data: dict[str, Any], means: dict[str, Any] | None = None) -> str:
+    """The policy means table; with the foreign programs' columns when the run has them
+    (results written before they were measured render as they did)."""
+    means = data["policy_means"] if means is None else means
+    foreign = all("foreign_starved_share" in m for m in means.values())
     rows = []
-    for name, m in data["policy_means"].items():
-        rows.append(
+    for name, m in means.items():
+        row = (
             [name]
             + [_pct(m[c]) for c in CLASSES]
             + [
@@ -69,17 +74,20 @@ def _policy_means(data: dict[str, Any]) -> str:
                 _num(m["longest_starved_s"]),
             ]
         )
-    return _table(
-        [
-            "policy",
-            *CLASSES,
-            "OOMs per run",
-            "most preemptions of one request",
-            "starved s per run",
-            "longest starved stretch s",
-        ],
-        rows,
-    )
+        if foreign:
+            row += [_pct(m["foreign_starved_share"]), _num(m["foreign_wait_s"])]
+        rows.append(row)
+    head = [
+        "policy",
+        *CLASSES,
+        "OOMs per run",
+        "most preemptions of one request",
+        "starved s per run",
+        "longest starved stretch s",
+    ]
+    if foreign:
+        head += ["foreign program starved", "foreign wait s"]
+    return _table(head, rows)
 
 
 def _targets(data: dict[str, Any]) -> str:
@@ -183,6 +191,28 @@ def holdout() -> str:
         f"{_settings(data)}\n\nSLO attainment per class, mean over homes:\n\n"
         f"{_policy_means(data)}\n\nTargets (accelmux):\n\n{_targets(data)}"
     )
+
+
+def foreign() -> str:
+    data = _load("suite-foreign.json")
+    if data is None:
+        return (
+            "_No results yet: run `python bench/bench_suite.py --kinds "
+            "night-cameras,evening-game --homes 6 --out bench/results/suite-foreign.json`._"
+        )
+    s = data["meta"]["settings"]
+    head = (
+        f"{s['homes']} homes of each kind (seeds {s['first_home']}-"
+        f"{s['first_home'] + s['homes'] - 1}), {s['seeds']} simulation seed(s) each, "
+        f"{s['duration_s']:g} simulated seconds per run, {data['runs']} runs: "
+        f"{data['wall_s']:.0f} s wall on {s['workers']} worker processes "
+        f"({data['cpu_s']:.0f} CPU s). {meta_line(data['meta'])}."
+    )
+    parts = [head]
+    for kind, means in data["by_kind"].items():
+        parts.append(f"`{kind}`: SLO attainment per class, mean over homes:")
+        parts.append(_policy_means(data, means))
+    return "\n\n".join(parts)
 
 
 def worst() -> str:
@@ -346,5 +376,6 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "suite-summary": summary,
     "suite-holdout": holdout,
     "suite-worst": worst,
+    "suite-foreign": foreign,
     "suite-ablation": ablation,
 }

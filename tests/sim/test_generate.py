@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections import Counter
 from pathlib import Path
 
@@ -14,8 +15,14 @@ from accelmux.cli import main
 from accelmux.config.load import parse_yaml
 from accelmux.core.types import GIB
 from accelmux.sim.catalogue import DEVICES, KIB, LLMS, llm
-from accelmux.sim.generate import STRESSES, generate_home, stress_classes, write_homes
-from accelmux.sim.scenario import load_scenario, load_scenario_data, trace_problems
+from accelmux.sim.generate import (
+    HOME_KINDS,
+    STRESSES,
+    generate_home,
+    stress_classes,
+    write_homes,
+)
+from accelmux.sim.scenario import load_scenario, load_scenario_data, parse_clock, trace_problems
 
 HOMES = range(100)
 
@@ -144,3 +151,78 @@ def test_simulate_needs_a_scenario_or_generate(capsys: pytest.CaptureFixture[str
     assert main(["simulate"]) == 2
     assert "--generate" in capsys.readouterr().err
     assert main(["simulate", "--generate", "0"]) == 2
+
+
+#: sha256 of the scenario files of homes 0-19 (mixed, 1200 s) as generated before the
+#: other kinds of home were added: a new kind must not change the suite's homes.
+MIXED_HOMES_0_19_SHA256 = "a7314e6faee1dcdb0162f778ae1d0cd66b3d3dccab00ad5da4db06bf0da2ab43"
+
+
+def test_the_other_kinds_leave_the_mixed_homes_byte_for_byte_unchanged() -> None:
+    digest = hashlib.sha256()
+    for seed in range(20):
+        digest.update(generate_home(seed).to_yaml().encode())
+    assert digest.hexdigest() == MIXED_HOMES_0_19_SHA256
+    assert generate_home(5, kind="mixed").data == generate_home(5).data
+
+
+def test_night_camera_homes_run_cameras_beside_a_night_maintenance_window() -> None:
+    windowed = 0
+    for seed in range(20):
+        home = generate_home(seed, duration_s=1800, kind="night-cameras")
+        assert home.name == f"night-cameras-{seed:04d}"
+        cfg = home.scenario().config
+        cameras = [w for w in cfg.workloads if w.type == "camera"]
+        assert cameras and all(w.until_s is None for w in cameras), home.name  # all night
+        assert cfg.services["detect"].service_class == "background"
+        windows = {n: s.windows for n, s in cfg.services.items() if s.windows}
+        if "embed" in cfg.services:
+            assert windows.get("embed"), home.name  # the indexing job has its window
+            hour = int(windows["embed"][0].split(":")[0])
+            assert hour in (0, 1, 2, 3, 22, 23)
+            # the run starts at most half its length before the window opens
+            start = parse_clock(cfg.simulation.start)
+            assert (hour * 3600 - start) % 86_400 <= 900, home.name
+            for name, svc in cfg.services.items():
+                if svc.service_class == "batch":
+                    assert windows.get(name) == windows["embed"], (home.name, name)
+            windowed += 1
+    assert windowed >= 15
+
+
+def test_evening_game_homes_have_a_gpu_program_for_hours_in_the_evening() -> None:
+    for seed in range(20):
+        home = generate_home(seed, duration_s=1800, kind="evening-game")
+        cfg = home.scenario().config
+        start = parse_clock(cfg.simulation.start)
+        assert 18 * 3600 <= start <= 21 * 3600 + 45 * 60, home.name
+        capacity = int(next(iter(cfg.devices.values())).capacity or 0)
+        games = [f for f in cfg.simulation.foreign if f.compute_share > 0]
+        assert len(games) == 1, home.name
+        (game,) = games
+        assert game.allocates == "regardless"
+        assert 0.3 * capacity - 2**20 <= int(game.bytes) <= 0.7 * capacity + 2**20
+        assert game.duration_s is not None and 3600 <= game.duration_s <= 3 * 3600
+        assert 0.3 <= game.compute_share <= 0.9
+        assert game.at_s < 0.4 * 1800
+
+
+def test_an_unknown_kind_of_home_is_named() -> None:
+    assert "mixed" in HOME_KINDS
+    with pytest.raises(ValueError, match="unknown home kind 'castle'"):
+        generate_home(1, kind="castle")
+
+
+def test_simulate_generates_the_other_kinds_and_names_a_bad_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "homes"
+    args = ["simulate", "--generate", "1", "--seed", "2", "--write-dir", str(out)]
+    fast = ["--policies", "accelmux", "--seeds", "1", "--duration-s", "120", "--workers", "1"]
+    assert main([*args, "--home-kind", "evening-game", *fast]) == 0
+    assert [p.name for p in out.iterdir()] == ["evening-game-0002.yaml"]
+    capsys.readouterr()
+    assert main([*args, "--home-kind", "castle"]) == 2
+    assert "--home-kind must be one of mixed, night-cameras, evening-game" in (
+        capsys.readouterr().err
+    )

@@ -44,10 +44,10 @@ def test_caching_allocator_keeps_its_high_water_mark_until_unload() -> None:
     assert dev.used == 0
 
 
-def test_foreign_process_gets_only_what_is_free() -> None:
+def test_a_free_only_foreign_process_gets_only_what_is_free() -> None:
     dev = PhysicalDevice("gpu", 4 * GIB)
     dev.load("a", 3 * GIB, 0, caching=False)
-    assert dev.set_foreign("x", 2 * GIB) == GIB
+    assert dev.set_foreign("x", 2 * GIB, free_only=True) == GIB
     assert dev.used == 4 * GIB
     assert dev.set_foreign("x", 0) == 0
     assert dev.used == 3 * GIB

@@ -44,6 +44,23 @@ def test_a_two_home_suite_runs_every_policy_and_compares_them() -> None:
         assert row["starvation_s"] is not None and row["starvation_s"] >= 0
 
 
+def test_the_suite_scores_the_other_kinds_of_home_and_the_foreign_programs() -> None:
+    policies = ["accelmux", "static"]
+    report = bench_suite.run_suite(
+        [0], 1, 240.0, policies, workers=1, kinds=("night-cameras", "evening-game")
+    )
+    assert report["runs"] == 2 * len(policies)
+    assert [h["name"] for h in report["homes"]] == ["night-cameras-0000", "evening-game-0000"]
+    assert set(report["by_kind"]) == {"night-cameras", "evening-game"}
+    game = report["by_kind"]["evening-game"]
+    for p in policies:
+        share = game[p]["foreign_starved_share"]
+        assert share is not None and 0.0 <= share <= 1.0
+        assert game[p]["foreign_wait_s"] is not None and game[p]["foreign_wait_s"] >= 0
+    night = report["by_kind"]["night-cameras"]["accelmux"]
+    assert night["background"] is not None  # the cameras' frames are scored
+
+
 def _home(
     name: str, minus_best: dict[str, float], ooms: dict[str, int], **kw: Any
 ) -> dict[str, Any]:

@@ -28,6 +28,11 @@ def register(sub: Any) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the first generated home")
     p.add_argument("--write-dir", help="keep the generated homes' scenario files here")
     p.add_argument(
+        "--home-kind",
+        default="mixed",
+        help="kind of generated home: mixed (default), night-cameras or evening-game",
+    )
+    p.add_argument(
         "--policies",
         help="comma-separated policies or variants, e.g. "
         "'accelmux,ollama+containers[max_loaded_models=7,num_parallel=4]' (default: all)",
@@ -65,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_generated(args: argparse.Namespace) -> int:
     """Write N generated homes (to --write-dir or a temporary folder) and run each."""
-    from accelmux.sim.generate import write_homes  # noqa: PLC0415  # --help stays fast
+    from accelmux.sim.generate import HOME_KINDS, write_homes  # noqa: PLC0415  # fast --help
 
     if args.scenario is not None:
         print("accelmux simulate: give a SCENARIO or --generate, not both", file=sys.stderr)
@@ -73,11 +78,19 @@ def _run_generated(args: argparse.Namespace) -> int:
     if args.generate < 1:
         print("accelmux simulate: --generate must be >= 1", file=sys.stderr)
         return 2
+    if args.home_kind not in HOME_KINDS:
+        print(
+            f"accelmux simulate: --home-kind must be one of {', '.join(HOME_KINDS)} "
+            f"(got {args.home_kind!r})",
+            file=sys.stderr,
+        )
+        return 2
     with tempfile.TemporaryDirectory() as tmp:
         out_dir = Path(args.write_dir or tmp)
         kwargs = {} if args.duration_s is None else {"duration_s": args.duration_s}
         reports: dict[str, Any] = {}
-        for path in write_homes(args.seed, args.generate, out_dir, **kwargs):
+        homes = write_homes(args.seed, args.generate, out_dir, kind=args.home_kind, **kwargs)
+        for path in homes:
             code, report = _simulate_file(args, path)
             if report is None:
                 return code

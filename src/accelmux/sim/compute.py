@@ -14,6 +14,9 @@ the device (a batch-1 LLM decode is memory-bound and leaves room; a diffusion st
 takes it all). While the shares of the requests running on a device add up to
 ``S > 1``, every one of them progresses at ``1/S`` of its solo speed. So an image job
 beside a voice request slows the voice request unless the policy keeps them apart.
+A foreign program running on the device (a game) takes its ``compute_share`` the same
+way: while it runs, the managed requests progress at ``1/max(1, S + foreign)`` of their
+solo speed, and no policy can take that share back.
 The oracle's device is ``isolated``: infinite memory and no contention, the bound.
 """
 
@@ -48,6 +51,8 @@ class ComputeDevice:
         self.last_t = 0.0
         self.version = 0
         self.busy_s = 0.0
+        #: The compute foreign programs running on the device use (sum of their shares).
+        self.foreign_share = 0.0
 
     @property
     def load(self) -> float:
@@ -55,7 +60,15 @@ class ComputeDevice:
 
     @property
     def rate(self) -> float:
-        return 1.0 if self.isolated else 1.0 / max(1.0, self.load)
+        return 1.0 if self.isolated else 1.0 / max(1.0, self.load + self.foreign_share)
+
+    def set_foreign_share(self, share: float, now: float) -> None:
+        """Foreign programs now use ``share`` of the device: the running jobs' speed
+        changes from ``now`` on (their next completion moves)."""
+        self.advance(now)
+        if share != self.foreign_share:
+            self.foreign_share = share
+            self.version += 1
 
     def advance(self, now: float) -> None:
         dt = now - self.last_t

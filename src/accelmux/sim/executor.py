@@ -24,6 +24,11 @@ daemon runs, and turns its actions into simulated effects:
   live resize get one);
 - ``Reject`` / ``Fail``: record the outcome.
 
+Foreign programs (``simulation.foreign``) start and stop on their schedule whatever the
+Manager does: each takes its memory at once (over-committing the device, see
+:mod:`accelmux.sim.physical`; the Manager learns of it at the next sample) and its
+``compute_share`` of the device (:mod:`accelmux.sim.compute`).
+
 Every ``sample_period_s`` the Manager gets ``MemorySampled`` with the true per-service
 usage and the device total (so foreign bytes and allocator caches become visible), and
 a ``Tick`` is scheduled at ``manager.next_wakeup(now)``. Nothing here reads a real clock.
@@ -73,8 +78,8 @@ from accelmux.core.specs import ServiceSpec
 from accelmux.core.types import ServiceClass, Tier
 from accelmux.sim.compute import ComputeDevice, Job, solo_work
 from accelmux.sim.engine import EventHeap, SimClock
-from accelmux.sim.physical import HostCache, OomEvent, PhysicalDevice
-from accelmux.sim.scenario import Scenario, ServicePerfConfig
+from accelmux.sim.physical import ForeignProcess, HostCache, OomEvent, PhysicalDevice
+from accelmux.sim.scenario import ForeignConfig, Scenario, ServicePerfConfig
 from accelmux.sim.starvation import StarvationTracker
 from accelmux.sim.workloads import Source, build_sources
 
@@ -139,6 +144,8 @@ class RunOutput:
     events: list[tuple[float, Event]] = field(default_factory=list)
     busy_s: dict[str, float] = field(default_factory=dict)
     starvation: StarvationTracker = field(default_factory=StarvationTracker)
+    #: The foreign programs' lives (baseline memory left out), for the foreign metrics.
+    foreign: list[ForeignProcess] = field(default_factory=list)
 
 
 class Simulation:
@@ -199,7 +206,7 @@ class Simulation:
         self.compute: dict[str, ComputeDevice] = {}
         for dev in self.spec.devices:
             cap = math.inf if self.policy.infinite_memory else float(dev.capacity_bytes)
-            self.devices[dev.name] = PhysicalDevice(dev.name, cap)
+            self.devices[dev.name] = PhysicalDevice(dev.name, cap, clock=self.clock.now)
             self.compute[dev.name] = ComputeDevice(dev.name, isolated=self.policy.infinite_memory)
         #: What the operator left outside each device's budget (``capacity - budget``):
         #: the monitors count it as baseline, not foreign (accelmux.monitors), and so does
@@ -234,6 +241,8 @@ class Simulation:
         self._scheduled_version: dict[str, int] = {}
         self._next_tick: float | None = None
         self._rid = 0
+        #: The compute share of each foreign program running now, per device.
+        self.foreign_compute: dict[str, dict[str, float]] = {d: {} for d in self.devices}
         self.sources = build_sources(scenario, seed, trace_path)
         self.starvation = StarvationTracker()
 
@@ -323,12 +332,16 @@ class Simulation:
             key = f"{f.name}-{i}"
             if f.baseline:
                 self.baseline_keys.add(key)
-            self.call_at(f.at_s, self._foreign_setter(device, key, int(f.bytes)))
+            self.call_at(f.at_s, self._foreign_setter(device, key, f, running=True))
             if f.duration_s is not None:
-                self.call_at(f.at_s + f.duration_s, self._foreign_setter(device, key, 0))
+                self.call_at(
+                    f.at_s + f.duration_s, self._foreign_setter(device, key, f, running=False)
+                )
         self.heap.run(self.duration)
         for comp in self.compute.values():
             comp.advance(self.duration)
+        for phys in self.devices.values():
+            phys.advance(self.duration)
         return RunOutput(
             scenario=self.scenario.name,
             policy=self.policy.name,
@@ -348,6 +361,12 @@ class Simulation:
             events=self.events,
             busy_s={name: dev.busy_s for name, dev in self.compute.items()},
             starvation=self.starvation,
+            foreign=[
+                proc
+                for phys in self.devices.values()
+                for proc in phys.processes
+                if proc.key not in self.baseline_keys
+            ],
         )
 
     def _windows(self) -> dict[str, list[tuple[float, float]]]:
@@ -441,9 +460,22 @@ class Simulation:
         if nxt <= self.duration:
             self.heap.at(nxt, lambda: self._sample(nxt))
 
-    def _foreign_setter(self, device: str, key: str, nbytes: int) -> Callable[[], None]:
+    def _foreign_setter(
+        self, device: str, key: str, f: ForeignConfig, *, running: bool
+    ) -> Callable[[], None]:
+        """A foreign program starting (``running``) or ending: its memory, then its
+        compute share."""
+
         def setter() -> None:
-            self.devices[device].set_foreign(key, nbytes)
+            nbytes = int(f.bytes) if running else 0
+            self.devices[device].set_foreign(key, nbytes, free_only=f.allocates == "free-only")
+            shares = self.foreign_compute[device]
+            if running and f.compute_share > 0:
+                shares[key] = f.compute_share
+            else:
+                shares.pop(key, None)
+            self.compute[device].set_foreign_share(sum(shares.values()), self.clock.now())
+            self._reschedule(device)
 
         return setter
 

@@ -8,6 +8,12 @@ their classes, residencies and maintenance windows, the request rates and bursti
 global bias up to 2x) and foreign processes coming and going. The result is the data of a
 normal scenario file: ``accelmux check`` accepts it and ``accelmux simulate`` runs it.
 
+A home is of one of :data:`HOME_KINDS`: ``mixed`` (the draw above, the suite's homes),
+``night-cameras`` (cameras detecting all night beside a night maintenance window of
+indexing and batch work) or ``evening-game`` (an evening with a game or another GPU program
+taking 30-70% of the device and much of its compute for 1-3 hours). Each kind draws from
+its own random stream, so adding a kind changes no other kind's homes.
+
 :func:`stress_classes` reads the stresses a scenario carries back from its config, so a
 suite can report results per stress class whatever produced the scenario.
 """
@@ -58,6 +64,8 @@ STRESSES = (
 BURST_RATE_PER_H = 150.0
 #: Simulated seconds of a generated home unless the caller asks for another length.
 DEFAULT_DURATION_S = 1200.0
+#: What a home can be (see the module doc); ``mixed`` is the suite's default.
+HOME_KINDS = ("mixed", "night-cameras", "evening-game")
 
 
 def _mib(n: float) -> str:
@@ -486,9 +494,9 @@ def _image(h: _Home) -> None:
     )
 
 
-def _cameras(h: _Home) -> None:
+def _cameras(h: _Home, *, always: bool = False) -> None:
     rng, dev = h.rng, h.device
-    if rng.random() > 0.6:
+    if not always and rng.random() > 0.6:
         return
     m = _pick_model(h, "detect", int(0.1 * h.usable), 0.41)
     if m is None:
@@ -534,9 +542,11 @@ def _cameras(h: _Home) -> None:
     )
 
 
-def _indexing(h: _Home) -> None:
+def _indexing(h: _Home, *, always: bool = False, window: bool | None = None) -> None:
+    """An indexing job (65% of homes, or ``always``), in a night window (60%, or as
+    ``window`` says)."""
     rng, dev = h.rng, h.device
-    if rng.random() > 0.65:
+    if not always and rng.random() > 0.65:
         return
     m = _pick_model(h, "embeddings", int(0.1 * h.usable), 128)
     if m is None:
@@ -572,7 +582,8 @@ def _indexing(h: _Home) -> None:
         "outstanding": outstanding,
         "units": {"mean": 24, "cv": 0.8, "min": 1, "max": 128},
     }
-    if rng.random() < 0.6:
+    windowed = rng.random() < 0.6 if window is None else window
+    if windowed:
         hour = rng.choice([0, 1, 2, 3, 22, 23])
         length = rng.choice([2, 4, 6])
         svc["windows"] = [f"{hour:02d}:00-{(hour + length) % 24:02d}:00"]
@@ -612,6 +623,34 @@ def _foreign(h: _Home, burst: tuple[float, float] | None) -> None:
                 "duration_s": float(rng.choice([300, 600, 900])),
             }
         )
+
+
+_PROGRAM_NAMES = ("game", "game", "vr-game", "cuda-render", "browser-3d")
+
+
+def _gpu_program(h: _Home, capacity: int) -> None:
+    """A game or another GPU program for the evening: 30-70% of the device's memory and
+    30-90% of its compute, from early in the run for 1-3 hours."""
+    rng = h.rng
+    h.foreign.append(
+        {
+            "name": rng.choice(_PROGRAM_NAMES),
+            "at_s": _r(rng.uniform(0.05, 0.4) * h.duration, 1),
+            "bytes": _mib(rng.uniform(0.3, 0.7) * capacity),
+            "duration_s": float(rng.choice([3600, 5400, 7200, 10800])),
+            "compute_share": _r(rng.uniform(0.3, 0.9), 2),
+        }
+    )
+
+
+def _night_maintenance(h: _Home) -> None:
+    """Batch LLM work shares the indexing job's night window (maintenance)."""
+    window = h.services.get("embed", {}).get("windows")
+    if not window:
+        return
+    for svc in h.services.values():
+        if svc["class"] == "batch" and "windows" not in svc:
+            svc["windows"] = list(window)
 
 
 def _error(h: _Home) -> dict[str, Any]:
@@ -666,22 +705,42 @@ def _device(dev: Device, rng: random.Random) -> tuple[dict[str, Any], int, float
     return section, budget - headroom, os_share
 
 
-def generate_home(seed: int, *, duration_s: float = DEFAULT_DURATION_S) -> GeneratedHome:
-    """The home for ``seed``: the same seed always gives the same scenario."""
-    rng = random.Random(f"accelmux-home:{seed}")
+def generate_home(
+    seed: int, *, duration_s: float = DEFAULT_DURATION_S, kind: str = "mixed"
+) -> GeneratedHome:
+    """The home of ``kind`` for ``seed``: the same seed always gives the same scenario."""
+    if kind not in HOME_KINDS:
+        raise ValueError(f"unknown home kind {kind!r} (known: {', '.join(HOME_KINDS)})")
+    rng = random.Random(f"accelmux-home:{seed}" if kind == "mixed" else f"accelmux-{kind}:{seed}")
     dev = rng.choice(DEVICES)
     device, usable, os_share = _device(dev, rng)
     h = _Home(rng=rng, device=dev, usable=usable, duration=float(duration_s))
-    if rng.random() < 0.75:
-        _voice(h)
-    interactive = _llms(h)
-    burst = _burst(h, interactive)
-    _image(h)
-    _cameras(h)
-    _indexing(h)
-    if not h.workloads:  # a home with nothing to do is not a home
-        _llms(h)
-    _foreign(h, burst)
+    if kind == "night-cameras":
+        if rng.random() < 0.4:  # someone still up
+            _voice(h)
+        interactive = _llms(h)
+        burst = None
+        _cameras(h, always=True)
+        _indexing(h, always=True, window=True)
+        _night_maintenance(h)
+        if not h.workloads:
+            _llms(h)
+        _foreign(h, burst)
+    else:
+        if rng.random() < 0.75:
+            _voice(h)
+        interactive = _llms(h)
+        burst = _burst(h, interactive)
+        _image(h)
+        _cameras(h)
+        # an evening home's indexing runs now: a night window would leave it idle all run
+        _indexing(h, window=False if kind == "evening-game" else None)
+        if not h.workloads:  # a home with nothing to do is not a home
+            _llms(h)
+        _foreign(h, burst)
+        if kind == "evening-game":
+            _gpu_program(h, int(dev.capacity_gib * GIB))
+            h.start = f"{rng.choice([18, 19, 20, 21]):02d}:{rng.choice([0, 15, 30, 45]):02d}"
     if os_share:
         h.foreign.insert(
             0,
@@ -694,7 +753,7 @@ def generate_home(seed: int, *, duration_s: float = DEFAULT_DURATION_S) -> Gener
         )
     error = _error(h)
     start = h.start or f"{rng.randrange(24):02d}:{rng.choice([0, 15, 30, 45]):02d}"
-    name = f"home-{seed:04d}"
+    name = f"home-{seed:04d}" if kind == "mixed" else f"{kind}-{seed:04d}"
     data: dict[str, Any] = {
         "devices": {"gpu" if not dev.shared_memory else "host": device},
         "services": h.services,
@@ -749,13 +808,19 @@ def stress_classes(cfg: ScenarioConfig) -> list[str]:
 
 
 def write_homes(
-    first_seed: int, count: int, out_dir: Path, *, duration_s: float = DEFAULT_DURATION_S
+    first_seed: int,
+    count: int,
+    out_dir: Path,
+    *,
+    duration_s: float = DEFAULT_DURATION_S,
+    kind: str = "mixed",
 ) -> list[Path]:
-    """Write ``count`` homes from ``first_seed`` on as scenario files; their paths."""
+    """Write ``count`` homes of ``kind`` from ``first_seed`` on as scenario files; their
+    paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
     for seed in range(first_seed, first_seed + count):
-        home = generate_home(seed, duration_s=duration_s)
+        home = generate_home(seed, duration_s=duration_s, kind=kind)
         path = out_dir / f"{home.name}.yaml"
         path.write_text(home.to_yaml(), encoding="utf-8")
         paths.append(path)

@@ -17,6 +17,15 @@ per class (see :mod:`accelmux.sim.starvation`).
 
 "Response" latency (p50/p99) is the time to first token for LLMs and the completion
 latency for everything else, over served requests.
+
+What a policy does to the foreign programs (``simulation.foreign``, baseline memory left
+out), over the whole run: ``foreign.starved_share`` is the share of the memory they asked
+for that they did not get, weighted by time (byte-seconds short / byte-seconds asked, over
+each program's life within the run: a program whose 8 GiB found only 5 GiB free for its
+first 2 of 10 minutes was starved of 3/8 x 2/10 = 7.5%); ``foreign.wait_s`` is, per
+program, the seconds from its start until it first held all it asked (its whole life
+within the run if it never did), mean and max over the programs. 0 and 0 mean the
+services made room at once, or never stood in its way.
 """
 
 from __future__ import annotations
@@ -220,6 +229,24 @@ def summarize(out: RunOutput) -> dict[str, Any]:
         "compute_busy_fraction": {
             k: v / out.duration_s for k, v in out.busy_s.items() if out.duration_s
         },
+        "foreign": foreign_starvation(out),
+    }
+
+
+def foreign_starvation(out: RunOutput) -> dict[str, Any]:
+    """How far the services stood in the foreign programs' way (see the module doc)."""
+    procs = out.foreign
+    asked = sum(p.asked_byte_s for p in procs)
+    short = sum(p.short_byte_s for p in procs)
+    waits = [p.wait_s(out.duration_s) for p in procs]
+    return {
+        "programs": len(procs),
+        "asked_byte_s": asked,
+        "short_byte_s": short,
+        "starved_share": short / asked if asked else None,
+        "wait_s_mean": sum(waits) / len(waits) if waits else None,
+        "wait_s_max": max(waits, default=None),
+        "never_whole": sum(1 for p in procs if p.whole_at is None),
     }
 
 

@@ -120,7 +120,18 @@ class ServicePerfConfig(StrictModel):
 
 
 class ForeignConfig(StrictModel):
-    """A process accelmux does not manage grabbing device memory for a while.
+    """A process accelmux does not manage (a game, a browser, a CUDA app) using the
+    device for a while.
+
+    It takes its ``bytes`` when it starts, whatever the Manager thinks
+    (``allocates: regardless``, the default: a real program allocates what it needs
+    without asking anyone): the device's true free memory falls, over-committing it
+    when the managed services hold too much, and every managed allocation that no longer
+    fits OOMs until enough is freed; the program is short of what the device cannot hold
+    until then. ``allocates: free-only`` is the older, kinder model: it takes only what is
+    free when it starts and never asks again (the rest is refused for its whole life).
+    While it runs it uses ``compute_share`` of the device's compute, slowing the managed
+    requests there (processor sharing, :mod:`accelmux.sim.compute`).
 
     ``baseline``: memory the device uses on its own (the OS on a shared-memory host),
     reported as the sample's ``baseline_bytes`` rather than as foreign. As the monitors
@@ -134,6 +145,18 @@ class ForeignConfig(StrictModel):
     at_s: float = Field(ge=0)
     bytes: ByteSize = Field(gt=0)
     duration_s: float | None = Field(None, gt=0)
+    compute_share: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="The fraction of the device's compute the process uses while it runs.",
+    )
+    allocates: Literal["regardless", "free-only"] = Field(
+        "regardless",
+        description="regardless: takes all its bytes at start, over-committing the device "
+        "(managed allocations OOM until room is made); free-only: takes only what is free "
+        "at start and never retries.",
+    )
 
 
 class SimulationConfig(StrictModel):
