@@ -1139,3 +1139,24 @@ def test_a_steady_cameras_frames_are_stopped_only_for_higher_classes(
     assert dispatched(m.handle(arrive("c1", "cam"), 1.0)) == ["c1"]
     out = m.handle(arrive("o1", "other"), 2.0)
     assert [p.request_id for p in of(Preempt, out)] == stopped
+
+
+def test_a_request_only_a_foreign_program_keeps_out_does_not_hold_lower_classes_back() -> None:
+    def camera_moves(foreign_gib: float) -> tuple[list[str], Reason | None]:
+        m = manager(
+            service("chat", cls=IA, profile=big(6)),
+            service("cam", cls=BG, profile=big(1, 1), kind=ServiceKind.DETECT),
+            service("faces", cls=BG, profile=big(2), kind=ServiceKind.DETECT),
+            knobs=EXACT,
+        )
+        up(m, "cam", "faces")
+        # a game takes the memory: only the foreign program's leaving can make room for chat
+        m.handle(MemorySampled(device="gpu", used_bytes=int(foreign_gib * GIB)), 0.5)
+        assert enqueued(m.handle(arrive("i1", "chat"), 1.0))["i1"].reason is Reason.NO_MEMORY
+        out = m.handle(arrive("c1", "cam"), 1.5)
+        waiting = enqueued(out).get("c1")
+        return [u.service for u in unloads(out)], waiting.reason if waiting else None
+
+    # chat cannot fit beside the game whatever is evicted: the camera's frame makes its
+    # own room (the idle face detector of its class goes) instead of waiting behind it
+    assert camera_moves(8.0) == (["faces"], Reason.NO_MEMORY)  # waits for the unload

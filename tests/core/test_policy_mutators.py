@@ -72,6 +72,8 @@ READ_METHODS = frozenset(
         "foreign",
         "lease_count",
         "leases",
+        "overhead",
+        "parked",
         "service_breakdown",
         "service_total",
         "spec",

@@ -275,7 +275,8 @@ def admit(
         )
         return
     if not self.make_room(world, dev, room_needed, cls, svc, Reason.NO_MEMORY, requester=req):
-        rnd.blocked[dev] = min(cls, rnd.blocked.get(dev, cls))
+        if self._reachable(world, dev, room_needed, svc):
+            rnd.blocked[dev] = min(cls, rnd.blocked.get(dev, cls))
         if not self._told(req, Reason.NO_MEMORY):
             self._queue_or_reject(
                 world,

@@ -130,7 +130,8 @@ def load_for(
     ) and world.load(svc, reason=reason, kv_pool=pool, detail=f"for {req.request_id}"):
         self._queue_or_reject(world, req, Reason.LOADING, "cold start")
         return
-    rnd.blocked[dev] = min(req.cls, rnd.blocked.get(dev, req.cls))
+    if self._reachable(world, dev, need + reserve, svc):
+        rnd.blocked[dev] = min(req.cls, rnd.blocked.get(dev, req.cls))
     self._queue_or_reject(
         world,
         req,

@@ -203,6 +203,7 @@ class AccelmuxPolicy:
     make_room = room.make_room
     _kept_floor = staticmethod(room.kept_floor)
     _max_possible = room.max_possible
+    _reachable = room.reachable
     _room_plan = room.room_plan
     _shrink_for_room = staticmethod(room.shrink_for_room)
     _stop_for_room = room.stop_for_room

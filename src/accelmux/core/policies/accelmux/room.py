@@ -232,6 +232,17 @@ def max_possible(self: Parts, world: World, device: str, exclude: ServiceState) 
     return dev.usable_bytes - (held - self._kept_floor(world, exclude))
 
 
+def reachable(self: Parts, world: World, device: str, need: int, svc: ServiceState) -> bool:
+    """Whether ``need`` more bytes for ``svc`` could be found on ``device`` by evicting
+    everything that may go, with what the device's foreign programs, workers' overhead
+    and park hold now. A request that cannot does not hold lower classes back (fair
+    progress): it waits for a foreign program to leave, which their work cannot delay."""
+    ledger = world.ledger
+    outside = ledger.foreign(device) + ledger.overhead(device) + ledger.parked(device)
+    own = svc.resident_bytes if svc.holds_memory else 0
+    return need <= self._max_possible(world, device, svc) - own - outside
+
+
 def room_plan(
     self: Parts,
     world: World,
