@@ -23,7 +23,7 @@ from pathlib import Path
 
 import bench_suite as suite
 
-from accelmux.core.policies import policy_names
+from accelmux.sim.baselines import policy_names
 
 
 def main() -> int:

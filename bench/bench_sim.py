@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from accelmux.config.baselines import parse_variant
+from accelmux.sim.baselines import parse_variant
 from accelmux.sim.runner import (
     DEFAULT_POLICIES,
     RunSpec,

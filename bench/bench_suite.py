@@ -54,7 +54,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from accelmux.core.policies import policy_names
+from accelmux.sim.baselines import policy_names
 from accelmux.sim.executor import Simulation
 from accelmux.sim.generate import HOME_KINDS, generate_home, stress_classes
 from accelmux.sim.metrics import summarize

@@ -62,7 +62,9 @@ def _report_offload(path: Path, warnings: list[str]) -> None:
 def run(args: argparse.Namespace) -> int:
     from accelmux.config import load, machine, reference  # noqa: PLC0415  # --help stays fast
     from accelmux.config.offload import offload_problems, offload_warnings  # noqa: PLC0415  # --help stays fast
+    from accelmux.sim.baselines import register_baselines  # noqa: PLC0415  # --help stays fast
 
+    register_baselines()  # policy.name may name one, run for comparison
     if args.reference:
         print(reference.render_reference(), end="")
         return 0

@@ -15,8 +15,10 @@ from hypothesis import strategies as st
 
 from accelmux.core.actions import Unload
 from accelmux.core.manager import Manager
-from accelmux.core.policies import make_policy
-from accelmux.core.policies.baselines import (
+from accelmux.core.specs import ManagerSpec
+from accelmux.core.types import Reason, Residency, ServiceStatus
+from accelmux.sim.baselines import make_policy
+from accelmux.sim.baselines.policies import (
     BaselineSettings,
     LlamaSwapPolicy,
     LlamaSwapSettings,
@@ -24,8 +26,6 @@ from accelmux.core.policies.baselines import (
     OllamaSettings,
     resolve_groups,
 )
-from accelmux.core.specs import ManagerSpec
-from accelmux.core.types import Reason, Residency, ServiceStatus
 
 from .fake_executor import FakeExecutor
 from .test_properties import Op, apply_op, manager_specs, ops_strategy

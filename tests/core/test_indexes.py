@@ -16,12 +16,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from accelmux.core.manager import Manager
-from accelmux.core.policies import make_policy
 from accelmux.core.policies.accelmux import HEURISTICS, AccelmuxPolicy, _Round
 from accelmux.core.policy import Policy
 from accelmux.core.specs import DeviceSpec, ManagerSpec
 from accelmux.core.state import RequestState, World
 from accelmux.core.types import ServiceClass
+from accelmux.sim.baselines import make_policy
 
 from .fake_executor import FakeExecutor
 from .test_properties import SETTINGS, Op, apply_op, manager_specs, ops_strategy

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from accelmux.config.baselines import apply_variant
 from accelmux.config.load import load_config_text
 from accelmux.core.policies.accelmux import HEURISTICS
 from accelmux.core.specs import PolicyKnobs
 from accelmux.core.switches import DESCRIPTIONS, SWITCH_NAMES, Switch
 from accelmux.errors import ConfigError
+from accelmux.sim.baselines import apply_variant
 
 CONFIG = """
 devices:

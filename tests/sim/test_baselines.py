@@ -16,13 +16,6 @@ from accelmux.core.events import (
     Unloaded,
 )
 from accelmux.core.manager import Manager
-from accelmux.core.policies import make_policy, policy_names
-from accelmux.core.policies.baselines import (
-    BaselineSettings,
-    LlamaSwapSettings,
-    OllamaSettings,
-    SwapGroup,
-)
 from accelmux.core.specs import DeviceSpec, ManagerSpec, MemoryProfile, ServiceSpec
 from accelmux.core.types import (
     GIB,
@@ -32,6 +25,13 @@ from accelmux.core.types import (
     ServiceClass,
     ServiceKind,
     ServiceStatus,
+)
+from accelmux.sim.baselines import make_policy, policy_names
+from accelmux.sim.baselines.policies import (
+    BaselineSettings,
+    LlamaSwapSettings,
+    OllamaSettings,
+    SwapGroup,
 )
 from accelmux.sim.executor import Simulation
 from accelmux.sim.metrics import summarize

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from accelmux.core.policies import policy_names
 from accelmux.core.policies.accelmux import HEURISTICS
+from accelmux.sim.baselines import policy_names
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))

@@ -14,7 +14,6 @@ from accelmux.config.backends import (
     argv_placeholder_problem,
     external_problems,
 )
-from accelmux.config.baselines import group_problems
 from accelmux.config.deprecated import modernize
 from accelmux.config.schema import AccelmuxConfig
 from accelmux.core.placement import place_pinned
@@ -250,7 +249,6 @@ def semantic_problems(cfg: AccelmuxConfig, base_dir: Path | None = None) -> list
 
     problems += wyoming_problems(cfg)
     problems += cluster_problems(cfg)
-    problems += group_problems(cfg.policy, list(cfg.services))
     if cfg.policy.name not in policy_names():
         problems.append(
             f"policy.name: unknown policy (got {cfg.policy.name!r}; known: "

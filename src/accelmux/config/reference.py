@@ -19,7 +19,6 @@ from accelmux.config.backends import (
     FakeBackendConfig,
     WorkerBackendConfig,
 )
-from accelmux.config.baselines import LlamaSwapConfig, LlamaSwapGroupConfig, OllamaConfig
 from accelmux.config.cluster import ClusterConfig
 from accelmux.config.deprecated import RENAMED_VALUES
 from accelmux.config.limits import LimitsConfig
@@ -48,9 +47,6 @@ SECTIONS: tuple[tuple[str, str, type[BaseModel]], ...] = (
     ("Backend: worker (accelmux's inference worker)", "services.NAME.backend", WorkerBackendConfig),
     ("Backend: fake (test double)", "services.NAME.backend", FakeBackendConfig),
     ("Policy", "policy", PolicyConfig),
-    ("Baseline: ollama+containers", "policy.ollama", OllamaConfig),
-    ("Baseline: llama-swap", "policy.llama_swap", LlamaSwapConfig),
-    ("Baseline: llama-swap group", "policy.llama_swap.groups[]", LlamaSwapGroupConfig),
     ("Host RAM for parked models", "host", HostConfig),
     ("Server", "server", ServerConfig),
     ("Server: request limits", "server.limits", LimitsConfig),

@@ -15,7 +15,6 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ByteSize, ConfigDict, Field, PrivateAttr, field_validator
 
 from accelmux.config.backends import BackendConfig
-from accelmux.config.baselines import LlamaSwapConfig, OllamaConfig
 from accelmux.config.cluster import NODE_NAME_PATTERN, ClusterConfig
 from accelmux.config.server import ServerConfig
 from accelmux.core.specs import DAY_S, Window
@@ -172,7 +171,8 @@ class ServiceConfig(StrictModel):
 class PolicyConfig(StrictModel):
     name: str = Field(
         "accelmux",
-        description="accelmux, or for the simulator a baseline: independent, static, "
+        description="accelmux; or, run for comparison at its shipped settings, one of the "
+        "simulator's baselines (accelmux.sim.baselines): independent, static, "
         "ollama+containers, llama-swap, oracle.",
     )
     safety_factor: float = Field(
@@ -209,12 +209,6 @@ class PolicyConfig(StrictModel):
         "this long (the next step of a voice chain follows within it).",
     )
     prewarm: bool = Field(True, description="Reload likely-reused services into spare memory.")
-    ollama: OllamaConfig = Field(
-        default_factory=OllamaConfig, description="The ollama+containers baseline's settings."
-    )
-    llama_swap: LlamaSwapConfig = Field(
-        default_factory=LlamaSwapConfig, description="The llama-swap baseline's settings."
-    )
     disable: list[str] = Field(
         default_factory=list,
         description="Heuristics of the accelmux policy to turn off (ablation); each name "

@@ -215,117 +215,149 @@ class Manager:
         return w.devices  # shutdown: everything
 
     def _apply(self, event: Event) -> None:
-        w = self.world
+        """The bookkeeping an event brings, one method per kind of event."""
         match event:
             case RequestArrived():
                 self._arrive(event)
             case RequestFinished():
-                req = w.inflight.get(event.request_id)
-                if req is None:
-                    paused = w.waiting.get(event.request_id)
-                    if paused is not None and paused.paused and paused.attempt == event.attempt:
-                        # It ended just as it was paused: nothing is left to resume.
-                        w.end_paused(
-                            paused,
-                            ok=event.ok,
-                            reason=Reason.BACKEND_CRASHED,
-                            detail=event.error or "failed",
-                        )
-                    return
-                if req.attempt != event.attempt:
-                    return  # stale: preempted, failed or cancelled already
-                svc = w.services[req.service]
-                if event.peak_bytes is not None and svc.spec.capabilities.request_peaks:
-                    svc.calibration.observe_request(req.estimate, event.peak_bytes)
-                if req.dispatched_at is not None:
-                    took = max(0.0, w.now - req.dispatched_at)
-                    svc.mean_service_s = 0.8 * svc.mean_service_s + 0.2 * took
-                svc.served += 1
-                svc.last_used = w.now
-                w.finish(req)
-                if not event.ok:
-                    w.record(
-                        Fail(
-                            request_id=req.request_id,
-                            service=req.service,
-                            reason=Reason.BACKEND_CRASHED,
-                            detail=event.error or "failed",
-                        )
-                    )
+                self._request_finished(event)
             case RequestCancelled():
                 self._cancel(event.request_id)
             case LoadFinished():
                 self._load_finished(event)
             case LoadFailed():
-                svc = w.services[event.service]
-                if svc.status is not ServiceStatus.LOADING:
-                    return
-                if event.out_of_memory:
-                    w.load_oom_devices.add(svc.spec.device)
-                if event.out_of_memory and w.knobs.enabled("failure_calibration"):
-                    p = svc.spec.profile
-                    granted = sum(le.nbytes for le in svc.resident_leases)
-                    svc.calibration.observe_load_failure(p.weights + p.runtime, granted)
-                w.release_service(svc)
-                w.set_status(svc, ServiceStatus.CRASHED)
-                self._backoff(svc)
-                for req in list(svc.queue.values()):
-                    w.reject(
-                        req,
-                        reason=Reason.LOAD_FAILED,
-                        retry_after_s=max(1.0, svc.backoff_until - w.now),
-                        detail=event.error,
-                    )
+                self._load_failed(event)
             case ResizeFinished():
-                svc = w.services[event.service]
-                if svc.resize_target == event.kv_pool_bytes:
-                    w.resize_done(svc, ok=event.ok)
+                self._resize_finished(event)
             case PauseFinished():
-                req = w.inflight.get(event.request_id)
-                if req is not None and req.attempt == event.attempt and req.pausing is not None:
-                    w.pause_done(req)
+                self._pause_finished(event)
             case PauseRefused():
-                req = w.inflight.get(event.request_id)
-                if req is not None and req.attempt == event.attempt and req.pausing is not None:
-                    w.pause_refused(req, error=event.error)
+                self._pause_refused(event)
             case Unloaded():
-                svc = w.services[event.service]
-                if svc.status is ServiceStatus.UNLOADING or (
-                    svc.status is ServiceStatus.LOADED and not svc.inflight
-                ):
-                    w.release_service(svc)
-                    w.set_status(svc, ServiceStatus.UNLOADED)
-                    svc.loaded_at = None
+                self._unloaded(event)
             case BackendCrashed():
-                svc = w.services[event.service]
-                w.note_crash(svc)
-                for req in list(svc.inflight.values()):
-                    w.fail(req, reason=event.reason, detail=event.error)
-                for req in [r for r in svc.queue.values() if r.paused]:
-                    # Its saved state lived in the backend that died.
-                    w.end_paused(req, ok=False, reason=event.reason, detail=event.error)
-                w.drop_host_copy(svc, reason=event.reason)
-                if svc.holds_memory:
-                    w.release_service(svc)
-                w.set_status(svc, ServiceStatus.CRASHED)
-                svc.crashes += 1
-                svc.loaded_at = None
-                self._backoff(svc)
+                self._backend_crashed(event)
             case MemorySampled():
                 self._reconcile(event)
             case AdminCommand():
                 self._admin(event)
             case ShutdownRequested():
-                w.shutting_down = True
-                for req in list(w.waiting.values()):
-                    w.reject(
-                        req,
-                        reason=Reason.SHUTTING_DOWN,
-                        retry_after_s=30.0,
-                        detail="accelmux is shutting down",
-                    )
+                self._shutdown()
             case Tick():
                 pass
+
+    def _request_finished(self, event: RequestFinished) -> None:
+        w = self.world
+        req = w.inflight.get(event.request_id)
+        if req is None:
+            paused = w.waiting.get(event.request_id)
+            if paused is not None and paused.paused and paused.attempt == event.attempt:
+                # It ended just as it was paused: nothing is left to resume.
+                w.end_paused(
+                    paused,
+                    ok=event.ok,
+                    reason=Reason.BACKEND_CRASHED,
+                    detail=event.error or "failed",
+                )
+            return
+        if req.attempt != event.attempt:
+            return  # stale: preempted, failed or cancelled already
+        svc = w.services[req.service]
+        if event.peak_bytes is not None and svc.spec.capabilities.request_peaks:
+            svc.calibration.observe_request(req.estimate, event.peak_bytes)
+        if req.dispatched_at is not None:
+            took = max(0.0, w.now - req.dispatched_at)
+            svc.mean_service_s = 0.8 * svc.mean_service_s + 0.2 * took
+        svc.served += 1
+        svc.last_used = w.now
+        w.finish(req)
+        if not event.ok:
+            w.record(
+                Fail(
+                    request_id=req.request_id,
+                    service=req.service,
+                    reason=Reason.BACKEND_CRASHED,
+                    detail=event.error or "failed",
+                )
+            )
+
+    def _load_failed(self, event: LoadFailed) -> None:
+        w = self.world
+        svc = w.services[event.service]
+        if svc.status is not ServiceStatus.LOADING:
+            return
+        if event.out_of_memory:
+            w.load_oom_devices.add(svc.spec.device)
+        if event.out_of_memory and w.knobs.enabled("failure_calibration"):
+            p = svc.spec.profile
+            granted = sum(le.nbytes for le in svc.resident_leases)
+            svc.calibration.observe_load_failure(p.weights + p.runtime, granted)
+        w.release_service(svc)
+        w.set_status(svc, ServiceStatus.CRASHED)
+        self._backoff(svc)
+        for req in list(svc.queue.values()):
+            w.reject(
+                req,
+                reason=Reason.LOAD_FAILED,
+                retry_after_s=max(1.0, svc.backoff_until - w.now),
+                detail=event.error,
+            )
+
+    def _resize_finished(self, event: ResizeFinished) -> None:
+        w = self.world
+        svc = w.services[event.service]
+        if svc.resize_target == event.kv_pool_bytes:
+            w.resize_done(svc, ok=event.ok)
+
+    def _pause_finished(self, event: PauseFinished) -> None:
+        w = self.world
+        req = w.inflight.get(event.request_id)
+        if req is not None and req.attempt == event.attempt and req.pausing is not None:
+            w.pause_done(req)
+
+    def _pause_refused(self, event: PauseRefused) -> None:
+        w = self.world
+        req = w.inflight.get(event.request_id)
+        if req is not None and req.attempt == event.attempt and req.pausing is not None:
+            w.pause_refused(req, error=event.error)
+
+    def _unloaded(self, event: Unloaded) -> None:
+        w = self.world
+        svc = w.services[event.service]
+        if svc.status is ServiceStatus.UNLOADING or (
+            svc.status is ServiceStatus.LOADED and not svc.inflight
+        ):
+            w.release_service(svc)
+            w.set_status(svc, ServiceStatus.UNLOADED)
+            svc.loaded_at = None
+
+    def _backend_crashed(self, event: BackendCrashed) -> None:
+        w = self.world
+        svc = w.services[event.service]
+        w.note_crash(svc)
+        for req in list(svc.inflight.values()):
+            w.fail(req, reason=event.reason, detail=event.error)
+        for req in [r for r in svc.queue.values() if r.paused]:
+            # Its saved state lived in the backend that died.
+            w.end_paused(req, ok=False, reason=event.reason, detail=event.error)
+        w.drop_host_copy(svc, reason=event.reason)
+        if svc.holds_memory:
+            w.release_service(svc)
+        w.set_status(svc, ServiceStatus.CRASHED)
+        svc.crashes += 1
+        svc.loaded_at = None
+        self._backoff(svc)
+
+    def _shutdown(self) -> None:
+        w = self.world
+        w.shutting_down = True
+        for req in list(w.waiting.values()):
+            w.reject(
+                req,
+                reason=Reason.SHUTTING_DOWN,
+                retry_after_s=30.0,
+                detail="accelmux is shutting down",
+            )
 
     def _arrive(self, event: RequestArrived) -> None:
         w = self.world

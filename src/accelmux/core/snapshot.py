@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from accelmux.core.ledger import DECIDED
-from accelmux.core.state import World
+from accelmux.core.specs import DeviceSpec
+from accelmux.core.state import ServiceState, World
 from accelmux.core.types import SERVICE_CATEGORIES, ServiceClass
 
 RECENT_DECISIONS = 50
@@ -46,71 +47,8 @@ def build_snapshot(
 ) -> Snapshot:
     """The picture of ``w``, with the last decisions of ``log`` and the decision ``counts``
     (by action and reason)."""
-    ledger = w.ledger
-    devices = []
-    for name, dev in w.devices.items():
-        devices.append(
-            {
-                "name": name,
-                "kind": dev.kind,
-                "capacity_bytes": dev.capacity_bytes,
-                "budget_bytes": dev.budget_bytes,
-                "headroom_bytes": dev.headroom_bytes,
-                "foreign_bytes": ledger.foreign(name),
-                "parked_bytes": ledger.parked(name),
-                "overhead_bytes": ledger.overhead(name),
-                "decided_bytes": ledger.decided(name),
-                "committed_bytes": ledger.committed(name),
-                "available_bytes": ledger.available(name),
-            }
-        )
-    services = []
-    for svc in w.services.values():
-        spec = svc.spec
-        breakdown = ledger.service_breakdown(spec.device, svc.name)
-        services.append(
-            {
-                "name": svc.name,
-                "kind": spec.kind.value,
-                "class": spec.cls.label,
-                "residency": spec.residency.value,
-                "pinned": svc.pinned,
-                "device": spec.device,
-                "model": spec.model,
-                "state": svc.status.value,
-                "ledger": {c.value: breakdown[c] for c in SERVICE_CATEGORIES},
-                "estimated_bytes": sum(breakdown[c] for c in DECIDED),
-                "measured_bytes": svc.measured_bytes,
-                "inflight": len(svc.inflight),
-                "concurrency": spec.concurrency,
-                "waiting": svc.waiting_count,
-                "paused": sum(1 for r in svc.queue.values() if r.paused),
-                "pausing": sum(1 for r in svc.inflight.values() if r.pausing is not None),
-                "weights_shared_by": svc.weights_shared_by,
-                "weights_shared_with": w.weights_sharers(svc),
-                "tier": svc.tier.value,
-                "load_seconds": {t.value: round(v, 3) for t, v in sorted(svc.load_s.items())},
-                "kv_pool_bytes": svc.kv_pool,
-                "kv_in_use_bytes": svc.kv_in_use,
-                "kv_usable_bytes": svc.kv_usable,
-                "resize_pending_bytes": svc.resize_target,
-                "resize_failures": svc.resize_failures,
-                "capabilities": spec.capabilities.as_dict(),
-                "kv_floor_bytes": spec.profile.kv_floor,
-                "kv_ceiling_bytes": spec.profile.kv_ceiling,
-                "loads": svc.loads,
-                "cold_starts": svc.cold_starts,
-                "evictions": svc.evictions,
-                "thrash": svc.thrash,
-                "crashes": svc.crashes,
-                "served": svc.served,
-                "over_limit": svc.over_limit,
-                "backoff_until": svc.backoff_until if svc.backoff_until > w.now else None,
-                "calibration_factor": round(svc.calibration.active.factor, 4),
-                "windows": [[win.start_s, win.end_s] for win in spec.windows],
-                "in_window": spec.in_window(w.time_of_day()),
-            }
-        )
+    devices = [device_view(w, name, dev) for name, dev in w.devices.items()]
+    services = [service_view(w, svc) for svc in w.services.values()]
     queues = {c.label: 0 for c in ServiceClass}
     for req in w.waiting.values():
         queues[req.cls.label] += 1
@@ -128,3 +66,68 @@ def build_snapshot(
             "parked_kv_bytes": w.host_kv,
         },
     )
+
+
+def device_view(w: World, name: str, dev: DeviceSpec) -> dict[str, Any]:
+    """One device in the snapshot: its sizes and what the ledger holds on it."""
+    ledger = w.ledger
+    return {
+        "name": name,
+        "kind": dev.kind,
+        "capacity_bytes": dev.capacity_bytes,
+        "budget_bytes": dev.budget_bytes,
+        "headroom_bytes": dev.headroom_bytes,
+        "foreign_bytes": ledger.foreign(name),
+        "parked_bytes": ledger.parked(name),
+        "overhead_bytes": ledger.overhead(name),
+        "decided_bytes": ledger.decided(name),
+        "committed_bytes": ledger.committed(name),
+        "available_bytes": ledger.available(name),
+    }
+
+
+def service_view(w: World, svc: ServiceState) -> dict[str, Any]:
+    """One service in the snapshot: its spec, state, ledger entries, KV pool and counters."""
+    spec = svc.spec
+    breakdown = w.ledger.service_breakdown(spec.device, svc.name)
+    return {
+        "name": svc.name,
+        "kind": spec.kind.value,
+        "class": spec.cls.label,
+        "residency": spec.residency.value,
+        "pinned": svc.pinned,
+        "device": spec.device,
+        "model": spec.model,
+        "state": svc.status.value,
+        "ledger": {c.value: breakdown[c] for c in SERVICE_CATEGORIES},
+        "estimated_bytes": sum(breakdown[c] for c in DECIDED),
+        "measured_bytes": svc.measured_bytes,
+        "inflight": len(svc.inflight),
+        "concurrency": spec.concurrency,
+        "waiting": svc.waiting_count,
+        "paused": sum(1 for r in svc.queue.values() if r.paused),
+        "pausing": sum(1 for r in svc.inflight.values() if r.pausing is not None),
+        "weights_shared_by": svc.weights_shared_by,
+        "weights_shared_with": w.weights_sharers(svc),
+        "tier": svc.tier.value,
+        "load_seconds": {t.value: round(v, 3) for t, v in sorted(svc.load_s.items())},
+        "kv_pool_bytes": svc.kv_pool,
+        "kv_in_use_bytes": svc.kv_in_use,
+        "kv_usable_bytes": svc.kv_usable,
+        "resize_pending_bytes": svc.resize_target,
+        "resize_failures": svc.resize_failures,
+        "capabilities": spec.capabilities.as_dict(),
+        "kv_floor_bytes": spec.profile.kv_floor,
+        "kv_ceiling_bytes": spec.profile.kv_ceiling,
+        "loads": svc.loads,
+        "cold_starts": svc.cold_starts,
+        "evictions": svc.evictions,
+        "thrash": svc.thrash,
+        "crashes": svc.crashes,
+        "served": svc.served,
+        "over_limit": svc.over_limit,
+        "backoff_until": svc.backoff_until if svc.backoff_until > w.now else None,
+        "calibration_factor": round(svc.calibration.active.factor, 4),
+        "windows": [[win.start_s, win.end_s] for win in spec.windows],
+        "in_window": spec.in_window(w.time_of_day()),
+    }

@@ -297,6 +297,11 @@ class ServiceSet:
         return set(self._members)
 
 
+def _expect_index(what: str, got: object, want: object) -> None:
+    if got != want:
+        raise InvariantError(f"index {what}: kept {got!r}, recomputed {want!r}")
+
+
 def _spec_order(svc: ServiceState) -> int:
     return svc.index
 
@@ -316,6 +321,13 @@ class World:
         self.knobs = spec.knobs
         self.ledger = Ledger(spec.devices)
         self.devices = {d.name: d for d in spec.devices}
+        self._init_services(spec)
+        self._init_requests()
+        self._init_indexes()
+        self._init_host(spec)
+
+    def _init_services(self, spec: ManagerSpec) -> None:
+        """Each service's state, by name, per device, per group and realtime per device."""
         self.services: dict[str, ServiceState] = {}
         #: One calibration per model: the replicas of a service learn together (what a
         #: request or a load really takes does not depend on the device it runs on).
@@ -349,6 +361,9 @@ class World:
             d: [s for s in svcs if s.spec.cls is ServiceClass.REALTIME]
             for d, svcs in self.services_by_device.items()
         }
+
+    def _init_requests(self) -> None:
+        """Requests, the round's actions, and what events taught about devices and services."""
         self.waiting: dict[str, RequestState] = {}
         self.inflight: dict[str, RequestState] = {}
         self.now = 0.0
@@ -369,7 +384,9 @@ class World:
         #: freed (a caching allocator, as measured): that memory stays charged to the
         #: service, as RESERVED, until the next sample measures what it really holds.
         self.caching_backends: set[str] = set()
-        # ---- indexes (see the class docstring) ----
+
+    def _init_indexes(self) -> None:
+        """The indexes of the class docstring, empty but for the kept services."""
         #: Status LOADED, all and per device. Services with requests in flight are loaded.
         self.loaded = ServiceSet()
         self._loaded_by_device = {d: ServiceSet() for d in self.devices}
@@ -401,6 +418,9 @@ class World:
         #: Per device, bumped by every change that can alter a decision there (every
         #: event about it, every action on it but an Enqueue): equal epochs, same state.
         self._epochs: dict[str, int] = dict.fromkeys(self.devices, 0)
+
+    def _init_host(self, spec: ManagerSpec) -> None:
+        """The host RAM held for parked weights and KV state, and the host device."""
         #: Host RAM held for parked and sleeping weights (per service, oldest first)
         #: and for parked KV state (total), against ``spec.host_budget_bytes``.
         self.host_weights: dict[str, int] = {}
@@ -562,19 +582,24 @@ class World:
     def check_indexes(self) -> None:
         """Recompute every index from the states; raise if one differs (for tests)."""
         svcs = list(self.services.values())
+        self._check_service_sets(svcs)
+        self._check_waiting_indexes(svcs)
+        self._check_queue_order()
+        self._check_pauses(svcs)
+        if self.host_used > self.spec.host_budget_bytes:
+            raise InvariantError(f"host budget: {self.host_used} > {self.spec.host_budget_bytes}")
+        self.ledger.check_totals()
 
-        def expect(what: str, got: object, want: object) -> None:
-            if got != want:
-                raise InvariantError(f"index {what}: kept {got!r}, recomputed {want!r}")
-
-        expect("loaded", self.loaded.names(), {s.name for s in svcs if s.is_up})
+    def _check_service_sets(self, svcs: list[ServiceState]) -> None:
+        """The service sets (loaded, unloading, crashed, busy, queued, kept, evicted)."""
+        _expect_index("loaded", self.loaded.names(), {s.name for s in svcs if s.is_up})
         for dev in self.devices:
-            expect(
+            _expect_index(
                 f"loaded on {dev}",
                 self.loaded_on(dev).names(),
                 {s.name for s in svcs if s.is_up and s.spec.device == dev},
             )
-            expect(
+            _expect_index(
                 f"unloading on {dev}",
                 self.unloading_on(dev).names(),
                 {
@@ -583,23 +608,23 @@ class World:
                     if s.status is ServiceStatus.UNLOADING and s.spec.device == dev
                 },
             )
-        expect(
+        _expect_index(
             "crashed",
             self.crashed.names(),
             {s.name for s in svcs if s.status is ServiceStatus.CRASHED},
         )
-        expect(
+        _expect_index(
             "resizing services are loaded or unloading",
             {s.name for s in svcs if s.resizing} - self.loaded.names(),
             {s.name for s in svcs if s.resizing and s.status is ServiceStatus.UNLOADING},
         )
-        expect("busy", self.busy.names(), {s.name for s in svcs if s.inflight})
-        expect("busy services are loaded", self.busy.names() - self.loaded.names(), set())
-        expect("queued", self.queued.names(), {s.name for s in svcs if s.waiting_count})
-        expect(
+        _expect_index("busy", self.busy.names(), {s.name for s in svcs if s.inflight})
+        _expect_index("busy services are loaded", self.busy.names() - self.loaded.names(), set())
+        _expect_index("queued", self.queued.names(), {s.name for s in svcs if s.waiting_count})
+        _expect_index(
             "kept", self.kept.names(), {s.name for s in svcs if s.pinned or s.admin_wants_loaded}
         )
-        expect(
+        _expect_index(
             "evicted_out",
             self.evicted_out.names(),
             {
@@ -608,10 +633,13 @@ class World:
                 if s.last_evicted_at is not None and s.status is ServiceStatus.UNLOADED
             },
         )
+
+    def _check_waiting_indexes(self, svcs: list[ServiceState]) -> None:
+        """Each service's queue, and the waiting counts by reason, class and cause."""
         for s in svcs:
             queue = [r for r in self.waiting.values() if r.service == s.name]
-            expect(f"{s.name}.queue", list(s.queue.values()), queue)
-            expect(f"{s.name}.waiting_count", s.waiting_count, len(queue))
+            _expect_index(f"{s.name}.queue", list(s.queue.values()), queue)
+            _expect_index(f"{s.name}.waiting_count", s.waiting_count, len(queue))
         reasons: dict[Reason | None, int] = {}
         classes: dict[tuple[str, ServiceClass], int] = {}
         causes: dict[tuple[str, ServiceClass, Reason | None], int] = {}
@@ -622,45 +650,52 @@ class World:
             classes[(dev, r.cls)] = classes.get((dev, r.cls), 0) + 1
             causes[(dev, r.cls, r.wait_reason)] = causes.get((dev, r.cls, r.wait_reason), 0) + 1
             by_class.setdefault((dev, r.cls), set()).add(r.service)
-        expect("wait_reasons", {k: v for k, v in self.wait_reasons.items() if v}, reasons)
-        expect("waiting_classes", {k: v for k, v in self.waiting_classes.items() if v}, classes)
-        expect("waiting_causes", {k: v for k, v in self.waiting_causes.items() if v}, causes)
-        expect(
+        _expect_index("wait_reasons", {k: v for k, v in self.wait_reasons.items() if v}, reasons)
+        _expect_index(
+            "waiting_classes", {k: v for k, v in self.waiting_classes.items() if v}, classes
+        )
+        _expect_index("waiting_causes", {k: v for k, v in self.waiting_causes.items() if v}, causes)
+        _expect_index(
             "queued_by_class",
             {k: v.names() for k, v in self.queued_by_class.items() if len(v)},
             by_class,
         )
+
+    def _check_queue_order(self) -> None:
+        """Waiting requests in the order they entered the queue, each with a deadline."""
         marks = [r.queued_mark for r in self.waiting.values()]
-        expect("queue order", marks, sorted(marks))
+        _expect_index("queue order", marks, sorted(marks))
         live = {e[2].request_id for e in self._deadlines if self._queued_now(e)}
-        expect("deadlines", live, set(self.waiting))
+        _expect_index("deadlines", live, set(self.waiting))
+
+    def _check_pauses(self, svcs: list[ServiceState]) -> None:
+        """Paused KV state and host copies: what each service and the host hold for them."""
         paused = [r for r in self.waiting.values() if r.paused]
-        expect("host_kv", self.host_kv, sum(r.parked_kv for r in paused if r.parked_in_ram))
-        expect(
+        _expect_index("host_kv", self.host_kv, sum(r.parked_kv for r in paused if r.parked_in_ram))
+        _expect_index(
             "host_pending",
             self.host_pending,
             sum(r.pause_reserved for r in self.inflight.values()),
         )
-        expect(
+        _expect_index(
             "pausing requests run",
             {r.request_id for r in self.waiting.values() if r.pausing is not None},
             set(),
         )
         for svc in svcs:
             mine = [r for r in paused if r.service == svc.name and not r.parked]
-            expect(f"{svc.name}.paused_kv", svc.paused_kv, sum(r.kv_bytes for r in mine))
+            _expect_index(f"{svc.name}.paused_kv", svc.paused_kv, sum(r.kv_bytes for r in mine))
             held = sum(r.kv_bytes for r in svc.inflight.values()) + svc.paused_kv
-            expect(f"{svc.name}.kv_in_use", svc.kv_in_use, held)
+            _expect_index(f"{svc.name}.kv_in_use", svc.kv_in_use, held)
             lease = svc.kv_lease
-            expect(f"{svc.name}.kv_pool", svc.kv_pool, lease.nbytes if lease is not None else 0)
-            expect(
+            _expect_index(
+                f"{svc.name}.kv_pool", svc.kv_pool, lease.nbytes if lease is not None else 0
+            )
+            _expect_index(
                 f"{svc.name}.host copy",
                 svc.name in self.host_weights,
                 svc.tier is not Tier.COLD,
             )
-        if self.host_used > self.spec.host_budget_bytes:
-            raise InvariantError(f"host budget: {self.host_used} > {self.spec.host_budget_bytes}")
-        self.ledger.check_totals()
 
     # ---- estimates ------------------------------------------------------------
     def estimate(self, service: str, demand: Demand) -> RequestEstimate:

@@ -35,7 +35,6 @@ import psutil
 from accelmux import __version__
 from accelmux.backends.base import Backend, BackendRequest, can_pause
 from accelmux.backends.factory import build_backends
-from accelmux.config.baselines import build_policy
 from accelmux.config.schema import AccelmuxConfig
 from accelmux.config.specs import to_manager_spec, with_capabilities
 from accelmux.core.events import AdminCommand, Demand, Event, ShutdownRequested
@@ -54,10 +53,12 @@ from accelmux.runtime.executor import ActionExecutor
 from accelmux.runtime.explain import why_full
 from accelmux.runtime.live_latency import LiveLatency
 from accelmux.runtime.metrics import Metrics
+from accelmux.runtime.policy_choice import daemon_policy
 from accelmux.runtime.request_runner import Attempt, RequestRunner
 from accelmux.runtime.requests import Ticket
 from accelmux.runtime.sampler import SamplerLoop
 from accelmux.runtime.status import build_status
+from accelmux.sim.baselines import is_baseline
 
 log = logging.getLogger("accelmux.runtime")
 T = TypeVar("T")
@@ -100,7 +101,7 @@ class Runtime:
         self.backends = backends
         # The Manager trusts only what each backend declares it can do.
         spec = with_capabilities(spec, {n: b.capabilities for n, b in backends.items()})
-        self.manager = Manager(spec, build_policy(cfg.policy.name, cfg.policy), strict=False)
+        self.manager = Manager(spec, daemon_policy(cfg.policy), strict=False)
         self.clock: Clock = clock or LoopClock()
         self.bus = DecisionBus()
         self.models: dict[str, str] = {}
@@ -302,6 +303,7 @@ class Runtime:
             server={
                 "version": __version__,
                 "policy": self.manager.policy.name,
+                "baseline": is_baseline(self.cfg.policy.name),
                 "uptime_s": round(time.time() - self.started_at, 3),
                 "stopping": self.stopping,
                 "open_requests": len(self.tickets),

@@ -59,7 +59,9 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from accelmux.config.load import load_config  # noqa: PLC0415  # --help stays fast
+    from accelmux.sim.baselines import register_baselines  # noqa: PLC0415  # --help stays fast
 
+    register_baselines()  # policy.name may name one, run for comparison
     cfg = load_config(args.config) if args.config else None
     address = args.cluster or (cfg.cluster.address if cfg is not None else None)
     if address and not args.show_config:

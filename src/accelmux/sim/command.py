@@ -117,7 +117,7 @@ def _write_json(out: Path, data: dict[str, Any]) -> None:
 
 def _simulate_file(args: argparse.Namespace, path: Path) -> tuple[int, dict[str, Any] | None]:
     """Validate and run one scenario file: (exit code, report when it ran)."""
-    from accelmux.config.baselines import apply_variant, split_policies  # noqa: PLC0415  # --help stays fast
+    from accelmux.sim.baselines import apply_variant, split_policies  # noqa: PLC0415  # --help stays fast
     from accelmux.sim.report import header, text_table  # noqa: PLC0415  # --help stays fast
     from accelmux.sim.runner import simulate  # noqa: PLC0415  # --help stays fast
     from accelmux.sim.scenario import load_scenario, trace_problems  # noqa: PLC0415  # --help stays fast

@@ -43,7 +43,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from accelmux.config.baselines import apply_variant, build_policy
 from accelmux.core.actions import (
     Action,
     Dispatch,
@@ -76,6 +75,7 @@ from accelmux.core.placement import without_replicas
 from accelmux.core.profiles import estimate_request
 from accelmux.core.specs import ServiceSpec
 from accelmux.core.types import ServiceClass, Tier
+from accelmux.sim.baselines import apply_variant, build_policy
 from accelmux.sim.compute import ComputeDevice, Job, solo_work
 from accelmux.sim.engine import EventHeap, SimClock
 from accelmux.sim.physical import ForeignProcess, HostCache, OomEvent, PhysicalDevice

@@ -21,8 +21,8 @@ from typing import Any
 
 from accelmux.core.events import Event
 from accelmux.core.manager import Decision, Manager
-from accelmux.core.policies import make_policy
 from accelmux.core.specs import ManagerSpec
+from accelmux.sim.baselines import make_policy
 from accelmux.sim.executor import Simulation
 from accelmux.sim.scenario import Scenario, load_scenario
 

@@ -1,5 +1,8 @@
 """Baseline policies: what home servers do today, and the oracle upper bound.
 
+They are the simulator's yardsticks, not part of the product: the daemon runs one only
+when its config names it, for comparison.
+
 All of them implement the :class:`~accelmux.core.policy.Policy` Protocol and act only
 through the World's mutators. Policies that do not coordinate memory dispatch with a
 lease of 0 and ``enforce=False``: the ledger then does not stop them, and the
@@ -135,7 +138,7 @@ class LlamaSwapSettings:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BaselineSettings:
-    """The knobs of every configurable baseline (the config's ``policy:`` section)."""
+    """The knobs of every configurable baseline (``BaselinePolicyConfig``'s sections)."""
 
     ollama: OllamaSettings = field(default_factory=OllamaSettings)
     llama_swap: LlamaSwapSettings = field(default_factory=LlamaSwapSettings)
@@ -801,10 +804,15 @@ class OraclePolicy(_WarmPerServicePolicy):
         )
 
 
-BASELINES: dict[str, Callable[[BaselineSettings], Policy]] = {
+def _knobs(settings: BaselineSettings | None) -> BaselineSettings:
+    return settings if settings is not None else BaselineSettings()
+
+
+#: Each baseline's factory, as the policy registry takes it (``register_baselines``).
+BASELINES: dict[str, Callable[[BaselineSettings | None], Policy]] = {
     "independent": lambda _: IndependentPolicy(),
     "static": lambda _: StaticPolicy(),
-    "ollama+containers": lambda s: OllamaContainersPolicy(s.ollama),
-    "llama-swap": lambda s: LlamaSwapPolicy(s.llama_swap),
+    "ollama+containers": lambda s: OllamaContainersPolicy(_knobs(s).ollama),
+    "llama-swap": lambda s: LlamaSwapPolicy(_knobs(s).llama_swap),
     "oracle": lambda _: OraclePolicy(),
 }

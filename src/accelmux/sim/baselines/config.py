@@ -1,7 +1,9 @@
-"""The baselines' knobs (``policy.ollama``, ``policy.llama_swap``) and policy variants.
+"""The baselines' knobs (``ollama``, ``llama_swap``) and policy variants.
 
-A scenario sets the knobs the way its users would configure the real systems; a
-*variant* overrides some of them for one run: ``NAME[key=value,...]``, for example
+The knobs are no keys of the product's ``policy:`` section: :class:`BaselinePolicyConfig`
+is that section with the baselines' sections added, each at the defaults its users
+would configure the real systems with. A *variant* overrides some of them for one run:
+``NAME[key=value,...]``, for example
 ``ollama+containers[max_loaded_models=7,num_parallel=4]`` or
 ``llama-swap[layout=no-groups]``. Values are YAML (``null``, ``[chat, asr]``); keys are
 the fields of the policy's own section. :func:`build_policy` turns a policy name or a
@@ -15,8 +17,11 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ByteSize, ConfigDict, Field, ValidationError, field_validator
 
+from accelmux.config.schema import PolicyConfig
 from accelmux.core.policies import make_policy, policy_names
-from accelmux.core.policies.baselines import (
+from accelmux.core.policy import Policy
+from accelmux.core.types import Residency, ServiceClass, ServiceKind
+from accelmux.sim.baselines.policies import (
     LLAMA_SWAP_KINDS,
     OLLAMA_KINDS,
     PINNED_PERSISTENT,
@@ -25,8 +30,6 @@ from accelmux.core.policies.baselines import (
     OllamaSettings,
     SwapGroup,
 )
-from accelmux.core.policy import Policy
-from accelmux.core.types import Residency, ServiceClass, ServiceKind
 
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 #: The selectors a llama-swap group member may use besides a service name and ``*``.
@@ -187,12 +190,30 @@ class LlamaSwapConfig(_Section):
         )
 
 
-#: Each configurable baseline -> its section of ``policy:``.
+class BaselinePolicyConfig(PolicyConfig):
+    """The ``policy:`` section with the knobs of the configurable baselines."""
+
+    ollama: OllamaConfig = Field(
+        default_factory=OllamaConfig, description="The ollama+containers baseline's settings."
+    )
+    llama_swap: LlamaSwapConfig = Field(
+        default_factory=LlamaSwapConfig, description="The llama-swap baseline's settings."
+    )
+
+
+#: Each configurable baseline -> its section of :class:`BaselinePolicyConfig`.
 SECTIONS: dict[str, str] = {"ollama+containers": "ollama", "llama-swap": "llama_swap"}
 
 
-def baseline_settings(policy: Any) -> BaselineSettings:
-    """The core settings from a ``PolicyConfig`` (its ``ollama`` and ``llama_swap``)."""
+def with_baselines(policy: PolicyConfig) -> BaselinePolicyConfig:
+    """``policy`` with the baselines' sections (at their defaults where it has none)."""
+    if isinstance(policy, BaselinePolicyConfig):
+        return policy
+    return BaselinePolicyConfig.model_validate(policy.model_dump())
+
+
+def baseline_settings(policy: BaselinePolicyConfig) -> BaselineSettings:
+    """The baselines' settings from their sections (``ollama`` and ``llama_swap``)."""
     return BaselineSettings(
         ollama=policy.ollama.settings(), llama_swap=policy.llama_swap.settings()
     )
@@ -242,8 +263,9 @@ def parse_variant(text: str) -> tuple[str, dict[str, Any]]:
     return name.strip(), overrides
 
 
-def apply_variant(text: str, policy: Any) -> Any:
-    """``policy`` (a ``PolicyConfig``) with the variant's overrides applied and validated.
+def apply_variant(text: str, policy: PolicyConfig) -> PolicyConfig:
+    """``policy`` with the variant's overrides applied and validated (a baseline's
+    variant gives a :class:`BaselinePolicyConfig`).
 
     Raises ValueError naming the variant, the key and the problem.
     """
@@ -268,6 +290,7 @@ def apply_variant(text: str, policy: Any) -> Any:
     section = SECTIONS.get(name)
     if section is None:
         raise ValueError(f"variant {text!r}: policy {name!r} has no settings to vary")
+    policy = with_baselines(policy)
     current: BaseModel = getattr(policy, section)
     try:
         updated = type(current).model_validate({**current.model_dump(), **overrides})
@@ -280,23 +303,11 @@ def apply_variant(text: str, policy: Any) -> Any:
     return policy.model_copy(update={section: updated})
 
 
-def build_policy(text: str, policy: Any) -> Policy:
+def build_policy(text: str, policy: PolicyConfig) -> Policy:
     """The policy named by ``text`` (a name or a variant), with the config's knobs."""
     name, _ = parse_variant(text)
     configured = apply_variant(text, policy)
-    built = make_policy(name, baseline_settings(configured))
+    built = make_policy(name, baseline_settings(with_baselines(configured)))
     if text.strip() != name:
         built.name = text.strip()
     return built
-
-
-def group_problems(policy: Any, services: list[str]) -> list[str]:
-    """Group members naming services the config does not have."""
-    problems: list[str] = []
-    for i, group in enumerate(policy.llama_swap.groups):
-        for member in group.members:
-            if member != "*" and ":" not in member and member not in services:
-                problems.append(
-                    f"policy.llama_swap.groups.{i}.members: unknown service (got {member!r})"
-                )
-    return problems
