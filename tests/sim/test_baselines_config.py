@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -151,3 +152,15 @@ def test_the_core_registry_knows_the_baselines_only_once_their_package_is_import
         "'llama-swap',",
         "'oracle']",
     ]
+
+
+def test_a_scenario_may_set_the_baselines_knobs(tmp_path: Path) -> None:
+    from tests.sim.support import scenario, tiny
+
+    data = tiny()
+    data["policy"] = {"name": "ollama+containers", "ollama": {"max_loaded_models": 1}}
+    scn = scenario(tmp_path, data)
+    assert scn.config.policy.ollama.max_loaded_models == 1
+    data["policy"] = {"ollama": {"max_loaded_modls": 1}}
+    with pytest.raises(ConfigError, match="max_loaded_modls"):
+        scenario(tmp_path, data)

@@ -35,6 +35,7 @@ from accelmux.config.specs import to_manager_spec
 from accelmux.core.specs import ManagerSpec, ServiceSpec
 from accelmux.core.types import GIB
 from accelmux.errors import ConfigError
+from accelmux.sim.baselines.config import BaselinePolicyConfig
 
 #: The Azure LLM trace 2023 (conversations), shipped inside the package (see traces/README.md).
 DEFAULT_TRACE = str(Path(__file__).resolve().parent / "traces" / "azure_llm_2023_conv.csv")
@@ -290,6 +291,11 @@ class ScenarioConfig(AccelmuxConfig):
 
     workloads: list[WorkloadConfig] = Field(min_length=1)
     simulation: SimulationConfig = Field(default_factory=SimulationConfig)
+    #: A scenario may also set the configurable baselines' knobs (``policy.ollama``,
+    #: ``policy.llama_swap``); the daemon's config runs a baseline at its defaults.
+    policy: BaselinePolicyConfig = Field(
+        default_factory=BaselinePolicyConfig, description="Policy knobs, baselines' too."
+    )
 
 
 def workload_services(w: WorkloadConfig) -> list[str]:
