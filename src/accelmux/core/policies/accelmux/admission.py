@@ -151,7 +151,8 @@ def consider(self: Parts, world: World, req: RequestState, rnd: Round) -> None:
         # Past _must_wait with a lower class waiting for memory, fair progress applies:
         # work that class could preempt may still use idle memory (it takes nothing from
         # anyone, and gives the memory back when preempted).
-        idle_only = blocked is not None and blocked < req.cls
+        # fair progress: only idle memory, unless the blocked class may not take it anyway
+        idle_only = blocked is not None and blocked < req.cls and not floored(svc.spec, blocked)
         self._load_for(world, req, svc, rnd, outside, idle_only)
         return
     if self._one_at_a_time(world, req, svc):
@@ -264,7 +265,12 @@ def admit(
         reserve = self._fitting_reserve(world, svc, need, limit)
     running = len(world.inflight)
     room_needed = max(0, need - own_cache) + reserve
-    if blocked is not None and blocked < cls and before < room_needed:
+    if (
+        blocked is not None
+        and blocked < cls
+        and before < room_needed
+        and not floored(svc.spec, blocked)
+    ):
         # fair progress (see consider): only idle memory
         self._queue_or_reject(
             world,
