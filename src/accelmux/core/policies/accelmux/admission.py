@@ -52,6 +52,13 @@ def queue_or_reject(
     world.enqueue(req, reason=reason, detail=detail)
 
 
+def held_back(svc: ServiceState, cls: ServiceClass, blocked: ServiceClass | None) -> bool:
+    """Fair progress: work of ``cls`` on ``svc`` may take only idle memory while a higher
+    class is blocked on memory, unless that class may not take ``svc`` anyway (a steady
+    service and a blocked batch request: the background floor)."""
+    return blocked is not None and blocked < cls and not floored(svc.spec, blocked)
+
+
 def class_must_wait(
     dev: str, cls: ServiceClass, rnd: Round, fair_progress: bool
 ) -> tuple[Reason, str] | None:
@@ -151,8 +158,7 @@ def consider(self: Parts, world: World, req: RequestState, rnd: Round) -> None:
         # Past _must_wait with a lower class waiting for memory, fair progress applies:
         # work that class could preempt may still use idle memory (it takes nothing from
         # anyone, and gives the memory back when preempted).
-        # fair progress: only idle memory, unless the blocked class may not take it anyway
-        idle_only = blocked is not None and blocked < req.cls and not floored(svc.spec, blocked)
+        idle_only = held_back(svc, req.cls, blocked)
         self._load_for(world, req, svc, rnd, outside, idle_only)
         return
     if self._one_at_a_time(world, req, svc):
@@ -265,12 +271,7 @@ def admit(
         reserve = self._fitting_reserve(world, svc, need, limit)
     running = len(world.inflight)
     room_needed = max(0, need - own_cache) + reserve
-    if (
-        blocked is not None
-        and blocked < cls
-        and before < room_needed
-        and not floored(svc.spec, blocked)
-    ):
+    if held_back(svc, cls, blocked) and before < room_needed:
         # fair progress (see consider): only idle memory
         self._queue_or_reject(
             world,
