@@ -17,10 +17,11 @@ from accelmux.backends.external import ExternalBackend, free_port, template_argv
 from accelmux.backends.fake import FakeBackend
 from accelmux.backends.fake_outputs import png
 from accelmux.config.backends import ExternalBackendConfig, FakeBackendConfig
+from accelmux.config.hosts import is_loopback
 from accelmux.core.types import ServiceKind
 from accelmux.errors import BackendError
 from accelmux.gateway.media import audio_seconds, image_size
-from accelmux.gateway.middleware import _matches, is_loopback
+from accelmux.gateway.middleware import _matches
 from accelmux.monitors.base import ServiceProcesses
 from accelmux.monitors.host import HostSampler, host_total
 from accelmux.monitors.nvidia import NvidiaSampler

@@ -27,7 +27,6 @@ A simulator scenario is not checked against the machine.
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import os
 import shutil
 import stat
@@ -42,6 +41,7 @@ except ImportError:  # pragma: no cover
     pynvml = None
 
 from accelmux.config.backends import ExternalBackendConfig
+from accelmux.config.hosts import is_loopback
 from accelmux.config.schema import AccelmuxConfig
 
 #: What accelmux creates under ``server.data_dir``: owner-only (it holds job inputs, logs).
@@ -141,22 +141,13 @@ def nvidia_problems(cfg: AccelmuxConfig) -> list[str]:
 def open_host_problem(cfg: AccelmuxConfig) -> str | None:
     """serve's refusal of a non-loopback host without API keys, as a check problem."""
     server = cfg.server
-    if server.api_keys or server.allow_unauthenticated or _loopback(server.host):
+    if server.api_keys or server.allow_unauthenticated or is_loopback(server.host):
         return None
     return (
         f"server.host: {server.host or 'every address'} is not loopback and server.api_keys "
         "is empty: serve refuses to start (/v1 would be open to the network); set "
         "server.api_keys, listen on 127.0.0.1, or server.allow_unauthenticated: true"
     )
-
-
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def tighten_data_dir(path: Path) -> tuple[list[str], list[str]]:

@@ -10,9 +10,9 @@ an event may take to arrive and a connection may sit silent; how many connection
 
 from __future__ import annotations
 
-import ipaddress
-
 from pydantic import BaseModel, ByteSize, ConfigDict, Field
+
+from accelmux.config.hosts import is_loopback
 
 #: Bytes a second of the audio the ASR service is given (16 kHz, 16-bit, mono).
 ASR_BYTES_PER_S = 16000 * 2
@@ -130,7 +130,7 @@ class WyomingConfig(BaseModel):
 def open_network_problem(wy: WyomingConfig, *, allow_unauthenticated: bool = False) -> str | None:
     """Why ``wy`` must not listen where it would (a non-loopback host without an opt-in),
     or None. Wyoming has no keys: whoever reaches the port uses the speech services."""
-    if wy.allow_network or allow_unauthenticated or _is_loopback(wy.host):
+    if wy.allow_network or allow_unauthenticated or is_loopback(wy.host):
         return None
     where = wy.host or "every address"
     return (
@@ -139,12 +139,3 @@ def open_network_problem(wy: WyomingConfig, *, allow_unauthenticated: bool = Fal
         "127.0.0.1, or accept it with server.wyoming.allow_network: true "
         "(server.allow_unauthenticated, serve --allow-open, accepts it too)"
     )
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False

@@ -20,7 +20,6 @@ import base64
 import binascii
 import hashlib
 import hmac
-import ipaddress
 import logging
 import math
 import time
@@ -31,6 +30,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.typedefs import Middleware
 
+from accelmux.config.hosts import is_loopback
 from accelmux.config.server import RateLimitConfig, ServerConfig
 from accelmux.gateway.errors import ApiError
 from accelmux.gateway.ollama_relay import error_response as ollama_error
@@ -54,15 +54,6 @@ PUBLIC = ("/health", "/openapi.json")
 ADMIN_ALSO = ("/v1/jobs",)
 #: Inference paths (OpenAI's and Ollama's): API keys and rate limits apply to them.
 INFERENCE = ("/v1/", "/api/")
-
-
-def is_loopback(host: str) -> bool:
-    if host in ("localhost", ""):
-        return host == "localhost"
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _bearer(request: web.Request) -> bytes | None:

@@ -69,13 +69,13 @@ from zeroconf.asyncio import AsyncServiceInfo, AsyncZeroconf
 
 from accelmux import __version__
 from accelmux.backends.base import BackendRequest, BackendResponse
+from accelmux.config.hosts import is_loopback
 from accelmux.config.schema import AccelmuxConfig
 from accelmux.config.wyoming import WyomingConfig
 from accelmux.core.actions import Dispatch
 from accelmux.core.events import Demand
 from accelmux.core.types import ServiceKind, ServiceStatus
 from accelmux.errors import BackendCrashedError, BackendError
-from accelmux.gateway.middleware import is_loopback
 from accelmux.gateway.wyoming_frames import (
     FrameError,
     FrameLimits,

@@ -11,6 +11,7 @@ from typing import NoReturn
 
 from aiohttp import web
 
+from accelmux.config.hosts import is_loopback
 from accelmux.config.machine import host_memory_problems, prepare_data_dir, tighten_data_dir
 from accelmux.config.schema import AccelmuxConfig
 from accelmux.config.server import ServerConfig
@@ -22,7 +23,7 @@ from accelmux.gateway.connections import (
     GuardedTCPSite,
     raise_open_files_limit,
 )
-from accelmux.gateway.middleware import ProtocolLogger, is_loopback
+from accelmux.gateway.middleware import ProtocolLogger
 from accelmux.gateway.wyoming_api import WyomingServer
 from accelmux.monitors.host import host_total
 from accelmux.runtime.daemon import Runtime
