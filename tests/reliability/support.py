@@ -18,9 +18,26 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from tests.live.support import free_port
+from tests.live.support import UPSTREAM, free_port
 
 Json = Any
+
+
+def external_chat(**backend: Any) -> dict[str, Any]:
+    """A pinned chat service run by the fake OpenAI server (``tests/live``'s upstream) as
+    an external backend; ``backend`` adds keys to its backend section."""
+    return {
+        "kind": "chat",
+        "residency": "pinned",
+        "memory": {"weights": "128MiB"},
+        "backend": {
+            "type": "external",
+            "argv": [sys.executable, str(UPSTREAM), "--port", "{port}"],
+            "startup_timeout_s": 30,
+            "stop_grace_s": 3,
+            **backend,
+        },
+    }
 
 
 @dataclass

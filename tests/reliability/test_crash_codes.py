@@ -9,38 +9,22 @@ import ast
 import os
 import re
 import signal
-import sys
 import threading
 from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
-from tests.live.support import UPSTREAM, base_config
-from tests.reliability.support import http, running, wait_for, write_config
+from tests.live.support import base_config
+from tests.reliability.support import external_chat, http, running, wait_for, write_config
 from tests.reliability.test_hardening import ROOT, SRC, _emitted_codes, _string_constants
-
-
-def _external(**extra: Any) -> dict[str, Any]:
-    return {
-        "kind": "chat",
-        "residency": "pinned",
-        "memory": {"weights": "128MiB"},
-        "backend": {
-            "type": "external",
-            "argv": [sys.executable, str(UPSTREAM), "--port", "{port}"],
-            "startup_timeout_s": 30,
-            "stop_grace_s": 3,
-            **extra,
-        },
-    }
 
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_an_external_server_dying_mid_request_answers_backend_crashed(
     tmp_path: Path, stream: bool
 ) -> None:
-    cfg = base_config(ext=_external())
+    cfg = base_config(ext=external_chat())
     path = write_config(cfg, tmp_path)
     pid_file = tmp_path / "data" / "run" / "ext.pid"
     with (

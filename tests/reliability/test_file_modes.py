@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import os
 import stat
-import sys
 from pathlib import Path
 
-from tests.live.support import UPSTREAM, base_config
-from tests.reliability.support import http, running, wait_for, write_config
+from tests.live.support import base_config
+from tests.reliability.support import external_chat, http, running, wait_for, write_config
 
 from accelmux.cameras.store import EventStore
 from accelmux.jobs.store import JobStore
@@ -39,17 +38,7 @@ def test_every_file_under_data_dir_is_private_after_a_daemon_run(tmp_path: Path)
     os.chmod(old_log, 0o644)
 
     cfg = base_config()
-    cfg["services"]["ext"] = {
-        "kind": "chat",
-        "residency": "pinned",
-        "memory": {"weights": "128MiB"},
-        "backend": {
-            "type": "external",
-            "argv": [sys.executable, str(UPSTREAM), "--port", "{port}"],
-            "startup_timeout_s": 30,
-            "stop_grace_s": 3,
-        },
-    }
+    cfg["services"]["ext"] = external_chat()
     path = write_config(cfg, tmp_path)
     with running(path, timeout=60) as d:
         status, job, _ = http(

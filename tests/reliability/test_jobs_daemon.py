@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.live.support import UPSTREAM, base_config, fake
+from tests.live.support import base_config, fake
 from tests.reliability.conftest import Record
 from tests.reliability.support import (
+    external_chat,
     http,
     pid_alive,
     running,
@@ -40,20 +41,6 @@ def _embed(**backend: Any) -> dict[str, Any]:
         "class": "batch",
         "memory": {"weights": "64MiB", "per_unit": "256KiB"},
         "backend": fake(embedding_dim=DIM, **backend),
-    }
-
-
-def _external_chat() -> dict[str, Any]:
-    return {
-        "kind": "chat",
-        "residency": "pinned",
-        "memory": {"weights": "128MiB"},
-        "backend": {
-            "type": "external",
-            "argv": [sys.executable, str(UPSTREAM), "--port", "{port}"],
-            "startup_timeout_s": 30,
-            "stop_grace_s": 3,
-        },
     }
 
 
@@ -84,7 +71,7 @@ def _expected(text: str) -> list[float]:
 def test_sigkill_mid_job_then_restart_finishes_every_input_once(
     tmp_path: Path, record: Record
 ) -> None:
-    cfg = base_config(embed=_embed(latency_s=0.003), chat=_external_chat())
+    cfg = base_config(embed=_embed(latency_s=0.003), chat=external_chat())
     path = write_config(cfg, tmp_path)
     texts = [f"document {i}: the quick brown fox {i * 7919 % 10007}" for i in range(N_INPUTS)]
 
