@@ -120,6 +120,30 @@ def test_top_once_prints_one_frame() -> None:
     assert "asr         loaded    pin" in out.stdout
 
 
+def _service(name: str, state: str, ledger: dict[str, int]) -> dict[str, Any]:
+    """One service of an ``/admin/status`` answer, on device ``gpu``."""
+    return {
+        "name": name,
+        "device": "gpu",
+        "state": state,
+        "class": "interactive",
+        "residency": "warm",
+        "pinned": False,
+        "ledger": ledger,
+        "inflight": 0,
+        "concurrency": 1,
+        "waiting": 0,
+        "kv_pool_bytes": 0,
+        "kv_in_use_bytes": 0,
+        "loads": 1,
+        "evictions": 0,
+        "thrash": 0,
+        "cold_starts": 0,
+        "served": 0,
+        "windows": [],
+    }
+
+
 def test_frame_letters_stay_distinct_and_fit_the_width() -> None:
     assert top.letters(["chat", "completion", "camera", "c"]) == {
         "chat": "C",
@@ -141,28 +165,7 @@ def test_frame_letters_stay_distinct_and_fit_the_width() -> None:
                 "available_bytes": 400,
             }
         ],
-        "services": [
-            {
-                "name": "chat",
-                "device": "gpu",
-                "state": "loaded",
-                "class": "interactive",
-                "residency": "warm",
-                "pinned": False,
-                "ledger": {"weights": 300},
-                "inflight": 0,
-                "concurrency": 1,
-                "waiting": 0,
-                "kv_pool_bytes": 0,
-                "kv_in_use_bytes": 0,
-                "loads": 1,
-                "evictions": 0,
-                "thrash": 0,
-                "cold_starts": 0,
-                "served": 3,
-                "windows": [],
-            }
-        ],
+        "services": [{**_service("chat", "loaded", {"weights": 300}), "served": 3}],
         "queues": {},
         "decisions": [{"t": 9.0, "action": "reject", "service": "chat", "reason": "queue_full"}],
     }
@@ -189,34 +192,12 @@ def test_frame_shows_every_byte_the_ledger_attributes() -> None:
         "available_bytes": 200,
     }
 
-    def service(name: str, state: str, ledger: dict[str, int]) -> dict[str, Any]:
-        return {
-            "name": name,
-            "device": "gpu",
-            "state": state,
-            "class": "interactive",
-            "residency": "warm",
-            "pinned": False,
-            "ledger": ledger,
-            "inflight": 0,
-            "concurrency": 1,
-            "waiting": 0,
-            "kv_pool_bytes": 0,
-            "kv_in_use_bytes": 0,
-            "loads": 1,
-            "evictions": 0,
-            "thrash": 0,
-            "cold_starts": 0,
-            "served": 0,
-            "windows": [],
-        }
-
     status: dict[str, Any] = {
         "time": 10.0,
         "devices": [device],
         "services": [
-            service("chat", "loaded", {"weights": 200}),
-            service("vllm", "unloaded", {"leftover": 100}),
+            _service("chat", "loaded", {"weights": 200}),
+            _service("vllm", "unloaded", {"leftover": 100}),
         ],
         "queues": {},
         "decisions": [],
