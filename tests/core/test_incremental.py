@@ -347,8 +347,8 @@ def assert_helpers_agree(policy: AccelmuxPolicy, world: World) -> None:
     learners = {s.name for s in policy._learners(world)}
     for svc in world.services.values():
         learns = (
-            svc.crashes != policy._seen_crashes.get(svc.name, 0)
-            or svc.name in policy._charged
+            svc.crashes != world.learned.seen_crashes.get(svc.name, 0)
+            or svc.name in world.learned.charged
             or world.sampled_at.get(svc.spec.device) == now
         )
         assert svc.name in learners or not learns
@@ -568,7 +568,7 @@ class HeldAtRoundEnd(AccelmuxPolicy):
 
     def decide(self, world: World, now: float) -> None:
         for svc in world.services.values():
-            if svc.crashes != self._seen_crashes.get(svc.name, 0):
+            if svc.crashes != world.learned.seen_crashes.get(svc.name, 0):
                 assert svc.crash_held == self.held_at_end.get(svc.name, [])
                 self.crashes_seen += 1
         super().decide(world, now)

@@ -87,8 +87,10 @@ def device_view(w: World, name: str, dev: DeviceSpec) -> dict[str, Any]:
 
 
 def service_view(w: World, svc: ServiceState) -> dict[str, Any]:
-    """One service in the snapshot: its spec, state, ledger entries, KV pool and counters."""
+    """One service in the snapshot: its spec, state, ledger entries, KV pool, counters
+    and what the policy learned about it."""
     spec = svc.spec
+    learned = w.learned
     breakdown = w.ledger.service_breakdown(spec.device, svc.name)
     return {
         "name": svc.name,
@@ -128,6 +130,10 @@ def service_view(w: World, svc: ServiceState) -> dict[str, Any]:
         "over_limit": svc.over_limit,
         "backoff_until": svc.backoff_until if svc.backoff_until > w.now else None,
         "calibration_factor": round(svc.calibration.active.factor, 4),
+        # what the policy learned (World.learned); null where nothing is known
+        "charged_bytes": learned.charged.get(svc.name),
+        "high_water_bytes": learned.high_water.get(svc.name),
+        "realtime_peak_bytes": learned.realtime_peak.get(svc.name),
         "windows": [[win.start_s, win.end_s] for win in spec.windows],
         "in_window": spec.in_window(w.time_of_day()),
     }

@@ -4,7 +4,8 @@ Policies never build actions by hand: they call the mutators here (``dispatch``,
 ``enqueue``, ``reject``, ``load``, ``unload``, ``resize``, ``preempt``), which update the
 ledger and the states consistently and record the action, and they note what they learn
 through the World as well (``mark_announced``, ``clear_admin_unload``,
-``forget_eviction``, ``observe_failure``, ``observe_excess``, ``touch``). This keeps
+``forget_eviction``, ``observe_failure``, ``observe_excess``, ``charge``, ``touch``; the
+facts a policy learns per service are kept in ``World.learned``). This keeps
 every policy, baselines included, inside the same bookkeeping; a test
 (``tests/core/test_policy_mutators.py``) fails on a policy that writes a field of the
 World, a service or a request itself.
@@ -32,6 +33,7 @@ from accelmux.core.actions import (
     Unload,
 )
 from accelmux.core.events import Demand
+from accelmux.core.learned import Learned
 from accelmux.core.ledger import Lease, Ledger
 from accelmux.core.profiles import RequestEstimate, ServiceCalibration, estimate_request
 from accelmux.core.specs import DAY_S, ManagerSpec, ServiceSpec
@@ -384,6 +386,10 @@ class World:
         #: freed (a caching allocator, as measured): that memory stays charged to the
         #: service, as RESERVED, until the next sample measures what it really holds.
         self.caching_backends: set[str] = set()
+        #: What the policy learned per service from measurements and crashes (charges,
+        #: high waters, realtime peaks): changed through the mutators below, shown in
+        #: the snapshot.
+        self.learned = Learned()
 
     def _init_indexes(self) -> None:
         """The indexes of the class docstring, empty but for the kept services."""
@@ -1355,6 +1361,35 @@ class World:
     ) -> None:
         """``svc``'s running requests were measured above their leases."""
         svc.calibration.observe_excess(estimated_active, measured_active)
+
+    def see_crashes(self, svc: ServiceState) -> bool:
+        """Note ``svc``'s crash count as seen: whether it changed since last seen."""
+        return self.learned.see_crashes(svc.name, svc.crashes)
+
+    def charge(self, svc: ServiceState, nbytes: int) -> None:
+        """``svc`` was measured ``nbytes`` above its leases: charge them to it."""
+        self.learned.charge(svc.name, nbytes)
+
+    def clear_charge(self, svc: ServiceState) -> bool:
+        """``svc`` is measured within its leases again: whether it was charged."""
+        return self.learned.clear_charge(svc.name)
+
+    def raise_high_water(self, svc: ServiceState, measured: int) -> int:
+        """``svc``'s activation memory was measured at ``measured``: its highest
+        measurement before (0: none)."""
+        return self.learned.raise_high_water(svc.name, measured)
+
+    def forget_activation(self, svc: ServiceState) -> None:
+        """``svc`` holds no memory: forget its high water and its charge."""
+        self.learned.forget_activation(svc.name)
+
+    def note_realtime_activation(self, svc: ServiceState, active: int) -> None:
+        """A request of realtime ``svc`` is about to run with ``active`` bytes projected."""
+        self.learned.raise_realtime_peak(svc.name, active)
+
+    def add_explanation(self, req: RequestState, text: str) -> None:
+        """A line of ``req``'s explanation that no action carries (what a decision used)."""
+        self._explain(req, text)
 
     def note_crash(self, svc: ServiceState) -> None:
         """``svc``'s backend died (before its requests are failed): keep what each

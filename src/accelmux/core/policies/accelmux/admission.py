@@ -217,10 +217,14 @@ def one_at_a_time(self: Parts, world: World, req: RequestState, svc: ServiceStat
             world, req, Reason.NO_MEMORY, "service above its memory limit: one at a time"
         )
         return True
-    if inflight and svc.name in self._charged and world.knobs.enabled(Switch.PRESSURE_CHARGING):
+    charged = world.learned.charged.get(svc.name)
+    if inflight and charged is not None and world.knobs.enabled(Switch.PRESSURE_CHARGING):
+        fresh = req.wait_reason is not Reason.NO_MEMORY
         self._queue_or_reject(
             world, req, Reason.NO_MEMORY, "uses more than its leases: one at a time"
         )
+        if fresh and req.wait_reason is Reason.NO_MEMORY:
+            world.add_explanation(req, f"{svc.name} measured {charged} B above its leases")
         return True
     concurrency = svc.spec.concurrency
     if len(inflight) >= concurrency and not self._pause_for_first_token(world, svc, req):
@@ -264,7 +268,7 @@ def admit(
         self._queue_or_reject(world, req, Reason.OUTSIDE_WINDOW, "no spare memory")
         return
     if cls is ServiceClass.REALTIME:
-        self._note_realtime_activation(svc, active)
+        world.note_realtime_activation(svc, active)
     own_cache = self._reusable_cache(world, svc, before)
     reserve = 0
     if cls > ServiceClass.REALTIME and not self._yields_to_realtime(world, svc):
@@ -285,12 +289,15 @@ def admit(
         if self._reachable(world, dev, room_needed, svc):
             rnd.blocked[dev] = min(cls, rnd.blocked.get(dev, cls))
         if not self._told(req, Reason.NO_MEMORY):
+            fresh = req.wait_reason is not Reason.NO_MEMORY
             self._queue_or_reject(
                 world,
                 req,
                 Reason.NO_MEMORY,
                 f"needs {need} B, {world.ledger.available(dev)} B available",
             )
+            if reserve and fresh and req.wait_reason is Reason.NO_MEMORY:
+                world.add_explanation(req, self._reserve_story(world, dev, reserve))
         return
     self._start_admitted(world, req, svc, rnd, kv, grow, before, running, lease, own_cache)
 

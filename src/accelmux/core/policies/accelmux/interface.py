@@ -63,8 +63,6 @@ class Parts(Protocol):
     name: str
     few_waiting: int
     # state (documented where AccelmuxPolicy.__init__ sets it)
-    _rt_peak: dict[str, int]
-    _rt_peak_changes: int
     _reserves: dict[str, tuple[int, int, int]]
     _memo: dict[tuple[str, str], tuple[int, int]]
     _warm_world: World | None
@@ -80,11 +78,8 @@ class Parts(Protocol):
     _rt_devices: set[str] | None
     _restores_memo: dict[str, tuple[tuple[int, float], bool]]
     _quiet: dict[str, tuple[int, tuple[object, ...]]]
-    _charged: dict[str, int]
-    _high_water: dict[str, int]
     _caching: set[str]
     _restore_tried_at: dict[str, float]
-    _seen_crashes: dict[str, int]
     _yielded_to: dict[str, str]
     _yielded_realtime: set[str]
 
@@ -155,10 +150,10 @@ class Parts(Protocol):
     def _quickly_freeable(self, world: World, device: str, exclude: ServiceState) -> int: ...
     def _sum_quickly_freeable(self, world: World, device: str) -> int: ...
     def _freeable_for_realtime(self, world: World, svc: ServiceState) -> bool: ...
-    def _typical_activation(self, svc: ServiceState) -> int: ...
+    def _typical_activation(self, world: World, svc: ServiceState) -> int: ...
     def _compute_realtime_reserve(self, world: World, device: str) -> int: ...
 
-    def _note_realtime_activation(self, svc: ServiceState, active: int) -> None: ...
+    def _reserve_story(self, world: World, device: str, reserve: int) -> str: ...
 
     # room.py
     def victim_score(self, world: World, svc: ServiceState) -> float: ...

@@ -36,27 +36,24 @@ def learn(self: Parts, world: World) -> None:
     for svc in self._learners(world):
         name = svc.name
         dev = svc.spec.device
-        if svc.crashes != self._seen_crashes.get(name, 0):
-            self._seen_crashes[name] = svc.crashes
+        if world.see_crashes(svc):
             world.touch(dev)
             if learn:
                 for estimated, lease in svc.crash_held:
                     world.observe_failure(svc, estimated, lease)
         if world.sampled_at.get(dev) != world.now:
-            if not svc.inflight and self._charged.pop(name, None) is not None:
+            if not svc.inflight and world.clear_charge(svc):
                 world.touch(dev)
             continue
         world.touch(dev)
         if not svc.holds_memory:
-            self._high_water.pop(name, None)
-            self._charged.pop(name, None)
+            world.forget_activation(svc)
             continue
         # What the load measured above its leases is resident memory, not activations.
         reserved = max(0, world.ledger.amount(dev, name, Category.RESERVED) - svc.load_excess)
         leases = sum(r.active_lease.nbytes for r in svc.inflight.values() if r.active_lease)
         measured = reserved + leases
-        before = self._high_water.get(name, 0)
-        self._high_water[name] = max(before, measured)
+        before = world.raise_high_water(svc, measured)
         excess = measured - max(leases, before)
         if not svc.inflight and reserved > TUNING.excess_tolerance:
             # a property of the backend: every replica of the service caches alike
@@ -64,9 +61,9 @@ def learn(self: Parts, world: World) -> None:
             if knobs.enabled(Switch.CACHE_ACCOUNTING):
                 world.mark_caching(svc)
         if not svc.inflight or excess <= TUNING.excess_tolerance:
-            self._charged.pop(name, None)
+            world.clear_charge(svc)
             continue
-        self._charged[name] = excess
+        world.charge(svc, excess)
         if learn:
             estimated = sum(r.estimate.active_bytes for r in svc.inflight.values())
             world.observe_excess(svc, estimated, measured)
@@ -81,7 +78,7 @@ def learners(self: Parts, world: World) -> list[ServiceState]:
     other service would pass through ``_learn`` unchanged, so it is not visited.
     """
     found = {s.name: s for s in world.crashed}
-    for name in self._charged:
+    for name in world.learned.charged:
         found[name] = world.services[name]
     for dev, at in world.sampled_at.items():
         if at == world.now:
@@ -100,16 +97,17 @@ def relieve_pressure(self: Parts, world: World) -> None:
     """
     charging = world.knobs.enabled(Switch.PRESSURE_CHARGING)
     ledger = world.ledger
+    charges = world.learned.charged
     for device in world.devices:
         if ledger.available(device) >= 0:
             continue
         charged = [
             world.services[n]
-            for n in (self._charged if charging else ())
+            for n in (charges if charging else ())
             if world.services[n].spec.device == device
         ]
-        excess = sum(self._charged[s.name] for s in charged)
-        for svc in sorted(charged, key=lambda s: (-self._charged[s.name], s.name)):
+        excess = sum(charges[s.name] for s in charged)
+        for svc in sorted(charged, key=lambda s: (-charges[s.name], s.name)):
             if svc.spec.cls is ServiceClass.REALTIME:
                 continue
             running = sorted(svc.inflight.values(), key=lambda r: -(r.dispatched_at or 0.0))
@@ -119,7 +117,7 @@ def relieve_pressure(self: Parts, world: World) -> None:
                 world.preempt(
                     req,
                     reason=Reason.OVER_ESTIMATE,
-                    detail=f"{svc.name} measured {self._charged[svc.name]} B above its leases",
+                    detail=f"{svc.name} measured {charges[svc.name]} B above its leases",
                 )
         need = min(0, -excess)
         if ledger.available(device) < need:

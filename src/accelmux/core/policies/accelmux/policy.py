@@ -41,11 +41,8 @@ class AccelmuxPolicy:
     few_waiting = 8
 
     def __init__(self) -> None:
-        #: Largest projected activation of each realtime service's requests so far, and
-        #: how often one grew.
-        self._rt_peak: dict[str, int] = {}
-        self._rt_peak_changes = 0
-        #: device -> (its epoch, _rt_peak_changes, the realtime reserve found then).
+        #: device -> (its epoch, world.learned.realtime_peak_changes, the realtime
+        #: reserve found then).
         self._reserves: dict[str, tuple[int, int, int]] = {}
         #: Per-round memo of per-device aggregates: key -> (stamp, value), the stamp being
         #: world.version (no mutator has run since) or the device's epoch (nothing on the
@@ -79,18 +76,10 @@ class AccelmuxPolicy:
         self._restores_memo: dict[str, tuple[tuple[int, float], bool]] = {}
         #: Per device, (epoch, round inputs) of the last schedule that changed nothing there.
         self._quiet: dict[str, tuple[int, tuple[object, ...]]] = {}
-        #: Services measured above what was accounted at the last sample: name -> bytes.
-        self._charged: dict[str, int] = {}
-        #: Highest activation memory measured per loaded service: a caching allocator may
-        #: keep that much reserved, so only a measurement above it shows an over-estimate.
-        self._high_water: dict[str, int] = {}
         #: Services measured holding activation memory while idle (a caching allocator).
         self._caching: set[str] = set()
         #: When a restore of each service last evicted others to make its room.
         self._restore_tried_at: dict[str, float] = {}
-        #: Crash count of each service when last seen (what its requests held when it
-        #: crashed: ``ServiceState.crash_held``).
-        self._seen_crashes: dict[str, int] = {}
         #: Requests paused to switch models -> the request they were paused for: they
         #: do not take back the memory they gave until it has started.
         self._yielded_to: dict[str, str] = {}
@@ -189,7 +178,7 @@ class AccelmuxPolicy:
     _freeable_for_realtime = reserve.freeable_for_realtime
     _typical_activation = reserve.typical_activation
     _compute_realtime_reserve = reserve.compute_realtime_reserve
-    _note_realtime_activation = reserve.note_realtime_activation
+    _reserve_story = reserve.reserve_story
 
     # room
     victim_score = room.victim_score

@@ -33,12 +33,13 @@ def realtime_reserve(self: Parts, world: World, device: str) -> int:
     # It reads the device's realtime services (their state moves the device's epoch)
     # and the peaks seen: while neither changed, the last value found still holds.
     epoch = world.epoch(device)
+    peaks = world.learned.realtime_peak_changes
     last = self._reserves.get(device)
-    if last is not None and last[0] == epoch and last[1] == self._rt_peak_changes:
+    if last is not None and last[0] == epoch and last[1] == peaks:
         value = last[2]
     else:
         value = self._compute_realtime_reserve(world, device)
-        self._reserves[device] = (epoch, self._rt_peak_changes, value)
+        self._reserves[device] = (epoch, peaks, value)
     self._memo[key] = (version, value)
     return value
 
@@ -90,7 +91,7 @@ def fitting_reserve(self: Parts, world: World, svc: ServiceState, need: int, lim
     if need + full > limit >= need and world.knobs.enabled(Switch.RESERVE_FALLBACK):
         largest = max(
             (
-                self._typical_activation(s)
+                self._typical_activation(world, s)
                 for s in world.realtime_by_device[device]
                 if s.holds_memory
             ),
@@ -156,10 +157,10 @@ def freeable_for_realtime(self: Parts, world: World, svc: ServiceState) -> bool:
     )
 
 
-def typical_activation(self: Parts, svc: ServiceState) -> int:
-    """A realtime service's next activation: the largest projected so far, or its
-    workspace estimate before any request."""
-    typical = self._rt_peak.get(svc.name)
+def typical_activation(self: Parts, world: World, svc: ServiceState) -> int:
+    """A realtime service's next activation: the largest projected so far (its learned
+    ``realtime_peak``), or its workspace estimate before any request."""
+    typical = world.learned.realtime_peak.get(svc.name)
     if typical is None:
         typical = svc.calibration.active.project(svc.spec.profile.workspace)
     return typical
@@ -170,16 +171,20 @@ def compute_realtime_reserve(self: Parts, world: World, device: str) -> int:
     for s in world.realtime_by_device[device]:
         if not s.holds_memory:
             continue
-        typical = self._typical_activation(s)
+        typical = self._typical_activation(world, s)
         held = sum(r.active_lease.nbytes for r in s.inflight.values() if r.active_lease)
         total += max(0, s.spec.concurrency * typical - held)
     return total
 
 
-def note_realtime_activation(self: Parts, svc: ServiceState, active: int) -> None:
-    """Learn the activation of a realtime request about to run: the reserve keeps the
-    largest seen per service free."""
-    peak = self._rt_peak.get(svc.name)
-    if peak is None or active > peak:  # the first one sets it, even at 0
-        self._rt_peak[svc.name] = max(0, active)
-        self._rt_peak_changes += 1
+def reserve_story(self: Parts, world: World, device: str, reserve: int) -> str:
+    """An explanation line: the ``reserve`` bytes kept free on ``device`` for the loaded
+    realtime services, and the activation each was sized by (its learned peak, or its
+    estimate before any request)."""
+    sized = []
+    for s in world.realtime_by_device[device]:
+        if s.holds_memory:
+            source = "learned peak" if s.name in world.learned.realtime_peak else "estimate"
+            typical = self._typical_activation(world, s)
+            sized.append(f"{s.name} {s.spec.concurrency} x {typical} B ({source})")
+    return f"kept {reserve} B free for realtime work: {', '.join(sized)}"
