@@ -229,4 +229,4 @@ def decide(self, world, now):
 
 def test_the_owned_names_cover_the_world_and_its_states() -> None:
     assert {"announced", "admin_unload", "last_evicted_at", "calibration", "queue"} <= OWNED
-    assert {"waiting", "inflight", "ledger", "services", "loaded"} <= OWNED
+    assert {"waiting", "inflight", "ledger", "services", "loaded", "learned"} <= OWNED

@@ -324,6 +324,9 @@ def test_measured_memory_reconciles_and_foreign_shrinks_the_budget(tmp_path: Pat
             a = next(s for s in snap["services"] if s["name"] == "a")
             assert a["ledger"]["reserved"] == 300 * 1024**2
             assert a["measured_bytes"] >= 1024**3 + 300 * 1024**2
+            # what the policy learned: the idle cache is its highest activation, not a charge
+            assert a["high_water_bytes"] == 300 * 1024**2
+            assert a["charged_bytes"] is None and a["realtime_peak_bytes"] is None
             sampler.extra = {}
             sampler.foreign = 2 * 1024**3  # another program takes 2 GiB of the device
             await rt.sample_once()

@@ -289,15 +289,14 @@ def admit(
         if self._reachable(world, dev, room_needed, svc):
             rnd.blocked[dev] = min(cls, rnd.blocked.get(dev, cls))
         if not self._told(req, Reason.NO_MEMORY):
-            fresh = req.wait_reason is not Reason.NO_MEMORY
+            was = req.wait_reason
             self._queue_or_reject(
                 world,
                 req,
                 Reason.NO_MEMORY,
                 f"needs {need} B, {world.ledger.available(dev)} B available",
             )
-            if reserve and fresh and req.wait_reason is Reason.NO_MEMORY:
-                world.add_explanation(req, self._reserve_story(world, dev, reserve))
+            self._explain_reserve(world, req, dev, reserve, was)
         return
     self._start_admitted(world, req, svc, rnd, kv, grow, before, running, lease, own_cache)
 

@@ -132,14 +132,16 @@ def load_for(
         return
     if self._reachable(world, dev, need + reserve, svc):
         rnd.blocked[dev] = min(req.cls, rnd.blocked.get(dev, req.cls))
+    was = req.wait_reason
     self._queue_or_reject(
         world,
         req,
         Reason.NO_MEMORY,
         ""  # told once: a request waiting for this reason is not told again
-        if req.wait_reason is Reason.NO_MEMORY
+        if was is Reason.NO_MEMORY
         else f"load needs {need} B, {world.ledger.available(dev)} B available",
     )
+    self._explain_reserve(world, req, dev, reserve, was)
 
 
 def load_sizes(

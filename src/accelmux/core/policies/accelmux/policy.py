@@ -178,7 +178,7 @@ class AccelmuxPolicy:
     _freeable_for_realtime = reserve.freeable_for_realtime
     _typical_activation = reserve.typical_activation
     _compute_realtime_reserve = reserve.compute_realtime_reserve
-    _reserve_story = reserve.reserve_story
+    _explain_reserve = reserve.explain_reserve
 
     # room
     victim_score = room.victim_score

@@ -8,9 +8,10 @@ the part of it that services realtime work can take back by one unload may hold
 from __future__ import annotations
 
 from accelmux.core.policies.accelmux.interface import Parts
-from accelmux.core.state import ServiceState, World
+from accelmux.core.state import RequestState, ServiceState, World
 from accelmux.core.switches import Switch
 from accelmux.core.types import (
+    Reason,
     ServiceClass,
     ServiceStatus,
 )
@@ -177,14 +178,24 @@ def compute_realtime_reserve(self: Parts, world: World, device: str) -> int:
     return total
 
 
-def reserve_story(self: Parts, world: World, device: str, reserve: int) -> str:
-    """An explanation line: the ``reserve`` bytes kept free on ``device`` for the loaded
-    realtime services, and the activation each was sized by (its learned peak, or its
-    estimate before any request)."""
+def explain_reserve(
+    self: Parts,
+    world: World,
+    req: RequestState,
+    device: str,
+    reserve: int,
+    was: Reason | None,
+) -> None:
+    """When ``req`` was just told to wait for memory (its wait reason was ``was``) while
+    ``reserve`` bytes were kept free on ``device`` for the loaded realtime services, add
+    to its explanation the activation each service's share was sized by (its learned
+    peak, or its estimate before any request)."""
+    if not reserve or was is Reason.NO_MEMORY or req.wait_reason is not Reason.NO_MEMORY:
+        return
     sized = []
     for s in world.realtime_by_device[device]:
         if s.holds_memory:
             source = "learned peak" if s.name in world.learned.realtime_peak else "estimate"
             typical = self._typical_activation(world, s)
             sized.append(f"{s.name} {s.spec.concurrency} x {typical} B ({source})")
-    return f"kept {reserve} B free for realtime work: {', '.join(sized)}"
+    world.add_explanation(req, f"kept {reserve} B free for realtime work: {', '.join(sized)}")
