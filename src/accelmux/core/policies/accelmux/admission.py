@@ -217,13 +217,14 @@ def one_at_a_time(self: Parts, world: World, req: RequestState, svc: ServiceStat
             world, req, Reason.NO_MEMORY, "service above its memory limit: one at a time"
         )
         return True
-    charged = world.learned.charged.get(svc.name)
-    if inflight and charged is not None and world.knobs.enabled(Switch.PRESSURE_CHARGING):
+    charges = world.learned.charged
+    if inflight and svc.name in charges and world.knobs.enabled(Switch.PRESSURE_CHARGING):
         fresh = req.wait_reason is not Reason.NO_MEMORY
         self._queue_or_reject(
             world, req, Reason.NO_MEMORY, "uses more than its leases: one at a time"
         )
         if fresh and req.wait_reason is Reason.NO_MEMORY:
+            charged = charges[svc.name]
             world.add_explanation(req, f"{svc.name} measured {charged} B above its leases")
         return True
     concurrency = svc.spec.concurrency
