@@ -212,7 +212,38 @@ def foreign() -> str:
     for kind, means in data["by_kind"].items():
         parts.append(f"`{kind}`: SLO attainment per class, mean over homes:")
         parts.append(_policy_means(data, means))
+        parts.append(_minus_best(data, kind, means))
     return "\n\n".join(parts)
+
+
+def _minus_best(data: dict[str, Any], kind: str, means: dict[str, Any]) -> str:
+    """accelmux minus the best baseline per class: against the baseline with the best mean,
+    and the mean over homes of accelmux minus that home's best baseline."""
+    homes = [h for h in data["homes"] if h["kind"] == kind]
+    cells = []
+    for cls in CLASSES:
+        ours = means["accelmux"].get(cls)
+        best = max(
+            (
+                (means[p][cls], p)
+                for p in data["baselines"]
+                if p in means and means[p].get(cls) is not None
+            ),
+            default=None,
+        )
+        per_home = [
+            h["accelmux_minus_best_baseline"][cls]
+            for h in homes
+            if h["accelmux_minus_best_baseline"].get(cls) is not None
+        ]
+        if ours is None or best is None:
+            continue
+        home_mean = sum(per_home) / len(per_home) if per_home else None
+        cells.append(
+            f"{cls} {_pts(ours - best[0])} against `{best[1]}` "
+            f"({_pts(home_mean)} against each home's best)"
+        )
+    return "accelmux minus the best baseline, in points: " + "; ".join(cells) + "."
 
 
 def worst() -> str:
