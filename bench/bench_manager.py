@@ -62,7 +62,7 @@ REPEATS = 5
 TICK_PERIOD_S = 5.0
 #: Cases (services) and alternating rounds of ``--against``.
 COMPARED = (10, 100, 1000)
-COMPARE_ROUNDS = 5
+COMPARE_ROUNDS = 9
 
 
 @dataclass(frozen=True)
