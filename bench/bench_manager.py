@@ -61,8 +61,8 @@ CASES: tuple[tuple[int, int, int], ...] = ((10, 1, 10_000), (100, 2, 4_000), (10
 REPEATS = 5
 TICK_PERIOD_S = 5.0
 #: Cases (services) and alternating rounds of ``--against``.
-COMPARED = (10, 100)
-COMPARE_ROUNDS = 5
+COMPARED = (10, 100, 1000)
+COMPARE_ROUNDS = 9
 
 
 @dataclass(frozen=True)

@@ -119,6 +119,9 @@ class PlainAccelmux(AccelmuxPolicy):
         warm = [s for s in world.services.values() if s.spec.residency is Residency.WARM]
         return sorted(warm, key=lambda s: (int(s.spec.cls), s.name))
 
+    def _evicted_warm(self, world: World) -> list[ServiceState]:
+        return [s for s in self._warm_in_class_order(world) if s in world.evicted_out]
+
     def _learners(self, world: World) -> list[ServiceState]:
         return list(world.services.values())
 

@@ -74,6 +74,10 @@ class AccelmuxPolicy:
         self._rt_devices: set[str] | None = None
         #: Per-round memo of :meth:`_restore_pending`: holder -> ((version, now), pending).
         self._restores_memo: dict[str, tuple[tuple[int, float], bool]] = {}
+        #: Per-round memo of :meth:`_ttl_range`: service -> (world.version, range).
+        self._ttl_memo: dict[str, tuple[int, tuple[float, float]]] = {}
+        #: What :meth:`_evicted_warm` found: (the set, its version, the services).
+        self._evicted_warm_memo: tuple[ServiceSet, int, list[ServiceState]] | None = None
         #: Per device, (epoch, round inputs) of the last schedule that changed nothing there.
         self._quiet: dict[str, tuple[int, tuple[object, ...]]] = {}
         #: Services measured holding activation memory while idle (a caching allocator).
@@ -111,6 +115,7 @@ class AccelmuxPolicy:
         self._room_failed.clear()
         self._restorable_memo.clear()
         self._restores_memo.clear()
+        self._ttl_memo.clear()
         self._rt_devices = None
         if len(self._sizes) > 2 * len(world.waiting) + 64:
             self._sizes = {k: v for k, v in self._sizes.items() if k in world.waiting}
@@ -204,6 +209,7 @@ class AccelmuxPolicy:
     _keep = staticmethod(residency.keep)
     _ttl = residency.ttl
     _ttl_range = residency.ttl_range
+    _ttl_floor = staticmethod(residency.ttl_floor)
     _idle_past_ttl = residency.idle_past_ttl
     _memory_wanted = residency.memory_wanted
     _memory_spare = residency.memory_spare
@@ -214,6 +220,7 @@ class AccelmuxPolicy:
     _warm_services = residency.warm_services
     _know_warm = residency.know_warm
     _warm_in_class_order = residency.warm_in_class_order
+    _evicted_warm = residency.evicted_warm
     _restore_need = residency.restore_need
     _admin_unloads = residency.admin_unloads
     _keep_pinned_loaded = residency.keep_pinned_loaded

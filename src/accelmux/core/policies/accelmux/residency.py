@@ -51,7 +51,20 @@ def ttl(self: Parts, world: World, svc: ServiceState) -> float:
 
 def ttl_range(self: Parts, world: World, svc: ServiceState) -> tuple[float, float]:
     """(the TTL if a restore is pending, the TTL if not) of ``svc``, without asking
-    whether one is (:meth:`_restore_pending` is the costly part of a TTL)."""
+    whether one is (:meth:`_restore_pending` is the costly part of a TTL).
+
+    Asked by the TTL expiry and again by the next wake-up: kept while no action runs
+    (what it reads, the device's memory and the service's keep-alive, changes only
+    through one or an event), for the round only (decide clears it)."""
+    version = world.version
+    hit = self._ttl_memo.get(svc.name)
+    if hit is not None and hit[0] == version:
+        return hit[1]
+    found = self._ttl_memo[svc.name] = (version, _ttl_range(self, world, svc))
+    return found[1]
+
+
+def _ttl_range(self: Parts, world: World, svc: ServiceState) -> tuple[float, float]:
     knobs = world.knobs
     if svc.spec.residency is Residency.ON_DEMAND:
         ttl = svc.ttl_s
@@ -67,10 +80,24 @@ def ttl_range(self: Parts, world: World, svc: ServiceState) -> tuple[float, floa
     return svc.ttl_s, svc.ttl_s
 
 
+def ttl_floor(world: World, svc: ServiceState) -> float:
+    """The shortest TTL :meth:`_ttl_range` can give ``svc``, whatever the memory and
+    the restores: its own TTL, for an on-demand service also the on-demand TTL and the
+    restore grace. Read without asking about memory or restores."""
+    floor = svc.ttl_s
+    if svc.spec.residency is Residency.ON_DEMAND:
+        floor = min(floor, world.knobs.on_demand_ttl_s, TUNING.restore_grace_s)
+    return floor
+
+
 def idle_past_ttl(self: Parts, world: World, svc: ServiceState) -> bool:
     """``world.now - svc.last_used >= self._ttl(world, svc)``, asking whether a
-    restore is pending only when the answer depends on it."""
+    restore is pending only when the answer depends on it, and its TTL only when it
+    could be reached: no TTL is below the service's TTL floor (``ttl_range``: its own
+    TTL, for an on-demand service the on-demand TTL and the restore grace too)."""
     idle_s = world.now - svc.last_used
+    if idle_s < self._ttl_floor(world, svc):
+        return False
     short, ttl = self._ttl_range(world, svc)
     if idle_s >= ttl:
         return True
@@ -195,9 +222,10 @@ def restorable(self: Parts, world: World, device: str) -> list[list[Any]]:
         return hit[1]
     horizon = world.knobs.reuse_horizon_s
     found: list[list[Any]] = []
-    evicted = world.evicted_out
-    for s in self._warm_services(world, device):  # spec order, as evicted_out's
-        if s in evicted:  # evicted and unloaded since
+    # The warm services of ``device`` among those evicted and unloaded since, in spec
+    # order (evicted_out's): that set is the smaller one to walk.
+    for s in world.evicted_out:
+        if s.spec.device == device and s.spec.residency is Residency.WARM:
             rate = reuse_rate(s, world.now, horizon)
             if 1.0 - math.exp(-rate * horizon) >= 0.5:  # _likely_reused
                 found.append([s, rate, 0, None])
@@ -223,6 +251,17 @@ def know_warm(self: Parts, world: World) -> None:
             (s for svcs in self._warm.values() for s in svcs),
             key=lambda s: (int(s.spec.cls), s.name),
         )
+
+
+def evicted_warm(self: Parts, world: World) -> list[ServiceState]:
+    """The warm services evicted and unloaded since (``World.evicted_out``), in class
+    order then by name, kept while that set stays the same (``ServiceSet.version``)."""
+    evicted = world.evicted_out
+    memo = self._evicted_warm_memo
+    if memo is None or memo[0] is not evicted or memo[1] != evicted.version:
+        found = [s for s in self._warm_in_class_order(world) if s in evicted]
+        memo = self._evicted_warm_memo = (evicted, evicted.version, found)
+    return memo[2]
 
 
 def warm_in_class_order(self: Parts, world: World) -> list[ServiceState]:
@@ -316,8 +355,7 @@ def prewarm(self: Parts, world: World) -> None:
     horizon = world.knobs.reuse_horizon_s
     if world.waiting_for(Reason.NO_MEMORY):
         return  # memory goes to waiting requests first
-    evicted = world.evicted_out  # evicted and unloaded since
-    for svc in [s for s in self._warm_in_class_order(world) if s in evicted]:
+    for svc in self._evicted_warm(world):
         if (
             svc.status is not ServiceStatus.UNLOADED
             or svc.spec.residency is not Residency.WARM

@@ -80,10 +80,12 @@ def round_inputs(self: Parts, world: World, rnd: Round, device: str) -> tuple[ob
     backoffs of the queued services there) and the round's realtime and class state.
     """
     now = world.now
+    in_window = self._in_window
     queued = tuple(
-        (svc.index, self._in_window(svc, rnd), now < svc.backoff_until)
+        # no windows: inside them (what _in_window says, without the call)
+        (svc.index, not spec.windows or in_window(svc, rnd), now < svc.backoff_until)
         for svc in world.queued
-        if svc.spec.device == device
+        if (spec := svc.spec).device == device
     )
     return (
         device in rnd.realtime_active,
@@ -115,11 +117,12 @@ def unsettled(self: Parts, world: World, cls: ServiceClass, rnd: Round) -> list[
     no-op): it is skipped. A request never told why (new or preempted) is not.
     """
     out: list[RequestState] = []
+    fair_progress = world.knobs.enabled(Switch.FAIR_PROGRESS)
     for dev in world.devices:
         services = world.queued_services(dev, cls)
         if not len(services) or dev in rnd.quiet:
             continue
-        group = self._class_must_wait(dev, cls, rnd, world.knobs.enabled(Switch.FAIR_PROGRESS))
+        group = self._class_must_wait(dev, cls, rnd, fair_progress)
         if group is not None and world.waiting_causes.get(
             (dev, cls, group[0]), 0
         ) == world.waiting_classes.get((dev, cls), 0):

@@ -14,23 +14,10 @@ from accelmux.core.state import ServiceState, World
 def next_wakeup(self: Parts, world: World, now: float) -> float | None:
     # The earliest of the times below after ``now``. A TTL that a pending restore
     # would shorten is settled last, and only when either TTL could be the earliest.
+    # The TTLs are read last: an idle service whose TTL floor (``_ttl_floor``) ends
+    # after now and no earlier than the earliest time found so far cannot be the
+    # earliest, and its TTL is not asked (a minimum does not depend on the order).
     best: float | None = None
-    unsure: list[tuple[ServiceState, float, float]] = []
-    tod = world.time_of_day(now)
-    balloon_idle_s = world.knobs.balloon_idle_s
-    for svc in world.loaded:  # the World's indexes: only services that can ask
-        if svc.idle and not self._keep(svc):
-            short, ttl = self._ttl_range(world, svc)
-            if short < ttl:
-                unsure.append((svc, short, ttl))
-            elif math.isfinite(ttl):
-                t = svc.last_used + ttl
-                if t > now and (best is None or t < best):
-                    best = t
-        if svc.kv_pool > svc.spec.profile.kv_floor and world.resizable(svc):
-            t = svc.last_used + balloon_idle_s
-            if t > now and (best is None or t < best):
-                best = t
     for svc in world.kept:
         t = svc.backoff_until
         if t > now and (best is None or t < best):
@@ -41,7 +28,7 @@ def next_wakeup(self: Parts, world: World, now: float) -> float | None:
             best = t
     edges = self._window_edges(world)
     if edges:  # the next edge of any window of a service with waiting requests
-        t = now + seconds_until_next_sorted(edges, tod)
+        t = now + seconds_until_next_sorted(edges, world.time_of_day(now))
         if t > now and (best is None or t < best):
             best = t
     grace = world.knobs.realtime_grace_s
@@ -51,6 +38,36 @@ def next_wakeup(self: Parts, world: World, now: float) -> float | None:
                 t = svc.last_used + grace
                 if t > now and (best is None or t < best):
                     best = t
+    balloon_idle_s = world.knobs.balloon_idle_s
+    idle: list[ServiceState] = []
+    for svc in world.loaded:  # the World's indexes: only services that can ask
+        # idle and not kept (ServiceState.idle and _keep, without the calls)
+        if not (svc.inflight or svc.paused_kv or svc.pinned or svc.admin_wants_loaded):
+            idle.append(svc)
+        if svc.kv_pool > svc.spec.profile.kv_floor and world.resizable(svc):
+            t = svc.last_used + balloon_idle_s
+            if t > now and (best is None or t < best):
+                best = t
+    return _earliest_ttl(self, world, now, idle, best)
+
+
+def _earliest_ttl(
+    self: Parts, world: World, now: float, idle: list[ServiceState], best: float | None
+) -> float | None:
+    """The earliest of ``best`` and the TTL ends of the ``idle`` services after ``now``."""
+    unsure: list[tuple[ServiceState, float, float]] = []
+    ttl_floor = self._ttl_floor
+    for svc in idle:
+        soonest = svc.last_used + ttl_floor(world, svc)
+        if best is not None and now < soonest and best <= soonest:
+            continue  # its TTL ends no earlier than best
+        short, ttl = self._ttl_range(world, svc)
+        if short < ttl:
+            unsure.append((svc, short, ttl))
+        elif math.isfinite(ttl):
+            t = svc.last_used + ttl
+            if t > now and (best is None or t < best):
+                best = t
     for svc, short, ttl in unsure:
         # ``short`` (finite) if a restore is pending, else ``ttl`` (inf: no wake-up).
         pending = svc.last_used + short
