@@ -203,7 +203,8 @@ class ServiceSpec:
     weights_key: str = ""
     #: A steady stream of work at a frame rate (a camera's frames): batch work may not
     #: evict it nor stop its requests, so a maintenance window never costs a camera its
-    #: frames (the background floor). Higher classes still may.
+    #: frames (the background floor). Higher classes still may. It ranks above batch when
+    #: room is made (:func:`room_rank`).
     steady: bool = False
 
     def __post_init__(self) -> None:
