@@ -7,12 +7,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from accelmux.core.actions import Preempt
 from accelmux.core.events import Unloaded
-from accelmux.core.specs import MemoryProfile, ServiceSpec, ranks_below, room_rank
+from accelmux.core.policies.accelmux import AccelmuxPolicy
+from accelmux.core.specs import ManagerSpec, MemoryProfile, ServiceSpec, ranks_below, room_rank
 from accelmux.core.types import GIB, MIB, Reason, ServiceClass, ServiceKind
 
 from .support import (
@@ -29,6 +31,8 @@ from .support import (
     unloads,
     up,
 )
+from .test_indexes import drive
+from .test_properties import SETTINGS, Op, manager_specs, ops_strategy
 
 RT, IA, BA, BG = (
     ServiceClass.REALTIME,
@@ -180,3 +184,24 @@ def test_batch_work_never_evicts_nor_stops_a_steady_service(
         out = m.handle(arrive(f"x{i}", "idx", units=u), 2.0 + i)
         assert "cam" not in [a.service for a in unloads(out)]
         assert "c1" not in [p.request_id for p in of(Preempt, out)]
+
+
+@pytest.mark.slow
+@SETTINGS
+@given(spec=manager_specs(), ops=ops_strategy, steady=st.lists(st.booleans(), min_size=12))
+def test_the_short_queue_path_and_the_skipping_path_order_steady_work_alike(
+    spec: ManagerSpec, ops: list[Op], steady: list[bool]
+) -> None:
+    """With steady services among the others, the round that sorts every waiting request
+    by rank (a short queue) and the one that takes them turn by turn (skipping what would
+    repeat) decide alike."""
+    spec = replace(
+        spec,
+        services=tuple(replace(s, steady=f) for s, f in zip(spec.services, steady, strict=False)),
+    )
+    sorting = AccelmuxPolicy()
+    sorting.few_waiting = 10**9  # every round sorts every waiting request
+    skipping = AccelmuxPolicy()
+    skipping.few_waiting = 0  # every round goes turn by turn, skipping what it can
+    a, b = drive(spec, sorting, ops, check=False), drive(spec, skipping, ops, check=False)
+    assert a.actions == b.actions

@@ -76,9 +76,11 @@ def schedule(self: Parts, world: World) -> None:
     }
 
 
-def _rank_key(world: World, req: RequestState) -> tuple[int, int]:
-    """A waiting request's place in a round: its rank (:func:`room_rank`), then arrival."""
-    return (room_rank(req.cls, steady=world.services[req.service].spec.steady), req.seq)
+def _rank_key(world: World, req: RequestState) -> tuple[int, int, int]:
+    """A waiting request's place in a round: its rank (:func:`room_rank`), class and
+    arrival, the order of :func:`turns` (steady batch work, then steady background)."""
+    steady = world.services[req.service].spec.steady
+    return (room_rank(req.cls, steady=steady), int(req.cls), req.seq)
 
 
 def _in_turn(world: World, req: RequestState, mark: int, steady: bool | None) -> bool:
