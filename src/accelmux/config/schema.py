@@ -144,8 +144,11 @@ class ServiceConfig(StrictModel):
         None,
         description="A steady stream of frames (a camera): batch work may not evict it nor "
         "stop its requests, so a maintenance window never costs a camera its frames; "
-        "realtime and interactive work still may (default: true for kind camera, and in "
-        "a scenario for a service a camera workload feeds).",
+        "realtime and interactive work still may. It ranks above batch when room is made: "
+        "its load evicts idle batch services and stops batch work to get its memory back, "
+        "its frames evict idle batch services, batch loads leave its next frame free, and "
+        "realtime work does not hold its frames back (default: true for kind camera, and "
+        "in a scenario for a service a camera workload feeds).",
     )
     backend: BackendConfig | None = Field(
         None, description="How it runs: external, worker or fake (none: simulation only)."

@@ -203,7 +203,8 @@ class ServiceSpec:
     weights_key: str = ""
     #: A steady stream of work at a frame rate (a camera's frames): batch work may not
     #: evict it nor stop its requests, so a maintenance window never costs a camera its
-    #: frames (the background floor). Higher classes still may.
+    #: frames (the background floor). Higher classes still may. It ranks above batch when
+    #: room is made (:func:`room_rank`).
     steady: bool = False
 
     def __post_init__(self) -> None:
@@ -227,6 +228,26 @@ def floored(spec: ServiceSpec, cls: ServiceClass) -> bool:
     """Whether work of class ``cls`` may not take ``spec``'s memory nor stop its requests:
     batch and background work never take a steady service (the background floor)."""
     return spec.steady and cls >= ServiceClass.BATCH
+
+
+def room_rank(cls: ServiceClass, *, steady: bool) -> int:
+    """Where work of class ``cls`` (of a steady service when ``steady``) stands when room
+    is made on a device, lower first: realtime 0, interactive 1, a steady service's batch
+    or background work 2, batch 3, other background 4.
+
+    A steady service ranks above batch for room-making: its memory, lost to an
+    out-of-memory crash or an eviction, comes back from batch work (idle batch services
+    are evicted, running batch work stopped), as batch work may not take a steady
+    service's (:func:`floored`). Without steady services the order is the classes'."""
+    if steady and cls >= ServiceClass.BATCH:
+        return 2
+    return int(cls) if cls < ServiceClass.BATCH else int(cls) + 1
+
+
+def ranks_below(spec: ServiceSpec, cls: ServiceClass, *, steady: bool) -> bool:
+    """Whether ``spec``'s work ranks strictly below work of class ``cls`` (of a steady
+    service when ``steady``) when room is made (:func:`room_rank`)."""
+    return room_rank(spec.cls, steady=spec.steady) > room_rank(cls, steady=steady)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -60,14 +60,17 @@ def held_back(svc: ServiceState, cls: ServiceClass, blocked: ServiceClass | None
 
 
 def class_must_wait(
-    dev: str, cls: ServiceClass, rnd: Round, fair_progress: bool
+    dev: str, cls: ServiceClass, rnd: Round, fair_progress: bool, steady: bool = False
 ) -> tuple[Reason, str] | None:
-    """Why work of ``cls`` on ``dev`` waits this round, whatever its service.
+    """Why work of ``cls`` on ``dev`` waits this round, whatever its service (of a
+    steady service when ``steady``, or where one may be among them).
 
     With fair progress on, whether work waits for a lower class blocked on memory
-    depends on its service (:meth:`_must_wait` decides it).
+    depends on its service (:meth:`_must_wait` decides it). A steady service's work is
+    not held while realtime work runs: a frame cannot wait for a voice chain to end
+    (its deadline is a second or so), and what it takes is small.
     """
-    if cls >= ServiceClass.BATCH and dev in rnd.realtime_active:
+    if cls >= ServiceClass.BATCH and dev in rnd.realtime_active and not steady:
         return Reason.HIGHER_CLASS_WAITING, "realtime work running"
     if cls is ServiceClass.BATCH and dev in rnd.interactive_active:
         # Batch work yields compute to interactive requests (it would slow them).
@@ -106,7 +109,7 @@ def must_wait(
     """Why a request of ``svc`` waits without competing for memory, if it does."""
     dev = svc.spec.device
     fair_progress = world.knobs.enabled(Switch.FAIR_PROGRESS)
-    wait = self._class_must_wait(dev, cls, rnd, fair_progress)
+    wait = self._class_must_wait(dev, cls, rnd, fair_progress, svc.spec.steady)
     if wait is not None:
         return wait
     blocked = rnd.blocked.get(dev)

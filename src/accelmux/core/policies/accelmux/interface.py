@@ -53,6 +53,12 @@ class Survey:
     gain: int = 0
 
 
+class Preemptible(Protocol):
+    """:func:`~accelmux.core.policies.accelmux.preemption.preemptible`'s signature."""
+
+    def __call__(self, svc: ServiceState, cls: ServiceClass, steady: bool = False) -> bool: ...
+
+
 class Parts(Protocol):
     """The accelmux policy (:class:`~accelmux.core.policies.accelmux.policy.AccelmuxPolicy`)
     as its parts see it.
@@ -71,7 +77,7 @@ class Parts(Protocol):
     _facts_world: World | None
     _facts: dict[str, bool]
     _sharing_devices: tuple[World, frozenset[str]] | None
-    _room_failed: dict[tuple[str, ServiceClass, bool, str | None, object], tuple[int, int]]
+    _room_failed: dict[tuple[str, ServiceClass, bool, bool, str | None, object], tuple[int, int]]
     _sizes: dict[str, tuple[RequestState, tuple[int, int], tuple[int, int, int, int]]]
     _edges_memo: tuple[ServiceSet, int, tuple[float, ...]] | None
     _restorable_memo: dict[str, tuple[tuple[int, float], list[list[Any]]]]
@@ -106,9 +112,12 @@ class Parts(Protocol):
     ) -> None: ...
 
     @property
-    def _preemptible(self) -> Callable[[ServiceState, ServiceClass], bool]: ...
+    def _preemptible(self) -> Preemptible: ...
 
     def _stoppable(self, world: World, svc: ServiceState) -> list[RequestState]: ...
+
+    # steady.py
+    def _steady_reserve(self, world: World, svc: ServiceState, need: int, limit: int) -> int: ...
 
     # time_sharing.py
     def _pause_for_first_token(
@@ -333,7 +342,7 @@ class Parts(Protocol):
     @property
     def _class_must_wait(
         self,
-    ) -> Callable[[str, ServiceClass, Round, bool], tuple[Reason, str] | None]: ...
+    ) -> Callable[[str, ServiceClass, Round, bool, bool], tuple[Reason, str] | None]: ...
 
     def _service_wait(
         self, world: World, svc: ServiceState, cls: ServiceClass, rnd: Round

@@ -193,4 +193,4 @@ def load_plan(
         reserve = self._fitting_reserve(world, svc, need, limit)
         if self._yields_to_realtime(world, svc):
             reserve = max(0, reserve - active)
-    return pool, need, reserve, limit
+    return pool, need, reserve + self._steady_reserve(world, svc, need, limit), limit

@@ -24,6 +24,7 @@ from accelmux.core.policies.accelmux import (
     room,
     routing,
     schedule,
+    steady,
     time_sharing,
     wakeup,
 )
@@ -58,10 +59,11 @@ class AccelmuxPolicy:
         self._facts: dict[str, bool] = {}
         #: The World and its devices where time sharing may pause a stream (static).
         self._sharing_devices: tuple[World, frozenset[str]] | None = None
-        #: Per-round memo of make_room failures: (device, class, strict, requester holding
-        #: memory, a time-sharing requester) -> (device epoch, the most it could free).
+        #: Per-round memo of make_room failures: (device, class, for a steady service,
+        #: strict, requester holding memory, a time-sharing requester) -> (device epoch,
+        #: the most it could free).
         self._room_failed: dict[
-            tuple[str, ServiceClass, bool, str | None, object], tuple[int, int]
+            tuple[str, ServiceClass, bool, bool, str | None, object], tuple[int, int]
         ] = {}
         #: What :meth:`_load_sizes` found per waiting request: id -> (request,
         #: calibration versions, sizes).
@@ -156,6 +158,9 @@ class AccelmuxPolicy:
     _stop = preemption.stop
     _preemptible = staticmethod(preemption.preemptible)
     _stoppable = preemption.stoppable
+
+    # steady
+    _steady_reserve = steady.steady_reserve
 
     # time_sharing
     _pause_for_first_token = time_sharing.pause_for_first_token

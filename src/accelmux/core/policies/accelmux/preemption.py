@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from accelmux.core.policies.accelmux.heuristics import TUNING
 from accelmux.core.policies.accelmux.interface import Parts
-from accelmux.core.specs import floored
+from accelmux.core.specs import floored, ranks_below
 from accelmux.core.state import RequestState, ServiceState, World
 from accelmux.core.switches import Switch
 from accelmux.core.types import (
@@ -53,14 +53,15 @@ def stop(
     )
 
 
-def preemptible(svc: ServiceState, cls: ServiceClass) -> bool:
-    """Whether work of ``svc`` may be stopped (and re-queued) for class ``cls``.
+def preemptible(svc: ServiceState, cls: ServiceClass, steady: bool = False) -> bool:
+    """Whether work of ``svc`` may be stopped (and re-queued) for class ``cls`` (of a
+    steady service when ``steady``: it ranks above batch, :func:`room_rank`).
 
-    Batch and background work yields to any higher class; a non-LLM on-demand
+    Batch and background work yields to any higher rank; a non-LLM on-demand
     interactive job (an image) yields to realtime work: it restarts a few seconds
     later within its looser SLO, while a voice request cannot wait.
     """
-    if svc.spec.cls <= cls or floored(svc.spec, cls):
+    if not ranks_below(svc.spec, cls, steady=steady) or floored(svc.spec, cls):
         return False
     if svc.spec.cls >= ServiceClass.BATCH:
         return True

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 
 from accelmux.core.policies.accelmux.interface import Parts, Survey
-from accelmux.core.specs import floored
+from accelmux.core.specs import floored, room_rank
 from accelmux.core.state import RequestState, ServiceState, World, reuse_rate
 from accelmux.core.switches import Switch
 from accelmux.core.types import (
@@ -81,18 +81,31 @@ def evictable(
     once_preempted: bool = False,
     yielded: int = 0,
 ) -> bool:
-    """Whether ``svc`` may be evicted for class ``cls``; ``once_preempted``: it is
-    busy, but every request it runs is being preempted for this room; ``yielded``:
+    """Whether ``svc`` may be evicted for class ``cls`` (for ``exclude``, the service the
+    room is for: a steady one ranks above batch, :func:`room_rank`); ``once_preempted``:
+    it is busy, but every request it runs is being preempted for this room; ``yielded``:
     how many of its waiting requests are streams it paused for this room."""
-    return (
-        svc is not exclude
-        and svc.status is ServiceStatus.LOADED
-        and (svc.idle or once_preempted)
-        and not self._keep(svc)
-        and (svc.waiting_count == yielded or svc.spec.cls > cls)
-        and (svc.spec.cls > cls if strict else svc.spec.cls >= cls)
-        and not floored(svc.spec, cls)
+    if (
+        svc is exclude
+        or svc.status is not ServiceStatus.LOADED
+        or not (svc.idle or once_preempted)
+        or self._keep(svc)
+        or floored(svc.spec, cls)
+    ):
+        return False
+    rank = room_rank(svc.spec.cls, steady=svc.spec.steady)
+    for_rank = room_rank(cls, steady=exclude is not None and exclude.spec.steady)
+    return (svc.waiting_count == yielded or rank > for_rank) and (
+        rank > for_rank if strict else rank >= for_rank
     )
+
+
+def regaining(exclude: ServiceState | None) -> bool:
+    """Whether room is made for a steady service that is not up: its load, its memory back
+    after a crash or an eviction. It stops running batch work (it ranks above batch,
+    :func:`room_rank`). Its frames only evict idle batch services (:func:`evictable`): a
+    stopped job on a caching backend unloads its model, a frame a second every second."""
+    return exclude is not None and exclude.spec.steady and not exclude.is_up
 
 
 def survey(
@@ -121,7 +134,7 @@ def survey(
         inflight = svc.inflight
         if inflight:
             stopped: list[RequestState] = []
-            if preempting and self._preemptible(svc, cls):
+            if preempting and self._preemptible(svc, cls, regaining(exclude)):
                 stopped = self._stoppable(world, svc)
                 cleared = clearing and len(stopped) == len(inflight)
             elif sharing is not None:
@@ -264,9 +277,10 @@ def room_plan(
     could free, until something on the device changes (its epoch; a new wait reason
     frees nothing)."""
     holding = exclude.name if exclude is not None and exclude.is_up else None
+    steady = exclude is not None and exclude.spec.steady  # it ranks above batch
     # None: no stream on the device can be paused for time sharing (see _room_key).
     sharing = self._room_key(world, device, requester)
-    memo_key = (device, cls, strict, holding, sharing)
+    memo_key = (device, cls, steady, strict, holding, sharing)
     failed = self._room_failed.get(memo_key)
     if failed is not None and failed[0] == world.epoch(device) and need > failed[1]:
         return None

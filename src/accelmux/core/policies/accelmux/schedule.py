@@ -6,6 +6,7 @@ again as before.
 from __future__ import annotations
 
 from accelmux.core.policies.accelmux.interface import Parts, Round
+from accelmux.core.specs import room_rank
 from accelmux.core.state import RequestState, ServiceState, World
 from accelmux.core.switches import Switch
 from accelmux.core.types import (
@@ -43,7 +44,7 @@ def schedule(self: Parts, world: World) -> None:
     if len(world.waiting) <= self.few_waiting:
         # A short queue: considering every request costs less than finding the ones
         # to skip (both decide the same).
-        for req in sorted(world.waiting.values(), key=lambda r: r.sort_key):
+        for req in sorted(world.waiting.values(), key=lambda r: _rank_key(world, r)):
             self._consider(world, req, rnd)
             world.mark_announced(req)
         return
@@ -58,11 +59,11 @@ def schedule(self: Parts, world: World) -> None:
             inputs[dev] = self._round_inputs(world, rnd, dev)
             if seen[1] == inputs[dev]:
                 rnd.quiet.add(dev)
-    # Requests in class order, then arrival order; those requeued meanwhile (preempted
-    # in this round) wait for the next one.
+    # Requests in rank order (class order, a steady service's work before batch), then
+    # arrival order; those requeued meanwhile (preempted in this round) wait for the next.
     mark = world.queue_mark
-    for cls in sorted(classes):
-        todo = [r for r in self._unsettled(world, cls, rnd) if r.queued_mark <= mark]
+    for cls, steady in turns(world, classes):
+        todo = [r for r in self._unsettled(world, cls, rnd) if _in_turn(world, r, mark, steady)]
         for req in sorted(todo, key=lambda r: r.seq):
             self._consider(world, req, rnd)
             world.mark_announced(req)
@@ -73,6 +74,37 @@ def schedule(self: Parts, world: World) -> None:
         for dev, epoch in start.items()
         if world.epoch(dev) == epoch
     }
+
+
+def _rank_key(world: World, req: RequestState) -> tuple[int, int, int]:
+    """A waiting request's place in a round: its rank (:func:`room_rank`), class and
+    arrival, the order of :func:`turns` (steady batch work, then steady background)."""
+    steady = world.services[req.service].spec.steady
+    return (room_rank(req.cls, steady=steady), int(req.cls), req.seq)
+
+
+def _in_turn(world: World, req: RequestState, mark: int, steady: bool | None) -> bool:
+    """Whether the turn of its class that takes its services' requests if steady is
+    ``steady`` (all: None) decides ``req`` this round: it was queued by ``mark``."""
+    return req.queued_mark <= mark and (
+        steady is None or world.services[req.service].spec.steady is steady
+    )
+
+
+def turns(world: World, classes: set[ServiceClass]) -> list[tuple[ServiceClass, bool | None]]:
+    """The turns of a round in rank order (:func:`room_rank`): each a class waiting
+    requests have and which of its services' requests it takes (steady ones, the others,
+    or all: None). A steady service's batch and background work takes its turn before
+    batch, so that the memory its room-making frees goes to it, not back to batch work."""
+    steady_waiting = any(s.spec.steady for s in world.queued)
+    if not steady_waiting:
+        return [(cls, None) for cls in sorted(classes)]
+    low = [cls for cls in sorted(classes) if cls >= ServiceClass.BATCH]
+    return [
+        *((cls, None) for cls in sorted(classes) if cls < ServiceClass.BATCH),
+        *((cls, True) for cls in low),
+        *((cls, False) for cls in low),
+    ]
 
 
 def round_inputs(self: Parts, world: World, rnd: Round, device: str) -> tuple[object, ...]:
@@ -122,7 +154,8 @@ def unsettled(self: Parts, world: World, cls: ServiceClass, rnd: Round) -> list[
         services = world.queued_services(dev, cls)
         if not len(services) or dev in rnd.quiet:
             continue
-        group = self._class_must_wait(dev, cls, rnd, fair_progress)
+        steady = any(s.spec.steady for s in services)
+        group = self._class_must_wait(dev, cls, rnd, fair_progress, steady)
         if group is not None and world.waiting_causes.get(
             (dev, cls, group[0]), 0
         ) == world.waiting_classes.get((dev, cls), 0):
