@@ -548,3 +548,14 @@ def test_not_strict_a_broken_budget_is_reported_not_raised() -> None:
     m.handle(LoadFailed(service="img", error="no"), 2.0)  # back within the budget
     assert m.take_broken() == []
     assert report in m.log
+
+
+def test_every_kind_of_event_has_its_bookkeeping_method() -> None:
+    from typing import get_args
+
+    from accelmux.core import manager as manager_module
+    from accelmux.core.events import Event
+
+    appliers = manager_module._APPLIERS
+    assert set(appliers) == set(get_args(Event))
+    assert all(callable(getattr(manager_module.Manager, name)) for name in appliers.values())

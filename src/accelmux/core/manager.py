@@ -100,6 +100,25 @@ class InvariantBroken:
         }
 
 
+#: The method of :class:`Manager` that does each kind of event's bookkeeping (``_apply``).
+_APPLIERS: dict[type[Event], str] = {
+    RequestArrived: "_arrive",
+    RequestFinished: "_request_finished",
+    RequestCancelled: "_cancelled",
+    LoadFinished: "_load_finished",
+    LoadFailed: "_load_failed",
+    ResizeFinished: "_resize_finished",
+    PauseFinished: "_pause_finished",
+    PauseRefused: "_pause_refused",
+    Unloaded: "_unloaded",
+    BackendCrashed: "_backend_crashed",
+    MemorySampled: "_reconcile",
+    AdminCommand: "_admin",
+    ShutdownRequested: "_shutdown_requested",
+    Tick: "_tick",
+}
+
+
 class Manager:
     def __init__(self, spec: ManagerSpec, policy: Policy, *, strict: bool = True) -> None:
         self.spec = spec
@@ -216,35 +235,16 @@ class Manager:
 
     def _apply(self, event: Event) -> None:
         """The bookkeeping an event brings, one method per kind of event."""
-        match event:
-            case RequestArrived():
-                self._arrive(event)
-            case RequestFinished():
-                self._request_finished(event)
-            case RequestCancelled():
-                self._cancel(event.request_id)
-            case LoadFinished():
-                self._load_finished(event)
-            case LoadFailed():
-                self._load_failed(event)
-            case ResizeFinished():
-                self._resize_finished(event)
-            case PauseFinished():
-                self._pause_finished(event)
-            case PauseRefused():
-                self._pause_refused(event)
-            case Unloaded():
-                self._unloaded(event)
-            case BackendCrashed():
-                self._backend_crashed(event)
-            case MemorySampled():
-                self._reconcile(event)
-            case AdminCommand():
-                self._admin(event)
-            case ShutdownRequested():
-                self._shutdown()
-            case Tick():
-                pass
+        getattr(self, _APPLIERS[type(event)])(event)
+
+    def _cancelled(self, event: RequestCancelled) -> None:
+        self._cancel(event.request_id)
+
+    def _shutdown_requested(self, event: ShutdownRequested) -> None:
+        self._shutdown()
+
+    def _tick(self, event: Tick) -> None:
+        """A tick brings no bookkeeping: time has moved (``_advance``)."""
 
     def _request_finished(self, event: RequestFinished) -> None:
         w = self.world

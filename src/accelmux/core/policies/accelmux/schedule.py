@@ -17,6 +17,34 @@ from accelmux.core.types import (
 def schedule(self: Parts, world: World) -> None:
     if not world.waiting:
         return  # a device's quiet record stays true: it names the state it saw
+    rnd, classes = _open_round(self, world)
+    if len(world.waiting) <= self.few_waiting:
+        # A short queue: considering every request costs less than finding the ones
+        # to skip (both decide the same).
+        for req in sorted(world.waiting.values(), key=lambda r: _rank_key(world, r)):
+            self._consider(world, req, rnd)
+            world.mark_announced(req)
+        return
+    start, inputs = _find_quiet(self, world, rnd)
+    # Requests in rank order (class order, a steady service's work before batch), then
+    # arrival order; those requeued meanwhile (preempted in this round) wait for the next.
+    mark = world.queue_mark
+    for cls, steady in turns(world, classes):
+        todo = [r for r in self._unsettled(world, cls, rnd) if _in_turn(world, r, mark, steady)]
+        for req in sorted(todo, key=lambda r: r.seq):
+            self._consider(world, req, rnd)
+            world.mark_announced(req)
+    # Where the epoch did not move, nothing there changed: the inputs read now are
+    # those at the start of the round.
+    self._quiet = {
+        dev: (epoch, inputs[dev] if dev in inputs else self._round_inputs(world, rnd, dev))
+        for dev, epoch in start.items()
+        if world.epoch(dev) == epoch
+    }
+
+
+def _open_round(self: Parts, world: World) -> tuple[Round, set[ServiceClass]]:
+    """A new round's realtime and class state, and the classes with waiting requests."""
     rnd = Round(tod=world.time_of_day())
     knobs = world.knobs
     hold = knobs.enabled(Switch.REALTIME_HOLD)
@@ -41,16 +69,16 @@ def schedule(self: Parts, world: World) -> None:
         current = rnd.higher_waiting.get(dev)
         if current is None or cls < current:
             rnd.higher_waiting[dev] = cls
-    if len(world.waiting) <= self.few_waiting:
-        # A short queue: considering every request costs less than finding the ones
-        # to skip (both decide the same).
-        for req in sorted(world.waiting.values(), key=lambda r: _rank_key(world, r)):
-            self._consider(world, req, rnd)
-            world.mark_announced(req)
-        return
-    # A device whose state (its World epoch) and round inputs are those of a round
-    # that changed nothing there (wait reasons aside) would repeat it: it is skipped.
-    # Its inputs are read only where the epoch alone does not tell it apart.
+    return rnd, classes
+
+
+def _find_quiet(
+    self: Parts, world: World, rnd: Round
+) -> tuple[dict[str, int], dict[str, tuple[object, ...]]]:
+    """Each device's epoch at the start of the round and the round inputs read; a device
+    whose state (its World epoch) and round inputs are those of a round that changed
+    nothing there (wait reasons aside) would repeat it: it goes to ``rnd.quiet``. Its
+    inputs are read only where the epoch alone does not tell it apart."""
     start = {dev: world.epoch(dev) for dev in world.devices}
     inputs: dict[str, tuple[object, ...]] = {}
     for dev, epoch in start.items():
@@ -59,21 +87,7 @@ def schedule(self: Parts, world: World) -> None:
             inputs[dev] = self._round_inputs(world, rnd, dev)
             if seen[1] == inputs[dev]:
                 rnd.quiet.add(dev)
-    # Requests in rank order (class order, a steady service's work before batch), then
-    # arrival order; those requeued meanwhile (preempted in this round) wait for the next.
-    mark = world.queue_mark
-    for cls, steady in turns(world, classes):
-        todo = [r for r in self._unsettled(world, cls, rnd) if _in_turn(world, r, mark, steady)]
-        for req in sorted(todo, key=lambda r: r.seq):
-            self._consider(world, req, rnd)
-            world.mark_announced(req)
-    # Where the epoch did not move, nothing there changed: the inputs read now are
-    # those at the start of the round.
-    self._quiet = {
-        dev: (epoch, inputs[dev] if dev in inputs else self._round_inputs(world, rnd, dev))
-        for dev, epoch in start.items()
-        if world.epoch(dev) == epoch
-    }
+    return start, inputs
 
 
 def _rank_key(world: World, req: RequestState) -> tuple[int, int, int]:

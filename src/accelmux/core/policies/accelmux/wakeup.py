@@ -17,6 +17,23 @@ def next_wakeup(self: Parts, world: World, now: float) -> float | None:
     # The TTLs are read last: an idle service whose TTL floor (``_ttl_floor``) ends
     # after now and no earlier than the earliest time found so far cannot be the
     # earliest, and its TTL is not asked (a minimum does not depend on the order).
+    best = _earliest_timer(self, world, now)
+    balloon_idle_s = world.knobs.balloon_idle_s
+    idle: list[ServiceState] = []
+    for svc in world.loaded:  # the World's indexes: only services that can ask
+        # idle and not kept (ServiceState.idle and _keep, without the calls)
+        if not (svc.inflight or svc.paused_kv or svc.pinned or svc.admin_wants_loaded):
+            idle.append(svc)
+        if svc.kv_pool > svc.spec.profile.kv_floor and world.resizable(svc):
+            t = svc.last_used + balloon_idle_s
+            if t > now and (best is None or t < best):
+                best = t
+    return _earliest_ttl(self, world, now, idle, best)
+
+
+def _earliest_timer(self: Parts, world: World, now: float) -> float | None:
+    """The earliest after ``now`` of the backoffs, the next window edge and the realtime
+    grace ends (None: none of them)."""
     best: float | None = None
     for svc in world.kept:
         t = svc.backoff_until
@@ -38,17 +55,7 @@ def next_wakeup(self: Parts, world: World, now: float) -> float | None:
                 t = svc.last_used + grace
                 if t > now and (best is None or t < best):
                     best = t
-    balloon_idle_s = world.knobs.balloon_idle_s
-    idle: list[ServiceState] = []
-    for svc in world.loaded:  # the World's indexes: only services that can ask
-        # idle and not kept (ServiceState.idle and _keep, without the calls)
-        if not (svc.inflight or svc.paused_kv or svc.pinned or svc.admin_wants_loaded):
-            idle.append(svc)
-        if svc.kv_pool > svc.spec.profile.kv_floor and world.resizable(svc):
-            t = svc.last_used + balloon_idle_s
-            if t > now and (best is None or t < best):
-                best = t
-    return _earliest_ttl(self, world, now, idle, best)
+    return best
 
 
 def _earliest_ttl(
