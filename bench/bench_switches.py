@@ -80,7 +80,7 @@ class Run:
 #: Each heuristic -> a run where turning it off changes what accelmux decides.
 RUNS: dict[Switch, Run] = {
     Switch.REALTIME_RESERVE: Run("home-evening.yaml", 600),
-    Switch.REALTIME_HOLD: Run("burst.yaml", 600),
+    Switch.REALTIME_HOLD: Run("stress/batch-no-window.yaml", 600),
     Switch.BATCH_YIELD: Run("stress/batch-no-window.yaml", 600),
     Switch.PREEMPTION: Run("stress/batch-no-window.yaml", 600),
     Switch.PREEMPTION_BOUND: Run("stress/batch-no-window.yaml", 600),
