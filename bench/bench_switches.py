@@ -88,7 +88,7 @@ RUNS: dict[Switch, Run] = {
     Switch.BALLOONING: Run("burst.yaml", 600),
     Switch.VICTIM_SCORING: Run("home-0018", 1800),
     Switch.SINGLE_VICTIM: Run("many-llms.yaml", 600),
-    Switch.LOWER_CLASS_FIRST: Run("home-0013", 1800, seed=1),
+    Switch.LOWER_CLASS_FIRST: Run("home-0034", 1800, seed=1),
     Switch.CACHE_REUSE: Run("stress/batch-no-window.yaml", 600),
     Switch.CACHE_ACCOUNTING: Run("stress/batch-no-window.yaml", 600),
     Switch.DEGRADE_TO_RAW: Run("four-gpus.yaml", 1800),
