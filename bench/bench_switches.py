@@ -17,7 +17,6 @@ A run is a scenario (a file under ``scenarios/``) or a generated home
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
 import sys
@@ -28,10 +27,11 @@ from pathlib import Path
 from typing import Any
 
 import decision_stream
+from bench_suite import _mean
 from meta import run_meta
 
 from accelmux.core.switches import Switch
-from accelmux.sim.executor import Simulation
+from accelmux.sim.executor import RunOutput, Simulation
 from accelmux.sim.generate import generate_home
 from accelmux.sim.metrics import summarize
 from accelmux.sim.scenario import Scenario, load_scenario, load_scenario_data
@@ -51,30 +51,17 @@ class Run:
     duration_s: float
     seed: int = 0  # the seed the decision check uses
 
-    @property
-    def generated(self) -> bool:
-        return not self.where.endswith(".yaml")
-
-    def scenario(self, disable: Switch | None) -> Scenario:
-        if self.generated:
-            gen = generate_home(int(self.where.removeprefix("home-")), duration_s=self.duration_s)
-            data = copy.deepcopy(gen.data)
-            if disable is not None:
-                data["policy"]["disable"] = [disable.value]
-            return load_scenario_data(data, f"{gen.name}.yaml", ROOT)
-        return load_scenario(ROOT / "scenarios" / self.where)
-
-    def policy(self, disable: Switch | None) -> str:
-        """The policy name the simulator takes: ``accelmux`` or a variant with one switch off
-        (for a generated home the switch is off in its data, as the suite does it)."""
-        if disable is None or self.generated:
-            return "accelmux"
-        return f"accelmux[disable=[{disable.value}]]"
+    def scenario(self) -> Scenario:
+        if self.where.endswith(".yaml"):
+            return load_scenario(ROOT / "scenarios" / self.where)
+        gen = generate_home(int(self.where.removeprefix("home-")), duration_s=self.duration_s)
+        return load_scenario_data(gen.data, f"{gen.name}.yaml", ROOT)
 
     def simulation(self, disable: Switch | None, seed: int) -> Simulation:
-        return Simulation(
-            self.scenario(disable), self.policy(disable), seed, duration_s=self.duration_s
-        )
+        """accelmux on this run, with ``disable`` off (its ``accelmux[disable=[...]]``
+        variant)."""
+        policy = "accelmux" if disable is None else f"accelmux[disable=[{disable.value}]]"
+        return Simulation(self.scenario(), policy, seed, duration_s=self.duration_s)
 
 
 #: Each heuristic -> a run where turning it off changes what accelmux decides.
@@ -112,22 +99,25 @@ RUNS: dict[Switch, Run] = {
 }
 
 
-def decision_digest(run: Run, disable: Switch | None, seed: int | None = None) -> str:
-    """The digest of the decision stream of ``run`` (``bench/decision_stream.py``)."""
-    sim = run.simulation(disable, run.seed if seed is None else seed)
+def _recorded(run: Run, disable: Switch | None, seed: int) -> tuple[RunOutput, str]:
+    """The output of one simulation of ``run`` and the digest of its decision stream
+    (``bench/decision_stream.py``)."""
+    sim = run.simulation(disable, seed)
     lines: list[str] = []
     decision_stream._record(sim.manager, lines)
-    sim.run()
-    return decision_stream.digest(lines)
+    out = sim.run()
+    return out, decision_stream.digest(lines)
+
+
+def decision_digest(run: Run, disable: Switch | None, seed: int | None = None) -> str:
+    """The digest of the decision stream of ``run``."""
+    return _recorded(run, disable, run.seed if seed is None else seed)[1]
 
 
 def _measure(job: tuple[Switch, Switch | None, int]) -> dict[str, Any]:
     switch, disable, seed = job
-    run = RUNS[switch]
-    sim = run.simulation(disable, seed)
-    lines: list[str] = []
-    decision_stream._record(sim.manager, lines)
-    summary = summarize(sim.run())
+    out, digest = _recorded(RUNS[switch], disable, seed)
+    summary = summarize(out)
     return {
         "classes": {
             c: v["slo_attainment"]
@@ -136,12 +126,8 @@ def _measure(job: tuple[Switch, Switch | None, int]) -> dict[str, Any]:
         },
         "oom_events": summary["oom_events"],
         "preemptions": summary["preemptions"],
-        "digest": decision_stream.digest(lines),
+        "digest": digest,
     }
-
-
-def _mean(values: list[float]) -> float | None:
-    return sum(values) / len(values) if values else None
 
 
 def _compare(on: list[dict[str, Any]], off: list[dict[str, Any]]) -> dict[str, Any]:
