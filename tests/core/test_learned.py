@@ -104,11 +104,7 @@ def test_a_realtime_peak_is_in_the_world_the_snapshot_and_the_reserve_explanatio
     # 1.5 GiB free: img's 0.7 GiB fits, but not beside the 1 GiB now kept for voice
     out = m.handle(arrive("i1", "img"), 3.0)
     assert enqueued(out)["i1"].reason is Reason.NO_MEMORY
-    story = m.explain("i1")
-    assert story is not None
-    assert story[-1].endswith(
-        f"kept {GIB} B free for realtime work: voice 1 x {GIB} B (learned peak)"
-    )
+    _told_the_learned_peak(m, "i1")
 
 
 def test_a_load_waiting_for_the_realtime_reserve_is_told_which_peak_sized_it() -> None:
@@ -120,7 +116,12 @@ def test_a_load_waiting_for_the_realtime_reserve_is_told_which_peak_sized_it() -
     # 2.5 GiB free: img's load and request (2.2 GiB) fit, but not beside voice's 1 GiB
     out = m.handle(arrive("i1", "img"), 3.0)
     assert enqueued(out)["i1"].reason is Reason.NO_MEMORY
-    story = m.explain("i1")
+    _told_the_learned_peak(m, "i1")
+
+
+def _told_the_learned_peak(m: Manager, request_id: str) -> None:
+    """``request_id``'s last explanation names voice's learned peak as the reserve."""
+    story = m.explain(request_id)
     assert story is not None
     assert story[-1].endswith(
         f"kept {GIB} B free for realtime work: voice 1 x {GIB} B (learned peak)"
