@@ -9,8 +9,7 @@ whole suite runs the fast tier first in a virtualenv of its own, then the rest);
 
 Parallel or serial (docs/testing.md): ``scripts/test`` runs the tests that may share the
 machine on several pytest-xdist workers, then the serial ones alone. A test is serial
-when it is marked ``serial``, marked ``real`` (it runs real model runtimes, whose CPU
-and memory other tests would share), or lives in a directory of :data:`SERIAL_DIRS`.
+when it is marked ``serial`` or lives in a directory of :data:`SERIAL_DIRS`.
 The rule reads markers and directories only, so a new test lands on the right side
 without being listed anywhere: mark a test ``serial`` when it measures the machine
 (memory, CPU time, a latency bound), needs every core to meet a deadline, or holds a
@@ -58,11 +57,7 @@ def in_fast_tier(item: pytest.Item) -> bool:
 
 
 def is_serial(item: pytest.Item) -> bool:
-    return (
-        item.get_closest_marker("serial") is not None
-        or item.get_closest_marker("real") is not None
-        or tier_dir(item) in SERIAL_DIRS
-    )
+    return item.get_closest_marker("serial") is not None or tier_dir(item) in SERIAL_DIRS
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m reads the markers added here
