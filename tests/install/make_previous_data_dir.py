@@ -6,14 +6,16 @@ It takes the job and camera stores from the commit before jobs had owners
 (:data:`COMMIT`: jobs schema 1, camera events without a version) out of git, runs them
 against a new directory and writes: one completed job with its results, one job half
 done (two inputs done, one leased when the daemon "stopped", one pending), one cancelled
-job, and three camera events. The test of the upgrade (tests/install/test_upgrade.py)
-starts today's daemon on a copy of it. The directory is committed; this script is how it
-was made.
+job, and three camera events. Each database is kept as its SQL text (``<path>.sql``:
+its ``user_version``, then SQLite's dump of every table and row), which the test of the
+upgrade (tests/install/test_upgrade.py) turns back into the files and starts today's
+daemon on. The text is committed; this script is how it was made.
 """
 
 from __future__ import annotations
 
 import shutil
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -68,7 +70,14 @@ def main(out: Path) -> None:
     for path in sorted(out.rglob("*")):
         if path.name.endswith(("-wal", "-shm")) or path.name == "jobs.lock":
             path.unlink()
-    print("\n".join(str(p.relative_to(out)) for p in sorted(out.rglob("*")) if p.is_file()))
+    for path in sorted(out.rglob("*.sqlite*")):
+        db = sqlite3.connect(path)
+        version = db.execute("PRAGMA user_version").fetchone()[0]
+        lines = [f"PRAGMA user_version={version};", *db.iterdump()]
+        db.close()
+        path.with_name(path.name + ".sql").write_text("\n".join(lines) + "\n")
+        path.unlink()
+        print(path.relative_to(out), f"schema {version}")
 
 
 if __name__ == "__main__":

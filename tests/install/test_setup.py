@@ -96,3 +96,18 @@ def test_a_missing_build_tool_fails_setup_with_what_to_install(tmp_path: Path) -
         "(Debian/Ubuntu: apt-get install build-essential cmake)"
     )
     assert "Traceback" not in done.stderr
+
+
+def test_setup_needs_the_standard_library_alone() -> None:
+    """``python -m accelmux.setup`` runs where accelmux's dependencies are not installed
+    yet (scripts/setup-models.sh from a bare checkout): no site-packages at all here."""
+    code = (
+        f"import sys; sys.path.insert(0, {str(ROOT / 'src')!r}); "
+        "import accelmux.setup.command, accelmux.setup.__main__; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] not in "
+        "sys.stdlib_module_names and m.split('.')[0] not in ('accelmux', '__main__')))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stderr

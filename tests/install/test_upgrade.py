@@ -6,7 +6,6 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import shutil
 import sqlite3
 import subprocess
 import sys
@@ -48,8 +47,16 @@ def _get(url: str) -> Any:
 
 
 def _previous_data_dir(tmp_path: Path) -> Path:
+    """The previous schema's data_dir, made from its committed SQL text
+    (make_previous_data_dir.py) as the old stores left it: WAL mode, owner-only."""
     data = tmp_path / "data"
-    shutil.copytree(PREVIOUS, data)
+    for sql in PREVIOUS.rglob("*.sql"):
+        path = data / sql.relative_to(PREVIOUS).with_suffix("")
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        db = sqlite3.connect(path)
+        db.executescript(sql.read_text())
+        db.execute("PRAGMA journal_mode=WAL")
+        db.close()
     return data
 
 
@@ -59,6 +66,7 @@ def _config() -> dict[str, Any]:
 
 def test_the_daemon_migrates_the_previous_schema_in_place_after_a_backup(tmp_path: Path) -> None:
     data = _previous_data_dir(tmp_path)
+    original = {name: _dump(data / name) for name in (JOBS, EVENTS)}
     assert (_version(data / JOBS), _version(data / EVENTS)) == (1, 0)
     with daemon(_config(), tmp_path, timeout=60) as d:
         jobs = {j["id"]: j for j in _get(d.url + "/v1/jobs")["data"]}
@@ -84,8 +92,8 @@ def test_the_daemon_migrates_the_previous_schema_in_place_after_a_backup(tmp_pat
     assert backup.name.endswith("-before-0.1.0")
     # the copies are the data as it was: same rows and tables, the old versions
     assert _version(backup / JOBS) == 1 and _version(backup / EVENTS) == 0
-    assert _dump(backup / JOBS) == _dump(PREVIOUS / JOBS)
-    assert _dump(backup / EVENTS) == _dump(PREVIOUS / EVENTS)
+    assert _dump(backup / JOBS) == original[JOBS]
+    assert _dump(backup / EVENTS) == original[EVENTS]
     assert (backup / JOBS).stat().st_mode & 0o777 == 0o600
     assert (_version(data / JOBS), _version(data / EVENTS)) == (2, 1)
     # a second start finds nothing to migrate and makes no second backup
