@@ -203,6 +203,7 @@ def _sandbox(sandbox: Sandbox | None) -> list[str]:
         "ProtectControlGroups=yes",
         "ProtectClock=yes",
         "ProtectHostname=yes",
+        "ProtectProc=invisible",
         "RestrictNamespaces=yes",
         "RestrictRealtime=yes",
         "RestrictSUIDSGID=yes",
