@@ -32,8 +32,7 @@ def service_unit() -> str:
             render_unit(unit).rstrip("\n"),
             "```",
             "",
-            "`/etc/systemd/system/accelmux.service.d/environment.conf` (written once, then "
-            "yours):",
+            "`/etc/systemd/system/accelmux.service.d/environment.conf` (written once, then yours):",
             "",
             "```ini",
             render_environment_dropin(unit.name, []).rstrip("\n"),

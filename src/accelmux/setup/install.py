@@ -133,12 +133,12 @@ def install_llama(build: Build) -> None:
     if llama_finding(build).ok:
         log(f"llama-cpp-python {build.version} (portable build) already installed")
         return
-    with build.locked():
-        wheel = build.cached_wheel()
-        if wheel is None:
-            wheel = build.build_wheel()
-        else:
-            log(f"reusing {wheel}")
+    wheel = build.cached_wheel()  # complete once there: it is moved in whole
+    if wheel is None:
+        with build.locked():  # the build tree is one: a second setup waits, then reuses
+            wheel = build.cached_wheel() or build.build_wheel()
+    else:
+        log(f"reusing {wheel}")
     pip_install("--force-reinstall", "--no-deps", str(wheel), what=f"installing {wheel.name} (pip)")
     # its own dependencies (numpy, jinja2, diskcache, typing-extensions)
     pip_install(str(wheel), what="installing llama-cpp-python's dependencies (pip)")

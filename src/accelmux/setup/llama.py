@@ -230,7 +230,9 @@ class Build:
                 raise SetupError(f"the llama-cpp-python build left no wheel in {tmp}")
             add_libraries(wheels[0], "llama_cpp/lib", self.build_dir / "bin")
             target = self.cache / wheels[0].name
-            shutil.move(str(wheels[0]), target)
+            partial = target.with_name(target.name + ".partial")
+            shutil.move(str(wheels[0]), partial)
+            partial.replace(target)  # appears whole: a reader never sees half a wheel
         return target
 
     def build_server(self) -> Path:
