@@ -18,7 +18,7 @@ Everything here is pure: what the machine has (:class:`Machine`) is read by
 from __future__ import annotations
 
 import posixpath
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from accelmux.service.unit import DEVICE_GROUPS, Sandbox, ServiceUnit
@@ -85,15 +85,17 @@ def exec_start(options: DaemonOptions) -> tuple[str, ...]:
 
 def daemon_unit(options: DaemonOptions, machine: Machine) -> ServiceUnit:
     """The unit that runs ``accelmux serve`` (with ``options.config``) on ``machine``."""
-    stop_s = int(options.drain_s) + UNLOAD_S
+    daemon = ServiceUnit(
+        name=options.name,
+        description="accelmux: one resource manager for this machine's AI accelerator",
+        exec_start=exec_start(options),
+        notify=True,
+        watchdog_s=WATCHDOG_S,
+        stop_timeout_s=int(options.drain_s) + UNLOAD_S,
+    )
     if options.user_mode:
-        return ServiceUnit(
-            name=options.name,
-            description="accelmux: one resource manager for this machine's AI accelerator",
-            exec_start=exec_start(options),
-            notify=True,
-            watchdog_s=WATCHDOG_S,
-            stop_timeout_s=stop_s,
+        return replace(
+            daemon,
             working_directory=machine.home,
             after=(),
             wants=(),
@@ -108,13 +110,8 @@ def daemon_unit(options: DaemonOptions, machine: Machine) -> ServiceUnit:
     environment = [("ACCELMUX_MODEL_CACHE", f"{CACHE_DIR}/models")]
     if options.config is None:
         environment.insert(0, ("ACCELMUX_DATA_DIR", STATE_DIR))
-    return ServiceUnit(
-        name=options.name,
-        description="accelmux: one resource manager for this machine's AI accelerator",
-        exec_start=exec_start(options),
-        notify=True,
-        watchdog_s=WATCHDOG_S,
-        stop_timeout_s=stop_s,
+    return replace(
+        daemon,
         user=SERVICE_USER,
         group=SERVICE_USER,
         supplementary_groups=tuple(g for g in DEVICE_OWNER_GROUPS if g in machine.groups),
