@@ -81,9 +81,16 @@ async def serve(
     in the main thread, and Ray, not a signal, tells it to stop.
 
     It refuses to start (one line, exit status 1) on a non-loopback host without API keys
-    unless ``server.allow_unauthenticated``, and when ``server.data_dir`` cannot be
-    created or written. A host device's budget above the RAM is logged (it is clamped),
-    and so is each old spelling the config used (``cfg.deprecations``).
+    unless ``server.allow_unauthenticated``, when ``server.data_dir`` cannot be created or
+    written, and when it holds data of a newer accelmux. Data of an older schema is
+    backed up and migrated first (:mod:`.upgrade`), and each migration is logged. A host
+    device's budget above the RAM is logged (it is clamped), and so is each old spelling
+    the config used (``cfg.deprecations``).
+
+    Under a ``Type=notify`` systemd unit (``NOTIFY_SOCKET``; with ``signals`` only: a node
+    agent is not a unit) it notifies ``READY=1`` once listening, pings the watchdog while
+    :meth:`Runtime.health_problem` finds none, and notifies ``STOPPING=1`` when stopping
+    (:mod:`accelmux.service.notify`).
 
     Shutdown: the Manager stops admitting (waiting requests get 503 shutting_down),
     in-flight requests get ``server.drain_s`` to finish, the rest fail with a clear
