@@ -43,13 +43,30 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
-def tier_dir(item: pytest.Item) -> str | None:
-    """The directory right under tests/ that holds ``item`` (None: outside tests/)."""
+def _tier_dir_of(path: Path) -> str | None:
     try:
-        parts = Path(str(item.path)).resolve().relative_to(TESTS).parts
+        parts = path.resolve().relative_to(TESTS).parts
     except ValueError:
         return None
     return parts[0] if len(parts) > 1 else None
+
+
+def tier_dir(item: pytest.Item) -> str | None:
+    """The directory right under tests/ that holds ``item`` (None: outside tests/)."""
+    return _tier_dir_of(Path(str(item.path)))
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """The fast tier does not even import the other tiers' modules (their imports of
+    aiohttp, selenium, the clients... are most of the collection time)."""
+    if config.getoption("--tier") != "fast":
+        return None
+    try:
+        parts = collection_path.resolve().relative_to(TESTS).parts
+    except ValueError:
+        return None
+    in_a_tier = len(parts) > 1 or (len(parts) == 1 and collection_path.is_dir())
+    return True if in_a_tier and parts[0] not in FAST_DIRS else None
 
 
 def in_fast_tier(item: pytest.Item) -> bool:
