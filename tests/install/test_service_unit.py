@@ -324,6 +324,11 @@ def test_a_directory_others_cannot_pass_is_named() -> None:
         assert closed_to_others(program) is None
         program.chmod(0o700)
         assert closed_to_others(program) == f"{program} (mode -rwx------)"
+        program.chmod(0o755)
+        link = base / "python"  # a virtualenv's python: a link into a private place
+        link.symlink_to(program)
+        private.chmod(0o700)
+        assert closed_to_others(link) == f"{private} (mode drwx------)"
     finally:
         private.chmod(0o755)
         shutil.rmtree(base)

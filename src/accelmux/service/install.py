@@ -93,8 +93,16 @@ def this_machine(home: Path | None = None) -> Machine:
 def closed_to_others(path: Path) -> str | None:
     """The first directory on the way to ``path`` that a user other than its owner
     cannot pass (no execute bit for others), or ``path`` itself when others cannot read
-    it; None when every step is open."""
-    target = path.absolute()
+    it; None when every step is open. A symbolic link is followed too: a virtualenv's
+    ``python`` links to an interpreter that may live under a private home."""
+    for candidate in dict.fromkeys((path.absolute(), path.resolve())):
+        closed = _closed_on_the_way(candidate)
+        if closed is not None:
+            return closed
+    return None
+
+
+def _closed_on_the_way(target: Path) -> str | None:
     for parent in reversed(target.parents):
         try:
             mode = parent.stat().st_mode
@@ -221,9 +229,10 @@ def daemon_plan(
         closed = closed_to_others(Path(path)) if path else None
         if closed:
             return unit, (
-                f"the {SERVICE_USER} user cannot reach {closed}: install accelmux where every "
-                "user can read it (python3 -m venv /opt/accelmux && /opt/accelmux/bin/pip "
-                "install accelmux), keep the config in /etc/accelmux, or use --user"
+                f"the {SERVICE_USER} user cannot reach {closed}: install accelmux with a "
+                "Python every user may run, where every user may read it (/usr/bin/python3 "
+                "-m venv /opt/accelmux && /opt/accelmux/bin/pip install accelmux), keep the "
+                "config in /etc/accelmux, or install a unit of your own with --user"
             )
     return unit, None
 
