@@ -61,7 +61,7 @@ TARGETS: dict[str, float | None] = {
     "wheel": None,
 }
 STEP = re.compile(r"^== (?P<step>[^=].*?)\s*$")
-SUMMARY = re.compile(r"=+ (?P<summary>.*\b(passed|failed|error)\b.*?) =+$")
+SUMMARY = re.compile(r"^=*\s*(?P<summary>\d+ (passed|failed|errors?)\b.*? in [\d.]+s\b.*?)\s*=*$")
 
 
 def _free_port() -> int:
