@@ -86,7 +86,7 @@ class PlainAccelmux(AccelmuxPolicy):
 
     def _realtime_reserve(self, world: World, device: str) -> int:
         # Found again whenever anything changed (an action), kept while nothing did.
-        if not world.knobs.enabled("realtime_reserve"):
+        if not world.knobs.switches.realtime_reserve:
             return 0
         hit = self._memo.get(("realtime_reserve", device))
         if hit is not None and hit[0] == world.version:
@@ -137,18 +137,18 @@ class PlainAccelmux(AccelmuxPolicy):
     def _ttl(self, world: World, svc: ServiceState) -> float:
         if svc.spec.residency is Residency.ON_DEMAND:
             ttl = svc.ttl_s
-            if not world.knobs.enabled("on_demand_keep") or self._memory_wanted(world, svc):
+            if not world.knobs.switches.on_demand_keep or self._memory_wanted(world, svc):
                 ttl = min(ttl, world.knobs.on_demand_ttl_s)
-            elif world.knobs.enabled("idle_keep") and self._memory_spare(world, svc):
+            elif world.knobs.switches.idle_keep and self._memory_spare(world, svc):
                 ttl = math.inf
             if (
                 world.knobs.prewarm
-                and world.knobs.enabled("restore")
+                and world.knobs.switches.restore
                 and self._restore_pending(world, svc)
             ):
                 ttl = min(ttl, RESTORE_GRACE_S)
             return ttl
-        if world.knobs.enabled("idle_keep") and self._memory_spare(world, svc):
+        if world.knobs.switches.idle_keep and self._memory_spare(world, svc):
             return math.inf
         return svc.ttl_s
 

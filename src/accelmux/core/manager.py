@@ -288,7 +288,7 @@ class Manager:
             return
         if event.out_of_memory:
             w.load_oom_devices.add(svc.spec.device)
-        if event.out_of_memory and w.knobs.enabled("failure_calibration"):
+        if event.out_of_memory and w.knobs.switches.failure_calibration:
             p = svc.spec.profile
             granted = sum(le.nbytes for le in svc.resident_leases)
             svc.calibration.observe_load_failure(p.weights + p.runtime, granted)

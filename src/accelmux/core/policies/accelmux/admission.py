@@ -9,7 +9,6 @@ import math
 from accelmux.core.policies.accelmux.interface import Parts, Round
 from accelmux.core.specs import floored
 from accelmux.core.state import RequestState, ServiceState, World
-from accelmux.core.switches import Switch
 from accelmux.core.types import (
     Category,
     Reason,
@@ -108,7 +107,7 @@ def must_wait(
 ) -> tuple[Reason, str] | None:
     """Why a request of ``svc`` waits without competing for memory, if it does."""
     dev = svc.spec.device
-    fair_progress = world.knobs.enabled(Switch.FAIR_PROGRESS)
+    fair_progress = world.knobs.switches.fair_progress
     wait = self._class_must_wait(dev, cls, rnd, fair_progress, svc.spec.steady)
     if wait is not None:
         return wait
@@ -221,7 +220,7 @@ def one_at_a_time(self: Parts, world: World, req: RequestState, svc: ServiceStat
         )
         return True
     charges = world.learned.charged
-    if inflight and svc.name in charges and world.knobs.enabled(Switch.PRESSURE_CHARGING):
+    if inflight and svc.name in charges and world.knobs.switches.pressure_charging:
         fresh = req.wait_reason is not Reason.NO_MEMORY
         self._queue_or_reject(
             world, req, Reason.NO_MEMORY, "uses more than its leases: one at a time"
@@ -354,7 +353,7 @@ def admission_need(
     lease: int | None = None
     if need > limit:
         observed = svc.calibration.active.project_observed(req.estimate.active_bytes)
-        if observed + grow > limit or not world.knobs.enabled(Switch.DEGRADE_TO_RAW):
+        if observed + grow > limit or not world.knobs.switches.degrade_to_raw:
             world.reject(
                 req,
                 reason=Reason.TOO_LARGE,
@@ -374,7 +373,7 @@ def reusable_cache(world: World, svc: ServiceState, available: int) -> int:
     """The allocator cache of ``svc`` its own next request reuses (``cache_reuse``): its
     reserved blocks, unless its device is short (``available`` below 0)."""
     own_cache = world.ledger.amount(svc.spec.device, svc.name, Category.RESERVED)
-    if available < 0 or not world.knobs.enabled(Switch.CACHE_REUSE):
+    if available < 0 or not world.knobs.switches.cache_reuse:
         own_cache = 0  # under pressure the cache is what has to go, not reuse
     return own_cache
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 from accelmux.core.policies.accelmux.heuristics import TUNING
 from accelmux.core.policies.accelmux.interface import Parts
 from accelmux.core.state import ServiceState, World
-from accelmux.core.switches import Switch
 from accelmux.core.types import (
     Category,
     Reason,
@@ -32,7 +31,7 @@ def learn(self: Parts, world: World) -> None:
     device's epoch (a round there is not a repeat of an earlier one).
     """
     knobs = world.knobs
-    learn = knobs.enabled(Switch.FAILURE_CALIBRATION)
+    learn = knobs.switches.failure_calibration
     for svc in self._learners(world):
         name = svc.name
         dev = svc.spec.device
@@ -58,7 +57,7 @@ def learn(self: Parts, world: World) -> None:
         if not svc.inflight and reserved > TUNING.excess_tolerance:
             # a property of the backend: every replica of the service caches alike
             self._caching.add(svc.spec.addressed_as)
-            if knobs.enabled(Switch.CACHE_ACCOUNTING):
+            if knobs.switches.cache_accounting:
                 world.mark_caching(svc)
         if not svc.inflight or excess <= TUNING.excess_tolerance:
             world.clear_charge(svc)
@@ -95,7 +94,7 @@ def relieve_pressure(self: Parts, world: World) -> None:
     the ledger until the next sample, so the shortfall other work must cover is what
     remains after the charged bytes.
     """
-    charging = world.knobs.enabled(Switch.PRESSURE_CHARGING)
+    charging = world.knobs.switches.pressure_charging
     ledger = world.ledger
     charges = world.learned.charged
     for device in world.devices:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from accelmux.core.policies.accelmux.interface import Parts, Round
 from accelmux.core.state import RequestState, ServiceState, World
-from accelmux.core.switches import Switch
 from accelmux.core.types import (
     Reason,
     ResizeSupport,
@@ -20,7 +19,7 @@ def loads_one_at_a_time(self: Parts, world: World, device: str) -> bool:
     (``serial_loads``): a second load waits for it. A load's true size is known only
     once it is measured, so two loads side by side on a device where one was already
     larger than its ledger said can both fail, and a service a second time."""
-    if device not in world.load_oom_devices or not world.knobs.enabled(Switch.SERIAL_LOADS):
+    if device not in world.load_oom_devices or not world.knobs.switches.serial_loads:
         return False
     return any(s.status is ServiceStatus.LOADING for s in world.services_by_device[device])
 
@@ -181,7 +180,7 @@ def load_plan(
     pool, active, resident, observed = self._load_sizes(world, req, svc)
     need = resident + active
     limit = self._max_possible(world, svc.spec.device, svc)
-    if need > limit >= resident + observed and world.knobs.enabled(Switch.DEGRADE_TO_RAW):
+    if need > limit >= resident + observed and world.knobs.switches.degrade_to_raw:
         # Only the calibration margin does not fit: plan for the estimate scaled by
         # what was measured (the dispatch degrades the same way).
         active = observed

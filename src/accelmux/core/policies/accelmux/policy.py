@@ -30,7 +30,6 @@ from accelmux.core.policies.accelmux import (
 )
 from accelmux.core.policies.accelmux.time_sharing import pausing
 from accelmux.core.state import RequestState, ServiceSet, ServiceState, World
-from accelmux.core.switches import Switch
 from accelmux.core.types import ServiceClass
 
 
@@ -109,7 +108,7 @@ class AccelmuxPolicy:
 
     def start(self, world: World, now: float) -> None:
         self._keep_pinned_loaded(world)
-        if world.knobs.prewarm and world.knobs.enabled(Switch.PREWARM):
+        if world.knobs.prewarm and world.knobs.switches.prewarm:
             self._preload_warm(world)
 
     def decide(self, world: World, now: float) -> None:
@@ -121,7 +120,7 @@ class AccelmuxPolicy:
         self._rt_devices = None
         if len(self._sizes) > 2 * len(world.waiting) + 64:
             self._sizes = {k: v for k, v in self._sizes.items() if k in world.waiting}
-        if world.knobs.enabled(Switch.REALTIME_YIELD) and world.busy:
+        if world.knobs.switches.realtime_yield and world.busy:
             self._yield_to_realtime(world)
         if self._yielded_to:
             self._yielded_to = {
@@ -137,13 +136,13 @@ class AccelmuxPolicy:
         self._admin_unloads(world)
         self._relieve_pressure(world)
         self._keep_pinned_loaded(world)
-        if world.groups and world.knobs.enabled(Switch.PLACEMENT):
+        if world.groups and world.knobs.switches.placement:
             self._reroute_to_free_replicas(world)
         self._schedule(world)
         self._expire_idle(world)
-        if world.knobs.enabled(Switch.BALLOONING):
+        if world.knobs.switches.ballooning:
             self._balloon(world)
-        if world.knobs.prewarm and world.knobs.enabled(Switch.PREWARM):
+        if world.knobs.prewarm and world.knobs.switches.prewarm:
             self._prewarm(world)
 
     # ---- the parts (each a module of this package; see its docstring) ----------

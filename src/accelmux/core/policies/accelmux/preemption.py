@@ -9,7 +9,6 @@ from accelmux.core.policies.accelmux.heuristics import TUNING
 from accelmux.core.policies.accelmux.interface import Parts
 from accelmux.core.specs import floored, ranks_below
 from accelmux.core.state import RequestState, ServiceState, World
-from accelmux.core.switches import Switch
 from accelmux.core.types import (
     Reason,
     Residency,
@@ -19,7 +18,7 @@ from accelmux.core.types import (
 
 def may_preempt(self: Parts, world: World, req: RequestState) -> bool:
     """A request may be preempted again: it has not reached the bound."""
-    return not world.knobs.enabled(Switch.PREEMPTION_BOUND) or req.attempt <= TUNING.max_preemptions
+    return not world.knobs.switches.preemption_bound or req.attempt <= TUNING.max_preemptions
 
 
 def may_stop(self: Parts, world: World, req: RequestState) -> bool:
@@ -77,6 +76,6 @@ def stoppable(self: Parts, world: World, svc: ServiceState) -> list[RequestState
     running = svc.inflight.values()
     if self._can_pause(world, svc):
         return [r for r in running if r.pauses < TUNING.max_pauses]
-    if not world.knobs.enabled(Switch.PREEMPTION_BOUND):
+    if not world.knobs.switches.preemption_bound:
         return list(running)
     return [r for r in running if r.attempt <= TUNING.max_preemptions]

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from accelmux.core.policies.accelmux.interface import Parts
 from accelmux.core.state import RequestState, ServiceState, World
-from accelmux.core.switches import Switch
 from accelmux.core.types import (
     Reason,
     ServiceClass,
@@ -24,7 +23,7 @@ def realtime_reserve(self: Parts, world: World, device: str) -> int:
     chat or batch work holds. Sized by the largest activation seen per service
     (its workspace estimate before any request), minus what its requests hold now.
     """
-    if not world.knobs.enabled(Switch.REALTIME_RESERVE):
+    if not world.knobs.switches.realtime_reserve:
         return 0
     key = ("realtime_reserve", device)
     version = world.version
@@ -72,7 +71,7 @@ def compute_yields_to_realtime(self: Parts, world: World, svc: ServiceState) -> 
         svc.spec.kind.is_llm
         and svc.spec.cls is ServiceClass.INTERACTIVE
         and self._can_pause(world, svc)
-        and world.knobs.enabled(Switch.TIME_SHARE)
+        and world.knobs.switches.time_share
     )
 
 
@@ -89,7 +88,7 @@ def fitting_reserve(self: Parts, world: World, svc: ServiceState, need: int, lim
     """
     device = svc.spec.device
     reserve = full = self._realtime_reserve(world, device)
-    if need + full > limit >= need and world.knobs.enabled(Switch.RESERVE_FALLBACK):
+    if need + full > limit >= need and world.knobs.switches.reserve_fallback:
         largest = max(
             (
                 self._typical_activation(world, s)
@@ -100,7 +99,7 @@ def fitting_reserve(self: Parts, world: World, svc: ServiceState, need: int, lim
         )
         reserve = min(full, largest)
     available = world.ledger.available(device)
-    if need <= available < need + reserve and world.knobs.enabled(Switch.RESERVE_LENDING):
+    if need <= available < need + reserve and world.knobs.switches.reserve_lending:
         # Lent only when ``need`` fits in free memory: the services that hold the
         # rest must stay to be given back, so none of them is evicted for ``need``.
         lent = max(0, reserve - self._quickly_freeable(world, device, svc))
@@ -150,8 +149,8 @@ def freeable_for_realtime(self: Parts, world: World, svc: ServiceState) -> bool:
         return True
     knobs = world.knobs
     return (
-        knobs.enabled(Switch.PREEMPTION)
-        and knobs.enabled(Switch.EVICT_AFTER_PREEMPTION)
+        knobs.switches.preemption
+        and knobs.switches.evict_after_preemption
         and not svc.paused_kv
         and self._preemptible(svc, ServiceClass.REALTIME)
         and all(self._may_preempt(world, r) for r in svc.inflight.values())

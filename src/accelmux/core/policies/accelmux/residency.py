@@ -11,7 +11,6 @@ from typing import Any
 from accelmux.core.policies.accelmux.heuristics import TUNING
 from accelmux.core.policies.accelmux.interface import Parts
 from accelmux.core.state import ServiceState, World, reuse_rate
-from accelmux.core.switches import Switch
 from accelmux.core.types import (
     Reason,
     Residency,
@@ -68,14 +67,14 @@ def _ttl_range(self: Parts, world: World, svc: ServiceState) -> tuple[float, flo
     knobs = world.knobs
     if svc.spec.residency is Residency.ON_DEMAND:
         ttl = svc.ttl_s
-        if not knobs.enabled(Switch.ON_DEMAND_KEEP) or self._memory_wanted(world, svc):
+        if not knobs.switches.on_demand_keep or self._memory_wanted(world, svc):
             ttl = min(ttl, knobs.on_demand_ttl_s)
-        elif knobs.enabled(Switch.IDLE_KEEP) and self._memory_spare(world, svc):
+        elif knobs.switches.idle_keep and self._memory_spare(world, svc):
             ttl = math.inf
-        if knobs.prewarm and knobs.enabled(Switch.RESTORE):
+        if knobs.prewarm and knobs.switches.restore:
             return min(ttl, TUNING.restore_grace_s), ttl
         return ttl, ttl
-    if knobs.enabled(Switch.IDLE_KEEP) and self._memory_spare(world, svc):
+    if knobs.switches.idle_keep and self._memory_spare(world, svc):
         return math.inf, math.inf
     return svc.ttl_s, svc.ttl_s
 
@@ -378,7 +377,7 @@ def prewarm(self: Parts, world: World) -> None:
         tried = self._restore_tried_at.get(svc.name)
         if tried is not None and world.now - tried < TUNING.restore_retry_s:
             pass  # the room it made went to demand: do not evict for it again yet
-        elif not fits and svc.spec.cls < ServiceClass.BATCH and world.knobs.enabled(Switch.RESTORE):
+        elif not fits and svc.spec.cls < ServiceClass.BATCH and world.knobs.switches.restore:
             # An interactive service outranks batch and background work: take its
             # memory back from them (they are preempted or evicted) to restore it.
             # Only strictly lower classes yield: two services of one class that cannot

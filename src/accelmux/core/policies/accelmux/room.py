@@ -10,7 +10,6 @@ import math
 from accelmux.core.policies.accelmux.interface import Parts, Survey
 from accelmux.core.specs import floored, room_rank
 from accelmux.core.state import RequestState, ServiceState, World, reuse_rate
-from accelmux.core.switches import Switch
 from accelmux.core.types import (
     Category,
     Reason,
@@ -35,7 +34,7 @@ def victim_score(self: Parts, world: World, svc: ServiceState) -> float:
 
 def tier(world: World, svc: ServiceState) -> Tier:
     """Where ``svc``'s weights go when it unloads."""
-    return world.park_tier(svc) if world.knobs.enabled(Switch.PARK_WEIGHTS) else Tier.COLD
+    return world.park_tier(svc) if world.knobs.switches.park_weights else Tier.COLD
 
 
 def unload(self: Parts, world: World, svc: ServiceState, *, reason: Reason, detail: str) -> None:
@@ -123,9 +122,9 @@ def survey(
     shrink, running requests to stop, idle services to evict. ``sharing`` is None
     when no stream there can be paused for time sharing (:meth:`_room_key`)."""
     knobs = world.knobs
-    preempting = knobs.enabled(Switch.PREEMPTION)
-    shrinking = knobs.enabled(Switch.BALLOONING)
-    clearing = knobs.enabled(Switch.EVICT_AFTER_PREEMPTION)
+    preempting = knobs.switches.preemption
+    shrinking = knobs.switches.ballooning
+    clearing = knobs.switches.evict_after_preemption
     found = Survey()
     for svc in world.loaded_on(device):
         cleared = False
@@ -291,7 +290,7 @@ def room_plan(
         return None
     found.shrinks.sort(key=lambda st: -int(st[0].spec.cls))  # stable: lowest class first
     found.preempts.sort(key=lambda r: (-int(r.cls), -(r.dispatched_at or 0.0)))
-    if world.knobs.enabled(Switch.VICTIM_SCORING):
+    if world.knobs.switches.victim_scoring:
         found.victims.sort(key=lambda s: (self.victim_score(world, s), s.name))
     else:
         found.victims.sort(key=lambda s: (s.last_used, s.name))
@@ -339,7 +338,7 @@ def stop_for_room(
     A caching allocator keeps what a preempted request held: the World charges it to the
     service (RESERVED) until the service unloads."""
     ledger = world.ledger
-    shrinking = world.knobs.enabled(Switch.BALLOONING)
+    shrinking = world.knobs.switches.ballooning
     evicted_cache = False
     for req in preempts:
         if ledger.available(device) + pending >= need:
@@ -378,12 +377,12 @@ def pick_victims(
     covers it, the cheapest such one (reload cost x reuse x class weight, not the best
     per byte: a few MB must not cost the largest model; ``single_victim``)."""
     knobs = world.knobs
-    if knobs.enabled(Switch.LOWER_CLASS_FIRST):
+    if knobs.switches.lower_class_first:
         lower = [s for s in victims if s.spec.cls > cls]
         if len(lower) < len(victims) and sum(self.unload_frees(world, s) for s in lower) >= short:
             victims = lower
     single = [s for s in victims if self.unload_frees(world, s) >= short]
-    if single and knobs.enabled(Switch.SINGLE_VICTIM):
+    if single and knobs.switches.single_victim:
         victims = [min(single, key=lambda s: (self.eviction_cost(world, s), s.name))]
     return victims
 

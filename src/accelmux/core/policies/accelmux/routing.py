@@ -11,7 +11,6 @@ from accelmux.core.events import Demand
 from accelmux.core.placement import first_up
 from accelmux.core.policies.accelmux.interface import Parts
 from accelmux.core.state import ServiceState, World, reuse_rate
-from accelmux.core.switches import Switch
 from accelmux.core.types import (
     ServiceClass,
     ServiceStatus,
@@ -25,7 +24,7 @@ def route(
     (ties: the device left with the most free memory, then the one running fewer
     requests, then config order). Routing to a replica that is not loaded loads it:
     placement and a second replica for a busy service are both decided here."""
-    if not world.knobs.enabled(Switch.PLACEMENT):
+    if not world.knobs.switches.placement:
         return first_up(replicas)
     # A second replica is worth only memory nobody else holds: once one replica is
     # up, another is a candidate only where it fits in free memory.
@@ -145,7 +144,7 @@ def room_seconds(self: Parts, world: World, svc: ServiceState, demand: Demand) -
         + self._realtime_reserve(world, device)
     )
     short = need - world.ledger.available(device) - self._pending_free(world, device)
-    if short > 0 and world.knobs.enabled(Switch.BALLOONING):
+    if short > 0 and world.knobs.switches.ballooning:
         # KV pools above what their requests use shrink at no reload cost to anyone
         short -= sum(
             max(0, s.kv_pool - max(s.spec.profile.kv_floor, s.kv_in_use))

@@ -8,7 +8,6 @@ from __future__ import annotations
 from accelmux.core.policies.accelmux.interface import Parts, Round
 from accelmux.core.specs import room_rank
 from accelmux.core.state import RequestState, ServiceState, World
-from accelmux.core.switches import Switch
 from accelmux.core.types import (
     ServiceClass,
 )
@@ -47,15 +46,15 @@ def _open_round(self: Parts, world: World) -> tuple[Round, set[ServiceClass]]:
     """A new round's realtime and class state, and the classes with waiting requests."""
     rnd = Round(tod=world.time_of_day())
     knobs = world.knobs
-    hold = knobs.enabled(Switch.REALTIME_HOLD)
+    hold = knobs.switches.realtime_hold
     grace = knobs.realtime_grace_s  # 0 (the default) turns it off
     for svcs in world.realtime_by_device.values():
         for svc in svcs:
             if (hold and svc.inflight) or world.now < svc.last_used + grace:
                 rnd.realtime_active.add(svc.spec.device)
-    if knobs.enabled(Switch.REALTIME_YIELD):
+    if knobs.switches.realtime_yield:
         rnd.realtime_work = self._round_realtime_devices(world)
-    if knobs.enabled(Switch.BATCH_YIELD):
+    if knobs.switches.batch_yield:
         for svc in world.busy:
             if svc.spec.cls is ServiceClass.INTERACTIVE:
                 rnd.interactive_active.add(svc.spec.device)
@@ -163,7 +162,7 @@ def unsettled(self: Parts, world: World, cls: ServiceClass, rnd: Round) -> list[
     no-op): it is skipped. A request never told why (new or preempted) is not.
     """
     out: list[RequestState] = []
-    fair_progress = world.knobs.enabled(Switch.FAIR_PROGRESS)
+    fair_progress = world.knobs.switches.fair_progress
     for dev in world.devices:
         services = world.queued_services(dev, cls)
         if not len(services) or dev in rnd.quiet:

@@ -9,7 +9,6 @@ from __future__ import annotations
 from accelmux.core.policies.accelmux.heuristics import TUNING
 from accelmux.core.policies.accelmux.interface import Parts
 from accelmux.core.state import RequestState, ServiceState, World
-from accelmux.core.switches import Switch
 from accelmux.core.types import (
     Reason,
     ServiceClass,
@@ -21,11 +20,7 @@ def pause_for_first_token(self: Parts, world: World, svc: ServiceState, req: Req
     service that has run longest (at least ``TIME_SHARE_MIN_RUN_S``, below the
     pause bound): it gets its first token now, the paused stream resumes at the
     next free slot. Its KV state is parked only when the pool must make room."""
-    if (
-        req.paused
-        or not world.knobs.enabled(Switch.FIRST_TOKEN_PAUSE)
-        or not self._can_pause(world, svc)
-    ):
+    if req.paused or not world.knobs.switches.first_token_pause or not self._can_pause(world, svc):
         return False
     if not svc.spec.kind.is_llm:
         return False
@@ -65,7 +60,7 @@ def sharing_key(world: World, requester: RequestState | None) -> object:
     of the requester, when it may pause other models' streams (:meth:`_time_shared`:
     its service, whether that is an LLM, whether it is paused). Requests alike in
     these share a failure (the memo lasts one round: the time does not change)."""
-    if requester is None or not world.knobs.enabled(Switch.TIME_SHARE):
+    if requester is None or not world.knobs.switches.time_share:
         return None
     return (requester.service, requester.paused)
 
@@ -94,7 +89,7 @@ def time_sharing_devices(self: Parts, world: World) -> frozenset[str]:
 
 def can_pause(world: World, svc: ServiceState) -> bool:
     caps = svc.spec.capabilities
-    return world.knobs.enabled(Switch.PAUSE) and caps.pause and caps.park
+    return world.knobs.switches.pause and caps.pause and caps.park
 
 
 def time_shared(
@@ -119,7 +114,7 @@ def time_shared(
     )
     if (
         requester is None
-        or not world.knobs.enabled(Switch.TIME_SHARE)
+        or not world.knobs.switches.time_share
         or not (for_realtime or same_class_llm)
         or not svc.spec.kind.is_llm
         or not self._can_pause(world, svc)
@@ -167,7 +162,7 @@ def yields_compute(self: Parts, world: World, svc: ServiceState) -> bool:
         svc.spec.cls is ServiceClass.INTERACTIVE
         and svc.spec.kind.is_llm
         and self._can_pause(world, svc)
-        and world.knobs.enabled(Switch.REALTIME_YIELD)
+        and world.knobs.switches.realtime_yield
     )
 
 
@@ -211,7 +206,7 @@ def share_thresholds(world: World, device: str) -> tuple[tuple[str, bool, bool],
     to be paused for another request (``TIME_SHARE_MIN_RUN_S``, and the quantum of a
     stream paused before): time alone changes that, so a round where one crossed is
     not a repeat."""
-    if not world.knobs.enabled(Switch.PAUSE):
+    if not world.knobs.switches.pause:
         return ()
     now = world.now
     return tuple(
