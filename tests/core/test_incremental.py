@@ -43,7 +43,6 @@ from accelmux.core.specs import (
     seconds_until_next,
     seconds_until_next_sorted,
 )
-from accelmux.core.state import RequestState, ServiceSet, ServiceState, World, reuse_rate
 from accelmux.core.types import (
     GIB,
     Reason,
@@ -53,6 +52,7 @@ from accelmux.core.types import (
     ServiceKind,
     ServiceStatus,
 )
+from accelmux.core.world import RequestState, ServiceSet, ServiceState, World, reuse_rate
 
 from .fake_executor import FakeExecutor
 from .support import (

@@ -19,12 +19,13 @@ from accelmux.core.manager import Manager
 from accelmux.core.policies.accelmux import HEURISTICS, AccelmuxPolicy, _Round
 from accelmux.core.policy import Policy
 from accelmux.core.specs import DeviceSpec, ManagerSpec
-from accelmux.core.state import RequestState, World
 from accelmux.core.types import ServiceClass
+from accelmux.core.world import RequestState, World
 from accelmux.sim.baselines import make_policy
 
 from .fake_executor import FakeExecutor
 from .test_properties import SETTINGS, Op, apply_op, manager_specs, ops_strategy
+from .world_oracle import check_indexes
 
 POLICIES = ("accelmux", "independent", "static", "ollama+containers", "llama-swap", "oracle")
 
@@ -65,7 +66,7 @@ def drive(spec: ManagerSpec, policy: Policy, ops: list[Op], check: bool) -> Fake
 
 def assert_indexes_match(ex: FakeExecutor) -> None:
     world = ex.manager.world
-    world.check_indexes()
+    check_indexes(world)
     deadlines = [r.deadline_at for r in world.waiting.values() if r.deadline_at > ex.now]
     expected = min(deadlines) if deadlines else None
     assert world.next_deadline(ex.now) == expected

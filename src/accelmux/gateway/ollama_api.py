@@ -38,8 +38,8 @@ from accelmux import __version__
 from accelmux.config.limits import LimitsConfig
 from accelmux.core.actions import Dispatch
 from accelmux.core.events import Demand
-from accelmux.core.state import ServiceState
 from accelmux.core.types import Residency, ServiceKind, ServiceStatus
+from accelmux.core.world import ServiceState
 from accelmux.gateway import parse
 from accelmux.gateway.errors import ApiError, bad_field, refusal
 from accelmux.gateway.keys import RUNTIME

@@ -41,7 +41,7 @@ from accelmux.core.events import AdminCommand, Demand, Event, ShutdownRequested
 from accelmux.core.manager import Manager
 from accelmux.core.placement import first_up
 from accelmux.core.specs import ServiceSpec
-from accelmux.core.state import ServiceState
+from accelmux.core.world import ServiceState
 from accelmux.monitors.base import DeviceSample, DeviceSampler
 from accelmux.runtime.activity import ServiceActivity
 from accelmux.runtime.bus import DecisionBus

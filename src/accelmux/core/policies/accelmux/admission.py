@@ -8,7 +8,6 @@ import math
 
 from accelmux.core.policies.accelmux.interface import Parts, Round
 from accelmux.core.specs import floored
-from accelmux.core.state import RequestState, ServiceState, World
 from accelmux.core.types import (
     Category,
     Reason,
@@ -16,6 +15,7 @@ from accelmux.core.types import (
     ServiceClass,
     ServiceStatus,
 )
+from accelmux.core.world import RequestState, ServiceState, WorldView
 
 
 def retry_after(self: Parts, svc: ServiceState) -> float:
@@ -37,18 +37,18 @@ def told(req: RequestState, reason: Reason) -> bool:
 
 
 def queue_or_reject(
-    self: Parts, world: World, req: RequestState, reason: Reason, detail: str = ""
+    self: Parts, world: WorldView, req: RequestState, reason: Reason, detail: str = ""
 ) -> None:
     svc = world.services[req.service]
     if not req.announced and svc.waiting_count - 1 >= svc.spec.queue_limit:
-        world.reject(
+        self._ops.reject(
             req,
             reason=Reason.QUEUE_FULL,
             retry_after_s=self._retry_after(svc),
             detail=f"{svc.waiting_count - 1} waiting (limit {svc.spec.queue_limit})",
         )
         return
-    world.enqueue(req, reason=reason, detail=detail)
+    self._ops.enqueue(req, reason=reason, detail=detail)
 
 
 def held_back(svc: ServiceState, cls: ServiceClass, blocked: ServiceClass | None) -> bool:
@@ -81,7 +81,7 @@ def class_must_wait(
 
 
 def service_wait(
-    self: Parts, world: World, svc: ServiceState, cls: ServiceClass, rnd: Round
+    self: Parts, world: WorldView, svc: ServiceState, cls: ServiceClass, rnd: Round
 ) -> tuple[bool, tuple[Reason, str] | None]:
     """(whether ``svc`` is outside its windows, :meth:`_must_wait` for its requests of
     ``cls``), found once per service while no action runs: the round's state it reads
@@ -99,7 +99,7 @@ def service_wait(
 
 def must_wait(
     self: Parts,
-    world: World,
+    world: WorldView,
     svc: ServiceState,
     cls: ServiceClass,
     outside: bool,
@@ -137,12 +137,12 @@ def must_wait(
     return None
 
 
-def consider(self: Parts, world: World, req: RequestState, rnd: Round) -> None:
+def consider(self: Parts, world: WorldView, req: RequestState, rnd: Round) -> None:
     """Decide one waiting request: reject it, make it wait (with a reason), load its
     service, or run it (:meth:`_admit`)."""
     svc = world.services[req.service]
     if req.estimate.kv_bytes > svc.kv_request_limit:
-        world.reject(
+        self._ops.reject(
             req,
             reason=Reason.TOO_LARGE,
             retry_after_s=0.0,
@@ -184,7 +184,9 @@ def _too_large_kv(svc: ServiceState, req: RequestState) -> str:
     return f"needs {need} B of KV, ceiling {spec.profile.kv_ceiling} B"
 
 
-def gives_way(self: Parts, world: World, req: RequestState, svc: ServiceState, rnd: Round) -> bool:
+def gives_way(
+    self: Parts, world: WorldView, req: RequestState, svc: ServiceState, rnd: Round
+) -> bool:
     """Whether ``req`` waits for compute it gives to others (it is told so): realtime work
     on its device (``realtime_yield``), or the request it was paused for."""
     dev = svc.spec.device
@@ -206,7 +208,7 @@ def gives_way(self: Parts, world: World, req: RequestState, svc: ServiceState, r
     return False
 
 
-def one_at_a_time(self: Parts, world: World, req: RequestState, svc: ServiceState) -> bool:
+def one_at_a_time(self: Parts, world: WorldView, req: RequestState, svc: ServiceState) -> bool:
     """Whether ``req`` waits for a request of its own loaded service to end (it is told
     so): the service is measured above its limit or its leases, or at its concurrency
     (unless a stream of it pauses for ``req``'s first token)."""
@@ -227,7 +229,7 @@ def one_at_a_time(self: Parts, world: World, req: RequestState, svc: ServiceStat
         )
         if fresh and req.wait_reason is Reason.NO_MEMORY:
             charged = charges[svc.name]
-            world.add_explanation(req, f"{svc.name} measured {charged} B above its leases")
+            self._ops.add_explanation(req, f"{svc.name} measured {charged} B above its leases")
         return True
     concurrency = svc.spec.concurrency
     if len(inflight) >= concurrency and not self._pause_for_first_token(world, svc, req):
@@ -244,7 +246,7 @@ def one_at_a_time(self: Parts, world: World, req: RequestState, svc: ServiceStat
 
 def admit(
     self: Parts,
-    world: World,
+    world: WorldView,
     req: RequestState,
     svc: ServiceState,
     rnd: Round,
@@ -271,7 +273,7 @@ def admit(
         self._queue_or_reject(world, req, Reason.OUTSIDE_WINDOW, "no spare memory")
         return
     if cls is ServiceClass.REALTIME:
-        world.note_realtime_activation(svc, active)
+        self._ops.note_realtime_activation(svc, active)
     own_cache = self._reusable_cache(world, svc, before)
     reserve = 0
     if cls > ServiceClass.REALTIME and not self._yields_to_realtime(world, svc):
@@ -305,7 +307,7 @@ def admit(
 
 
 def kv_fit(
-    self: Parts, world: World, req: RequestState, svc: ServiceState
+    self: Parts, world: WorldView, req: RequestState, svc: ServiceState
 ) -> tuple[int, int] | None:
     """(the KV bytes ``req`` brings, the bytes its service's KV pool must grow by for
     them), or None when its KV does not fit the pool now (it is told why)."""
@@ -343,7 +345,7 @@ def kv_fit(
 
 
 def admission_need(
-    self: Parts, world: World, req: RequestState, svc: ServiceState, active: int, grow: int
+    self: Parts, world: WorldView, req: RequestState, svc: ServiceState, active: int, grow: int
 ) -> tuple[int, int, int | None] | None:
     """(bytes ``req`` needs on its loaded service, the most its device could ever free
     for it, the activation lease when degraded to what was measured, else None), or None
@@ -354,7 +356,7 @@ def admission_need(
     if need > limit:
         observed = svc.calibration.active.project_observed(req.estimate.active_bytes)
         if observed + grow > limit or not world.knobs.switches.degrade_to_raw:
-            world.reject(
+            self._ops.reject(
                 req,
                 reason=Reason.TOO_LARGE,
                 retry_after_s=0.0,
@@ -369,7 +371,7 @@ def admission_need(
     return need, limit, lease
 
 
-def reusable_cache(world: World, svc: ServiceState, available: int) -> int:
+def reusable_cache(world: WorldView, svc: ServiceState, available: int) -> int:
     """The allocator cache of ``svc`` its own next request reuses (``cache_reuse``): its
     reserved blocks, unless its device is short (``available`` below 0)."""
     own_cache = world.ledger.amount(svc.spec.device, svc.name, Category.RESERVED)
@@ -380,7 +382,7 @@ def reusable_cache(world: World, svc: ServiceState, available: int) -> int:
 
 def start_admitted(
     self: Parts,
-    world: World,
+    world: WorldView,
     req: RequestState,
     svc: ServiceState,
     rnd: Round,
@@ -399,7 +401,7 @@ def start_admitted(
     room = world.ledger.available(dev)
     if grow:
         target = min(svc.spec.profile.kv_ceiling, svc.kv_in_use + kv)
-        if world.resize(
+        if self._ops.resize(
             svc,
             max(target, svc.kv_pool),
             reason=Reason.BALLOON_GROW,
@@ -414,7 +416,7 @@ def start_admitted(
         reason = Reason.FITS_AFTER_SHRINK
     else:
         reason = Reason.FITS
-    if not world.dispatch(req, reason=reason, active_bytes=lease, enforce=own_cache == 0):
+    if not self._ops.dispatch(req, reason=reason, active_bytes=lease, enforce=own_cache == 0):
         cls = req.cls
         rnd.blocked[dev] = min(cls, rnd.blocked.get(dev, cls))
         self._queue_or_reject(world, req, Reason.NO_MEMORY, "lost the race for memory")

@@ -7,15 +7,15 @@ from __future__ import annotations
 
 from accelmux.core.policies.accelmux.heuristics import TUNING
 from accelmux.core.policies.accelmux.interface import Parts
-from accelmux.core.state import ServiceState, World
 from accelmux.core.types import (
     Category,
     Reason,
     ServiceClass,
 )
+from accelmux.core.world import ServiceState, WorldView
 
 
-def learn(self: Parts, world: World) -> None:
+def learn(self: Parts, world: WorldView) -> None:
     """Learn from being wrong, at once: crashes and measurements above the leases.
 
     A crash with requests in flight (an OOM kills the service that asked) raises the
@@ -35,40 +35,40 @@ def learn(self: Parts, world: World) -> None:
     for svc in self._learners(world):
         name = svc.name
         dev = svc.spec.device
-        if world.see_crashes(svc):
-            world.touch(dev)
+        if self._ops.see_crashes(svc):
+            self._ops.touch(dev)
             if learn:
                 for estimated, lease in svc.crash_held:
-                    world.observe_failure(svc, estimated, lease)
+                    self._ops.observe_failure(svc, estimated, lease)
         if world.sampled_at.get(dev) != world.now:
-            if not svc.inflight and world.clear_charge(svc):
-                world.touch(dev)
+            if not svc.inflight and self._ops.clear_charge(svc):
+                self._ops.touch(dev)
             continue
-        world.touch(dev)
+        self._ops.touch(dev)
         if not svc.holds_memory:
-            world.forget_activation(svc)
+            self._ops.forget_activation(svc)
             continue
         # What the load measured above its leases is resident memory, not activations.
         reserved = max(0, world.ledger.amount(dev, name, Category.RESERVED) - svc.load_excess)
         leases = sum(r.active_lease.nbytes for r in svc.inflight.values() if r.active_lease)
         measured = reserved + leases
-        before = world.raise_high_water(svc, measured)
+        before = self._ops.raise_high_water(svc, measured)
         excess = measured - max(leases, before)
         if not svc.inflight and reserved > TUNING.excess_tolerance:
             # a property of the backend: every replica of the service caches alike
             self._caching.add(svc.spec.addressed_as)
             if knobs.switches.cache_accounting:
-                world.mark_caching(svc)
+                self._ops.mark_caching(svc)
         if not svc.inflight or excess <= TUNING.excess_tolerance:
-            world.clear_charge(svc)
+            self._ops.clear_charge(svc)
             continue
-        world.charge(svc, excess)
+        self._ops.charge(svc, excess)
         if learn:
             estimated = sum(r.estimate.active_bytes for r in svc.inflight.values())
-            world.observe_excess(svc, estimated, measured)
+            self._ops.observe_excess(svc, estimated, measured)
 
 
-def learners(self: Parts, world: World) -> list[ServiceState]:
+def learners(self: Parts, world: WorldView) -> list[ServiceState]:
     """The services :meth:`_learn` may learn from this round, in spec order.
 
     A crash leaves its service CRASHED until the round after it (the Manager applies
@@ -85,7 +85,7 @@ def learners(self: Parts, world: World) -> list[ServiceState]:
     return sorted(found.values(), key=lambda s: s.index)
 
 
-def relieve_pressure(self: Parts, world: World) -> None:
+def relieve_pressure(self: Parts, world: WorldView) -> None:
     """Foreign or reserved memory grew: give memory back until the ledger balances.
 
     Memory a running service uses above its leases is charged to it: its own
@@ -113,7 +113,7 @@ def relieve_pressure(self: Parts, world: World) -> None:
             for req in running:
                 if ledger.available(device) >= 0 or not self._may_preempt(world, req):
                     continue
-                world.preempt(
+                self._ops.preempt(
                     req,
                     reason=Reason.OVER_ESTIMATE,
                     detail=f"{svc.name} measured {charges[svc.name]} B above its leases",

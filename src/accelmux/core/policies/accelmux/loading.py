@@ -5,16 +5,16 @@ gates a cold start passes (serial loads after an out-of-memory load included).
 from __future__ import annotations
 
 from accelmux.core.policies.accelmux.interface import Parts, Round
-from accelmux.core.state import RequestState, ServiceState, World
 from accelmux.core.types import (
     Reason,
     ResizeSupport,
     ServiceClass,
     ServiceStatus,
 )
+from accelmux.core.world import RequestState, ServiceState, WorldView
 
 
-def loads_one_at_a_time(self: Parts, world: World, device: str) -> bool:
+def loads_one_at_a_time(self: Parts, world: WorldView, device: str) -> bool:
     """A load has run out of memory on ``device`` and another load is in flight there
     (``serial_loads``): a second load waits for it. A load's true size is known only
     once it is measured, so two loads side by side on a device where one was already
@@ -24,14 +24,14 @@ def loads_one_at_a_time(self: Parts, world: World, device: str) -> bool:
     return any(s.status is ServiceStatus.LOADING for s in world.services_by_device[device])
 
 
-def load_pool(self: Parts, world: World, svc: ServiceState, wanted: int) -> int:
+def load_pool(self: Parts, world: WorldView, svc: ServiceState, wanted: int) -> int:
     """The KV pool a load asks for: the KV bytes ``wanted``, within the floor and the
     ceiling, when the pool can grow and shrink later (a live resize).
 
     A pool that changes only at the next load is sized for the largest waiting
     request too, plus the memory that is free beyond the realtime reserve and the
     spare fraction of the budget, since it cannot grow later without a reload. A
-    backend that cannot resize at all holds its ceiling (:meth:`World.load` sees to
+    backend that cannot resize at all holds its ceiling (:meth:`WorldView.load` sees to
     it)."""
     p = svc.spec.profile
     if not p.kv_ceiling:
@@ -52,7 +52,7 @@ def load_pool(self: Parts, world: World, svc: ServiceState, wanted: int) -> int:
     return base + max(0, min(p.kv_ceiling - base, free))
 
 
-def kv_pool_fixed(self: Parts, world: World, req: RequestState, svc: ServiceState) -> None:
+def kv_pool_fixed(self: Parts, world: WorldView, req: RequestState, svc: ServiceState) -> None:
     """A request whose KV does not fit a pool that cannot change while loaded.
 
     If it would fit the empty pool it waits for running requests to end. If not, and
@@ -69,7 +69,7 @@ def kv_pool_fixed(self: Parts, world: World, req: RequestState, svc: ServiceStat
         )
         return
     if svc.resize_support is ResizeSupport.NEXT_LOAD and svc.idle:
-        world.unload(
+        self._ops.unload(
             svc,
             reason=Reason.RESIZE_AT_NEXT_LOAD,
             detail=f"KV pool {svc.kv_pool} B < {kv} B for {req.request_id}",
@@ -86,7 +86,7 @@ def kv_pool_fixed(self: Parts, world: World, req: RequestState, svc: ServiceStat
 
 def load_for(
     self: Parts,
-    world: World,
+    world: WorldView,
     req: RequestState,
     svc: ServiceState,
     rnd: Round,
@@ -100,7 +100,7 @@ def load_for(
     knobs = world.knobs
     pool, need, reserve, limit = self._load_plan(world, req, svc)
     if need > limit:  # what _max_possible says (nothing changed since it was asked)
-        world.reject(
+        self._ops.reject(
             req,
             reason=Reason.TOO_LARGE,
             retry_after_s=0.0,
@@ -126,7 +126,7 @@ def load_for(
     reason = Reason.RELOAD_AFTER_CRASH if svc.status is ServiceStatus.CRASHED else Reason.DEMAND
     if self.make_room(
         world, dev, need + reserve, req.cls, svc, reason, requester=req
-    ) and world.load(svc, reason=reason, kv_pool=pool, detail=f"for {req.request_id}"):
+    ) and self._ops.load(svc, reason=reason, kv_pool=pool, detail=f"for {req.request_id}"):
         self._queue_or_reject(world, req, Reason.LOADING, "cold start")
         return
     if self._reachable(world, dev, need + reserve, svc):
@@ -144,7 +144,7 @@ def load_for(
 
 
 def load_sizes(
-    self: Parts, world: World, req: RequestState, svc: ServiceState
+    self: Parts, world: WorldView, req: RequestState, svc: ServiceState
 ) -> tuple[int, int, int, int]:
     """(KV pool, projected activation, resident size, activation as measured so far)
     of loading ``svc`` for ``req``.
@@ -173,7 +173,7 @@ def load_sizes(
 
 
 def load_plan(
-    self: Parts, world: World, req: RequestState, svc: ServiceState
+    self: Parts, world: WorldView, req: RequestState, svc: ServiceState
 ) -> tuple[int, int, int, int]:
     """(KV pool, bytes the load and ``req`` need, realtime reserve to leave free, the most
     the device could ever free for them) of loading ``svc`` for ``req``."""

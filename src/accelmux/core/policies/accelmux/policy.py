@@ -29,8 +29,8 @@ from accelmux.core.policies.accelmux import (
     wakeup,
 )
 from accelmux.core.policies.accelmux.time_sharing import pausing
-from accelmux.core.state import RequestState, ServiceSet, ServiceState, World
 from accelmux.core.types import ServiceClass
+from accelmux.core.world import RequestState, ServiceSetView, ServiceState, WorldOps, WorldView
 
 
 class AccelmuxPolicy:
@@ -50,14 +50,14 @@ class AccelmuxPolicy:
         #: Cleared at the start of every decide().
         self._memo: dict[tuple[str, str], tuple[int, int]] = {}
         #: The warm services of each device of ``_warm_world`` (static).
-        self._warm_world: World | None = None
+        self._warm_world: WorldView | None = None
         self._warm: dict[str, list[ServiceState]] = {}
         self._warm_ordered: list[ServiceState] = []
         #: What :meth:`_yields_to_realtime` found per service of ``_facts_world`` (static).
-        self._facts_world: World | None = None
+        self._facts_world: WorldView | None = None
         self._facts: dict[str, bool] = {}
-        #: The World and its devices where time sharing may pause a stream (static).
-        self._sharing_devices: tuple[World, frozenset[str]] | None = None
+        #: The WorldView and its devices where time sharing may pause a stream (static).
+        self._sharing_devices: tuple[WorldView, frozenset[str]] | None = None
         #: Per-round memo of make_room failures: (device, class, for a steady service,
         #: strict, requester holding memory, a time-sharing requester) -> (device epoch,
         #: the most it could free).
@@ -69,7 +69,7 @@ class AccelmuxPolicy:
         self._sizes: dict[str, tuple[RequestState, tuple[int, int], tuple[int, int, int, int]]] = {}
         #: Per-round memo of :meth:`_restorable`: device -> ((version, now), candidates).
         #: What :meth:`_window_edges` found: (the set, its version, the edges).
-        self._edges_memo: tuple[ServiceSet, int, tuple[float, ...]] | None = None
+        self._edges_memo: tuple[ServiceSetView, int, tuple[float, ...]] | None = None
         self._restorable_memo: dict[str, tuple[tuple[int, float], list[list[Any]]]] = {}
         #: Per-round memo of :meth:`_round_realtime_devices` (None: not asked yet).
         self._rt_devices: set[str] | None = None
@@ -78,7 +78,7 @@ class AccelmuxPolicy:
         #: Per-round memo of :meth:`_ttl_range`: service -> (world.version, range).
         self._ttl_memo: dict[str, tuple[int, tuple[float, float]]] = {}
         #: What :meth:`_evicted_warm` found: (the set, its version, the services).
-        self._evicted_warm_memo: tuple[ServiceSet, int, list[ServiceState]] | None = None
+        self._evicted_warm_memo: tuple[ServiceSetView, int, list[ServiceState]] | None = None
         #: Per device, (epoch, round inputs) of the last schedule that changed nothing there.
         self._quiet: dict[str, tuple[int, tuple[object, ...]]] = {}
         #: Services measured holding activation memory while idle (a caching allocator).
@@ -90,10 +90,12 @@ class AccelmuxPolicy:
         self._yielded_to: dict[str, str] = {}
         #: Requests paused to give the compute to realtime work (realtime_yield).
         self._yielded_realtime: set[str] = set()
+        #: The world's one writer (set by start and decide).
+        self._ops: WorldOps
 
     def _cached(
         self,
-        world: World,
+        world: WorldView,
         key: tuple[str, str],
         compute: Callable[[], int],
         stamp: int | None = None,
@@ -106,12 +108,14 @@ class AccelmuxPolicy:
         self._memo[key] = (mark, value)
         return value
 
-    def start(self, world: World, now: float) -> None:
+    def start(self, world: WorldView, ops: WorldOps, now: float) -> None:
+        self._ops = ops
         self._keep_pinned_loaded(world)
         if world.knobs.prewarm and world.knobs.switches.prewarm:
             self._preload_warm(world)
 
-    def decide(self, world: World, now: float) -> None:
+    def decide(self, world: WorldView, ops: WorldOps, now: float) -> None:
+        self._ops = ops
         self._memo.clear()
         self._room_failed.clear()
         self._restorable_memo.clear()
@@ -203,7 +207,7 @@ class AccelmuxPolicy:
     _max_possible = room.max_possible
     _reachable = room.reachable
     _room_plan = room.room_plan
-    _shrink_for_room = staticmethod(room.shrink_for_room)
+    _shrink_for_room = room.shrink_for_room
     _stop_for_room = room.stop_for_room
     _pick_victims = room.pick_victims
     _evict_for_room = room.evict_for_room
@@ -234,7 +238,7 @@ class AccelmuxPolicy:
 
     # routing
     route = routing.route
-    _reroute_to_free_replicas = staticmethod(routing.reroute_to_free_replicas)
+    _reroute_to_free_replicas = routing.reroute_to_free_replicas
     _other_replica_up = staticmethod(routing.other_replica_up)
     _placed_here = routing.placed_here
     _wanted_by_higher_class = staticmethod(routing.wanted_by_higher_class)

@@ -8,20 +8,20 @@ from __future__ import annotations
 from accelmux.core.policies.accelmux.heuristics import TUNING
 from accelmux.core.policies.accelmux.interface import Parts
 from accelmux.core.specs import floored, ranks_below
-from accelmux.core.state import RequestState, ServiceState, World
 from accelmux.core.types import (
     Reason,
     Residency,
     ServiceClass,
 )
+from accelmux.core.world import RequestState, ServiceState, WorldView
 
 
-def may_preempt(self: Parts, world: World, req: RequestState) -> bool:
+def may_preempt(self: Parts, world: WorldView, req: RequestState) -> bool:
     """A request may be preempted again: it has not reached the bound."""
     return not world.knobs.switches.preemption_bound or req.attempt <= TUNING.max_preemptions
 
 
-def may_stop(self: Parts, world: World, req: RequestState) -> bool:
+def may_stop(self: Parts, world: WorldView, req: RequestState) -> bool:
     """A running request may be stopped for higher-class work: paused (below the
     pause bound) when its backend can pause, else preempted (below that bound)."""
     if self._can_pause(world, world.services[req.service]):
@@ -31,7 +31,7 @@ def may_stop(self: Parts, world: World, req: RequestState) -> bool:
 
 def stop(
     self: Parts,
-    world: World,
+    world: WorldView,
     req: RequestState,
     cls: ServiceClass,
     requester: RequestState | None,
@@ -43,11 +43,11 @@ def stop(
         return  # its pause is under way: its memory comes back with the answer
     if self._can_pause(world, svc):
         why = requester.request_id if requester is not None else f"class {cls.label}"
-        if world.pause(req, reason=Reason.TIME_SHARE, park=True, detail=f"room for {why}"):
+        if self._ops.pause(req, reason=Reason.TIME_SHARE, park=True, detail=f"room for {why}"):
             if requester is not None:
                 self._yielded_to[req.request_id] = requester.request_id
             return
-    world.preempt(
+    self._ops.preempt(
         req, reason=Reason.PREEMPTED_FOR_HIGHER_CLASS, detail=f"room for class {cls.label}"
     )
 
@@ -71,7 +71,7 @@ def preemptible(svc: ServiceState, cls: ServiceClass, steady: bool = False) -> b
     )
 
 
-def stoppable(self: Parts, world: World, svc: ServiceState) -> list[RequestState]:
+def stoppable(self: Parts, world: WorldView, svc: ServiceState) -> list[RequestState]:
     """The running requests of ``svc`` that :meth:`_may_stop` allows to stop."""
     running = svc.inflight.values()
     if self._can_pause(world, svc):

@@ -8,15 +8,15 @@ the part of it that services realtime work can take back by one unload may hold
 from __future__ import annotations
 
 from accelmux.core.policies.accelmux.interface import Parts
-from accelmux.core.state import RequestState, ServiceState, World
 from accelmux.core.types import (
     Reason,
     ServiceClass,
     ServiceStatus,
 )
+from accelmux.core.world import RequestState, ServiceState, WorldView
 
 
-def realtime_reserve(self: Parts, world: World, device: str) -> int:
+def realtime_reserve(self: Parts, world: WorldView, device: str) -> int:
     """Memory kept free for the next requests of loaded realtime services.
 
     Lower classes may not take it: a voice request never waits for memory that
@@ -44,7 +44,7 @@ def realtime_reserve(self: Parts, world: World, device: str) -> int:
     return value
 
 
-def yields_to_realtime(self: Parts, world: World, svc: ServiceState) -> bool:
+def yields_to_realtime(self: Parts, world: WorldView, svc: ServiceState) -> bool:
     """Whether realtime work takes ``svc``'s activation leases back at once: it is
     preempted, or (an interactive LLM that can pause) paused between tokens.
 
@@ -56,7 +56,7 @@ def yields_to_realtime(self: Parts, world: World, svc: ServiceState) -> bool:
     return found
 
 
-def static_facts(self: Parts, world: World) -> dict[str, bool]:
+def static_facts(self: Parts, world: WorldView) -> dict[str, bool]:
     """Per service, what :meth:`_yields_to_realtime` found (for ``world`` only)."""
     if self._facts_world is not world:
         self._facts_world = world
@@ -64,7 +64,7 @@ def static_facts(self: Parts, world: World) -> dict[str, bool]:
     return self._facts
 
 
-def compute_yields_to_realtime(self: Parts, world: World, svc: ServiceState) -> bool:
+def compute_yields_to_realtime(self: Parts, world: WorldView, svc: ServiceState) -> bool:
     if self._preemptible(svc, ServiceClass.REALTIME):
         return True
     return (
@@ -75,7 +75,7 @@ def compute_yields_to_realtime(self: Parts, world: World, svc: ServiceState) -> 
     )
 
 
-def fitting_reserve(self: Parts, world: World, svc: ServiceState, need: int, limit: int) -> int:
+def fitting_reserve(self: Parts, world: WorldView, svc: ServiceState, need: int, limit: int) -> int:
     """The realtime reserve a lower-class need of ``need`` bytes of ``svc`` must leave
     free, when at most ``limit`` bytes could ever be freed for it.
 
@@ -108,7 +108,7 @@ def fitting_reserve(self: Parts, world: World, svc: ServiceState, need: int, lim
     return reserve
 
 
-def quickly_freeable(self: Parts, world: World, device: str, exclude: ServiceState) -> int:
+def quickly_freeable(self: Parts, world: WorldView, device: str, exclude: ServiceState) -> int:
     """Memory realtime work could take back on ``device`` by one unload each: what
     the services below realtime that it may evict hold (``exclude`` aside; see
     :meth:`_freeable_for_realtime`).
@@ -127,7 +127,7 @@ def quickly_freeable(self: Parts, world: World, device: str, exclude: ServiceSta
     return max(0, total)
 
 
-def sum_quickly_freeable(self: Parts, world: World, device: str) -> int:
+def sum_quickly_freeable(self: Parts, world: WorldView, device: str) -> int:
     return sum(
         self.unload_frees(world, s)
         for s in world.loaded_on(device)
@@ -135,7 +135,7 @@ def sum_quickly_freeable(self: Parts, world: World, device: str) -> int:
     )
 
 
-def freeable_for_realtime(self: Parts, world: World, svc: ServiceState) -> bool:
+def freeable_for_realtime(self: Parts, world: WorldView, svc: ServiceState) -> bool:
     """Realtime work could take all ``svc`` holds back by one unload: it is loaded,
     below realtime, not kept, and idle, or running only work realtime preempts (a
     batch or background job below its preemption bound), which it then evicts."""
@@ -157,7 +157,7 @@ def freeable_for_realtime(self: Parts, world: World, svc: ServiceState) -> bool:
     )
 
 
-def typical_activation(self: Parts, world: World, svc: ServiceState) -> int:
+def typical_activation(self: Parts, world: WorldView, svc: ServiceState) -> int:
     """A realtime service's next activation: the largest projected so far (its learned
     ``realtime_peak``), or its workspace estimate before any request."""
     typical = world.learned.realtime_peak.get(svc.name)
@@ -166,7 +166,7 @@ def typical_activation(self: Parts, world: World, svc: ServiceState) -> int:
     return typical
 
 
-def compute_realtime_reserve(self: Parts, world: World, device: str) -> int:
+def compute_realtime_reserve(self: Parts, world: WorldView, device: str) -> int:
     total = 0
     for s in world.realtime_by_device[device]:
         if not s.holds_memory:
@@ -179,7 +179,7 @@ def compute_realtime_reserve(self: Parts, world: World, device: str) -> int:
 
 def explain_reserve(
     self: Parts,
-    world: World,
+    world: WorldView,
     req: RequestState,
     device: str,
     reserve: int,
@@ -197,4 +197,4 @@ def explain_reserve(
             source = "learned peak" if s.name in world.learned.realtime_peak else "estimate"
             typical = self._typical_activation(world, s)
             sized.append(f"{s.name} {s.spec.concurrency} x {typical} B ({source})")
-    world.add_explanation(req, f"kept {reserve} B free for realtime work: {', '.join(sized)}")
+    self._ops.add_explanation(req, f"kept {reserve} B free for realtime work: {', '.join(sized)}")

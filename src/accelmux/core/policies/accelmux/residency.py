@@ -10,16 +10,16 @@ from typing import Any
 
 from accelmux.core.policies.accelmux.heuristics import TUNING
 from accelmux.core.policies.accelmux.interface import Parts
-from accelmux.core.state import ServiceState, World, reuse_rate
 from accelmux.core.types import (
     Reason,
     Residency,
     ServiceClass,
     ServiceStatus,
 )
+from accelmux.core.world import ServiceState, WorldView, reuse_rate
 
 
-def preload_warm(self: Parts, world: World) -> None:
+def preload_warm(self: Parts, world: WorldView) -> None:
     """At start, load warm services (class order) into memory nobody else needs yet."""
     order = sorted(world.services.values(), key=lambda s: (int(s.spec.cls), s.name))
     for svc in order:
@@ -34,21 +34,21 @@ def preload_warm(self: Parts, world: World) -> None:
         pool = self._load_pool(world, svc, svc.spec.profile.kv_floor)
         need = sum(world.projected_resident(svc, pool))
         if need + self._realtime_reserve(world, dev) <= world.ledger.available(dev):
-            world.load(svc, reason=Reason.PRELOAD, kv_pool=pool, detail="warm at start")
+            self._ops.load(svc, reason=Reason.PRELOAD, kv_pool=pool, detail="warm at start")
 
 
 def keep(svc: ServiceState) -> bool:
     return svc.pinned or svc.admin_wants_loaded
 
 
-def ttl(self: Parts, world: World, svc: ServiceState) -> float:
+def ttl(self: Parts, world: WorldView, svc: ServiceState) -> float:
     short, ttl = self._ttl_range(world, svc)
     if short < ttl and self._restore_pending(world, svc):
         return short
     return ttl
 
 
-def ttl_range(self: Parts, world: World, svc: ServiceState) -> tuple[float, float]:
+def ttl_range(self: Parts, world: WorldView, svc: ServiceState) -> tuple[float, float]:
     """(the TTL if a restore is pending, the TTL if not) of ``svc``, without asking
     whether one is (:meth:`_restore_pending` is the costly part of a TTL).
 
@@ -63,7 +63,7 @@ def ttl_range(self: Parts, world: World, svc: ServiceState) -> tuple[float, floa
     return found[1]
 
 
-def _ttl_range(self: Parts, world: World, svc: ServiceState) -> tuple[float, float]:
+def _ttl_range(self: Parts, world: WorldView, svc: ServiceState) -> tuple[float, float]:
     knobs = world.knobs
     if svc.spec.residency is Residency.ON_DEMAND:
         ttl = svc.ttl_s
@@ -79,7 +79,7 @@ def _ttl_range(self: Parts, world: World, svc: ServiceState) -> tuple[float, flo
     return svc.ttl_s, svc.ttl_s
 
 
-def ttl_floor(world: World, svc: ServiceState) -> float:
+def ttl_floor(world: WorldView, svc: ServiceState) -> float:
     """The shortest TTL :meth:`_ttl_range` can give ``svc``, whatever the memory and
     the restores: its own TTL, for an on-demand service also the on-demand TTL and the
     restore grace. Read without asking about memory or restores."""
@@ -89,7 +89,7 @@ def ttl_floor(world: World, svc: ServiceState) -> float:
     return floor
 
 
-def idle_past_ttl(self: Parts, world: World, svc: ServiceState) -> bool:
+def idle_past_ttl(self: Parts, world: WorldView, svc: ServiceState) -> bool:
     """``world.now - svc.last_used >= self._ttl(world, svc)``, asking whether a
     restore is pending only when the answer depends on it, and its TTL only when it
     could be reached: no TTL is below the service's TTL floor (``ttl_range``: its own
@@ -105,7 +105,7 @@ def idle_past_ttl(self: Parts, world: World, svc: ServiceState) -> bool:
     return self._restore_pending(world, svc)
 
 
-def memory_wanted(self: Parts, world: World, svc: ServiceState) -> bool:
+def memory_wanted(self: Parts, world: WorldView, svc: ServiceState) -> bool:
     """Whether memory an idle on-demand service holds is wanted by something else.
 
     It is while a request waits for memory on its device, or when less than the
@@ -128,7 +128,7 @@ def memory_wanted(self: Parts, world: World, svc: ServiceState) -> bool:
     return wanted
 
 
-def memory_spare(self: Parts, world: World, svc: ServiceState) -> bool:
+def memory_spare(self: Parts, world: WorldView, svc: ServiceState) -> bool:
     """Whether ``svc``'s device has memory to spare: nothing wants what is loaded
     (:meth:`_memory_wanted`) and more than the realtime reserve plus the spare
     fraction of the budget is free (room for a foreign process to start).
@@ -164,12 +164,12 @@ def memory_spare(self: Parts, world: World, svc: ServiceState) -> bool:
     return level == 2
 
 
-def likely_reused(world: World, svc: ServiceState) -> bool:
+def likely_reused(world: WorldView, svc: ServiceState) -> bool:
     horizon = world.knobs.reuse_horizon_s
     return 1.0 - math.exp(-reuse_rate(svc, world.now, horizon) * horizon) >= 0.5
 
 
-def restore_pending(self: Parts, world: World, holder: ServiceState) -> bool:
+def restore_pending(self: Parts, world: WorldView, holder: ServiceState) -> bool:
     """A warm service evicted for memory on ``holder``'s device, of a class at least
     as high as ``holder``'s, is likely to be used again, sooner than ``holder`` (an
     on-demand service used more often than what it displaced keeps its place), and
@@ -188,7 +188,7 @@ def restore_pending(self: Parts, world: World, holder: ServiceState) -> bool:
     return pending
 
 
-def compute_restore_pending(self: Parts, world: World, holder: ServiceState) -> bool:
+def compute_restore_pending(self: Parts, world: WorldView, holder: ServiceState) -> bool:
     horizon = world.knobs.reuse_horizon_s
     own = reuse_rate(holder, world.now, horizon)
     dev = holder.spec.device
@@ -206,7 +206,7 @@ def compute_restore_pending(self: Parts, world: World, holder: ServiceState) -> 
     return False
 
 
-def restorable(self: Parts, world: World, device: str) -> list[list[Any]]:
+def restorable(self: Parts, world: WorldView, device: str) -> list[list[Any]]:
     """The warm services evicted from ``device`` that are likely to be used again, in
     spec order, as ``[service, reuse rate, restore need, the world.version it was
     computed at (None: not yet)]``.
@@ -232,13 +232,13 @@ def restorable(self: Parts, world: World, device: str) -> list[list[Any]]:
     return found
 
 
-def warm_services(self: Parts, world: World, device: str) -> list[ServiceState]:
+def warm_services(self: Parts, world: WorldView, device: str) -> list[ServiceState]:
     """The warm services of ``device``, in spec order (what the spec says)."""
     self._know_warm(world)
     return self._warm[device]
 
 
-def know_warm(self: Parts, world: World) -> None:
+def know_warm(self: Parts, world: WorldView) -> None:
     """Find ``world``'s warm services once: per device, and all in class order."""
     if self._warm_world is not world:
         self._warm_world = world
@@ -252,8 +252,8 @@ def know_warm(self: Parts, world: World) -> None:
         )
 
 
-def evicted_warm(self: Parts, world: World) -> list[ServiceState]:
-    """The warm services evicted and unloaded since (``World.evicted_out``), in class
+def evicted_warm(self: Parts, world: WorldView) -> list[ServiceState]:
+    """The warm services evicted and unloaded since (``WorldView.evicted_out``), in class
     order then by name, kept while that set stays the same (``ServiceSet.version``)."""
     evicted = world.evicted_out
     memo = self._evicted_warm_memo
@@ -263,13 +263,13 @@ def evicted_warm(self: Parts, world: World) -> list[ServiceState]:
     return memo[2]
 
 
-def warm_in_class_order(self: Parts, world: World) -> list[ServiceState]:
+def warm_in_class_order(self: Parts, world: WorldView) -> list[ServiceState]:
     """Every warm service, in class order then by name (what the spec says)."""
     self._know_warm(world)
     return self._warm_ordered
 
 
-def restore_need(self: Parts, world: World, svc: ServiceState, pool: int) -> int:
+def restore_need(self: Parts, world: WorldView, svc: ServiceState, pool: int) -> int:
     """Free memory a prewarm of ``svc`` with a KV pool of ``pool`` needs: its resident
     size, plus the realtime reserve and a tenth of the budget left free after it
     (memory measured only at the next sample, e.g. an allocator's cache)."""
@@ -278,20 +278,20 @@ def restore_need(self: Parts, world: World, svc: ServiceState, pool: int) -> int
     return sum(world.projected_resident(svc, pool)) + spare
 
 
-def admin_unloads(self: Parts, world: World) -> None:
+def admin_unloads(self: Parts, world: WorldView) -> None:
     for name in sorted(world.admin_unload):
         svc = world.services[name]
         if svc.status is ServiceStatus.LOADED and svc.idle:
-            world.unload(svc, reason=Reason.ADMIN, detail="operator asked")
-            world.clear_admin_unload(name)
+            self._ops.unload(svc, reason=Reason.ADMIN, detail="operator asked")
+            self._ops.clear_admin_unload(name)
         elif svc.status in (ServiceStatus.UNLOADED, ServiceStatus.CRASHED):
             # Already out (an eviction may have beaten the command): the operator's
             # word stands, so a prewarm must not bring it back as "evicted".
-            world.forget_eviction(svc)
-            world.clear_admin_unload(name)
+            self._ops.forget_eviction(svc)
+            self._ops.clear_admin_unload(name)
 
 
-def keep_pinned_loaded(self: Parts, world: World) -> None:
+def keep_pinned_loaded(self: Parts, world: WorldView) -> None:
     down = (
         s
         for s in world.kept
@@ -319,10 +319,10 @@ def keep_pinned_loaded(self: Parts, world: World) -> None:
         pool = self._load_pool(world, svc, svc.spec.profile.kv_floor)
         need = sum(world.projected_resident(svc, pool))
         if self.make_room(world, svc.spec.device, need, svc.spec.cls, svc, reason):
-            world.load(svc, reason=reason, kv_pool=pool)
+            self._ops.load(svc, reason=reason, kv_pool=pool)
 
 
-def expire_idle(self: Parts, world: World) -> None:
+def expire_idle(self: Parts, world: WorldView) -> None:
     for svc in world.loaded:
         if (
             svc.status is ServiceStatus.LOADED
@@ -339,17 +339,17 @@ def expire_idle(self: Parts, world: World) -> None:
             )
 
 
-def balloon(self: Parts, world: World) -> None:
+def balloon(self: Parts, world: WorldView) -> None:
     for svc in world.loaded:
         if svc.kv_pool <= svc.spec.profile.kv_floor or not world.resizable(svc):
             continue
         if svc.waiting_count == 0 and world.now - svc.last_used >= world.knobs.balloon_idle_s:
             target = max(svc.spec.profile.kv_floor, svc.kv_in_use)
             if target < svc.kv_pool:
-                world.resize(svc, target, reason=Reason.BALLOON_SHRINK, detail="idle pool")
+                self._ops.resize(svc, target, reason=Reason.BALLOON_SHRINK, detail="idle pool")
 
 
-def prewarm(self: Parts, world: World) -> None:
+def prewarm(self: Parts, world: WorldView) -> None:
     """WarmServe-style: reload a recently evicted, likely-reused service into spare memory."""
     horizon = world.knobs.reuse_horizon_s
     if world.waiting_for(Reason.NO_MEMORY):
@@ -390,5 +390,5 @@ def prewarm(self: Parts, world: World) -> None:
             ):
                 self._restore_tried_at[svc.name] = world.now
         if fits:
-            world.load(svc, reason=Reason.PRELOAD, kv_pool=pool, detail="likely reused soon")
-            world.forget_eviction(svc)
+            self._ops.load(svc, reason=Reason.PRELOAD, kv_pool=pool, detail="likely reused soon")
+            self._ops.forget_eviction(svc)

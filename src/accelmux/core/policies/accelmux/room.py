@@ -9,7 +9,6 @@ import math
 
 from accelmux.core.policies.accelmux.interface import Parts, Survey
 from accelmux.core.specs import floored, room_rank
-from accelmux.core.state import RequestState, ServiceState, World, reuse_rate
 from accelmux.core.types import (
     Category,
     Reason,
@@ -18,9 +17,10 @@ from accelmux.core.types import (
     ServiceStatus,
     Tier,
 )
+from accelmux.core.world import RequestState, ServiceState, WorldView, reuse_rate
 
 
-def victim_score(self: Parts, world: World, svc: ServiceState) -> float:
+def victim_score(self: Parts, world: WorldView, svc: ServiceState) -> float:
     """Lower is a better victim: cheap to reload, unlikely reused, large."""
     horizon = world.knobs.reuse_horizon_s
     rate = reuse_rate(svc, world.now, horizon)
@@ -32,21 +32,23 @@ def victim_score(self: Parts, world: World, svc: ServiceState) -> float:
     return world.load_seconds(svc, self._tier(world, svc)) * p_reuse * weight / (freed / 1e9)
 
 
-def tier(world: World, svc: ServiceState) -> Tier:
+def tier(world: WorldView, svc: ServiceState) -> Tier:
     """Where ``svc``'s weights go when it unloads."""
     return world.park_tier(svc) if world.knobs.switches.park_weights else Tier.COLD
 
 
-def unload(self: Parts, world: World, svc: ServiceState, *, reason: Reason, detail: str) -> None:
-    world.unload(svc, reason=reason, tier=self._tier(world, svc), detail=detail)
+def unload(
+    self: Parts, world: WorldView, svc: ServiceState, *, reason: Reason, detail: str
+) -> None:
+    self._ops.unload(svc, reason=reason, tier=self._tier(world, svc), detail=detail)
 
 
-def eviction_cost(self: Parts, world: World, svc: ServiceState) -> float:
+def eviction_cost(self: Parts, world: WorldView, svc: ServiceState) -> float:
     """The victim score without the per-byte normalisation."""
     return self.victim_score(world, svc) * max(1, self.unload_frees(world, svc)) / 1e9
 
 
-def unload_frees(world: World, svc: ServiceState) -> int:
+def unload_frees(world: WorldView, svc: ServiceState) -> int:
     """Bytes an unload gives back: resident, KV pool and the allocator's reserved cache
     (less weights another loaded service shares: they stay)."""
     reserved = world.ledger.amount(svc.spec.device, svc.name, Category.RESERVED)
@@ -56,7 +58,7 @@ def unload_frees(world: World, svc: ServiceState) -> int:
     return svc.resident_bytes + reserved
 
 
-def pending_free(self: Parts, world: World, device: str) -> int:
+def pending_free(self: Parts, world: WorldView, device: str) -> int:
     """Memory on its way back: services unloading, KV pools shrinking."""
     key = ("pending_free", device)
     epoch = world.epoch(device)
@@ -109,7 +111,7 @@ def regaining(exclude: ServiceState | None) -> bool:
 
 def survey(
     self: Parts,
-    world: World,
+    world: WorldView,
     device: str,
     cls: ServiceClass,
     exclude: ServiceState | None,
@@ -171,7 +173,7 @@ def survey(
 
 def make_room(
     self: Parts,
-    world: World,
+    world: WorldView,
     device: str,
     need: int,
     cls: ServiceClass,
@@ -222,7 +224,7 @@ def make_room(
     return False
 
 
-def kept_floor(world: World, s: ServiceState) -> int:
+def kept_floor(world: WorldView, s: ServiceState) -> int:
     """Memory a kept (pinned or admin-loaded) service holds at its KV floor, with
     the allocator cache measured in it (freed only when it unloads: never)."""
     if (s.pinned or s.admin_wants_loaded) and s.holds_memory:
@@ -231,7 +233,7 @@ def kept_floor(world: World, s: ServiceState) -> int:
     return 0
 
 
-def max_possible(self: Parts, world: World, device: str, exclude: ServiceState) -> int:
+def max_possible(self: Parts, world: WorldView, device: str, exclude: ServiceState) -> int:
     dev = world.devices[device]
     key = ("kept_floor", device)
     epoch = world.epoch(device)
@@ -244,7 +246,7 @@ def max_possible(self: Parts, world: World, device: str, exclude: ServiceState) 
     return dev.usable_bytes - (held - self._kept_floor(world, exclude))
 
 
-def reachable(self: Parts, world: World, device: str, need: int, svc: ServiceState) -> bool:
+def reachable(self: Parts, world: WorldView, device: str, need: int, svc: ServiceState) -> bool:
     """Whether ``need`` more bytes for ``svc`` could be found on ``device`` by evicting
     everything that may go, with what the device's foreign programs, workers' overhead
     and park hold now. A request that cannot does not hold lower classes back (fair
@@ -257,7 +259,7 @@ def reachable(self: Parts, world: World, device: str, need: int, svc: ServiceSta
 
 def room_plan(
     self: Parts,
-    world: World,
+    world: WorldView,
     device: str,
     need: int,
     cls: ServiceClass,
@@ -298,7 +300,8 @@ def room_plan(
 
 
 def shrink_for_room(
-    world: World,
+    self: Parts,
+    world: WorldView,
     device: str,
     need: int,
     shrinks: list[tuple[ServiceState, int]],
@@ -311,7 +314,7 @@ def shrink_for_room(
     for svc, target in shrinks:
         if ledger.available(device) + shrunk >= need:
             break
-        if world.resize(
+        if self._ops.resize(
             svc, target, reason=Reason.BALLOON_SHRINK, detail=f"room for {reason.value}"
         ):
             shrunk += svc.kv_shrinking
@@ -320,7 +323,7 @@ def shrink_for_room(
 
 def stop_for_room(
     self: Parts,
-    world: World,
+    world: WorldView,
     device: str,
     need: int,
     pending: int,
@@ -335,7 +338,7 @@ def stop_for_room(
     None when a stopped request's service was evicted for its allocator cache (the
     memory comes back with the unload).
 
-    A caching allocator keeps what a preempted request held: the World charges it to the
+    A caching allocator keeps what a preempted request held: the WorldView charges it to the
     service (RESERVED) until the service unloads."""
     ledger = world.ledger
     shrinking = world.knobs.switches.ballooning
@@ -349,7 +352,7 @@ def stop_for_room(
         if (
             shrinking
             and holder.kv_pool > target
-            and world.resize(
+            and self._ops.resize(
                 holder, target, reason=Reason.BALLOON_SHRINK, detail="after preemption"
             )
         ):
@@ -370,7 +373,7 @@ def stop_for_room(
 
 
 def pick_victims(
-    self: Parts, world: World, victims: list[ServiceState], cls: ServiceClass, short: int
+    self: Parts, world: WorldView, victims: list[ServiceState], cls: ServiceClass, short: int
 ) -> list[ServiceState]:
     """The victims, in eviction order, to evict for ``short`` bytes: strictly lower
     classes alone when they cover it (``lower_class_first``); when one victim alone
@@ -389,7 +392,7 @@ def pick_victims(
 
 def evict_for_room(
     self: Parts,
-    world: World,
+    world: WorldView,
     device: str,
     need: int,
     pending: int,

@@ -10,15 +10,15 @@ from collections.abc import Sequence
 from accelmux.core.events import Demand
 from accelmux.core.placement import first_up
 from accelmux.core.policies.accelmux.interface import Parts
-from accelmux.core.state import ServiceState, World, reuse_rate
 from accelmux.core.types import (
     ServiceClass,
     ServiceStatus,
 )
+from accelmux.core.world import ServiceState, WorldView, reuse_rate
 
 
 def route(
-    self: Parts, world: World, replicas: Sequence[ServiceState], demand: Demand
+    self: Parts, world: WorldView, replicas: Sequence[ServiceState], demand: Demand
 ) -> ServiceState:
     """The replica expected to start a new request of ``demand`` soonest, to 0.1 s
     (ties: the device left with the most free memory, then the one running fewer
@@ -49,7 +49,7 @@ def route(
     )
 
 
-def reroute_to_free_replicas(world: World) -> None:
+def reroute_to_free_replicas(self: Parts, world: WorldView) -> None:
     """A request waiting on a replica that is not loaded moves to a loaded replica
     of its service with a free slot and no queue: it starts there now."""
     for replicas in world.groups.values():
@@ -76,17 +76,17 @@ def reroute_to_free_replicas(world: World) -> None:
             for _ in range(to.spec.concurrency - len(to.inflight)):
                 if not waiting:
                     return
-                world.reroute(waiting.pop(0), to, detail="a replica is free now")
+                self._ops.reroute(waiting.pop(0), to, detail="a replica is free now")
 
 
-def other_replica_up(world: World, svc: ServiceState) -> bool:
+def other_replica_up(world: WorldView, svc: ServiceState) -> bool:
     """Whether another replica of ``svc``'s service holds memory: a spare replica
     is loaded only for a request (:meth:`route`), never to keep warm."""
     group = svc.spec.group
     return bool(group) and any(r.holds_memory for r in world.groups[group] if r is not svc)
 
 
-def placed_here(self: Parts, world: World, svc: ServiceState) -> bool:
+def placed_here(self: Parts, world: WorldView, svc: ServiceState) -> bool:
     """Whether a warm service preloads as ``svc``: an ordinary service does; of a
     service with replicas only the one placement picks, and only while none is up."""
     group = svc.spec.group
@@ -97,7 +97,7 @@ def placed_here(self: Parts, world: World, svc: ServiceState) -> bool:
     return self.route(world, world.groups[group], Demand()) is svc
 
 
-def wanted_by_higher_class(world: World, svc: ServiceState) -> bool:
+def wanted_by_higher_class(world: WorldView, svc: ServiceState) -> bool:
     """Whether requests of a higher class wait on ``svc``'s device: its memory is
     theirs, and a load there would be evicted again as soon as it is done."""
     device = svc.spec.device
@@ -106,13 +106,15 @@ def wanted_by_higher_class(world: World, svc: ServiceState) -> bool:
     )
 
 
-def footprint(world: World, svc: ServiceState) -> int:
+def footprint(world: WorldView, svc: ServiceState) -> int:
     """What loading ``svc`` commits at its KV floor, calibrated."""
     weights, runtime, _ = world.projected_resident(svc, 0)
     return weights + runtime + svc.spec.profile.kv_floor
 
 
-def expected_start_s(self: Parts, world: World, svc: ServiceState, room_s: float | None) -> float:
+def expected_start_s(
+    self: Parts, world: WorldView, svc: ServiceState, room_s: float | None
+) -> float:
     """Seconds until ``svc`` could start a new request: its queue ahead of it, plus
     the rest of a load in progress or the whole load (and ``room_s``, what making its
     room costs: :meth:`_room_seconds`) if it is not loaded. A replica that could start
@@ -133,7 +135,7 @@ def expected_start_s(self: Parts, world: World, svc: ServiceState, room_s: float
     return world.load_seconds(svc, svc.tier) + room_s + queue_s
 
 
-def room_seconds(self: Parts, world: World, svc: ServiceState, demand: Demand) -> float | None:
+def room_seconds(self: Parts, world: WorldView, svc: ServiceState, demand: Demand) -> float | None:
     """The expected reload seconds others pay for ``svc`` to load now (0: it fits in
     free memory), or None when it fits only once busy work ends."""
     device = svc.spec.device

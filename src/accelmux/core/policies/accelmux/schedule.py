@@ -7,13 +7,13 @@ from __future__ import annotations
 
 from accelmux.core.policies.accelmux.interface import Parts, Round
 from accelmux.core.specs import room_rank
-from accelmux.core.state import RequestState, ServiceState, World
 from accelmux.core.types import (
     ServiceClass,
 )
+from accelmux.core.world import RequestState, ServiceState, WorldView
 
 
-def schedule(self: Parts, world: World) -> None:
+def schedule(self: Parts, world: WorldView) -> None:
     if not world.waiting:
         return  # a device's quiet record stays true: it names the state it saw
     rnd, classes = _open_round(self, world)
@@ -22,7 +22,7 @@ def schedule(self: Parts, world: World) -> None:
         # to skip (both decide the same).
         for req in sorted(world.waiting.values(), key=lambda r: _rank_key(world, r)):
             self._consider(world, req, rnd)
-            world.mark_announced(req)
+            self._ops.mark_announced(req)
         return
     start, inputs = _find_quiet(self, world, rnd)
     # Requests in rank order (class order, a steady service's work before batch), then
@@ -32,7 +32,7 @@ def schedule(self: Parts, world: World) -> None:
         todo = [r for r in self._unsettled(world, cls, rnd) if _in_turn(world, r, mark, steady)]
         for req in sorted(todo, key=lambda r: r.seq):
             self._consider(world, req, rnd)
-            world.mark_announced(req)
+            self._ops.mark_announced(req)
     # Where the epoch did not move, nothing there changed: the inputs read now are
     # those at the start of the round.
     self._quiet = {
@@ -42,7 +42,7 @@ def schedule(self: Parts, world: World) -> None:
     }
 
 
-def _open_round(self: Parts, world: World) -> tuple[Round, set[ServiceClass]]:
+def _open_round(self: Parts, world: WorldView) -> tuple[Round, set[ServiceClass]]:
     """A new round's realtime and class state, and the classes with waiting requests."""
     rnd = Round(tod=world.time_of_day())
     knobs = world.knobs
@@ -72,10 +72,10 @@ def _open_round(self: Parts, world: World) -> tuple[Round, set[ServiceClass]]:
 
 
 def _find_quiet(
-    self: Parts, world: World, rnd: Round
+    self: Parts, world: WorldView, rnd: Round
 ) -> tuple[dict[str, int], dict[str, tuple[object, ...]]]:
     """Each device's epoch at the start of the round and the round inputs read; a device
-    whose state (its World epoch) and round inputs are those of a round that changed
+    whose state (its WorldView epoch) and round inputs are those of a round that changed
     nothing there (wait reasons aside) would repeat it: it goes to ``rnd.quiet``. Its
     inputs are read only where the epoch alone does not tell it apart."""
     start = {dev: world.epoch(dev) for dev in world.devices}
@@ -89,14 +89,14 @@ def _find_quiet(
     return start, inputs
 
 
-def _rank_key(world: World, req: RequestState) -> tuple[int, int, int]:
+def _rank_key(world: WorldView, req: RequestState) -> tuple[int, int, int]:
     """A waiting request's place in a round: its rank (:func:`room_rank`), class and
     arrival, the order of :func:`turns` (steady batch work, then steady background)."""
     steady = world.services[req.service].spec.steady
     return (room_rank(req.cls, steady=steady), int(req.cls), req.seq)
 
 
-def _in_turn(world: World, req: RequestState, mark: int, steady: bool | None) -> bool:
+def _in_turn(world: WorldView, req: RequestState, mark: int, steady: bool | None) -> bool:
     """Whether the turn of its class that takes its services' requests if steady is
     ``steady`` (all: None) decides ``req`` this round: it was queued by ``mark``."""
     return req.queued_mark <= mark and (
@@ -104,7 +104,7 @@ def _in_turn(world: World, req: RequestState, mark: int, steady: bool | None) ->
     )
 
 
-def turns(world: World, classes: set[ServiceClass]) -> list[tuple[ServiceClass, bool | None]]:
+def turns(world: WorldView, classes: set[ServiceClass]) -> list[tuple[ServiceClass, bool | None]]:
     """The turns of a round in rank order (:func:`room_rank`): each a class waiting
     requests have and which of its services' requests it takes (steady ones, the others,
     or all: None). A steady service's batch and background work takes its turn before
@@ -120,7 +120,7 @@ def turns(world: World, classes: set[ServiceClass]) -> list[tuple[ServiceClass, 
     ]
 
 
-def round_inputs(self: Parts, world: World, rnd: Round, device: str) -> tuple[object, ...]:
+def round_inputs(self: Parts, world: WorldView, rnd: Round, device: str) -> tuple[object, ...]:
     """What a round's decisions on ``device`` read besides its state: time (windows,
     backoffs of the queued services there) and the round's realtime and class state.
     """
@@ -152,7 +152,7 @@ def in_window(svc: ServiceState, rnd: Round) -> bool:
     return inside
 
 
-def unsettled(self: Parts, world: World, cls: ServiceClass, rnd: Round) -> list[RequestState]:
+def unsettled(self: Parts, world: WorldView, cls: ServiceClass, rnd: Round) -> list[RequestState]:
     """Waiting requests of ``cls`` that this round may decide differently.
 
     Called when the class's turn comes. Whether a request has to wait without

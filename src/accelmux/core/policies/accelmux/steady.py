@@ -9,14 +9,14 @@ import math
 
 from accelmux.core.policies.accelmux.interface import Parts
 from accelmux.core.specs import room_rank
-from accelmux.core.state import ServiceState, World
 from accelmux.core.types import ServiceClass
+from accelmux.core.world import ServiceState, WorldView
 
 #: The rank of a steady service's batch or background work (:func:`room_rank`).
 STEADY_RANK = room_rank(ServiceClass.BACKGROUND, steady=True)
 
 
-def steady_reserve(self: Parts, world: World, svc: ServiceState, need: int, limit: int) -> int:
+def steady_reserve(self: Parts, world: WorldView, svc: ServiceState, need: int, limit: int) -> int:
     """Memory a load of ``svc`` needing ``need`` bytes must leave free for the next frame
     of each steady service on its device, when ``svc`` ranks below them (``limit``: the
     most its device could ever free for it).
@@ -33,7 +33,7 @@ def steady_reserve(self: Parts, world: World, svc: ServiceState, need: int, limi
     return 0 if need + reserve > limit else reserve
 
 
-def _next_frames(world: World, device: str) -> int:
+def _next_frames(world: WorldView, device: str) -> int:
     """The next activation of each steady service holding memory on ``device`` (one
     frame: its workspace and one unit, as calibrated), less what its requests hold now."""
     total = 0

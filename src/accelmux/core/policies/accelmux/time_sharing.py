@@ -8,14 +8,16 @@ from __future__ import annotations
 
 from accelmux.core.policies.accelmux.heuristics import TUNING
 from accelmux.core.policies.accelmux.interface import Parts
-from accelmux.core.state import RequestState, ServiceState, World
 from accelmux.core.types import (
     Reason,
     ServiceClass,
 )
+from accelmux.core.world import RequestState, ServiceState, WorldView
 
 
-def pause_for_first_token(self: Parts, world: World, svc: ServiceState, req: RequestState) -> bool:
+def pause_for_first_token(
+    self: Parts, world: WorldView, svc: ServiceState, req: RequestState
+) -> bool:
     """A new request of a service at its concurrency limit pauses the stream of that
     service that has run longest (at least ``TIME_SHARE_MIN_RUN_S``, below the
     pause bound): it gets its first token now, the paused stream resumes at the
@@ -37,12 +39,12 @@ def pause_for_first_token(self: Parts, world: World, svc: ServiceState, req: Req
         return False
     victim = min(ran, key=lambda r: (r.running_since or 0.0, r.seq))
     park = svc.kv_in_use + req.estimate.kv_bytes > svc.kv_usable
-    return world.pause(
+    return self._ops.pause(
         victim, reason=Reason.TIME_SHARE, park=park, detail=f"first token of {req.request_id}"
     )
 
 
-def yielding(self: Parts, world: World, req: RequestState) -> bool:
+def yielding(self: Parts, world: WorldView, req: RequestState) -> bool:
     """Whether paused ``req`` still leaves its memory to the request it was paused
     for: until that one has started (or ended)."""
     other = self._yielded_to.get(req.request_id)
@@ -55,7 +57,7 @@ def yielding(self: Parts, world: World, req: RequestState) -> bool:
     return False
 
 
-def sharing_key(world: World, requester: RequestState | None) -> object:
+def sharing_key(world: WorldView, requester: RequestState | None) -> object:
     """What a make_room failure depends on beyond its class: what time sharing reads
     of the requester, when it may pause other models' streams (:meth:`_time_shared`:
     its service, whether that is an LLM, whether it is paused). Requests alike in
@@ -65,7 +67,7 @@ def sharing_key(world: World, requester: RequestState | None) -> object:
     return (requester.service, requester.paused)
 
 
-def room_key(self: Parts, world: World, device: str, requester: RequestState | None) -> object:
+def room_key(self: Parts, world: WorldView, device: str, requester: RequestState | None) -> object:
     """:meth:`_sharing_key`, or None where no service of ``device`` can be paused for
     time sharing (then no requester's state changes what make_room can free)."""
     if device not in self._time_sharing_devices(world):
@@ -73,9 +75,9 @@ def room_key(self: Parts, world: World, device: str, requester: RequestState | N
     return self._sharing_key(world, requester)
 
 
-def time_sharing_devices(self: Parts, world: World) -> frozenset[str]:
+def time_sharing_devices(self: Parts, world: WorldView) -> frozenset[str]:
     """Devices with an LLM service whose backend can pause (what the spec and the
-    knobs declare: found once per World)."""
+    knobs declare: found once per WorldView)."""
     kept = self._sharing_devices
     if kept is None or kept[0] is not world:
         found = frozenset(
@@ -87,14 +89,14 @@ def time_sharing_devices(self: Parts, world: World) -> frozenset[str]:
     return kept[1]
 
 
-def can_pause(world: World, svc: ServiceState) -> bool:
+def can_pause(world: WorldView, svc: ServiceState) -> bool:
     caps = svc.spec.capabilities
     return world.knobs.switches.pause and caps.pause and caps.park
 
 
 def time_shared(
     self: Parts,
-    world: World,
+    world: WorldView,
     svc: ServiceState,
     cls: ServiceClass,
     requester: RequestState | None,
@@ -135,7 +137,7 @@ def time_shared(
     return running
 
 
-def realtime_devices(world: World) -> set[str]:
+def realtime_devices(world: WorldView) -> set[str]:
     """Devices where realtime work runs or waits (or ended within the grace)."""
     out: set[str] = set()
     grace = world.knobs.realtime_grace_s
@@ -147,7 +149,7 @@ def realtime_devices(world: World) -> set[str]:
     return out
 
 
-def round_realtime_devices(self: Parts, world: World) -> set[str]:
+def round_realtime_devices(self: Parts, world: WorldView) -> set[str]:
     """:meth:`_realtime_devices`, found once per round: the yield to realtime work and
     the schedule both ask, and nothing between them starts, ends or queues realtime
     work (they pause, preempt, evict and load only lower-class or idle services)."""
@@ -156,7 +158,7 @@ def round_realtime_devices(self: Parts, world: World) -> set[str]:
     return self._rt_devices
 
 
-def yields_compute(self: Parts, world: World, svc: ServiceState) -> bool:
+def yields_compute(self: Parts, world: WorldView, svc: ServiceState) -> bool:
     """Interactive LLM work that pauses while realtime work runs beside it."""
     return (
         svc.spec.cls is ServiceClass.INTERACTIVE
@@ -166,7 +168,7 @@ def yields_compute(self: Parts, world: World, svc: ServiceState) -> bool:
     )
 
 
-def compute_is_shared(world: World, device: str) -> bool:
+def compute_is_shared(world: WorldView, device: str) -> bool:
     """A host device (shared memory: CPU cores, or an integrated accelerator whose
     decode runs at the RAM's bandwidth) shares its compute and its memory bandwidth
     with every model and the OS: anything running beside realtime work slows it in
@@ -176,7 +178,7 @@ def compute_is_shared(world: World, device: str) -> bool:
     return world.devices[device].kind == "host"
 
 
-def yield_to_realtime(self: Parts, world: World) -> None:
+def yield_to_realtime(self: Parts, world: WorldView) -> None:
     """Pause the running streams of interactive LLMs on devices with realtime work."""
     devices = self._round_realtime_devices(world)
     if not devices:
@@ -191,7 +193,7 @@ def yield_to_realtime(self: Parts, world: World) -> None:
                 continue  # its first token comes first
             # Parked (when it can be): its model may then be evicted if the realtime
             # work needs the memory, instead of a paused stream pinning it.
-            if world.pause(
+            if self._ops.pause(
                 req,
                 reason=Reason.TIME_SHARE,
                 park=svc.spec.capabilities.park,
@@ -201,7 +203,7 @@ def yield_to_realtime(self: Parts, world: World) -> None:
                 self._yielded_realtime.add(req.request_id)
 
 
-def share_thresholds(world: World, device: str) -> tuple[tuple[str, bool, bool], ...]:
+def share_thresholds(world: WorldView, device: str) -> tuple[tuple[str, bool, bool], ...]:
     """Which running streams on ``device`` that could be paused have run long enough
     to be paused for another request (``TIME_SHARE_MIN_RUN_S``, and the quantum of a
     stream paused before): time alone changes that, so a round where one crossed is
@@ -219,7 +221,7 @@ def share_thresholds(world: World, device: str) -> tuple[tuple[str, bool, bool],
     )
 
 
-def pausing(world: World, request_id: str) -> bool:
+def pausing(world: WorldView, request_id: str) -> bool:
     """Whether ``request_id`` runs with a pause the backend has not answered yet."""
     req = world.inflight.get(request_id)
     return req is not None and req.pausing is not None

@@ -8,10 +8,10 @@ import math
 
 from accelmux.core.policies.accelmux.interface import Parts
 from accelmux.core.specs import seconds_until_next_sorted
-from accelmux.core.state import ServiceState, World
+from accelmux.core.world import ServiceState, WorldView
 
 
-def next_wakeup(self: Parts, world: World, now: float) -> float | None:
+def next_wakeup(self: Parts, world: WorldView, now: float) -> float | None:
     # The earliest of the times below after ``now``. A TTL that a pending restore
     # would shorten is settled last, and only when either TTL could be the earliest.
     # The TTLs are read last: an idle service whose TTL floor (``_ttl_floor``) ends
@@ -20,7 +20,7 @@ def next_wakeup(self: Parts, world: World, now: float) -> float | None:
     best = _earliest_timer(self, world, now)
     balloon_idle_s = world.knobs.balloon_idle_s
     idle: list[ServiceState] = []
-    for svc in world.loaded:  # the World's indexes: only services that can ask
+    for svc in world.loaded:  # the WorldView's indexes: only services that can ask
         # idle and not kept (ServiceState.idle and _keep, without the calls)
         if not (svc.inflight or svc.paused_kv or svc.pinned or svc.admin_wants_loaded):
             idle.append(svc)
@@ -31,7 +31,7 @@ def next_wakeup(self: Parts, world: World, now: float) -> float | None:
     return _earliest_ttl(self, world, now, idle, best)
 
 
-def _earliest_timer(self: Parts, world: World, now: float) -> float | None:
+def _earliest_timer(self: Parts, world: WorldView, now: float) -> float | None:
     """The earliest after ``now`` of the backoffs, the next window edge and the realtime
     grace ends (None: none of them)."""
     best: float | None = None
@@ -59,7 +59,7 @@ def _earliest_timer(self: Parts, world: World, now: float) -> float | None:
 
 
 def _earliest_ttl(
-    self: Parts, world: World, now: float, idle: list[ServiceState], best: float | None
+    self: Parts, world: WorldView, now: float, idle: list[ServiceState], best: float | None
 ) -> float | None:
     """The earliest of ``best`` and the TTL ends of the ``idle`` services after ``now``."""
     unsure: list[tuple[ServiceState, float, float]] = []
@@ -88,7 +88,7 @@ def _earliest_ttl(
     return best
 
 
-def window_edges(self: Parts, world: World) -> tuple[float, ...]:
+def window_edges(self: Parts, world: WorldView) -> tuple[float, ...]:
     """The edges of the windows of the services with waiting requests (sorted, each
     once), kept while those services stay the same."""
     queued = world.queued
