@@ -16,11 +16,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from accelmux.core.manager import Manager
-from accelmux.core.policies.accelmux import HEURISTICS, AccelmuxPolicy, _Round
+from accelmux.core.policies.accelmux import HEURISTICS, AccelmuxPolicy
 from accelmux.core.policy import Policy
 from accelmux.core.specs import DeviceSpec, ManagerSpec
-from accelmux.core.types import ServiceClass
-from accelmux.core.world import RequestState, World
 from accelmux.sim.baselines import make_policy
 
 from .fake_executor import FakeExecutor
@@ -30,11 +28,10 @@ from .world_oracle import check_indexes
 POLICIES = ("accelmux", "independent", "static", "ollama+containers", "llama-swap", "oracle")
 
 
-class ExhaustiveAccelmux(AccelmuxPolicy):
-    """Test double: the accelmux policy without any skipping, every request every round."""
-
-    def _unsettled(self, world: World, cls: ServiceClass, rnd: _Round) -> list[RequestState]:
-        return [r for r in world.waiting.values() if r.cls is cls]
+def ExhaustiveAccelmux() -> AccelmuxPolicy:
+    """The accelmux policy without any skipping, every request every round (its round
+    cache off)."""
+    return AccelmuxPolicy(cache=False)
 
 
 @st.composite

@@ -24,9 +24,9 @@ from accelmux.core.specs import ManagerSpec
 from .fake_executor import FakeExecutor
 from .old_round.accelmux import AccelmuxPolicy as OldAccelmuxPolicy
 from .old_round.manager import Manager as OldManager
-from .test_incremental import apply, crowded_ops, crowded_specs
 from .test_indexes import two_device_specs
 from .test_properties import SETTINGS, Op, manager_specs, ops_strategy
+from .test_round_cache import apply, crowded_ops, crowded_specs
 
 
 def drive(ex: FakeExecutor, spec: ManagerSpec, ops: list[Op]) -> list[float | None]:

@@ -95,6 +95,8 @@ READ_METHODS = frozenset(
         "as_dict",
     }
 )
+#: What a part calls the world it reads and the writer it holds (``self.view``...).
+WORLD_HANDLES = frozenset({"view", "ops", "world"})
 #: World methods only the Manager calls (its bookkeeping of events).
 MANAGER_ONLY = frozenset(
     {
@@ -130,11 +132,23 @@ def _root(node: ast.expr) -> str | None:
     return node.id if isinstance(node, ast.Name) else None
 
 
+def _own_state(node: ast.expr) -> bool:
+    """``node`` is reached from ``self`` other than through the world a part holds
+    (``self.view``, ``self.ops``): the policy's (or part's) own state."""
+    first: ast.expr | None = None
+    while isinstance(node, (ast.Attribute, ast.Subscript, ast.Call)):
+        first = node
+        node = node.func if isinstance(node, ast.Call) else node.value
+    if not (isinstance(node, ast.Name) and node.id == "self"):
+        return False
+    return not (isinstance(first, ast.Attribute) and first.attr in WORLD_HANDLES)
+
+
 def _owned(node: ast.expr, aliases: set[str]) -> bool:
     """``node`` is something the World owns: ``x.<owned name>``, or a local alias of one."""
     if isinstance(node, ast.Name):
         return node.id in aliases
-    return isinstance(node, ast.Attribute) and node.attr in OWNED and _root(node) != "self"
+    return isinstance(node, ast.Attribute) and node.attr in OWNED and not _own_state(node)
 
 
 def _targets(node: ast.AST) -> list[ast.expr]:
@@ -234,6 +248,9 @@ def decide(self, world, now):
     times.append(now)
     rnd.quiet = set()
     sorted(world.admin_unload)
+    self.view.waiting[rid] = req
+    self.view.services["a"].pinned = True
+    self.yielded_to[rid] = other
 """
     assert violations(source) == [
         "line 2: writes req.announced",
@@ -245,6 +262,8 @@ def decide(self, world, now):
         "line 9: writes world.waiting[rid]",
         "line 10: writes world.services['a'].pinned",
         "line 11: calls ops.set_status (the Manager's)",
+        "line 20: writes self.view.waiting[rid]",
+        "line 21: writes self.view.services['a'].pinned",
     ]
 
 
