@@ -312,7 +312,7 @@ def test_kept_load_sizes_and_window_edges_equal_a_recomputation(
         ex.manager.next_wakeup(ex.now)
         parts = policy.parts(world)
         plain = plain_parts(world, ex.manager.ops)
-        for rid, (stamp, (req, sizes)) in parts.seam.cache.load_sizes._entries.items():
+        for rid, (stamp, (req, sizes)) in parts.seam.cache.load_sizes.entries.items():
             svc = world.services[req.service]
             cal = svc.calibration
             if (

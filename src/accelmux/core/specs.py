@@ -239,9 +239,19 @@ def room_rank(cls: ServiceClass, *, steady: bool) -> int:
     out-of-memory crash or an eviction, comes back from batch work (idle batch services
     are evicted, running batch work stopped), as batch work may not take a steady
     service's (:func:`floored`). Without steady services the order is the classes'."""
+    return _RANKS[cls, steady]
+
+
+def _rank(cls: ServiceClass, steady: bool) -> int:
     if steady and cls >= ServiceClass.BATCH:
         return 2
     return int(cls) if cls < ServiceClass.BATCH else int(cls) + 1
+
+
+#: :func:`room_rank` of every class, steady or not (asked for every service surveyed).
+_RANKS: dict[tuple[ServiceClass, bool], int] = {
+    (c, s): _rank(c, s) for c in ServiceClass for s in (False, True)
+}
 
 
 def ranks_below(spec: ServiceSpec, cls: ServiceClass, *, steady: bool) -> bool:

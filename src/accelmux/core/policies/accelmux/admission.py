@@ -5,7 +5,6 @@ through, makes it wait (with a reason) or rejects it (with a reason and Retry-Af
 from __future__ import annotations
 
 from accelmux.core.policies.accelmux import facts
-from accelmux.core.policies.accelmux.cache import Miss
 from accelmux.core.policies.accelmux.loading import Loading
 from accelmux.core.policies.accelmux.records import Admitting, RoomFor, Round, Seam
 from accelmux.core.policies.accelmux.reserve import Reserve
@@ -43,9 +42,9 @@ class Admission:
         is), the service's only through an action."""
         key = (svc.name, cls)
         version = self.view.version
-        hit = self.cache.service_waits.get(key, version)
-        if hit is not Miss.MISS:
-            return hit
+        hit = self.cache.service_waits.entries.get(key)
+        if hit is not None and hit[0] == version:
+            return hit[1]
         outside = not facts.in_window(svc, rnd)
         return self.cache.service_waits.put(
             key, version, (outside, self.must_wait(svc, cls, outside, rnd))

@@ -46,15 +46,17 @@ class Miss(Enum):
 class Memo(Generic[K, S, V]):
     """Values by key, each with the stamp it was computed at."""
 
-    __slots__ = ("_entries", "_on")
+    __slots__ = ("_on", "entries")
 
     def __init__(self, on: bool) -> None:
         self._on = on
-        self._entries: dict[K, tuple[S, V]] = {}
+        #: key -> (stamp, value); empty while the cache is off (the hottest callers read
+        #: it directly: an entry counts only when its stamp is the one they hold).
+        self.entries: dict[K, tuple[S, V]] = {}
 
     def get(self, key: K, stamp: S) -> V | Literal[Miss.MISS]:
         """The value kept for ``key`` if it was computed at ``stamp``."""
-        hit = self._entries.get(key)
+        hit = self.entries.get(key)
         if hit is not None and hit[0] == stamp:
             return hit[1]
         return Miss.MISS
@@ -62,18 +64,18 @@ class Memo(Generic[K, S, V]):
     def put(self, key: K, stamp: S, value: V) -> V:
         """Keep ``value`` for ``key`` as computed at ``stamp`` (not when disabled)."""
         if self._on:
-            self._entries[key] = (stamp, value)
+            self.entries[key] = (stamp, value)
         return value
 
     def clear(self) -> None:
-        self._entries.clear()
+        self.entries.clear()
 
     def keep_only(self, wanted: Callable[[K], bool]) -> None:
         """Forget the entries whose key is not ``wanted``."""
-        self._entries = {k: v for k, v in self._entries.items() if wanted(k)}
+        self.entries = {k: v for k, v in self.entries.items() if wanted(k)}
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self.entries)
 
 
 #: A room survey's key: (device, class, for a steady service, strict, the requester's

@@ -25,7 +25,7 @@ from accelmux.core.policies.accelmux.reserve import Reserve
 from accelmux.core.policies.accelmux.residency import Residents
 from accelmux.core.policies.accelmux.room import Room
 from accelmux.core.policies.accelmux.routing import Routing
-from accelmux.core.policies.accelmux.schedule import Schedule
+from accelmux.core.policies.accelmux.schedule import FEW_WAITING, Schedule
 from accelmux.core.policies.accelmux.steady import Steady
 from accelmux.core.policies.accelmux.time_sharing import TimeSharing
 from accelmux.core.policies.accelmux.wakeup import Wakeup
@@ -95,7 +95,7 @@ class AccelmuxPolicy:
     def __init__(self, *, cache: bool = True) -> None:
         self.cache_enabled = cache
         #: Up to this many waiting requests a round considers them all, skipping nothing.
-        self.few_waiting = Schedule.few_waiting
+        self.few_waiting = FEW_WAITING
         self._parts: Parts | None = None
 
     def parts(self, view: WorldView, ops: WorldOps | None = None) -> Parts:

@@ -33,9 +33,9 @@ class Reserve:
             return 0
         cache = self.cache
         version = self.view.version
-        hit = cache.realtime_reserve.get(device, version)  # asked for every request considered
-        if hit is not Miss.MISS:
-            return hit
+        hit = cache.realtime_reserve.entries.get(device)  # asked for every request considered
+        if hit is not None and hit[0] == version:
+            return hit[1]
         # It reads the device's realtime services (their state moves the device's epoch)
         # and the peaks seen: while neither changed, the last value found still holds.
         stamp = (self.view.epoch(device), self.view.learned.realtime_peak_changes)

@@ -67,9 +67,9 @@ class Residents:
         (what it reads, the device's memory and the service's keep-alive, changes only
         through one or an event), for the round only (decide clears it)."""
         version = self.view.version
-        hit = self.cache.ttl_range.get(svc.name, version)
-        if hit is not Miss.MISS:
-            return hit
+        hit = self.cache.ttl_range.entries.get(svc.name)
+        if hit is not None and hit[0] == version:
+            return hit[1]
         return self.cache.ttl_range.put(svc.name, version, self._ttl_range(svc))
 
     def _ttl_range(self, svc: ServiceState) -> tuple[float, float]:

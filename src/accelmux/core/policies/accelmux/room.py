@@ -17,7 +17,7 @@ from accelmux.core.policies.accelmux.cache import Miss
 from accelmux.core.policies.accelmux.preemption import Preemption
 from accelmux.core.policies.accelmux.records import RoomFor, RoomPlan, Seam, Survey
 from accelmux.core.policies.accelmux.time_sharing import TimeSharing
-from accelmux.core.specs import floored, room_rank
+from accelmux.core.specs import room_rank
 from accelmux.core.types import Reason, Residency, ServiceClass, ServiceStatus
 from accelmux.core.world import RequestState, ServiceState, reuse_rate
 
@@ -57,9 +57,9 @@ class Room:
         """Memory on its way back: services unloading, KV pools shrinking."""
         view = self.view
         epoch = view.epoch(device)
-        hit = self.cache.pending_free.get(device, epoch)  # asked by every make_room
-        if hit is not Miss.MISS:
-            return hit
+        hit = self.cache.pending_free.entries.get(device)  # asked by every make_room
+        if hit is not None and hit[0] == epoch:
+            return hit[1]
         # A resize awaits its answer only while loaded or unloading (the index oracle).
         value = sum(facts.unload_frees(view, s) for s in view.unloading_on(device)) + sum(
             s.kv_shrinking for s in view.loaded_on(device) if s.resize_target is not None
@@ -76,15 +76,17 @@ class Room:
         preempted for this room; ``yielded``: how many of its waiting requests are
         streams it paused for this room."""
         cls, exclude = for_.cls, for_.exclude
+        spec = svc.spec
         if (
             svc is exclude
             or svc.status is not ServiceStatus.LOADED
             or not (svc.idle or once_preempted)
-            or facts.keep(svc)
-            or floored(svc.spec, cls)
+            or svc.pinned
+            or svc.admin_wants_loaded
+            or (spec.steady and cls >= ServiceClass.BATCH)  # floored
         ):
             return False
-        rank = room_rank(svc.spec.cls, steady=svc.spec.steady)
+        rank = room_rank(spec.cls, steady=spec.steady)
         for_rank = room_rank(cls, steady=exclude is not None and exclude.spec.steady)
         return (svc.waiting_count == yielded or rank > for_rank) and (
             rank > for_rank if for_.strict else rank >= for_rank
@@ -222,8 +224,10 @@ class Room:
         the other kept services hold at their floors."""
         view = self.view
         epoch = view.epoch(device)
-        held = self.cache.kept_floor.get(device, epoch)  # asked for every request considered
-        if held is Miss.MISS:
+        hit = self.cache.kept_floor.entries.get(device)  # asked for every request considered
+        if hit is not None and hit[0] == epoch:
+            held = hit[1]
+        else:
             held = self.cache.kept_floor.put(
                 device,
                 epoch,

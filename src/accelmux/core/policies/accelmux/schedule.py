@@ -14,14 +14,16 @@ from accelmux.core.specs import room_rank
 from accelmux.core.types import ServiceClass
 from accelmux.core.world import RequestState, WorldView
 
+#: Up to this many waiting requests a round considers them all, skipping nothing.
+FEW_WAITING = 8
+
 
 class Schedule:
     """One round of scheduling: the waiting requests considered in class order."""
 
-    #: Up to this many waiting requests a round considers them all, skipping nothing.
-    few_waiting = 8
-
     def __init__(self, seam: Seam, admission: Admission, time_sharing: TimeSharing) -> None:
+        #: Up to this many waiting requests a round considers them all (FEW_WAITING).
+        self.few_waiting = FEW_WAITING
         self.view = seam.view
         self.ops = seam.ops
         self.cache = seam.cache
