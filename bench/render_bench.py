@@ -108,9 +108,14 @@ def _manager_comparison(compared: Report) -> list[str]:
         "",
         f"Side by side in the same run: {compared['rounds']} rounds, each one process with "
         f"the core of `{old}`, then one with this commit's (same workload and seed); "
-        "medians of the rounds. Instructions per event: valgrind's callgrind, the "
-        "difference of a 1,200-event and a 200-event run of the same case (start-up and "
-        "imports cancel out), which the machine's load does not move.",
+        "medians of the rounds."
+        + (
+            " Instructions per event: valgrind's callgrind, the difference of a "
+            "1,200-event and a 200-event run of the same case (start-up and imports cancel "
+            "out), which the machine's load does not move."
+            if with_ir
+            else ""
+        ),
     ]
     week = compared.get("week")
     if week:
