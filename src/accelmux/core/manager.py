@@ -46,7 +46,7 @@ from accelmux.core.policy import Policy
 from accelmux.core.snapshot import Snapshot, build_snapshot
 from accelmux.core.specs import ManagerSpec
 from accelmux.core.types import Reason, ServiceStatus
-from accelmux.core.world import RequestState, ServiceState, World, WorldOps
+from accelmux.core.world import RequestState, ServiceState, World, WorldOps, WorldView
 from accelmux.errors import InvariantError
 
 
@@ -399,6 +399,11 @@ class Manager:
             )
 
     # ---- reading ----------------------------------------------------------------
+    @property
+    def view(self) -> WorldView:
+        """The world, read-only: what the shell reads (it writes nothing of it)."""
+        return self.world
+
     def snapshot(self) -> Snapshot:
         return build_snapshot(self.world, self.log, self.counts)
 

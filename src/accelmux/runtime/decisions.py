@@ -63,7 +63,7 @@ class DecisionRecorder:
         """Keep the ledger as it stands when a request is delayed or refused."""
         snap = self._manager.snapshot().as_dict()
         picture = ledger_picture(snap)
-        world = self._manager.world
+        world = self._manager.view
         svc = world.services.get(action.service)
         demand = self._demand_of(action.request_id)
         record: dict[str, Any] = {
