@@ -224,6 +224,9 @@ class FakeView:
     def epoch(self, device: str) -> int:
         return self.epochs[device]
 
+    def memory_epoch(self, device: str) -> int:
+        return self.epochs[device]
+
     def loaded_on(self, device: str) -> FakeSet:
         return FakeSet(lambda: [s for s in self.loaded if s.spec.device == device])
 

@@ -151,8 +151,11 @@ class Manager:
     def handle(self, event: Event, now: float) -> list[Action]:
         pre = self.start(now) if not self._started else []
         self._advance(now)
+        # An arrival changes its device's memory state only if its service holds memory
+        # (``WorldOps.add_waiting`` says so then).
+        memory = not isinstance(event, RequestArrived)
         for device in self._devices_of(event):
-            self.ops.touch(device)
+            self.ops.touch(device, memory=memory)
         self._apply(event)
         self._expire_deadlines()
         self.policy.decide(self.world, self.ops, now)

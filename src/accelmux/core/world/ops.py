@@ -47,6 +47,9 @@ from accelmux.core.world.data import STATUS_MOVES, RequestPhase, RequestState, S
 from accelmux.core.world.world import World
 from accelmux.errors import InvariantError
 
+#: The statuses of a service that holds nothing and that no survey of its device sees.
+_DOWN = (ServiceStatus.UNLOADED, ServiceStatus.CRASHED)
+
 
 class Change(NamedTuple):
     """What one operation changed: its name, and the service, device, class and request it
@@ -90,7 +93,9 @@ class WorldOps:
         w.seq += 1
         return w.seq
 
-    def record(self, action: Action) -> None:
+    def record(self, action: Action, *, memory: bool = True) -> None:
+        """Record ``action``; ``memory`` False: it changes nothing a load on its device
+        reads (see :meth:`touch`)."""
         w = self.world
         w.actions.append(action)
         w.version += 1
@@ -105,7 +110,7 @@ class WorldOps:
             )
         )
         if not isinstance(action, Enqueue):  # a new wait reason changes no decision input
-            self.touch(svc.spec.device)
+            self.touch(svc.spec.device, memory=memory)
 
     def drain(self) -> list[Action]:
         w = self.world
@@ -115,9 +120,13 @@ class WorldOps:
     def _explain(self, req: RequestState, text: str) -> None:
         req.explain.append(f"t={self.world.now:.3f} {text}")
 
-    def touch(self, device: str) -> None:
-        """Something on ``device`` changed (the Manager calls it for every event)."""
-        self.world.epochs[device] += 1
+    def touch(self, device: str, *, memory: bool = True) -> None:
+        """Something on ``device`` changed (the Manager calls it for every event);
+        ``memory`` False: only a queue of a service that is down (``memory_epochs``)."""
+        w = self.world
+        w.epochs[device] += 1
+        if memory:
+            w.memory_epochs[device] += 1
 
     def set_status(self, svc: ServiceState, status: ServiceStatus) -> None:
         """Move ``svc`` to ``status`` (along :data:`STATUS_MOVES`; any other move is a bug)."""
@@ -166,7 +175,7 @@ class WorldOps:
         w.queue_mark += 1
         req.queued_mark = w.queue_mark
         svc = w.services[req.service]
-        self.touch(svc.spec.device)
+        self.touch(svc.spec.device, memory=svc.status not in _DOWN)
         w.waiting[req.request_id] = req
         svc.queue[req.request_id] = req
         svc.waiting_count += 1
@@ -533,7 +542,10 @@ class WorldOps:
                 reason=reason,
                 retry_after_s=max(0.0, retry_after_s),
                 detail=detail,
-            )
+            ),
+            # a waiting request (not paused) holds nothing: only a loaded service's
+            # queue is read by a survey of its device (whether it may be evicted)
+            memory=w.services[req.service].status not in _DOWN,
         )
         w.finished_requests.append(req)
 

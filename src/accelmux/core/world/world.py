@@ -150,6 +150,10 @@ class World:
         #: Per device, bumped by every change that can alter a decision there (every
         #: event about it, every action on it but an Enqueue): equal epochs, same state.
         self.epochs: dict[str, int] = dict.fromkeys(self.devices, 0)
+        #: Per device, bumped by every change of an epoch but those that change nothing a
+        #: service's load reads there: a request joining or leaving the queue of a service
+        #: that is down (it holds nothing, and no survey of the device sees that queue).
+        self.memory_epochs: dict[str, int] = dict.fromkeys(self.devices, 0)
 
     def _init_host(self, spec: ManagerSpec) -> None:
         """The host RAM held for parked weights and KV state, and the host device."""
@@ -173,6 +177,9 @@ class World:
 
     def epoch(self, device: str) -> int:
         return self.epochs[device]
+
+    def memory_epoch(self, device: str) -> int:
+        return self.memory_epochs[device]
 
     def loaded_on(self, device: str) -> ServiceSet:
         return self.loaded_by_device[device]

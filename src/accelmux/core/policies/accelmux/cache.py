@@ -106,6 +106,8 @@ class RoundCache:
         self.service_waits: Memo[
             tuple[str, ServiceClass], int, tuple[bool, tuple[Reason, str] | None]
         ] = Memo(on)
+        #: Per device, which streams there time sharing could pause now.
+        self.share_thresholds: Memo[str, None, tuple[object, ...]] = Memo(on)
         self._per_round: tuple[Memo[Any, Any, Any], ...] = (
             self.pending_free,
             self.kept_floor,
@@ -120,6 +122,7 @@ class RoundCache:
             self.restores,
             self.ttl_range,
             self.service_waits,
+            self.share_thresholds,
         )
         # ---- across rounds
         self.reserves: Memo[str, tuple[int, int], int] = Memo(on)
@@ -129,6 +132,10 @@ class RoundCache:
         self.window_edges: Memo[None, int, tuple[float, ...]] = Memo(on)
         self.evicted_warm: Memo[None, int, list[ServiceState]] = Memo(on)
         self.quiet: Memo[str, int, tuple[object, ...]] = Memo(on)
+        #: Per waiting request of a service that is down, what its last consideration
+        #: read (``Schedule.inputs_of``) and whether it marked its device blocked, when
+        #: it did nothing else: it waited for memory again.
+        self.considered: Memo[str, tuple[object, ...], bool] = Memo(on)
         # ---- per spec
         self.yields_to_realtime: Memo[str, None, bool] = Memo(on)
         self.sharing_devices: Memo[None, None, frozenset[str]] = Memo(on)
@@ -143,3 +150,5 @@ class RoundCache:
         waiting = self.view.waiting
         if len(self.load_sizes) > 2 * len(waiting) + 64:
             self.load_sizes.keep_only(lambda rid: rid in waiting)
+        if len(self.considered) > 2 * len(waiting) + 64:
+            self.considered.keep_only(lambda rid: rid in waiting)

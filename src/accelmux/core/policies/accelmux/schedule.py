@@ -11,8 +11,11 @@ from accelmux.core.policies.accelmux.cache import Miss
 from accelmux.core.policies.accelmux.records import Round, Seam
 from accelmux.core.policies.accelmux.time_sharing import TimeSharing
 from accelmux.core.specs import room_rank
-from accelmux.core.types import ServiceClass
-from accelmux.core.world import RequestState, WorldView
+from accelmux.core.types import Reason, ResizeSupport, ServiceClass, ServiceStatus
+from accelmux.core.world import RequestState, ServiceState, WorldView
+
+#: The statuses of a service that is down (it holds no memory, a load would bring it up).
+_DOWN = (ServiceStatus.UNLOADED, ServiceStatus.CRASHED)
 
 #: Up to this many waiting requests a round considers them all, skipping nothing.
 FEW_WAITING = 8
@@ -38,7 +41,7 @@ class Schedule:
             # A short queue: considering every request costs less than finding the ones
             # to skip (both decide the same).
             for req in sorted(self.view.waiting.values(), key=lambda r: _rank_key(self.view, r)):
-                self.admission.consider(req, rnd)
+                self.consider(req, rnd)
                 self.ops.mark_announced(req)
             return
         start, inputs = self._find_quiet(rnd)
@@ -48,7 +51,7 @@ class Schedule:
         for cls, steady in turns(self.view, classes):
             todo = [r for r in self.unsettled(cls, rnd) if _in_turn(self.view, r, mark, steady)]
             for req in sorted(todo, key=lambda r: r.seq):
-                self.admission.consider(req, rnd)
+                self.consider(req, rnd)
                 self.ops.mark_announced(req)
         # Where the epoch did not move, nothing there changed: the inputs read now are
         # those at the start of the round.
@@ -57,6 +60,86 @@ class Schedule:
         for dev, epoch in start.items():
             if self.view.epoch(dev) == epoch:
                 quiet.put(dev, epoch, inputs[dev] if dev in inputs else self.round_inputs(rnd, dev))
+
+    def consider(self, req: RequestState, rnd: Round) -> None:
+        """Decide ``req`` (``Admission.consider``), or replay its last decision when it
+        would only repeat it.
+
+        A request of a service that is down, told to wait for memory, whose last
+        consideration did nothing else (no action; at most it marked its device's
+        blocked class for the rest of the round) decides the same while nothing it read
+        has changed (:meth:`inputs_of`): its device's memory state, its service, the
+        round's state on its device, the time where the time matters. Then it is not
+        considered again; what it set in the round (the blocked class) is set again at
+        its turn, so that the requests after it read what they would have read."""
+        view = self.view
+        svc = view.services[req.service]
+        dev = svc.spec.device
+        inputs = self.inputs_of(req, svc, rnd) if self.cache.enabled else None
+        if inputs is not None:
+            hit = self.cache.considered.entries.get(req.request_id)
+            if hit is not None and hit[0] == inputs:
+                if hit[1]:
+                    rnd.blocked[dev] = min(req.cls, rnd.blocked.get(dev, req.cls))
+                return
+        version = view.version
+        blocked = rnd.blocked.get(dev)
+        self.admission.consider(req, rnd)
+        if (
+            inputs is not None
+            and view.version == version  # it did nothing: no action, no explanation
+            and req.wait_reason is Reason.NO_MEMORY
+            and svc.status in _DOWN
+            and req.request_id in view.waiting
+        ):
+            self.cache.considered.put(req.request_id, inputs, rnd.blocked.get(dev) != blocked)
+
+    def inputs_of(
+        self, req: RequestState, svc: ServiceState, rnd: Round
+    ) -> tuple[object, ...] | None:
+        """What deciding ``req`` reads, when it waits for memory for a load of ``svc``
+        (down, its pool fixed: sized without its queue); None otherwise (it is decided).
+
+        The device's memory state moves ``memory_epoch``: every event and action there
+        but a queue of a service that is down changing (a survey sees only loaded
+        services' queues). Beside it, what is not memory: the service's status,
+        backoff, window and calibrations, the realtime peaks, the round's state on the
+        device, and what time sharing could pause there now (time alone changes it)."""
+        if (
+            svc.status not in _DOWN
+            or req.wait_reason is not Reason.NO_MEMORY
+            or not req.announced
+            or req.paused
+            or svc.resize_support is ResizeSupport.NEXT_LOAD
+        ):
+            return None
+        view = self.view
+        dev = svc.spec.device
+        cal = svc.calibration
+        sharing: object = None
+        if self.time_sharing.room_key(dev, req) is not None:
+            sharing = self.cache.share_thresholds.get(dev, None)
+            if sharing is Miss.MISS:
+                sharing = self.cache.share_thresholds.put(
+                    dev, None, facts.share_thresholds(view, dev)
+                )
+        return (
+            view.memory_epoch(dev),
+            svc.status,
+            view.now < svc.backoff_until,
+            facts.in_window(svc, rnd),
+            cal.active.version,
+            cal.resident.version,
+            svc.tier,
+            view.learned.realtime_peak_changes,
+            dev in view.load_oom_devices,
+            rnd.blocked.get(dev),
+            dev in rnd.realtime_active,
+            dev in rnd.realtime_work,
+            dev in rnd.interactive_active,
+            rnd.higher_waiting.get(dev),
+            sharing,
+        )
 
     def _open_round(self) -> tuple[Round, set[ServiceClass]]:
         """A new round's realtime and class state, and the classes with waiting requests."""
