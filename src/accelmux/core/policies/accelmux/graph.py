@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import typing
+from collections.abc import Iterable, Mapping
 
 from accelmux.core.policies.accelmux.policy import Parts
 
@@ -32,10 +33,12 @@ def part_graph() -> Graph:
     return graph
 
 
-def layers(graph: Graph) -> list[list[str]]:
-    """The parts by layer, bottom first: each one layer above the highest it depends on.
+def layers(graph: Mapping[str, Iterable[str]]) -> list[list[str]]:
+    """The nodes of ``graph`` (each to the nodes it depends on) by layer, bottom first:
+    each one layer above the highest it depends on (the parts here, the packages of
+    ``bench/render_dependencies.py``).
 
-    Raises ValueError naming a part on a cycle: then there is no order to build in."""
+    Raises ValueError naming a node on a cycle: then there is no order to build in."""
     level: dict[str, int] = {}
     visiting: set[str] = set()
 
@@ -43,7 +46,7 @@ def layers(graph: Graph) -> list[list[str]]:
         if node in level:
             return level[node]
         if node in visiting:
-            raise ValueError(f"part cycle through {node!r}")
+            raise ValueError(f"cycle through {node!r}")
         visiting.add(node)
         below = [depth(dep) for dep in graph.get(node, ())]
         visiting.discard(node)
