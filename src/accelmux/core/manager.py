@@ -46,7 +46,7 @@ from accelmux.core.policy import Policy
 from accelmux.core.snapshot import Snapshot, build_snapshot
 from accelmux.core.specs import ManagerSpec
 from accelmux.core.types import Reason, ServiceStatus
-from accelmux.core.world import RequestState, ServiceState, World, WorldOps, WorldView
+from accelmux.core.world import Change, RequestState, ServiceState, World, WorldOps, WorldView
 from accelmux.errors import InvariantError
 
 
@@ -128,6 +128,7 @@ class Manager:
         self.strict = strict
         self.world = World(spec)
         self.ops = WorldOps(self.world)
+        self.last_changes: list[Change] = []
         self.log: deque[Decision | InvariantBroken] = deque(maxlen=spec.knobs.max_decision_log)
         self.counts: dict[tuple[str, str], int] = {}
         self._started = False
@@ -181,7 +182,8 @@ class Manager:
             raise InvariantError("; ".join(broken))
         recent = tuple(d.as_dict() for d in list(self.log)[-REPORTED_DECISIONS:]) if broken else ()
         actions = self.ops.drain()
-        self.ops.changes.clear()  # read by nobody yet: kept for one round at most
+        #: What the operations changed in the call that ends here (event and round).
+        self.last_changes = self.ops.take_changes()
         for a in actions:
             self.log.append(Decision(now, a))
             key = (action_kind(a), a.reason.value)

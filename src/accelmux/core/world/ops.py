@@ -146,6 +146,7 @@ class WorldOps:
     def set_kept(self, svc: ServiceState, *, pinned: bool, admin_wants_loaded: bool) -> None:
         """The operator's pin and load; either one drops a client's keep_alive, so what a
         client asked before the pin does not take effect after it."""
+        self._note("kept", svc)
         svc.pinned = pinned
         svc.admin_wants_loaded = admin_wants_loaded
         kept = pinned or admin_wants_loaded
@@ -155,6 +156,7 @@ class WorldOps:
 
     def forget_eviction(self, svc: ServiceState) -> None:
         """The evicted service was restored: it no longer counts as evicted."""
+        self._note("restored", svc)
         svc.last_evicted_at = None
         self._update_evicted(svc)
 
@@ -171,6 +173,7 @@ class WorldOps:
 
     def add_waiting(self, req: RequestState) -> None:
         """Put a request (new or preempted) at the end of the queue."""
+        self._note("waiting", self.world.services[req.service], req)
         w = self.world
         w.queue_mark += 1
         req.queued_mark = w.queue_mark
@@ -416,6 +419,7 @@ class WorldOps:
         """The backend paused ``req``: it gives back its activation lease and waits again,
         at its place, for a Resume; a parked one's KV state leaves the pool (charged to
         host RAM, or to nothing where the backend parks on disk)."""
+        self._note("paused", self.world.services[req.service], req)
         w = self.world
         park = bool(req.pausing)
         svc = w.services[req.service]
@@ -449,6 +453,7 @@ class WorldOps:
     def pause_refused(self, req: RequestState, *, error: str) -> None:
         """The backend could not pause ``req``: it runs on with what it holds and is not
         asked again (it counts as a request that cannot pause from now on)."""
+        self._note("pause_refused", self.world.services[req.service], req)
         req.move_to(RequestPhase.RUNNING)
         req.pausable = False
         self._unreserve_pause(req)
@@ -552,6 +557,7 @@ class WorldOps:
     def mark_caching(self, svc: ServiceState) -> None:
         """``svc``'s backend was measured keeping freed memory (every replica alike):
         from now on what its requests held stays charged to it when they end."""
+        self._note("caching", svc)
         self.world.caching_backends.add(svc.spec.addressed_as)
 
     def _absorb_cache(self, svc: ServiceState, need: int) -> None:
@@ -756,6 +762,7 @@ class WorldOps:
     def resize_done(self, svc: ServiceState, *, ok: bool) -> None:
         """The backend answered the pending resize: the pool becomes the new size (ok)
         or stays the old one; the ledger then holds exactly that."""
+        self._note("resized", svc)
         if svc.resize_target is None or svc.resize_from is None:
             return
         final = svc.resize_target if ok else svc.resize_from
@@ -797,12 +804,14 @@ class WorldOps:
 
     def observe_failure(self, svc: ServiceState, estimated_active: int, lease_bytes: int) -> None:
         """A request of ``svc`` was in flight when it crashed: raise its calibration."""
+        self._note("calibration", svc)
         svc.calibration.observe_failure(estimated_active, lease_bytes)
 
     def observe_excess(
         self, svc: ServiceState, estimated_active: int, measured_active: int
     ) -> None:
         """``svc``'s running requests were measured above their leases."""
+        self._note("calibration", svc)
         svc.calibration.observe_excess(estimated_active, measured_active)
 
     def see_crashes(self, svc: ServiceState) -> bool:
@@ -811,10 +820,12 @@ class WorldOps:
 
     def charge(self, svc: ServiceState, nbytes: int) -> None:
         """``svc`` was measured ``nbytes`` above its leases: charge them to it."""
+        self._note("charged", svc)
         self.world.learned.charge(svc.name, nbytes)
 
     def clear_charge(self, svc: ServiceState) -> bool:
         """``svc`` is measured within its leases again: whether it was charged."""
+        self._note("charge_cleared", svc)
         return self.world.learned.clear_charge(svc.name)
 
     def raise_high_water(self, svc: ServiceState, measured: int) -> int:
@@ -828,6 +839,7 @@ class WorldOps:
 
     def note_realtime_activation(self, svc: ServiceState, active: int) -> None:
         """A request of realtime ``svc`` is about to run with ``active`` bytes projected."""
+        self._note("realtime_peak", svc)
         self.world.learned.raise_realtime_peak(svc.name, active)
 
     def add_explanation(self, req: RequestState, text: str) -> None:

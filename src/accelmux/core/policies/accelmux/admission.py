@@ -36,7 +36,7 @@ class Admission:
     def service_wait(
         self, svc: ServiceState, cls: ServiceClass, rnd: Round
     ) -> tuple[bool, tuple[Reason, str] | None]:
-        """(whether ``svc`` is outside its windows, :meth:`_must_wait` for its requests of
+        """(whether ``svc`` is outside its windows, :meth:`Admission.must_wait` for its requests of
         ``cls``), found once per service while no action runs: the round's state it reads
         does not change during the class's turn (``blocked`` below the class stays as it
         is), the service's only through an action."""
@@ -90,7 +90,7 @@ class Admission:
 
     def consider(self, req: RequestState, rnd: Round) -> None:
         """Decide one waiting request: reject it, make it wait (with a reason), load its
-        service, or run it (:meth:`_admit`)."""
+        service, or run it (:meth:`Admission.admit`)."""
         svc = self.view.services[req.service]
         if req.estimate.kv_bytes > svc.kv_request_limit:
             self.ops.reject(

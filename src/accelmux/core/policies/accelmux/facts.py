@@ -27,7 +27,7 @@ from accelmux.core.world import RequestState, ServiceState, WorldOps, WorldView,
 
 def sharing_key(view: WorldView, requester: RequestState | None) -> object:
     """What a make_room failure depends on beyond its class: what time sharing reads
-    of the requester, when it may pause other models' streams (:meth:`_time_shared`:
+    of the requester, when it may pause other models' streams (:meth:`facts.time_shared`:
     its service, whether that is an LLM, whether it is paused). Requests alike in
     these share a failure (the memo lasts one round: the time does not change)."""
     if requester is None or not view.knobs.switches.time_share:
@@ -52,7 +52,7 @@ def time_shared(
     A realtime request pauses interactive streams at once. Within a class, an LLM
     request waiting for its first token pauses streams that ran
     ``TIME_SHARE_MIN_RUN_S``, a paused one streams that ran ``TIME_SHARE_QUANTUM_S``.
-    Lower classes are preempted (or paused) by :meth:`_preemptible` already."""
+    Lower classes are preempted (or paused) by :meth:`facts.preemptible` already."""
     for_realtime = cls is ServiceClass.REALTIME and svc.spec.cls is ServiceClass.INTERACTIVE
     same_class_llm = (
         svc.spec.cls == cls
@@ -165,7 +165,7 @@ def preemptible(svc: ServiceState, cls: ServiceClass, steady: bool = False) -> b
 
 
 def stoppable(view: WorldView, svc: ServiceState) -> list[RequestState]:
-    """The running requests of ``svc`` that :meth:`_may_stop` allows to stop."""
+    """The running requests of ``svc`` that :meth:`facts.may_stop` allows to stop."""
     running = svc.inflight.values()
     if can_pause(view, svc):
         return [r for r in running if r.pauses < TUNING.max_pauses]
@@ -288,7 +288,7 @@ def class_must_wait(
     steady service when ``steady``, or where one may be among them).
 
     With fair progress on, whether work waits for a lower class blocked on memory
-    depends on its service (:meth:`_must_wait` decides it). A steady service's work is
+    depends on its service (:meth:`Admission.must_wait` decides it). A steady service's work is
     not held while realtime work runs: a frame cannot wait for a voice chain to end
     (its deadline is a second or so), and what it takes is small.
     """
@@ -331,7 +331,7 @@ def keep(svc: ServiceState) -> bool:
 
 
 def ttl_floor(view: WorldView, svc: ServiceState) -> float:
-    """The shortest TTL :meth:`_ttl_range` can give ``svc``, whatever the memory and
+    """The shortest TTL :meth:`Residents.ttl_range` can give ``svc``, whatever the memory and
     the restores: its own TTL, for an on-demand service also the on-demand TTL and the
     restore grace. Read without asking about memory or restores."""
     floor = svc.ttl_s

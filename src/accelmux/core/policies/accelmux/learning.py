@@ -31,7 +31,7 @@ class Learning:
         still hold from earlier requests) is *charged* with the excess:
         its calibration rises to what was measured, and until it is measured within its
         leases it runs one request at a time and gives back its own work first under
-        pressure (``_relieve_pressure``).
+        pressure (``Learning.relieve_pressure``).
 
         What it learns changes decisions on the service's device, so it touches the
         device's epoch (a round there is not a repeat of an earlier one).
@@ -78,12 +78,12 @@ class Learning:
                 self.ops.observe_excess(svc, estimated, measured)
 
     def learners(self) -> list[ServiceState]:
-        """The services :meth:`_learn` may learn from this round, in spec order.
+        """The services :meth:`Learning.learn` may learn from this round, in spec order.
 
         A crash leaves its service CRASHED until the round after it (the Manager applies
         the event, then the policy decides), a charge is lifted only from a charged
         service, and measurements come for the services of a device sampled now: every
-        other service would pass through ``_learn`` unchanged, so it is not visited.
+        other service would pass through ``learn`` unchanged, so it is not visited.
         """
         found = {s.name: s for s in self.view.crashed}
         for name in self.view.learned.charged:

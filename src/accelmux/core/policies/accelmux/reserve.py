@@ -91,7 +91,7 @@ class Reserve:
     def quickly_freeable(self, device: str, exclude: ServiceState) -> int:
         """Memory realtime work could take back on ``device`` by one unload each: what
         the services below realtime that it may evict hold (``exclude`` aside; see
-        :meth:`_freeable_for_realtime`).
+        :meth:`Reserve.freeable_for_realtime`).
 
         The realtime reserve only has to be free *or* this (``reserve_lending``): a voice
         request that finds it held by an idle chat model waits for one unload, not for

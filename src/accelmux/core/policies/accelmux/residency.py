@@ -61,11 +61,11 @@ class Residents:
 
     def ttl_range(self, svc: ServiceState) -> tuple[float, float]:
         """(the TTL if a restore is pending, the TTL if not) of ``svc``, without asking
-        whether one is (:meth:`_restore_pending` is the costly part of a TTL).
+        whether one is (:meth:`Residents.restore_pending` is the costly part of a TTL).
 
         Asked by the TTL expiry and again by the next wake-up: kept while no action runs
         (what it reads, the device's memory and the service's keep-alive, changes only
-        through one or an event), for the round only (decide clears it)."""
+        through one or an event), for the round only (a new round drops it)."""
         version = self.view.version
         hit = self.cache.ttl_range.entries.get(svc.name)
         if hit is not None and hit[0] == version:
@@ -127,7 +127,7 @@ class Residents:
 
     def memory_spare(self, svc: ServiceState) -> bool:
         """Whether ``svc``'s device has memory to spare: nothing wants what is loaded
-        (:meth:`_memory_wanted`) and more than the realtime reserve plus the spare
+        (:meth:`Residents.memory_wanted`) and more than the realtime reserve plus the spare
         fraction of the budget is free (room for a foreign process to start).
 
         While it has, an idle service stays loaded past its TTL (``idle_keep``): memory
@@ -166,7 +166,7 @@ class Residents:
         cannot happen).
 
         Asked by the TTL expiry and again by the next wake-up: kept until anything
-        changes (an action) or time passes, and for the round only (decide clears it).
+        changes (an action) or time passes, and for the round only (a new round drops it).
         """
         stamp = (self.view.version, self.view.now)
         hit = self.cache.restores.get(holder.name, stamp)
@@ -196,9 +196,9 @@ class Residents:
         spec order, as ``[service, reuse rate, restore need, the self.view.version it was
         computed at (None: not yet)]``.
 
-        What every holder's :meth:`_restore_pending` asks about them: kept while the
+        What every holder's :meth:`Residents.restore_pending` asks about them: kept while the
         evicted services stay the same and time does not pass, for the round only
-        (decide clears it; reuse rates change only with arrivals, between rounds).
+        (a new round drops it; reuse rates change only with arrivals, between rounds).
         """
         stamp = (self.view.evicted_out.version, self.view.now)
         hit = self.cache.restorable.get(device, stamp)

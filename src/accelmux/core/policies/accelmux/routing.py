@@ -99,7 +99,7 @@ class Routing:
     def expected_start_s(self, svc: ServiceState, room_s: float | None) -> float:
         """Seconds until ``svc`` could start a new request: its queue ahead of it, plus
         the rest of a load in progress or the whole load (and ``room_s``, what making its
-        room costs: :meth:`_room_seconds`) if it is not loaded. A replica that could start
+        room costs: :meth:`Routing.room_seconds`) if it is not loaded. A replica that could start
         only once busy work ends scores its deadline."""
         per_slot = svc.mean_service_s / svc.spec.concurrency
         ahead = len(svc.inflight) + svc.waiting_count - svc.spec.concurrency + 1

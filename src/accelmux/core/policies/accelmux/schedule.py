@@ -209,7 +209,7 @@ class Schedule:
         """Waiting requests of ``cls`` that this round may decide differently.
 
         Called when the class's turn comes. Whether a request has to wait without
-        competing for memory (:meth:`_must_wait`) depends, by then, only on the round's
+        competing for memory (:meth:`Admission.must_wait`) depends, by then, only on the round's
         state and on its service, and none of them changes during the class's turn. A
         request already told to wait for that same reason would only be told again (a
         no-op): it is skipped. A request never told why (new or preempted) is not. With

@@ -92,7 +92,7 @@ class TimeSharing:
         return False
 
     def room_key(self, device: str, requester: RequestState | None) -> object:
-        """:meth:`_sharing_key`, or None where no service of ``device`` can be paused for
+        """:meth:`facts.sharing_key`, or None where no service of ``device`` can be paused for
         time sharing (then no requester's state changes what make_room can free)."""
         if device not in self.time_sharing_devices():
             return None
@@ -112,7 +112,7 @@ class TimeSharing:
         return self.cache.sharing_devices.put(None, None, found)
 
     def round_realtime_devices(self) -> set[str]:
-        """:meth:`_realtime_devices`, found once per round: the yield to realtime work and
+        """:meth:`facts.realtime_devices`, found once per round: the yield to realtime work and
         the schedule both ask, and nothing between them starts, ends or queues realtime
         work (they pause, preempt, evict and load only lower-class or idle services)."""
         kept = self.cache.realtime_devices.get(None, None)

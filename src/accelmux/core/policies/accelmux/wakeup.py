@@ -25,7 +25,7 @@ class Wakeup:
     def next_wakeup(self, now: float) -> float | None:
         # The earliest of the times below after ``now``. A TTL that a pending restore
         # would shorten is settled last, and only when either TTL could be the earliest.
-        # The TTLs are read last: an idle service whose TTL floor (``_ttl_floor``) ends
+        # The TTLs are read last: an idle service whose TTL floor (``facts.ttl_floor``) ends
         # after now and no earlier than the earliest time found so far cannot be the
         # earliest, and its TTL is not asked (a minimum does not depend on the order).
         best = self._earliest_timer(now)
