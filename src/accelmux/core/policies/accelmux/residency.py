@@ -19,6 +19,9 @@ from accelmux.core.policies.accelmux.routing import Routing
 from accelmux.core.types import Reason, Residency, ServiceClass, ServiceStatus
 from accelmux.core.world import ServiceState, reuse_rate
 
+#: The TTL range of a service idle keeping never unloads.
+_NO_TTL = (math.inf, math.inf)
+
 
 class Residents:
     """Which services stay loaded, and which load with no request for them."""
@@ -65,7 +68,18 @@ class Residents:
 
         Asked by the TTL expiry and again by the next wake-up: kept while no action runs
         (what it reads, the device's memory and the service's keep-alive, changes only
-        through one or an event), for the round only (a new round drops it)."""
+        through one or an event), for the round only (a new round drops it).
+
+        A realtime service kept warm with no client's keep-alive has no TTL while idle
+        keeping is on (:meth:`memory_spare` is always true for it): said at once."""
+        spec = svc.spec
+        if (
+            spec.cls is ServiceClass.REALTIME
+            and spec.residency is not Residency.ON_DEMAND
+            and svc.keep_alive_s is None
+            and self.view.knobs.switches.idle_keep
+        ):
+            return _NO_TTL
         version = self.view.version
         hit = self.cache.ttl_range.entries.get(svc.name)
         if hit is not None and hit[0] == version:
