@@ -51,6 +51,7 @@ from accelmux.runtime.devices import build_samplers, detect_devices
 from accelmux.runtime.driver import Driver
 from accelmux.runtime.executor import ActionExecutor
 from accelmux.runtime.explain import why_full
+from accelmux.runtime.explain_live import ProcessCpu, enrich
 from accelmux.runtime.live_latency import LiveLatency
 from accelmux.runtime.metrics import Metrics
 from accelmux.runtime.policy_choice import daemon_policy
@@ -142,6 +143,7 @@ class Runtime:
         )
         self.started_at = time.time()
         self._sampler_task: asyncio.Task[None] | None = None
+        self._cpu: ProcessCpu | None = None  # CPU time of our processes, for explain
 
     # ---- what the parts keep, under the names the gateway and the tests use -----------
     @property
@@ -319,4 +321,15 @@ class Runtime:
         return self.decisions.ledgers.get(request_id)
 
     def why_full(self) -> dict[str, Any]:
-        return why_full(self.manager.snapshot().as_dict())
+        """``/admin/explain``: the ledger's picture, every category adding up to each
+        device's capacity, with what the daemon measures (explain_live)."""
+        if self._cpu is None:
+            self._cpu = ProcessCpu()
+        return enrich(
+            why_full(self.manager.snapshot().as_dict()),
+            kinds={d.name: d.kind for d in self.manager.spec.devices},
+            last_samples=self.last_samples,
+            backends=self.backends,
+            last_unloads=self.decisions.last_unloads,
+            cpu=self._cpu,
+        )
