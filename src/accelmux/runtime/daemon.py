@@ -42,6 +42,7 @@ from accelmux.core.manager import Manager
 from accelmux.core.placement import first_up
 from accelmux.core.specs import ServiceSpec
 from accelmux.core.state import ServiceState
+from accelmux.errors import BackendError
 from accelmux.monitors.base import DeviceSample, DeviceSampler
 from accelmux.runtime.activity import ServiceActivity
 from accelmux.runtime.bus import DecisionBus
@@ -53,10 +54,11 @@ from accelmux.runtime.executor import ActionExecutor
 from accelmux.runtime.explain import why_full
 from accelmux.runtime.explain_live import ProcessCpu, enrich
 from accelmux.runtime.live_latency import LiveLatency
+from accelmux.runtime.live_slo import LiveSlo, Objective
 from accelmux.runtime.metrics import Metrics
 from accelmux.runtime.policy_choice import daemon_policy
 from accelmux.runtime.request_runner import Attempt, RequestRunner
-from accelmux.runtime.requests import Ticket
+from accelmux.runtime.requests import Refused, Ticket
 from accelmux.runtime.sampler import SamplerLoop
 from accelmux.runtime.status import build_status
 from accelmux.sim.baselines import is_baseline
@@ -116,6 +118,14 @@ class Runtime:
         }
         #: TTFT, TBT and context in use per service, measured by the gateway
         self.live = LiveLatency()
+        #: each service's objectives, judged per request (attainment per service, class)
+        self.slo = LiveSlo(
+            {
+                name: Objective(svc.slo.latency_s, svc.slo.ttft_s, svc.slo.tbt_s, svc.kind.is_llm)
+                for name, svc in cfg.services.items()
+            },
+            {name: svc.service_class for name, svc in cfg.services.items()},
+        )
         self.metrics = Metrics(self.status)
         self.request_runner = RequestRunner(self.submit, closed=lambda: self.driver.closed)
         self.executor = ActionExecutor(
@@ -274,15 +284,24 @@ class Runtime:
         """Admit, wait, run and account one request (:meth:`RequestRunner.run`); raises
         :class:`~accelmux.runtime.requests.Refused` when the Manager rejected or failed it,
         BackendError when its backend failed."""
-        return await self.request_runner.run(
-            service,
-            demand,
-            attempt,
-            request_id=request_id,
-            on_dispatch=on_dispatch,
-            keep_alive_s=keep_alive_s,
-            pausable=pausable,
-        )
+        with self.slo.track(service) as judge:  # its objectives, judged as it ends
+            try:
+                result = await self.request_runner.run(
+                    service,
+                    demand,
+                    attempt,
+                    request_id=request_id,
+                    on_dispatch=on_dispatch,
+                    keep_alive_s=keep_alive_s,
+                    pausable=pausable,
+                )
+            except (Refused, BackendError):
+                judge(False)
+                raise
+            status = getattr(result, "status", 200)
+            if not isinstance(status, int) or not 400 <= status < 500:  # 4xx: the client's
+                judge(not isinstance(status, int) or status < 400)
+            return result
 
     def submit(self, event: Event) -> None:
         self.driver.submit(event)
@@ -302,6 +321,7 @@ class Runtime:
             last_errors=self.last_errors,
             activity=self.activity,
             live=self.live,
+            slo=self.slo,
             server={
                 "version": __version__,
                 "policy": self.manager.policy.name,
