@@ -31,9 +31,9 @@ def breakdown(dev: dict[str, Any], services: list[dict[str, Any]]) -> list[dict[
     capacity, budget = int(dev["capacity_bytes"]), int(dev["budget_bytes"])
     rest = {
         "overhead": int(dev.get("overhead_bytes", 0)),
-        "foreign": int(dev["foreign_bytes"]),
-        "parked": int(dev["parked_bytes"]),
-        "headroom": int(dev["headroom_bytes"]),
+        "foreign": int(dev.get("foreign_bytes", 0)),
+        "parked": int(dev.get("parked_bytes", 0)),
+        "headroom": int(dev.get("headroom_bytes", 0)),
         "outside_budget": capacity - budget,
     }
     # what the ledger has left: the budget less everything it holds (as Ledger.available)
