@@ -96,4 +96,3 @@ class Admitting:
     before: int = 0
     running: int = 0
     own_cache: int = 0
-    reserve: int = 0
