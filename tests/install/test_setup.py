@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from accelmux.models import llama_adapter
-from accelmux.setup.llama import PORTABLE_FLAGS, Build, SetupError, add_libraries
+from accelmux.setup import steps
+from accelmux.setup.llama import PORTABLE_FLAGS, SERVER_FLAGS, Build, SetupError, add_libraries
 from accelmux.setup.packages import LLAMA_VERSION
 
 from .support import ROOT, clean_env
@@ -111,3 +112,34 @@ def test_setup_needs_the_standard_library_alone() -> None:
         [sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=60, check=False
     )
     assert done.returncode == 0 and done.stdout.strip() == "[]", done.stderr
+
+
+def test_the_build_steps_for_scripts_are_the_same_build() -> None:
+    """scripts/llama-build.sh (gpu-check, bench_llama_build) runs `accelmux setup`'s own
+    steps: its server flags are SERVER_FLAGS, its tree is Build's, and a failing step
+    stops the script with the step's message."""
+    script = (
+        'PY="$0" CACHE=/tmp/accelmux-steps-test LLAMA_VERSION=0.3.36; . scripts/llama-build.sh; '
+        'printf "%s\\n" "$LLAMA_BUILD" "${LLAMA_SERVER_FLAGS[@]}"; '
+        "PATH=/nonexistent llama_need_tools; echo not reached"
+    )
+    done = subprocess.run(
+        ["bash", "-c", script, sys.executable],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=clean_env(),
+        check=False,
+    )
+    lines = done.stdout.splitlines()
+    build = Build.from_environment(Path("/tmp/accelmux-steps-test"))
+    assert lines == [str(build.build_dir), *SERVER_FLAGS], done.stderr
+    assert done.returncode == 1
+    assert "accelmux setup (need-tools): building llama.cpp needs cmake" in done.stderr
+
+
+def test_an_unknown_step_is_a_usage_error() -> None:
+    assert steps.main(["frobnicate"]) == 2
+    assert steps.main(["compile"]) == 2  # a target is needed
+    assert steps.main([]) == 2

@@ -9,20 +9,19 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import time
 from typing import Any
 
 from aiohttp import web
 
-from accelmux.backends.base import BackendRequest, BackendResponse
-from accelmux.core.actions import Dispatch
+from accelmux.backends.base import BackendResponse
 from accelmux.errors import BackendError
 from accelmux.gateway import parse
 from accelmux.gateway.errors import ApiError, backend_failure, refusal
 from accelmux.gateway.keys import RUNTIME, request_id
 from accelmux.gateway.relay import Relay
+from accelmux.runtime.call import Call
 from accelmux.runtime.daemon import Runtime
-from accelmux.runtime.requests import Refused, Ticket
+from accelmux.runtime.requests import Refused
 
 log = logging.getLogger("accelmux.gateway")
 
@@ -53,6 +52,40 @@ def _sse_error(err: ApiError) -> bytes:
     return b"data: " + json.dumps(err.body()).encode() + b"\n\n"
 
 
+class _HttpSink:
+    """Where a streamed answer goes: the client's response, opened with the first answer
+    (its content type, or the relay's), each chunk relayed as the client's API frames it."""
+
+    def __init__(self, request: web.Request, relay: Relay | None, rid: str) -> None:
+        self.request = request
+        self.relay = relay
+        self.rid = rid
+        self.response: web.StreamResponse | None = None
+
+    @property
+    def started(self) -> bool:
+        return self.response is not None
+
+    async def open(self, answer: BackendResponse) -> None:
+        if self.response is not None:
+            return
+        relay = self.relay
+        self.response = web.StreamResponse(
+            status=answer.status,
+            headers={
+                "Content-Type": relay.stream_content_type if relay else answer.content_type,
+                "Cache-Control": "no-cache",
+                "X-Request-Id": self.rid,
+            },
+        )
+        await self.response.prepare(self.request)
+
+    async def write(self, chunk: bytes) -> None:
+        data = self.relay.chunk(chunk) if self.relay else chunk
+        if data and self.response is not None:
+            await self.response.write(data)
+
+
 async def serve(
     request: web.Request, parsed: parse.Parsed, relay: Relay | None = None
 ) -> web.StreamResponse:
@@ -62,97 +95,37 @@ async def serve(
     service = _route(rt, parsed)
     kind = rt.service_state(service).spec.kind
     rid = request_id(request)
-    started = time.perf_counter()
-    arrived = rt.live.clock()
-    metrics = rt.metrics
-
-    def on_dispatch(ticket: Ticket) -> None:
-        metrics.queue_wait.labels(service).observe(time.monotonic() - ticket.arrived)
-
-    def backend_request(d: Dispatch | None) -> BackendRequest:
-        return BackendRequest(
-            request_id=rid,
-            service=d.service if d is not None else service,
-            kind=kind,
-            endpoint=parsed.endpoint,
-            body=parsed.body,
-            stream=parsed.stream,
-            files=parsed.files,
-            file_info=parsed.file_info,
-            raw=parsed.raw,
-            content_type=parsed.content_type,
-            lease_bytes=d.lease_bytes if d is not None else 0,
-        )
-
-    stream_resp: web.StreamResponse | None = None
-
-    async def attempt(d: Dispatch) -> tuple[BackendResponse, int | None]:
-        nonlocal stream_resp
-        if stream_resp is not None:
-            # preempted after part of a stream went out: a rerun would repeat it
-            raise BackendError("stream preempted for higher-class work after partial output")
-        # the replica the Manager dispatched it to (any of a replicated service's)
-        answer = await rt.backends[d.service].handle(backend_request(d))
-        if answer.stream is None:
-            if kind.is_llm and answer.status < 400:
-                rt.live.usage_json(service, answer.body)
-            return answer, answer.peak_bytes
-        chunks = answer.stream
-        timer = rt.live.stream(service, arrived)
-        try:
-            if stream_resp is None:
-                stream_resp = web.StreamResponse(
-                    status=answer.status,
-                    headers={
-                        "Content-Type": relay.stream_content_type if relay else answer.content_type,
-                        "Cache-Control": "no-cache",
-                        "X-Request-Id": rid,
-                    },
-                )
-                await stream_resp.prepare(request)
-            async for chunk in chunks:
-                if chunk:
-                    timer.chunk(chunk)
-                data = relay.chunk(chunk) if relay else chunk
-                if data:
-                    await stream_resp.write(data)
-        finally:
-            aclose = getattr(chunks, "aclose", None)
-            if aclose is not None:
-                with contextlib.suppress(Exception):
-                    await aclose()
-            if answer.release is not None:
-                answer.release()
-        return answer, answer.peak_bytes
-
-    outcome = "ok"
+    call = Call(
+        kind=kind,
+        endpoint=parsed.endpoint,
+        body=parsed.body,
+        stream=parsed.stream,
+        files=parsed.files,
+        file_info=parsed.file_info,
+        raw=parsed.raw,
+        content_type=parsed.content_type,
+    )
+    sink = _HttpSink(request, relay, rid)
     try:
-        answer = await rt.run_request(
+        answer = await rt.call(
             service,
             parsed.demand,
-            attempt,
+            call,
             request_id=rid,
-            on_dispatch=on_dispatch,
+            sink=sink,
             keep_alive_s=parsed.keep_alive_s,
-            pausable=kind.is_llm and rt.can_pause(service, backend_request(None)),
+            pausable=kind.is_llm and rt.can_pause(service, call.request(rid, service, 0)),
         )
     except Refused as exc:
-        outcome = exc.reason.value
         err = refusal(exc, parsed.size_param or parse.DEMAND_PARAM[parsed.endpoint])
-        return await _fail(request, stream_resp, err, rid, relay)
+        return await _fail(request, sink.response, err, rid, relay)
     except BackendError as exc:
-        err = backend_failure(exc)
-        outcome = str(err.code)
-        return await _fail(request, stream_resp, err, rid, relay)
-    finally:
-        metrics.latency.labels(service, parsed.endpoint, outcome).observe(
-            time.perf_counter() - started
-        )
-    if stream_resp is not None:
+        return await _fail(request, sink.response, backend_failure(exc), rid, relay)
+    if sink.response is not None:
         if relay is not None:
-            await stream_resp.write(relay.end())
-        await stream_resp.write_eof()
-        return stream_resp
+            await sink.response.write(relay.end())
+        await sink.response.write_eof()
+        return sink.response
     if relay is not None:
         return _relayed(relay, answer, rid)
     return web.Response(

@@ -46,6 +46,15 @@ PORTABLE_FLAGS = (
 )
 LIBRARY = re.compile(r"^lib(llama|ggml[\w-]*)\.so(\.\d+)*$")
 BUILD_TOOLS = ("cmake", "cc", "c++")
+#: What llama-server adds to the tree: its common code and tools, no web UI (only the API
+#: is used: no npm build, no download of prebuilt assets).
+SERVER_FLAGS = (
+    "-DLLAMA_BUILD_COMMON=ON",
+    "-DLLAMA_BUILD_TOOLS=ON",
+    "-DLLAMA_BUILD_SERVER=ON",
+    "-DLLAMA_BUILD_UI=OFF",
+    "-DLLAMA_USE_PREBUILT_UI=OFF",
+)
 
 
 class SetupError(Exception):
@@ -216,6 +225,11 @@ class Build:
         self.configure()
         self.compile("llama")
         log(f"packing the llama-cpp-python {self.version} wheel around them")
+        return self.pack_wheel(self.cache)
+
+    def pack_wheel(self, dest: Path) -> Path:
+        """The bindings packed into a wheel around the libraries built in the tree (no
+        second compile: ``-DLLAMA_BUILD=OFF``), moved into ``dest`` whole; its path."""
         with tempfile.TemporaryDirectory(prefix="accelmux-wheel-") as tmp:
             env = dict(os.environ, CMAKE_ARGS="-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF")
             # --no-cache-dir: pip's wheel cache is keyed by the source, not by CMAKE_ARGS
@@ -229,7 +243,8 @@ class Build:
             if not wheels:
                 raise SetupError(f"the llama-cpp-python build left no wheel in {tmp}")
             add_libraries(wheels[0], "llama_cpp/lib", self.build_dir / "bin")
-            target = self.cache / wheels[0].name
+            dest.mkdir(parents=True, exist_ok=True)
+            target = dest / wheels[0].name
             partial = target.with_name(target.name + ".partial")
             shutil.move(str(wheels[0]), partial)
             partial.replace(target)  # appears whole: a reader never sees half a wheel
@@ -245,25 +260,26 @@ class Build:
         self.need_tools()
         self.fetch_sources()
         log(f"building llama-server in {self.build_dir} on {self.jobs} jobs")
-        # no web UI (only the API is used): no npm build, no download of prebuilt assets
-        self.configure(
-            "-DLLAMA_BUILD_COMMON=ON", "-DLLAMA_BUILD_TOOLS=ON", "-DLLAMA_BUILD_SERVER=ON",
-            "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF",
-        )  # fmt: skip
+        self.configure(*SERVER_FLAGS)
         self.compile("llama-server")
+        binary = self.install_server(self.server_dir)
+        log(f"llama-server at {binary}")
+        return binary
+
+    def install_server(self, dest: Path) -> Path:
+        """Copy the built llama-server and the shared libraries it loads (found beside
+        it: an ``$ORIGIN`` run path) to ``dest``, whole or not at all; the binary's path."""
         built = self.build_dir / "bin" / "llama-server"
         if not _starts(built):
             raise SetupError(f"the build left no llama-server that starts at {built}")
-        partial = self.server_dir.with_name(self.server_dir.name + ".partial")
+        partial = dest.with_name(dest.name + ".partial")
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True)
-        # the binary finds its shared libraries beside it ($ORIGIN run path)
         for path in [built, *sorted((self.build_dir / "bin").glob("lib*.so*"))]:
             shutil.copy2(path.resolve(), partial / path.name)
-        shutil.rmtree(self.server_dir, ignore_errors=True)
-        partial.rename(self.server_dir)
-        log(f"llama-server at {binary}")
-        return binary
+        shutil.rmtree(dest, ignore_errors=True)
+        partial.rename(dest)
+        return dest / "llama-server"
 
 
 def _starts(binary: Path) -> bool:
