@@ -22,11 +22,17 @@ from typing import Literal
 
 #: Device groups (``/proc/devices`` names) of each accelerator family, for ``DeviceAllow``:
 #: NVIDIA's driver (``nvidia-frontend``: /dev/nvidia0.., nvidiactl, nvidia-modeset;
-#: ``nvidia-uvm``; ``nvidia-caps`` for MIG), the kernel's DRM render nodes (AMD and Intel
-#: GPUs, /dev/dri), AMD's compute interface (/dev/kfd) and the kernel's accel class
-#: (NPUs, /dev/accel).
+#: ``nvidiactl``, which some driver versions register on its own; ``nvidia-uvm``, CUDA's
+#: memory; ``nvidia-caps`` for MIG), the kernel's DRM render nodes (AMD and Intel GPUs,
+#: /dev/dri), AMD's compute interface (/dev/kfd) and the kernel's accel class (NPUs,
+#: /dev/accel). A group the running kernel does not have is skipped by systemd.
 DEVICE_GROUPS: dict[str, tuple[str, ...]] = {
-    "nvidia": ("char-nvidia-frontend", "char-nvidia-uvm", "char-nvidia-caps"),
+    "nvidia": (
+        "char-nvidia-frontend",
+        "char-nvidiactl",
+        "char-nvidia-uvm",
+        "char-nvidia-caps",
+    ),
     "dri": ("char-drm",),
     "kfd": ("char-kfd",),
     "accel": ("char-accel",),
