@@ -35,7 +35,7 @@ from accelmux.cluster.requests import model_of, streams
 from accelmux.cluster.snapshots import model_entries
 from accelmux.config.server import ServerConfig
 from accelmux.core.routing import NoRoute, NoRouteReason, live_models, route_indexed
-from accelmux.gateway.connections import activity_middleware
+from accelmux.gateway.connections import activity_middleware, claim_middleware
 from accelmux.gateway.drain import drain_middleware
 from accelmux.gateway.errors import ApiError
 from accelmux.gateway.guard import add_cors, guard_middleware
@@ -283,6 +283,7 @@ def build_cluster_app(
         error_middleware(max_body),
         guard_middleware(server, server.host),
         auth_middleware(server, server.host),
+        claim_middleware,
     ]
     if server.rate_limit is not None:
         middlewares.append(rate_limit_middleware(server.rate_limit))

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from accelmux.gateway import admin, ollama_api, openai_api
-from accelmux.gateway.connections import activity_middleware
+from accelmux.core.types import ServiceClass
+from accelmux.gateway import admin, ollama_api, openai_api, parse
+from accelmux.gateway.connections import activity_middleware, claim_middleware
 from accelmux.gateway.drain import drain_middleware
+from accelmux.gateway.fairness import OLLAMA_ROUTE_KINDS, realtime_paths
 from accelmux.gateway.guard import add_cors, guard_middleware
 from accelmux.gateway.keys import RUNTIME, add_request_id
 from accelmux.gateway.middleware import auth_middleware, error_middleware, rate_limit_middleware
@@ -29,6 +31,13 @@ async def openapi(request: web.Request) -> web.Response:
     return web.json_response(document())
 
 
+def priority_paths(runtime: Runtime) -> frozenset[str]:
+    """The paths a reserved connection may ask for: /health, and the routes that can
+    reach one of the realtime services (the request's model then decides)."""
+    kinds = {s.kind for s in runtime.manager.spec.services if s.cls is ServiceClass.REALTIME}
+    return realtime_paths({**parse.ENDPOINT_KINDS, **OLLAMA_ROUTE_KINDS}, kinds)
+
+
 def build_app(runtime: Runtime, *, host: str | None = None) -> web.Application:
     server = runtime.cfg.server
     max_body = int(server.max_body)
@@ -39,6 +48,7 @@ def build_app(runtime: Runtime, *, host: str | None = None) -> web.Application:
         error_middleware(max_body),
         guard_middleware(server, listen),
         auth_middleware(server, listen),
+        claim_middleware,
     ]
     if server.rate_limit is not None:
         middlewares.append(rate_limit_middleware(server.rate_limit))

@@ -32,6 +32,7 @@ from aiohttp.typedefs import Middleware
 
 from accelmux.config.hosts import is_loopback
 from accelmux.config.server import RateLimitConfig, ServerConfig
+from accelmux.gateway.connections import CALLER_KEY
 from accelmux.gateway.errors import ApiError
 from accelmux.gateway.ollama_relay import error_response as ollama_error
 
@@ -98,6 +99,21 @@ def _matches(token: bytes | None, keys: list[bytes]) -> bool:
     return ok
 
 
+def key_digest(token: bytes) -> str:
+    """How a key is named in the door's books and the rate limits (never the key)."""
+    return hashlib.sha256(token).hexdigest()[:32]
+
+
+def _authenticated(request: web.Request, token: bytes | None, keys: list[bytes]) -> bool:
+    """Whether ``token`` is one of ``keys``; when it is, the request is known by its
+    digest (the door counts each key's connections)."""
+    if not _matches(token, keys):
+        return False
+    assert token is not None
+    request[CALLER_KEY] = key_digest(token)
+    return True
+
+
 def _shaped(request: web.Request, err: ApiError) -> web.Response:
     """``err`` in the shape of the API the path belongs to (Ollama's on ``/api/``)."""
     if request.path.startswith("/api/"):
@@ -128,6 +144,18 @@ def error_middleware(max_body: int) -> Middleware:
                     code="body_too_large",
                 ),
             )
+        except web.HTTPMethodNotAllowed as exc:
+            allowed = ", ".join(sorted(exc.allowed_methods))
+            resp = _shaped(
+                request,
+                ApiError(
+                    405,
+                    f"{request.method} is not allowed on {request.path}; allowed: {allowed}",
+                    code="method_not_allowed",
+                ),
+            )
+            resp.headers["Allow"] = allowed
+            return resp
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise
@@ -152,6 +180,9 @@ def error_middleware(max_body: int) -> Middleware:
 
 
 def auth_middleware(cfg: ServerConfig, host: str) -> Middleware:
+    """The key checks, as soon as the headers are in: a refusal closes the connection
+    without reading the body (a client without a valid key holds no connection while
+    its body trickles in)."""
     api_keys = [k.encode() for k in cfg.api_keys]
     admin_keys = [cfg.admin_key.encode()] if cfg.admin_key else []
     admin_open = not admin_keys and is_loopback(host)
@@ -160,13 +191,14 @@ def auth_middleware(cfg: ServerConfig, host: str) -> Middleware:
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         path = request.path
         if path.startswith(INFERENCE):
-            if api_keys and not _matches(
-                _bearer(request), api_keys + _admin_also(path, admin_keys)
+            if api_keys and not _authenticated(
+                request, _bearer(request), api_keys + _admin_also(path, admin_keys)
             ):
                 raise ApiError(
                     401,
                     "missing or invalid API key (Authorization: Bearer ...)",
                     code="invalid_api_key",
+                    close=True,
                 )
         elif _is_dashboard(path) and not is_loopback(host):
             if not admin_keys:
@@ -174,21 +206,27 @@ def auth_middleware(cfg: ServerConfig, host: str) -> Middleware:
                     403,
                     "the dashboard needs server.admin_key when listening on a non-loopback address",
                     code="admin_key_required",
+                    close=True,
                 )
-            if not _matches(_admin_token(request), admin_keys):
-                resp = ApiError(401, "missing or invalid admin key", code="invalid_admin_key")
+            if not _authenticated(request, _admin_token(request), admin_keys):
+                resp = ApiError(
+                    401, "missing or invalid admin key", code="invalid_admin_key", close=True
+                )
                 out = resp.response()
                 out.headers["WWW-Authenticate"] = 'Basic realm="accelmux admin"'
                 return out
         elif path.startswith("/admin") or path == "/metrics":
             if admin_keys:
-                if not _matches(_admin_token(request), admin_keys):
-                    raise ApiError(401, "missing or invalid admin key", code="invalid_admin_key")
+                if not _authenticated(request, _admin_token(request), admin_keys):
+                    raise ApiError(
+                        401, "missing or invalid admin key", code="invalid_admin_key", close=True
+                    )
             elif not admin_open:
                 raise ApiError(
                     403,
                     "the admin API needs server.admin_key when listening on a non-loopback address",
                     code="admin_key_required",
+                    close=True,
                 )
         return await handler(request)
 
@@ -257,7 +295,7 @@ class TokenBuckets:
 def _caller(request: web.Request) -> str:
     token = _bearer(request)
     if token is not None:
-        return "key:" + hashlib.sha256(token).hexdigest()[:32]
+        return "key:" + key_digest(token)
     return "addr:" + (request.remote or "")
 
 

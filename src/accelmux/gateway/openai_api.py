@@ -16,8 +16,10 @@ from aiohttp import web
 
 from accelmux.backends.base import BackendRequest, BackendResponse
 from accelmux.core.actions import Dispatch
+from accelmux.core.types import ServiceClass
 from accelmux.errors import BackendError
 from accelmux.gateway import parse
+from accelmux.gateway.connections import reserve_refusal, reserved
 from accelmux.gateway.errors import ApiError, backend_failure, refusal
 from accelmux.gateway.keys import RUNTIME, request_id
 from accelmux.gateway.relay import Relay
@@ -60,7 +62,10 @@ async def serve(
     when the client speaks another API)."""
     rt = request.app[RUNTIME]
     service = _route(rt, parsed)
-    kind = rt.service_state(service).spec.kind
+    spec = rt.service_state(service).spec
+    if spec.cls is not ServiceClass.REALTIME and reserved(request):
+        raise reserve_refusal(rt.cfg.server.max_connections)
+    kind = spec.kind
     rid = request_id(request)
     started = time.perf_counter()
     arrived = rt.live.clock()
