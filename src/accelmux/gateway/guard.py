@@ -11,8 +11,8 @@ front of the key checks:
   ``/health`` is exempt (a load balancer may probe it by any name); ``["*"]`` turns the
   check off. Refused: 403 ``host_not_allowed``.
 - A state-changing request (POST, PUT, PATCH, DELETE) that carries an ``Origin`` must come
-  from the daemon's own origin (``Origin`` equal to ``Host``) or one of
-  ``server.cors_origins``; without ``Origin``, ``Sec-Fetch-Site: cross-site`` is refused.
+  from the daemon's own origin (scheme ``http``, host and port those of ``Host``) or one
+  of ``server.cors_origins``; without ``Origin``, ``Sec-Fetch-Site: cross-site`` is refused.
   Refused: 403 ``origin_not_allowed``. Clients that are not browsers send neither header.
 - A body in a content type a browser sends cross-site without a preflight
   (``text/plain``, ``application/x-www-form-urlencoded``, ``multipart/form-data``) is
@@ -117,15 +117,44 @@ def _origin(value: str) -> str:
     return value.strip().lower().rstrip("/")
 
 
-def _origin_authority(origin: str) -> str | None:
-    """``host[:port]`` of an origin as a browser writes it in ``Host``."""
+#: The scheme the daemon speaks on its own port (a TLS proxy in front speaks https: its
+#: public origin is listed in ``server.cors_origins``).
+OWN_SCHEME = "http"
+DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def origin_parts(origin: str) -> tuple[str, str, int] | None:
+    """``(scheme, host, port)`` of an origin, the port made explicit (``http://a`` ->
+    ``("http", "a", 80)``); None when it is not an origin (``null``, no host)."""
     try:
-        url = URL(origin)
+        url = URL(origin.strip())
     except ValueError:
         return None
-    if not url.scheme or not url.raw_host:
+    scheme = url.scheme.lower()
+    if not scheme or not url.raw_host:
         return None
-    return url.raw_authority.lower()
+    try:
+        port = url.explicit_port or DEFAULT_PORTS.get(scheme)
+    except ValueError:  # a port out of range
+        return None
+    if port is None:
+        return None
+    return scheme, url.raw_host.lower().rstrip("."), port
+
+
+def own_origin(host: str) -> tuple[str, str, int] | None:
+    """The origin of a page served by the daemon under ``Host`` (plain HTTP)."""
+    return origin_parts(f"{OWN_SCHEME}://{host.strip()}")
+
+
+def same_origin(origin: str, host: str | None) -> bool:
+    """Whether ``origin`` is the daemon's own origin for ``Host: host``: scheme, host
+    and port all equal (an ``https://`` page is not served by the daemon's plain HTTP
+    port, and neither is another port's)."""
+    if host is None:
+        return False
+    ours = own_origin(host)
+    return ours is not None and origin_parts(origin) == ours
 
 
 def guard_middleware(cfg: ServerConfig, listen: str) -> Middleware:
@@ -187,10 +216,7 @@ def _check_origin(
                 code="origin_not_allowed",
             )
         return
-    if _origin(origin) in cors:
-        return
-    authority = _origin_authority(origin)
-    if authority is not None and host is not None and authority == host.strip().lower():
+    if _origin(origin) in cors or same_origin(origin, host):
         return
     raise ApiError(
         403,
