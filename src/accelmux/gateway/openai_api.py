@@ -149,6 +149,13 @@ async def serve(
         err = backend_failure(exc)
         outcome = str(err.code)
         return await _fail(request, stream_resp, err, rid, relay)
+    except ConnectionError:
+        if stream_resp is None:
+            raise
+        # the client went away mid-stream (its request is accounted as cancelled):
+        # nobody is left to answer, and it is no error of the daemon's
+        outcome = "client_gone"
+        return stream_resp
     finally:
         metrics.latency.labels(service, parsed.endpoint, outcome).observe(
             time.perf_counter() - started
