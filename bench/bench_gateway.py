@@ -106,6 +106,66 @@ def bare_proxy(port: int, upstream: str) -> None:
         runner.run(_serve_forever(app, port))
 
 
+def bare_fast_proxy(port: int, upstream: str) -> None:
+    """A minimal proxy on the gateway's fast stack: an asyncio protocol with httptools'
+    parser on uvloop, the upstream reached through accelmux's pooled keep-alive client
+    (``gateway/upstream.py``), the answer's bytes relayed as they are: the floor of one
+    hop on that stack."""
+    import httptools
+    import uvloop
+
+    from accelmux.gateway.upstream import UpstreamPool
+
+    host, _, upstream_port = upstream.removeprefix("http://").partition(":")
+
+    class Proxy(asyncio.Protocol):
+        def __init__(self, pool: UpstreamPool) -> None:
+            self.pool = pool
+            self.parser = httptools.HttpRequestParser(self)
+            self.transport: asyncio.Transport | None = None
+            self.url = b""
+            self.body: list[bytes] = []
+
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            self.transport = transport  # type: ignore[assignment]
+
+        def data_received(self, data: bytes) -> None:
+            self.parser.feed_data(data)
+
+        def on_url(self, url: bytes) -> None:
+            self.url += url
+
+        def on_body(self, body: bytes) -> None:
+            self.body.append(bytes(body))
+
+        def on_message_complete(self) -> None:
+            path, body = self.url.decode(), b"".join(self.body)
+            self.url, self.body = b"", []
+            asyncio.get_running_loop().create_task(self.forward(path, body))
+
+        async def forward(self, path: str, body: bytes) -> None:
+            answer = await self.pool.post(path, body, {"Content-Type": "application/json"})
+            head = (
+                f"HTTP/1.1 {answer.status} OK\r\nContent-Type: {answer.content_type}\r\n"
+                f"Content-Length: {len(answer.body)}\r\n\r\n"
+            ).encode()
+            assert self.transport is not None
+            self.transport.write(head + answer.body)
+
+    async def main() -> None:
+        pool = UpstreamPool(host, int(upstream_port))
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(lambda: Proxy(pool), "127.0.0.1", port)
+        stop = asyncio.Event()
+        loop.add_signal_handler(signal.SIGTERM, stop.set)
+        await stop.wait()
+        server.close()
+        pool.close()
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(main())
+
+
 async def _serve_forever(app: Any, port: int) -> None:
     from aiohttp import web
 
@@ -133,6 +193,10 @@ def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 30) -> 
             pass
         time.sleep(0.1)
     raise SystemExit("accelmux did not get ready")
+
+
+def upstream(port: int) -> str:
+    return f"http://127.0.0.1:{port}"
 
 
 def wait_port(port: int, timeout: float = 20) -> None:
@@ -218,16 +282,22 @@ def main() -> None:
         "--bare-proxy", nargs=2, metavar=("PORT", "UPSTREAM"), help=argparse.SUPPRESS
     )
     parser.add_argument(
+        "--bare-fast-proxy", nargs=2, metavar=("PORT", "UPSTREAM"), help=argparse.SUPPRESS
+    )
+    parser.add_argument(
         "--event-loop",
         choices=["auto", "asyncio", "uvloop"],
         default="auto",
         help="the daemon's event loop (auto: uvloop when installed)",
     )
     args = parser.parse_args()
-    if args.requests < 100 and not args.bare_proxy:
+    if args.requests < 100 and not (args.bare_proxy or args.bare_fast_proxy):
         parser.error("--requests must be at least 100: the p99 of fewer samples is their maximum")
     if args.bare_proxy:
         bare_proxy(int(args.bare_proxy[0]), args.bare_proxy[1])
+        return
+    if args.bare_fast_proxy:
+        bare_fast_proxy(int(args.bare_fast_proxy[0]), args.bare_fast_proxy[1])
         return
 
     load_before = os.getloadavg()
@@ -255,27 +325,32 @@ def main() -> None:
             wait_ready(gateway, proc)
             with urllib.request.urlopen(gateway + "/admin/status", timeout=5) as resp:
                 child_port = json.load(resp)["services"][0]["backend"]["port"]
-            proxy_port = free_port()
-            proxy = subprocess.Popen(
-                [
-                    sys.executable,
-                    __file__,
-                    "--bare-proxy",
-                    str(proxy_port),
-                    f"http://127.0.0.1:{child_port}",
-                ]
-            )
+            proxies = {}
+            for flag in ("--bare-proxy", "--bare-fast-proxy"):
+                proxy_port = free_port()
+                proxies[flag] = (
+                    proxy_port,
+                    subprocess.Popen(
+                        [sys.executable, __file__, flag, str(proxy_port), upstream(child_port)],
+                        env=dict(os.environ, PYTHONPATH=str(ROOT / "src")),
+                    ),
+                )
             try:
-                wait_port(proxy_port)
+                for proxy_port, _ in proxies.values():
+                    wait_port(proxy_port)
                 targets = {
-                    "direct": f"http://127.0.0.1:{child_port}/v1/chat/completions",
-                    "bare_proxy": f"http://127.0.0.1:{proxy_port}/v1/chat/completions",
+                    "direct": f"{upstream(child_port)}/v1/chat/completions",
+                    "bare_proxy": f"http://127.0.0.1:{proxies['--bare-proxy'][0]}"
+                    "/v1/chat/completions",
+                    "bare_fast_proxy": f"http://127.0.0.1:{proxies['--bare-fast-proxy'][0]}"
+                    "/v1/chat/completions",
                     "gateway": f"{gateway}/v1/chat/completions",
                 }
                 result = asyncio.run(measure(targets, args))
             finally:
-                proxy.send_signal(signal.SIGTERM)
-                proxy.wait(timeout=30)
+                for _, proxy in proxies.values():
+                    proxy.send_signal(signal.SIGTERM)
+                    proxy.wait(timeout=30)
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=30)

@@ -9,6 +9,7 @@ from aiohttp import web
 from accelmux.core.types import ServiceClass, ServiceKind
 from accelmux.gateway import admin, ollama_api, openai_api, parse
 from accelmux.gateway.connections import activity_middleware, claim_middleware
+from accelmux.gateway.door import DOOR, Door
 from accelmux.gateway.drain import drain_middleware
 from accelmux.gateway.fairness import OLLAMA_ROUTE_KINDS, realtime_paths
 from accelmux.gateway.guard import add_cors, guard_middleware
@@ -80,18 +81,20 @@ def build_app(runtime: Runtime, *, host: str | None = None) -> web.Application:
     server = runtime.cfg.server
     max_body = int(server.max_body)
     listen = host if host is not None else server.host
+    door = Door.of(server, listen)
     middlewares = [
         activity_middleware,
         drain_middleware(),
         error_middleware(max_body),
-        guard_middleware(server, listen),
+        guard_middleware(server, listen, door.browser),
         auth_middleware(server, listen),
         claim_middleware,
     ]
-    if server.rate_limit is not None:
-        middlewares.append(rate_limit_middleware(server.rate_limit))
+    if door.buckets is not None:
+        middlewares.append(rate_limit_middleware(door.buckets))
     app = web.Application(client_max_size=max_body, middlewares=middlewares)
     app[RUNTIME] = runtime
+    app[DOOR] = door
     app.on_response_prepare.append(add_request_id)
     add_cors(app, server)
     app.router.add_get("/health", health)

@@ -10,7 +10,8 @@ import contextlib
 import json
 import logging
 import time
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from aiohttp import web
 
@@ -55,18 +56,53 @@ def _sse_error(err: ApiError) -> bytes:
     return b"data: " + json.dumps(err.body()).encode() + b"\n\n"
 
 
-async def serve(
-    request: web.Request, parsed: parse.Parsed, relay: Relay | None = None
-) -> web.StreamResponse:
+class Exchange(Protocol):
+    """One request's way back to its client, whichever HTTP stack carries it."""
+
+    #: The request's id (``X-Request-Id``).
+    request_id: str
+    #: Whether it came on a reserved connection (only realtime services are served).
+    reserved: bool
+
+    async def begin_stream(self, status: int, headers: dict[str, str]) -> None:
+        """Send the head of a streamed answer."""
+        ...
+
+    async def write(self, data: bytes) -> None:
+        """Send part of a streamed answer."""
+        ...
+
+    async def end_stream(self) -> None:
+        """End a streamed answer."""
+        ...
+
+
+@dataclass(slots=True)
+class Answer:
+    """A whole answer to send (``error``: an error, sent in the client's API's shape)."""
+
+    status: int = 200
+    headers: dict[str, str] = field(default_factory=dict)
+    body: bytes = b""
+    error: ApiError | None = None
+
+
+#: What :func:`serve_parsed` answers when the answer was streamed (and is over).
+STREAMED = Answer(status=0)
+
+
+async def serve_parsed(
+    rt: Runtime, parsed: parse.Parsed, ex: Exchange, relay: Relay | None = None
+) -> Answer:
     """Admit ``parsed`` through the Manager, run it, relay the answer (through ``relay``
-    when the client speaks another API)."""
-    rt = request.app[RUNTIME]
+    when the client speaks another API): the whole answer, or :data:`STREAMED` once a
+    streamed one went out through ``ex``."""
     service = _route(rt, parsed)
     spec = rt.service_state(service).spec
-    if spec.cls is not ServiceClass.REALTIME and reserved(request):
+    if spec.cls is not ServiceClass.REALTIME and ex.reserved:
         raise reserve_refusal(rt.cfg.server.max_connections)
     kind = spec.kind
-    rid = request_id(request)
+    rid = ex.request_id
     started = time.perf_counter()
     arrived = rt.live.clock()
     metrics = rt.metrics
@@ -89,11 +125,11 @@ async def serve(
             lease_bytes=d.lease_bytes if d is not None else 0,
         )
 
-    stream_resp: web.StreamResponse | None = None
+    streaming = False
 
     async def attempt(d: Dispatch) -> tuple[BackendResponse, int | None]:
-        nonlocal stream_resp
-        if stream_resp is not None:
+        nonlocal streaming
+        if streaming:
             # preempted after part of a stream went out: a rerun would repeat it
             raise BackendError("stream preempted for higher-class work after partial output")
         # the replica the Manager dispatched it to (any of a replicated service's)
@@ -105,22 +141,23 @@ async def serve(
         chunks = answer.stream
         timer = rt.live.stream(service, arrived)
         try:
-            if stream_resp is None:
-                stream_resp = web.StreamResponse(
-                    status=answer.status,
-                    headers={
-                        "Content-Type": relay.stream_content_type if relay else answer.content_type,
+            if not streaming:
+                streaming = True
+                content_type = relay.stream_content_type if relay else answer.content_type
+                await ex.begin_stream(
+                    answer.status,
+                    {
+                        "Content-Type": content_type,
                         "Cache-Control": "no-cache",
                         "X-Request-Id": rid,
                     },
                 )
-                await stream_resp.prepare(request)
             async for chunk in chunks:
                 if chunk:
                     timer.chunk(chunk)
                 data = relay.chunk(chunk) if relay else chunk
                 if data:
-                    await stream_resp.write(data)
+                    await ex.write(data)
         finally:
             aclose = getattr(chunks, "aclose", None)
             if aclose is not None:
@@ -144,77 +181,106 @@ async def serve(
     except Refused as exc:
         outcome = exc.reason.value
         err = refusal(exc, parsed.size_param or parse.DEMAND_PARAM[parsed.endpoint])
-        return await _fail(request, stream_resp, err, rid, relay)
+        return await _fail(ex, streaming, err, relay)
     except BackendError as exc:
         err = backend_failure(exc)
         outcome = str(err.code)
-        return await _fail(request, stream_resp, err, rid, relay)
+        return await _fail(ex, streaming, err, relay)
     except ConnectionError:
-        if stream_resp is None:
+        if not streaming:
             raise
         # the client went away mid-stream (its request is accounted as cancelled):
         # nobody is left to answer, and it is no error of the daemon's
         outcome = "client_gone"
-        return stream_resp
+        return STREAMED
     finally:
         metrics.latency.labels(service, parsed.endpoint, outcome).observe(
             time.perf_counter() - started
         )
-    if stream_resp is not None:
+    if streaming:
         if relay is not None:
-            await stream_resp.write(relay.end())
-        await stream_resp.write_eof()
-        return stream_resp
+            await ex.write(relay.end())
+        await ex.end_stream()
+        return STREAMED
     if relay is not None:
         return _relayed(relay, answer, rid)
-    return web.Response(
+    return Answer(
         status=answer.status,
         body=answer.body,
         headers={"Content-Type": answer.content_type, "X-Request-Id": rid, **answer.headers},
     )
 
 
-def _relayed(relay: Relay, answer: BackendResponse, rid: str) -> web.Response:
+def _relayed(relay: Relay, answer: BackendResponse, rid: str) -> Answer:
     if answer.status >= 400:  # the backend's error, in OpenAI's shape
         try:
             message = str(json.loads(answer.body)["error"]["message"])
         except (ValueError, KeyError, TypeError):
             message = answer.body.decode("utf-8", "replace") or f"backend answered {answer.status}"
         code = "invalid_request" if answer.status < 500 else "backend_error"
-        resp = relay.error(ApiError(answer.status, message, code=code))
-    else:
-        try:
-            body = relay.body(answer.status, answer.body)
-        except (ValueError, KeyError, TypeError, IndexError, AttributeError):
-            err = ApiError(
-                502,
-                "the backend's answer is not an OpenAI answer",
-                type="backend_error",
-                code="backend_error",
-            )
-            resp = relay.error(err)
-            resp.headers["X-Request-Id"] = rid
-            return resp
-        resp = web.Response(status=answer.status, body=body, content_type="application/json")
-    resp.headers["X-Request-Id"] = rid
-    return resp
+        return Answer(error=ApiError(answer.status, message, code=code))
+    try:
+        body = relay.body(answer.status, answer.body)
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError):
+        err = ApiError(
+            502,
+            "the backend's answer is not an OpenAI answer",
+            type="backend_error",
+            code="backend_error",
+        )
+        return Answer(error=err)
+    return Answer(
+        status=answer.status,
+        body=body,
+        headers={"Content-Type": "application/json", "X-Request-Id": rid},
+    )
 
 
-async def _fail(
-    request: web.Request,
-    stream_resp: web.StreamResponse | None,
-    err: ApiError,
-    rid: str,
-    relay: Relay | None = None,
-) -> web.StreamResponse:
-    if stream_resp is None:
-        resp = err.response() if relay is None else relay.error(err)
-        resp.headers["X-Request-Id"] = rid
-        return resp
+async def _fail(ex: Exchange, streaming: bool, err: ApiError, relay: Relay | None) -> Answer:
+    if not streaming:
+        return Answer(error=err)
     with contextlib.suppress(ConnectionError):
-        await stream_resp.write(_sse_error(err) if relay is None else relay.stream_error(err))
-        await stream_resp.write_eof()
-    return stream_resp
+        await ex.write(_sse_error(err) if relay is None else relay.stream_error(err))
+        await ex.end_stream()
+    return STREAMED
+
+
+class AiohttpExchange:
+    """:class:`Exchange` over an aiohttp request."""
+
+    def __init__(self, request: web.Request) -> None:
+        self.request = request
+        self.request_id = request_id(request)
+        self.reserved = reserved(request)
+        self.response: web.StreamResponse | None = None
+
+    async def begin_stream(self, status: int, headers: dict[str, str]) -> None:
+        self.response = web.StreamResponse(status=status, headers=headers)
+        await self.response.prepare(self.request)
+
+    async def write(self, data: bytes) -> None:
+        assert self.response is not None
+        await self.response.write(data)
+
+    async def end_stream(self) -> None:
+        assert self.response is not None
+        await self.response.write_eof()
+
+
+async def serve(
+    request: web.Request, parsed: parse.Parsed, relay: Relay | None = None
+) -> web.StreamResponse:
+    """:func:`serve_parsed` for an aiohttp request: the aiohttp answer."""
+    ex = AiohttpExchange(request)
+    answer = await serve_parsed(request.app[RUNTIME], parsed, ex, relay)
+    if answer is STREAMED:
+        assert ex.response is not None
+        return ex.response
+    if answer.error is not None:
+        resp = answer.error.response() if relay is None else relay.error(answer.error)
+        resp.headers["X-Request-Id"] = ex.request_id
+        return resp
+    return web.Response(status=answer.status, body=answer.body, headers=answer.headers)
 
 
 # ---- handlers ---------------------------------------------------------------------------
