@@ -67,6 +67,9 @@ from accelmux.gateway.fairness import (
 log = logging.getLogger("accelmux.gateway")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+FrontFactory = Callable[
+    ["ConnectionGuard", Callable[[], asyncio.Protocol], float], asyncio.Protocol
+]
 
 #: Refusals that linger (answer sent, waiting for the client to read it) at most.
 MAX_LINGERING_REFUSALS = 64
@@ -288,6 +291,9 @@ class ConnectionGuard:
             retry_after=RETRY_AFTER_S,
         )
         self._server: Callable[[], asyncio.Protocol] | None = None
+        #: The protocol each connection starts in, when not aiohttp's own (the hot path's:
+        #: gateway/hot.py); it is given the guard, aiohttp's protocol factory and the time.
+        self.front: FrontFactory | None = None
         self._open: dict[Conn, None] = {}  # in the order they opened
         self._sweeper: asyncio.TimerHandle | None = None
 
@@ -306,6 +312,8 @@ class ConnectionGuard:
 
     def __call__(self) -> asyncio.Protocol:
         assert self._server is not None
+        if self.front is not None:
+            return self.front(self, self._server, time.monotonic())
         return GuardedProtocol(self, self._server, time.monotonic())
 
     # ---- what every listener calls -------------------------------------------------

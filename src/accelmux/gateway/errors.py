@@ -56,13 +56,16 @@ class ApiError(Exception):
             }
         }
 
+    def body_bytes(self) -> bytes:
+        return json.dumps(self.body()).encode()
+
     def response(self) -> web.Response:
         headers = {}
         if self.retry_after_s is not None:
             headers["Retry-After"] = str(max(1, math.ceil(self.retry_after_s)))
         resp = web.Response(
             status=self.status,
-            body=json.dumps(self.body()).encode(),
+            body=self.body_bytes(),
             content_type="application/json",
             headers=headers,
         )

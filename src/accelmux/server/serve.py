@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import signal
 import sys
@@ -23,6 +24,8 @@ from accelmux.gateway.connections import (
     GuardedTCPSite,
     raise_open_files_limit,
 )
+from accelmux.gateway.door import DOOR
+from accelmux.gateway.hot import HotPath, front_protocol
 from accelmux.gateway.middleware import ProtocolLogger
 from accelmux.gateway.wyoming_api import WyomingServer
 from accelmux.monitors.host import host_total
@@ -132,6 +135,9 @@ async def serve(
     await runner.setup()
     check_open_files(server)
     guard = ConnectionGuard(ConnectionLimits.of(server), priority=priority_paths(runtime))
+    hot = HotPath.of(runtime, app[DOOR])
+    if hot is not None:
+        guard.front = functools.partial(front_protocol, hot=hot)
     site = GuardedTCPSite(runner, server.host, server.port, guard=guard, reuse_address=True)
 
     async def give_up(message: str) -> NoReturn:
