@@ -40,6 +40,8 @@ class Conformance:
     cases: int
     failures: int
     operations: int
+    #: Operations in the served document (schemathesis's count).
+    documented: int
     output: str
 
     def as_dict(self) -> dict[str, Any]:
@@ -47,6 +49,7 @@ class Conformance:
             "cases": self.cases,
             "failures": self.failures,
             "operations": self.operations,
+            "documented": self.documented,
             "returncode": self.returncode,
         }
 
@@ -94,10 +97,12 @@ def run(url: str) -> Conformance:
     generated = re.search(r"(\d+) generated", out)
     found = re.search(r"(\d+) found", out)
     tested = re.search(r"Tested: (\d+)", out)
+    selected = re.search(r"Selected: \d+/(\d+)", out)
     return Conformance(
         returncode=done.returncode,
         cases=int(generated.group(1)) if generated else 0,
         failures=int(found.group(1)) if found else 0,
         operations=int(tested.group(1)) if tested else 0,
+        documented=int(selected.group(1)) if selected else 0,
         output=out,
     )

@@ -13,8 +13,6 @@ from tests.reliability.conformance import EXCLUDED, MAX_EXAMPLES, SEED, daemon_c
 from tests.reliability.conftest import Record
 from tests.reliability.support import http, running, write_config
 
-from accelmux.gateway.openapi import document
-
 pytestmark = pytest.mark.slow
 
 
@@ -26,8 +24,8 @@ def test_schemathesis_finds_no_failure_on_any_route(tmp_path: Path, record: Reco
     log = daemon.log.read_text()
     assert "Traceback" not in log, log[-4000:]
     assert result.returncode == 0 and result.failures == 0, result.output[-12000:]
-    documented = {f"{m.upper()} {p}" for p, ops in document()["paths"].items() for m in ops}
-    assert result.operations == len(documented) - 1, result.output[-3000:]  # all but EXCLUDED
+    assert result.documented >= 30, result.output[-3000:]
+    assert result.operations == result.documented - 1, result.output[-3000:]  # all but EXCLUDED
     assert result.cases > 1000, result.output[-3000:]
     record(
         area="bad input",
