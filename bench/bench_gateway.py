@@ -109,12 +109,12 @@ def bare_proxy(port: int, upstream: str) -> None:
 def bare_fast_proxy(port: int, upstream: str) -> None:
     """A minimal proxy on the gateway's fast stack: an asyncio protocol with httptools'
     parser on uvloop, the upstream reached through accelmux's pooled keep-alive client
-    (``gateway/upstream.py``), the answer's bytes relayed as they are: the floor of one
+    (``backends/upstream.py``), the answer's bytes relayed as they are: the floor of one
     hop on that stack."""
     import httptools
     import uvloop
 
-    from accelmux.gateway.upstream import UpstreamPool
+    from accelmux.backends.upstream import UpstreamPool
 
     host, _, upstream_port = upstream.removeprefix("http://").partition(":")
 

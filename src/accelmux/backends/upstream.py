@@ -1,5 +1,5 @@
 """A pooled keep-alive HTTP/1.1 client for one upstream server, on asyncio protocols and
-httptools' C parser: the hop from the gateway to a backend's own server.
+httptools' C parser: the hop from the gateway to an external backend's server.
 
 Made for the requests the gateway forwards: a POST of bytes it already holds, an answer
 read whole or relayed as it arrives (its body bytes as they come, de-chunked, never
