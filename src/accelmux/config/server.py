@@ -56,6 +56,12 @@ class ServerConfig(BaseModel):
     event_loop: Literal["auto", "asyncio", "uvloop"] = Field(
         "auto", description="auto: uvloop when installed (faster), else asyncio."
     )
+    hot_path: bool = Field(
+        True,
+        description="Serve plain chat, completion and embeddings requests on the hot path "
+        "(httptools on uvloop, the same checks); false: every request through aiohttp "
+        "(docs/architecture.md).",
+    )
     allowed_hosts: list[str] | None = Field(
         None,
         description="Host header names the daemon answers to (any port), against DNS "

@@ -114,10 +114,10 @@ class HotPath:
 
     @classmethod
     def of(cls, runtime: Runtime, door: Door) -> HotPath | None:
-        """The hot path of a daemon; None when it is off (``server.access_log``: every
-        request is then aiohttp's, which logs it)."""
+        """The hot path of a daemon; None when it is off (``server.hot_path`` false, or
+        ``server.access_log`` on: every request is then aiohttp's, which logs it)."""
         server = runtime.cfg.server
-        if server.access_log:
+        if server.access_log or not server.hot_path:
             return None
         default_max = server.default_max_tokens
 
