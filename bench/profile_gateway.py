@@ -1,13 +1,18 @@
 """Where a request's time goes in the daemon, layer by layer, for the hot routes.
 
 The daemon runs in this process (``accelmux.server.serve``, the same code as
-``accelmux serve``) under ``cProfile``, with one external chat/completion service and one
-external embeddings service whose child is the test upstream server
-(tests/live/upstream_server.py). A client process sends ``--requests`` requests per route
+``accelmux serve``) under ``cProfile``, once with every request through aiohttp
+(``server.hot_path: false``: the path before the hot path) and once with the hot path,
+with one external chat/completion service and one external embeddings service whose
+child is the test upstream server (tests/live/upstream_server.py). A client process
+sends ``--requests`` requests per route
 (non-streaming chat, completions, embeddings, and a streamed chat), ``--concurrency`` at
 a time. Each function's own CPU time (``tottime``) is given to the layer its module
-belongs to (:data:`LAYERS`), and divided by the requests: microseconds of the daemon's
-CPU per request, per layer. cProfile slows Python code about twofold, C code not at all:
+belongs to (:data:`LAYERS`), and divided by the requests: microseconds of the event
+loop thread's CPU per request, per layer (the profiler's clock is that thread's CPU
+time, so waiting on sockets counts nothing; worker threads and the upstream do not
+count). A built-in function's time goes to the layer of its caller. cProfile slows Python
+code about twofold, C code not at all:
 read the shares and the order, not the absolute figures, which the timings of
 ``bench/bench_gateway.py`` give.
 
@@ -93,9 +98,14 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
         ),
     ),
     (
-        "Manager hop",
-        "the request runner, the driver, the Manager's decisions and their execution",
-        ("accelmux/runtime/", "accelmux/core/"),
+        "Manager (core)",
+        "the Manager's decisions: admission, the ledger, the policy (accelmux/core)",
+        ("accelmux/core/",),
+    ),
+    (
+        "runtime shell",
+        "the request runner, the driver, the executor, the decision log (accelmux/runtime)",
+        ("accelmux/runtime/",),
     ),
     (
         "upstream client",
@@ -104,8 +114,9 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
     ),
     (
         "HTTP server",
-        "aiohttp's server: parsing the request, the request object, routing, writing the answer",
-        ("aiohttp/", "multidict", "yarl", "propcache"),
+        "the HTTP server: parsing the request, the request object, routing, writing the "
+        "answer (aiohttp's, or the hot path's front protocol on httptools)",
+        ("accelmux/gateway/hot.py", "httptools", "aiohttp/", "multidict", "yarl", "propcache"),
     ),
     (
         "event loop",
@@ -122,7 +133,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _config(data_dir: str) -> dict[str, Any]:
+def _config(data_dir: str, hot_path: bool) -> dict[str, Any]:
     def external() -> dict[str, Any]:
         return {
             "type": "external",
@@ -150,7 +161,7 @@ def _config(data_dir: str) -> dict[str, Any]:
                 "backend": external(),
             },
         },
-        "server": {"data_dir": data_dir, "sample_interval_s": 1.0},
+        "server": {"data_dir": data_dir, "sample_interval_s": 1.0, "hot_path": hot_path},
     }
 
 
@@ -203,13 +214,14 @@ def _wait_ready(url: str) -> None:
     raise SystemExit("the daemon did not get ready")
 
 
-def profile(args: Any) -> dict[str, Any]:
+def profile(args: Any, hot_path: bool) -> dict[str, Any]:
     from accelmux.config.load import load_config_data
+    from accelmux.server.command import loop_factory
     from accelmux.server.serve import serve
 
     with tempfile.TemporaryDirectory(prefix="accelmux-profile-") as tmp:
         port = _free_port()
-        data = _config(tmp)
+        data = _config(tmp, hot_path)
         data["server"]["port"] = port
         cfg = load_config_data(data, "profile")
         url = f"http://127.0.0.1:{port}"
@@ -251,15 +263,29 @@ def profile(args: Any) -> dict[str, Any]:
                 switcher.cancel()
 
         threading.Thread(target=drive, daemon=True).start()
-        asyncio.run(main())
+        # the event loop accelmux serve runs on (uvloop when installed)
+        with asyncio.Runner(loop_factory=loop_factory(cfg.server.event_loop)) as runner:
+            runner.run(main())
     out: dict[str, Any] = {}
     for name, prof in profiles.items():
         stats = pstats.Stats(prof)
         per_layer: dict[str, float] = {}
-        for key, (_, _, tottime, _, _) in stats.stats.items():  # type: ignore[attr-defined]
+        for key, (_, _, tottime, _, callers) in stats.stats.items():  # type: ignore[attr-defined]
+            if key[0] == "~" and callers:  # a built-in: its callers' layers, by their share
+                for caller, (_, _, caller_tt, _) in callers.items():
+                    layer = _layer(caller)
+                    per_layer[layer] = per_layer.get(layer, 0.0) + caller_tt
+                continue
             layer = _layer(key)
             per_layer[layer] = per_layer.get(layer, 0.0) + tottime
         requests = routes[name]["requests"]
+        top = sorted(
+            ((tt, k) for k, (_, _, tt, _, _) in stats.stats.items() if k[0] != "~"),  # type: ignore[attr-defined]
+            reverse=True,
+        )[:12]
+        routes[name]["top_functions_us"] = [
+            f"{Path(k[0]).name}:{k[2]} {tt / requests * 1e6:.1f}" for tt, k in top
+        ]
         total = sum(per_layer.values())
         out[name] = {
             **routes[name],
@@ -278,7 +304,9 @@ async def _switch(profiles: dict[str, cProfile.Profile], current: list[str | Non
             if active is not None:
                 profiles[active].disable()
             if want is not None:
-                profiles.setdefault(want, cProfile.Profile()).enable()
+                # CPU time of the event loop's thread: waiting for sockets costs nothing
+                profile = profiles.setdefault(want, cProfile.Profile(time.thread_time))
+                profile.enable()
             active = want
         await asyncio.sleep(0.01)
 
@@ -290,17 +318,17 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     load_before = os.getloadavg()[0]
-    routes = profile(args)
+    stacks = {"aiohttp": profile(args, False), "hot path": profile(args, True)}
     settings = {"requests": args.requests, "concurrency": args.concurrency}
     report = {
         "meta": run_meta(settings),
         "loadavg_1m_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         "layers": [{"layer": n, "what": w} for n, w, _ in LAYERS]
         + [{"layer": OTHER[0], "what": OTHER[1]}],
-        "routes": routes,
+        "stacks": stacks,
     }
     args.out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    print(json.dumps(routes, indent=2))
+    print(json.dumps(stacks, indent=2))
 
 
 if __name__ == "__main__":

@@ -80,6 +80,7 @@ class _Connection(asyncio.Protocol):
         self._done = False
         self._wake: asyncio.Future[None] | None = None
         self._paused = False
+        self._keep_alive = False
         self._error: Exception | None = None
 
     # ---- asyncio.Protocol -------------------------------------------------------------
@@ -104,6 +105,7 @@ class _Connection(asyncio.Protocol):
         self._headers[name.decode("latin-1").lower()] = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:
+        self._keep_alive = self.parser.should_keep_alive()  # (read here: not after the end)
         if self._head is not None and not self._head.done():
             self._head.set_result(None)
 
@@ -169,7 +171,7 @@ class _Connection(asyncio.Protocol):
         return b"".join(parts)
 
     def finish(self, *, reusable: bool) -> None:
-        keep = reusable and self._done and self.parser.should_keep_alive() and not self.closed
+        keep = reusable and self._done and self._keep_alive and not self.closed
         if keep:
             self.parser = httptools.HttpResponseParser(self)
             self.pool.give_back(self)
