@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
+import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -86,6 +88,10 @@ class _Connection(asyncio.Protocol):
     # ---- asyncio.Protocol -------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            with contextlib.suppress(OSError):  # small requests go out at once
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def data_received(self, data: bytes) -> None:
         try:

@@ -30,10 +30,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import email.utils
 import http
 import logging
 import math
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -59,6 +61,14 @@ from accelmux.runtime.daemon import Runtime
 log = logging.getLogger("accelmux.gateway")
 
 Builder = Callable[[dict[str, Any], bytes, LimitsConfig], parse.Parsed]
+
+
+def no_delay(transport: asyncio.BaseTransport) -> None:
+    """Small writes go out at once (no Nagle delay behind an unacknowledged one)."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
 def _reason(status: int) -> bytes:
@@ -212,6 +222,7 @@ class FrontProtocol(GuardedProtocol):
             self._closing = True
             return
         self.parser = httptools.HttpRequestParser(self)
+        no_delay(tr)
 
     def data_received(self, data: bytes) -> None:
         if self._inner is not None:
@@ -492,11 +503,12 @@ class FrontProtocol(GuardedProtocol):
 class _Exchange:
     """:class:`~.openai_api.Exchange` over a :class:`FrontProtocol`."""
 
-    __slots__ = ("_close", "_proto", "request_id", "reserved")
+    __slots__ = ("_close", "_head", "_proto", "request_id", "reserved")
 
     def __init__(self, proto: FrontProtocol, request_id: str, close: bool) -> None:
         self._proto = proto
         self._close = close
+        self._head = b""  # sent with the first chunk: one segment, not two
         self.request_id = request_id
         self.reserved = proto.conn.reserved
 
@@ -507,14 +519,17 @@ class _Exchange:
         return transport
 
     async def begin_stream(self, status: int, headers: dict[str, str]) -> None:
-        self._transport().write(head(status, headers, close=self._close, chunked=True))
+        self._transport()
+        self._head = head(status, headers, close=self._close, chunked=True)
 
     async def write(self, data: bytes) -> None:
-        self._transport().write(b"%x\r\n%s\r\n" % (len(data), data))
+        first, self._head = self._head, b""
+        self._transport().write(first + b"%x\r\n%s\r\n" % (len(data), data))
         await self._proto.drain()
 
     async def end_stream(self) -> None:
-        self._transport().write(b"0\r\n\r\n")
+        first, self._head = self._head, b""
+        self._transport().write(first + b"0\r\n\r\n")
 
 
 def front_protocol(
