@@ -346,6 +346,7 @@ class ExternalBackend:
 
     async def _report(self, weights_bytes: int, kv_pool_bytes: int) -> LoadReport:
         self.resident_bytes = await asyncio.to_thread(self._measure_now)
+        self.peaks.seed(self.resident_bytes)
         if self.resident_bytes is None:
             return LoadReport()
         # What it holds once up is weights + runtime + the KV pool it was started with.
