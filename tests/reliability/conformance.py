@@ -13,6 +13,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -84,15 +85,17 @@ def run(url: str) -> Conformance:
         SCHEMATHESIS_HOOKS="tests.reliability.schema_hooks",
         PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "src")]),
     )
-    done = subprocess.run(
-        command(url),
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-        env=env,
-        cwd=ROOT,
-        check=False,
-    )
+    with tempfile.TemporaryDirectory(prefix="accelmux-schemathesis-") as cwd:
+        # schemathesis keeps a cache of what it found in its working directory
+        done = subprocess.run(
+            command(url),
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S,
+            env=env,
+            cwd=cwd,
+            check=False,
+        )
     out = done.stdout + done.stderr
     generated = re.search(r"(\d+) generated", out)
     found = re.search(r"(\d+) found", out)
