@@ -32,17 +32,12 @@ import asyncio
 import contextlib
 import json
 import multiprocessing as mp
-import os
 import resource
-import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +47,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
+from bench_frontdoor import _daemon  # noqa: E402
 from meta import run_meta  # noqa: E402
 from stats import percentile  # noqa: E402
 
@@ -92,41 +88,6 @@ def _config(tmp: Path, port: int) -> Path:
     path = tmp / "accelmux.yaml"
     path.write_text(yaml.safe_dump(data), encoding="utf-8")
     return path
-
-
-@contextlib.contextmanager
-def _daemon(config: Path, url: str) -> Iterator[subprocess.Popen[bytes]]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
-    log = (config.parent / "daemon.log").open("wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "accelmux.cli", "serve", "-c", str(config)],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env=env,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            if proc.poll() is not None:
-                raise SystemExit(f"daemon exited: {(config.parent / 'daemon.log').read_text()}")
-            with (
-                contextlib.suppress(OSError),
-                urllib.request.urlopen(url + "/health", timeout=1) as resp,
-            ):
-                if resp.status == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise SystemExit("daemon not healthy in 60 s")
-            time.sleep(0.1)
-        yield proc
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
 
 
 def _raise_nofile(wanted: int) -> None:

@@ -40,10 +40,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
+from bench_gateway import config  # noqa: E402
 from meta import run_meta  # noqa: E402
 
 OUT = ROOT / "bench" / "results" / "gateway_profile.json"
-UPSTREAM = ROOT / "tests" / "live" / "upstream_server.py"
 CHAT = {"model": "chat", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 16}
 ROUTES: dict[str, tuple[str, dict[str, Any]]] = {
     "chat": ("/v1/chat/completions", CHAT),
@@ -133,38 +133,6 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _config(data_dir: str, hot_path: bool) -> dict[str, Any]:
-    def external() -> dict[str, Any]:
-        return {
-            "type": "external",
-            "argv": [sys.executable, str(UPSTREAM), "--port", "{port}"],
-            "startup_timeout_s": 30,
-        }
-
-    return {
-        "devices": {"gpu": {"kind": "virtual", "capacity": "4GiB", "headroom": "256MiB"}},
-        "services": {
-            "chat": {
-                "kind": "chat",
-                "residency": "pinned",
-                "concurrency": 64,
-                "queue": {"limit": 1024},
-                "memory": {"weights": "128MiB", "kv_per_token": "1KiB", "kv_ceiling": "1GiB"},
-                "backend": external(),
-            },
-            "embed": {
-                "kind": "embeddings",
-                "residency": "pinned",
-                "concurrency": 64,
-                "queue": {"limit": 1024},
-                "memory": {"weights": "64MiB", "per_unit": "1MiB"},
-                "backend": external(),
-            },
-        },
-        "server": {"data_dir": data_dir, "sample_interval_s": 1.0, "hot_path": hot_path},
-    }
-
-
 def _layer(key: tuple[str, int, str]) -> str:
     where = f"{key[0]}:{key[2]}"
     for name, _, patterns in LAYERS:
@@ -221,7 +189,7 @@ def profile(args: Any, hot_path: bool) -> dict[str, Any]:
 
     with tempfile.TemporaryDirectory(prefix="accelmux-profile-") as tmp:
         port = _free_port()
-        data = _config(tmp, hot_path)
+        data = config(tmp, hot_path)
         data["server"]["port"] = port
         cfg = load_config_data(data, "profile")
         url = f"http://127.0.0.1:{port}"
