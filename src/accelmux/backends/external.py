@@ -51,7 +51,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +76,7 @@ from accelmux.backends.process_meter import PeakTracker, ProcessTreeMeter
 from accelmux.backends.server_log import ServerLog
 from accelmux.backends.server_metrics import argv_option, parse_server_metrics, parse_slots
 from accelmux.backends.slot_park import SlotParking, slot_dir
-from accelmux.backends.upstream import UpstreamError, UpstreamPool, UpstreamResponse
+from accelmux.backends.upstream import UpstreamError, UpstreamPool
 from accelmux.config.backends import ExternalBackendConfig
 from accelmux.core.specs import Capabilities
 from accelmux.core.types import Tier
@@ -631,7 +631,9 @@ class ExternalBackend:
             response = BackendResponse(
                 status=resp.status, content_type=content_type, release=resp.release
             )
-            response.stream = self._relay(resp, request, token, response)
+            response.stream = self._relay(
+                resp.content.iter_any(), resp.release, request, token, response
+            )
             return response
         try:
             body = await resp.read()
@@ -679,7 +681,7 @@ class ExternalBackend:
             response = BackendResponse(
                 status=answer.status, content_type=answer.content_type, release=answer.release
             )
-            response.stream = self._relay_pooled(answer, request, token, response)
+            response.stream = self._relay(answer.chunks(), answer.release, request, token, response)
             return response
         growth = self._ended(request, token)
         body = answer.body
@@ -694,25 +696,6 @@ class ExternalBackend:
             status=answer.status, content_type=answer.content_type, body=body, peak_bytes=peak
         )
 
-    async def _relay_pooled(
-        self,
-        answer: UpstreamResponse,
-        request: BackendRequest,
-        token: int,
-        response: BackendResponse,
-    ) -> AsyncIterator[bytes]:
-        tail = b""
-        try:
-            async for chunk in answer.chunks():
-                tail = (tail + chunk)[-USAGE_TAIL_BYTES:]
-                yield chunk
-        except (UpstreamError, OSError) as exc:
-            raise BackendCrashedError(f"{self.service}: stream broke off: {exc}") from None
-        finally:
-            answer.release()
-            growth = self._ended(request, token)
-        response.peak_bytes = self._peak_bytes(growth, tail)
-
     def _ended(self, request: BackendRequest, token: int) -> int:
         if self.parking is not None:
             self.parking.unpausable_ended(request.request_id)
@@ -720,19 +703,22 @@ class ExternalBackend:
 
     async def _relay(
         self,
-        resp: aiohttp.ClientResponse,
+        chunks: AsyncIterator[bytes],
+        release: Callable[[], None],
         request: BackendRequest,
         token: int,
         response: BackendResponse,
     ) -> AsyncIterator[bytes]:
+        """A streamed answer's bytes as they come (from aiohttp's client or the pooled
+        one), its end accounted and its usage read from its tail."""
         tail = b""
         try:
-            async for chunk in resp.content.iter_any():
+            async for chunk in chunks:
                 tail = (tail + chunk)[-USAGE_TAIL_BYTES:]
                 yield chunk
-        except (aiohttp.ClientError, OSError) as exc:
+        except (aiohttp.ClientError, UpstreamError, OSError) as exc:
             raise BackendCrashedError(f"{self.service}: stream broke off: {exc}") from None
         finally:
-            resp.release()
+            release()
             growth = self._ended(request, token)
         response.peak_bytes = self._peak_bytes(growth, tail)
