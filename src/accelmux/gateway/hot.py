@@ -62,6 +62,14 @@ log = logging.getLogger("accelmux.gateway")
 
 Builder = Callable[[dict[str, Any], bytes, LimitsConfig], parse.Parsed]
 
+#: The sizes aiohttp's parser takes (docs/security.md): a request line, a header's name or
+#: value, and the number of headers. The front protocol reads every request's head before
+#: it decides, so it holds a head to these bounds itself.
+MAX_LINE = 8190
+MAX_FIELD = 8190
+MAX_HEADERS = 128
+MAX_HEAD = MAX_LINE + MAX_HEADERS * (2 * MAX_FIELD + 4)
+
 
 def no_delay(transport: asyncio.BaseTransport) -> None:
     """Small writes go out at once (no Nagle delay behind an unacknowledged one)."""
@@ -155,6 +163,10 @@ class _HandOff(Exception):
     """Raised in a parser callback: the request is aiohttp's (the parser stops)."""
 
 
+class _TooLarge(Exception):
+    """Raised in a parser callback: a part of the head is over its bound."""
+
+
 class _Body:
     """The body being read, as the guard sees it."""
 
@@ -206,6 +218,7 @@ class FrontProtocol(GuardedProtocol):
         self._queue: collections.deque[_Request] = collections.deque()
         self._task: asyncio.Task[None] | None = None
         self._handoff = False
+        self._too_big: str | None = None
         self._closing = False
         self._keepalive: asyncio.TimerHandle | None = None
         self._write_paused = False
@@ -236,13 +249,19 @@ class FrontProtocol(GuardedProtocol):
             self._raw_exact = True
         elif self._current is None and not self._discard:
             self._raw += data
+        if len(self._raw) > MAX_HEAD and self._current is None and not self._discard:
+            self._too_large("request headers")
+            return
         self._in_feed_completed = False
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserCallbackError:
-            if not self._handoff:
-                raise
-            self._hand_off()
+        except httptools.HttpParserCallbackError as exc:
+            if self._too_big is not None:
+                self._too_large(self._too_big)
+            elif self._handoff:
+                self._hand_off()
+            else:
+                self._malformed(exc)
         except httptools.HttpParserError as exc:
             self._malformed(exc)
 
@@ -283,9 +302,19 @@ class FrontProtocol(GuardedProtocol):
 
     def on_url(self, url: bytes) -> None:
         self._url += url
+        if len(self._url) > MAX_LINE:
+            self._too_big = "the request line"
+            raise _TooLarge(self._too_big)
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+        if len(name) > MAX_FIELD or len(value) > MAX_FIELD:
+            self._too_big = "a header"
+            raise _TooLarge(self._too_big)
+        # a repeated header: its first value, the one aiohttp's ``headers.get`` gives
+        self._headers.setdefault(name.decode("latin-1").lower(), value.decode("latin-1"))
+        if len(self._headers) > MAX_HEADERS:
+            self._too_big = "the headers"
+            raise _TooLarge(self._too_big)
 
     def on_headers_complete(self) -> None:
         if self._keepalive is not None:  # the headers came within keepalive_timeout_s
@@ -381,6 +410,19 @@ class FrontProtocol(GuardedProtocol):
             inner.pause_writing()
         raw, self._raw = bytes(self._raw), bytearray()
         inner.data_received(raw)
+
+    def _too_large(self, what: str) -> None:
+        """A head over aiohttp's bounds: 431, closed (as aiohttp answers it)."""
+        self._too_big = None
+        err = ApiError(
+            431,
+            f"{what} too large (at most {MAX_FIELD} bytes a field, {MAX_HEADERS} headers)",
+            code="headers_too_large",
+            close=True,
+        )
+        self._closing = True
+        self._write(err.status, {"Content-Type": "application/json"}, err.body_bytes(), True)
+        self._close_after_queue()
 
     def _malformed(self, exc: Exception) -> None:
         peer = self.transport.get_extra_info("peername") if self.transport else "?"
