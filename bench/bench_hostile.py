@@ -1,7 +1,7 @@
 """One hostile address against the front door: do /health, TTS and another client stay served?
 
 ``accelmux serve`` runs with two API keys and the front door's defaults (a cap of 1000
-connections, 64 per address and per key, 32 kept for /health and realtime services, a
+connections, 256 per address and per key, 32 kept for /health and realtime services, a
 body rate of at least 1 KiB/s over 10 s), fake chat and TTS services (TTS realtime). An
 attacker process on 127.0.0.1 keeps 2,000 connections going: each sends the headers of a
 ``POST /v1/chat/completions`` with a large ``Content-Length`` and one byte of body, then

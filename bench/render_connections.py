@@ -34,7 +34,7 @@ def connections() -> str:
         (f"{idle} idle connections held (max_connections 4096)", room["with_idle"]["latency"]),
         (
             f"{idle} idle connections tried from one address (defaults: max_connections "
-            "1000, 64 per address)",
+            "1000, 256 per address)",
             capped["latency"],
         ),
     ]

@@ -36,30 +36,36 @@ def _post(host: str, body: dict[str, Any], *, close: bool = False) -> bytes:
     return head.encode() + raw
 
 
+def _one(data: bytes) -> tuple[bytes, bytes] | None:
+    """The first whole answer in ``data`` (Content-Length or chunked) and what follows it;
+    None while it is incomplete."""
+    head, sep, rest = data.partition(b"\r\n\r\n")
+    if not sep:
+        return None
+    lower = head.lower()
+    if b"transfer-encoding: chunked" in lower:
+        if b"\r\n0\r\n\r\n" not in rest:
+            return None
+        end = rest.index(b"\r\n0\r\n\r\n") + 7
+        return head + sep + rest[:end], rest[end:]
+    for line in lower.split(b"\r\n"):
+        if line.startswith(b"content-length:"):
+            length = int(line.split(b":")[1])
+            if len(rest) < length:
+                return None
+            return head + sep + rest[:length], rest[length:]
+    raise AssertionError(head)
+
+
 def _answers(sock: socket.socket, count: int) -> list[bytes]:
-    """``count`` whole answers (Content-Length or chunked) from ``sock``."""
+    """``count`` whole answers from ``sock`` (fewer if it closes first)."""
     data, out = b"", []
     while len(out) < count:
-        head, sep, rest = data.partition(b"\r\n\r\n")
-        if sep:
-            lower = head.lower()
-            if b"transfer-encoding: chunked" in lower and b"\r\n0\r\n\r\n" in rest:
-                end = rest.index(b"\r\n0\r\n\r\n") + 7
-                out.append(head + sep + rest[:end])
-                data = rest[end:]
-                continue
-            for line in lower.split(b"\r\n"):
-                if line.startswith(b"content-length:"):
-                    length = int(line.split(b":")[1])
-                    if len(rest) >= length:
-                        out.append(head + sep + rest[:length])
-                        data = rest[length:]
-                    break
-            else:
-                if b"transfer-encoding: chunked" not in lower:
-                    raise AssertionError(head)
-            if len(out) == count:
-                break
+        found = _one(data)
+        if found is not None:
+            answer, data = found
+            out.append(answer)
+            continue
         chunk = sock.recv(65536)
         if not chunk:
             break

@@ -107,7 +107,7 @@ class ServerConfig(BaseModel):
         "newcomer gets 503 too_many_connections and Connection: close.",
     )
     connections_per_address: int = Field(
-        64,
+        256,
         ge=1,
         le=1_000_000,
         description="Connections one client address (an IPv6 /64) may hold; one more closes "
@@ -116,7 +116,7 @@ class ServerConfig(BaseModel):
         "raise it and give each client its own API key.",
     )
     connections_per_key: int = Field(
-        64,
+        256,
         ge=1,
         le=1_000_000,
         description="Connections whose request authenticated with one API key (or the admin "
