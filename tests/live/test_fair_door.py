@@ -355,3 +355,20 @@ def test_wyoming_answers_while_the_http_door_is_full(tmp_path: Path) -> None:
 
         wait_for(full, timeout=20)
         assert asyncio.run(describe())
+
+
+def test_an_address_that_keeps_failing_its_key_is_refused_at_accept(tmp_path: Path) -> None:
+    """Past 100 key refusals in 10 s an address's new connections get the cheap refusal
+    at accept; another address is served as before."""
+    cfg = _config(api_keys=[KEY_A], connections_per_address=1000)
+    path = write_config(cfg, tmp_path)
+    body = json.dumps(CHAT).encode()
+    with running(path) as d:
+        request = _post(d.url, "/v1/chat/completions", body, key="sk-wrong")
+        statuses = [_status(_ask(d.url, request)) for _ in range(101)]
+        assert statuses == [401] * 101
+        with _connect(d.url) as sock:  # refused before it sends anything
+            status, code, head = _error(_read_answer(sock))
+        assert (status, code) == (429, "per_client_limit") and b"Retry-After: 10" in head
+        other = _ask(d.url, _post(d.url, "/v1/chat/completions", body, key=KEY_A), OTHER_ADDRESS)
+        assert _status(other) == 200, other

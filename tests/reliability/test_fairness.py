@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from accelmux.core.types import ServiceKind
 from accelmux.gateway.fairness import (
     FairnessLimits,
+    KeylessStrikes,
     Place,
     RateWindow,
     Seat,
@@ -119,3 +120,17 @@ def test_a_reserved_connection_takes_health_and_what_realtime_services_serve() -
     assert realtime_paths(routes, []) == {"/health"}
     assert realtime_paths(routes, [ServiceKind.TTS]) == {"/health", "/v1/audio/speech"}
     assert "/v1/chat/completions" in realtime_paths(routes, [ServiceKind.CHAT])
+
+
+def test_an_address_that_keeps_failing_its_key_is_barred_for_a_while() -> None:
+    strikes = KeylessStrikes(strikes=3, window_s=10.0, bar_s=5.0)
+    for t in (0.0, 1.0, 2.0):
+        strikes.strike("10.0.0.9", t)
+    assert strikes.barred("10.0.0.9", 2.0) == 0.0  # three within the window: not yet
+    strikes.strike("10.0.0.9", 3.0)  # the fourth
+    assert strikes.barred("10.0.0.9", 4.0) == 4.0
+    assert strikes.barred("10.0.0.9", 8.5) == 0.0  # the bar is over
+    assert strikes.barred("10.0.0.8", 4.0) == 0.0  # another address is not touched
+    for t in (20.0, 31.0, 42.0, 53.0):  # one refusal per window never adds up
+        strikes.strike("10.0.0.7", t)
+    assert strikes.barred("10.0.0.7", 53.0) == 0.0

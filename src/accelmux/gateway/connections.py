@@ -57,6 +57,7 @@ from accelmux.gateway.errors import ApiError
 from accelmux.gateway.fairness import (
     ALWAYS_PRIORITY,
     FairnessLimits,
+    KeylessStrikes,
     Place,
     RateWindow,
     Seat,
@@ -142,6 +143,7 @@ class ConnectionCounts:
     per_client_refused: int = 0
     reserved: int = 0
     reserve_refused: int = 0
+    keyless_barred: int = 0
 
 
 class BodyState(Protocol):
@@ -290,6 +292,15 @@ class ConnectionGuard:
             "per_client_limit",
             retry_after=RETRY_AFTER_S,
         )
+        self.strikes = KeylessStrikes()
+        self.keyless_refusal = _answer(
+            "429 Too Many Requests",
+            f"this address sent more than {self.strikes.strikes} requests without a valid "
+            f"API key within {self.strikes.window_s:g} s; its new connections are refused "
+            f"for {self.strikes.bar_s:g} s",
+            "per_client_limit",
+            retry_after=int(self.strikes.bar_s),
+        )
         self._server: Callable[[], asyncio.Protocol] | None = None
         #: The protocol each connection starts in, when not aiohttp's own (the hot path's:
         #: gateway/hot.py); it is given the guard, aiohttp's protocol factory and the time.
@@ -321,6 +332,9 @@ class ConnectionGuard:
         """Seat a new connection from ``peer`` (its ``peername``); the answer to write
         when it is refused instead (it is then not tracked)."""
         client = client_of(_peer_host(peer))
+        if self.strikes.barred(client, time.monotonic()) > 0:
+            self.counts.keyless_barred += 1
+            return self.keyless_refusal
         place = self.book.place(client)
         if place is Place.PER_CLIENT and self._evict_idle(lambda seat: seat.client == client):
             place = self.book.place(client)
@@ -348,6 +362,11 @@ class ConnectionGuard:
         until the client read its answer)."""
         if conn.seat is not None:
             self.book.give_back(conn.seat)
+
+    def key_refused(self, conn: Conn) -> None:
+        """A request on ``conn`` was refused for its key (a strike for its address)."""
+        if conn.seat is not None:
+            self.strikes.strike(conn.seat.client, time.monotonic())
 
     def lingered(self) -> None:
         """A refused connection that lingered is closed."""

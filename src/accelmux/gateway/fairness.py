@@ -17,6 +17,11 @@ enough. One client, or one stolen key, can then hold at most its share of the do
 - **the body rate**: a body that, while it is read, brings fewer than
   ``server.min_body_rate`` bytes a second over a window of ``server.body_rate_window_s``
   is cut with 408 ``body_too_slow``.
+- **keyless strikes**: an address whose requests were refused for their key more than
+  :data:`STRIKES` times within :data:`STRIKE_WINDOW_S` has its new connections refused
+  at accept (429 ``per_client_limit``) for :data:`BAR_S`: a refusal at accept costs
+  the daemon far less than reading a request's head to refuse it, so a client that
+  reconnects in a loop without a key costs little (:class:`KeylessStrikes`).
 """
 
 from __future__ import annotations
@@ -43,6 +48,12 @@ OLLAMA_ROUTE_KINDS: dict[str, tuple[ServiceKind, ...]] = {
 }
 #: Answered on a reserved connection whatever the services are.
 ALWAYS_PRIORITY = frozenset({"/health"})
+#: Key refusals of one address within STRIKE_WINDOW_S beyond which it is barred for BAR_S.
+STRIKES = 100
+STRIKE_WINDOW_S = 10.0
+BAR_S = 10.0
+#: Addresses remembered at most (the oldest forgotten first).
+MAX_STRUCK = 10_000
 
 
 class Place(enum.Enum):
@@ -212,3 +223,31 @@ def realtime_paths(
     kinds = frozenset(realtime_kinds)
     reach = {path for path, served in route_kinds.items() if kinds.intersection(served)}
     return ALWAYS_PRIORITY | reach
+
+
+class KeylessStrikes:
+    """Key refusals per address, and the addresses barred for them (see the module)."""
+
+    def __init__(
+        self, strikes: int = STRIKES, window_s: float = STRIKE_WINDOW_S, bar_s: float = BAR_S
+    ) -> None:
+        self.strikes, self.window_s, self.bar_s = strikes, window_s, bar_s
+        #: client -> (refusals in the window, the window's start, barred until)
+        self._seen: dict[str, tuple[int, float, float]] = {}
+
+    def strike(self, client: str, now: float) -> None:
+        """A request of ``client`` was refused for its key at ``now``."""
+        count, start, until = self._seen.pop(client, (0, now, 0.0))
+        if now - start > self.window_s:
+            count, start = 0, now
+        count += 1
+        if count > self.strikes:
+            until, count, start = now + self.bar_s, 0, now
+        self._seen[client] = (count, start, until)  # re-inserted last: dicts keep LRU order
+        if len(self._seen) > MAX_STRUCK:
+            del self._seen[next(iter(self._seen))]
+
+    def barred(self, client: str, now: float) -> float:
+        """Seconds ``client`` stays barred (0: it is not)."""
+        seen = self._seen.get(client)
+        return max(0.0, seen[2] - now) if seen is not None else 0.0

@@ -385,6 +385,7 @@ class FrontProtocol(GuardedProtocol):
             return err
         key, err = door.keys.check(path, headers.get("authorization"))
         if err is not None:
+            self._guard.key_refused(self.conn)
             return err
         err = self._guard.claim(self.conn, path, key)
         if err is not None:

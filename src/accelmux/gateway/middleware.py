@@ -32,7 +32,7 @@ from aiohttp.typedefs import Middleware
 
 from accelmux.config.hosts import is_loopback
 from accelmux.config.server import RateLimitConfig, ServerConfig
-from accelmux.gateway.connections import CALLER_KEY
+from accelmux.gateway.connections import CALLER_KEY, guarded
 from accelmux.gateway.errors import ApiError
 from accelmux.gateway.ollama_relay import error_response as ollama_error
 
@@ -220,6 +220,9 @@ def auth_middleware(cfg: ServerConfig, host: str) -> Middleware:
         if path.startswith(INFERENCE):
             key, err = inference.check(path, request.headers.get("Authorization"))
             if err is not None:
+                found = guarded(request)
+                if found is not None:
+                    found[0].key_refused(found[1])
                 raise err
             if key is not None:
                 request[CALLER_KEY] = key
