@@ -43,6 +43,11 @@ def _ratio(value: float | None) -> str:
 
 
 # ---- manager --------------------------------------------------------------------------
+#: The events/s the Manager must reach per case (services), and the busy week's seconds.
+MANAGER_TARGETS = {100: 50_000, 1000: 20_000}
+WEEK_TARGET_S = 60.0
+
+
 def manager(report: Report) -> str:
     lines = [
         "| services | devices | events per run | repeats | events/s | actions/s | µs per event |",
@@ -67,22 +72,75 @@ def manager(report: Report) -> str:
 def _manager_comparison(compared: Report) -> list[str]:
     """The side-by-side runs of ``--against``: the older core, then this one, per round."""
     old = compared["against"][:10]
-    lines = [
-        f"| services | `{old}` events/s | this commit events/s | speedup |",
-        "|---:|---:|---:|---:|",
-    ]
+    with_ir = any(c.get("new_instructions_per_event") for c in compared["cases"])
+    head = f"| services | `{old}` events/s | this commit events/s | speedup |"
+    rule = "|---:|---:|---:|---:|"
+    if with_ir:
+        head += f" `{old}` instructions/event | this commit instructions/event | target |"
+        rule += "---:|---:|---|"
+    lines = [head, rule]
     for c in compared["cases"]:
-        lines.append(
+        row = (
             f"| {c['services']} | {c['old_median']:,.0f} | {c['new_median']:,.0f} "
             f"| **{c['speedup']:.2f}x** |"
         )
+        if with_ir:
+            target = MANAGER_TARGETS.get(c["services"])
+            verdict = (
+                "-"
+                if target is None
+                else f"{target:,} events/s: "
+                + (
+                    "met"
+                    if c["new_median"] >= target
+                    else f"missed ({c['new_median'] / target:.0%})"
+                )
+            )
+            row += (
+                f" {_k(c.get('old_instructions_per_event'))} "
+                f"| {_k(c.get('new_instructions_per_event'))} | {verdict} |"
+            )
+        lines.append(row)
     lines += [
         "",
         f"Side by side in the same run: {compared['rounds']} rounds, each one process with "
         f"the core of `{old}`, then one with this commit's (same workload and seed); "
-        "medians of the rounds.",
+        "medians of the rounds."
+        + (
+            " Instructions per event: valgrind's callgrind, the difference of a "
+            "1,200-event and a 200-event run of the same case (start-up and imports cancel "
+            "out), which the machine's load does not move."
+            if with_ir
+            else ""
+        ),
     ]
+    week = compared.get("week")
+    if week:
+        new_s = week["new_projected_week_s"]
+        lines += [
+            "",
+            "| busy week | home | simulated per round | events per round | "
+            f"`{old}` | this commit | target |",
+            "|---|---|---:|---:|---:|---:|---|",
+            f"| simulator + Manager, projected to 168 h | generated seed {week['seed']} "
+            f"| {week['hours']:g} h | {week['events']:,} "
+            f"| {week['old_projected_week_s']:,.0f} s | {new_s:,.0f} s | under "
+            f"{WEEK_TARGET_S:.0f} s: "
+            + ("met" if new_s < WEEK_TARGET_S else f"missed ({new_s / WEEK_TARGET_S:.0f}x over)")
+            + " |",
+            "",
+            f"The busy week: the first generated home with 8-12 services of every class "
+            f"(seed {week['seed']}), replayed by the simulator with the accelmux policy; "
+            f"each of {len(week['new_runs'])} rounds times {week['hours']:g} simulated hours "
+            "with each core and projects the week in proportion (medians of the rounds; "
+            "`--week --week-hours 168` runs the whole week).",
+        ]
     return lines
+
+
+def _k(value: float | None) -> str:
+    """Instructions as thousands (``-``: not measured)."""
+    return "-" if value is None else f"{value / 1000:,.0f}k"
 
 
 # ---- gateway --------------------------------------------------------------------------

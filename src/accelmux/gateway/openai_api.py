@@ -9,14 +9,12 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from aiohttp import web
 
-from accelmux.backends.base import BackendRequest, BackendResponse
-from accelmux.core.actions import Dispatch
+from accelmux.backends.base import BackendResponse
 from accelmux.core.types import ServiceClass
 from accelmux.errors import BackendError
 from accelmux.gateway import parse
@@ -24,8 +22,9 @@ from accelmux.gateway.connections import reserve_refusal, reserved
 from accelmux.gateway.errors import ApiError, backend_failure, refusal
 from accelmux.gateway.keys import RUNTIME, request_id
 from accelmux.gateway.relay import Relay
+from accelmux.runtime.call import Call
 from accelmux.runtime.daemon import Runtime
-from accelmux.runtime.requests import Refused, Ticket
+from accelmux.runtime.requests import Refused
 
 log = logging.getLogger("accelmux.gateway")
 
@@ -91,113 +90,80 @@ class Answer:
 STREAMED = Answer(status=0)
 
 
+class _ExchangeSink:
+    """Where a streamed answer goes: the exchange's stream, opened with the first answer
+    (its content type, or the relay's), each chunk relayed as the client's API frames it."""
+
+    def __init__(self, ex: Exchange, relay: Relay | None) -> None:
+        self.ex = ex
+        self.relay = relay
+        self.started = False
+
+    async def open(self, answer: BackendResponse) -> None:
+        if self.started:
+            return
+        self.started = True
+        relay = self.relay
+        await self.ex.begin_stream(
+            answer.status,
+            {
+                "Content-Type": relay.stream_content_type if relay else answer.content_type,
+                "Cache-Control": "no-cache",
+                "X-Request-Id": self.ex.request_id,
+            },
+        )
+
+    async def write(self, chunk: bytes) -> None:
+        data = self.relay.chunk(chunk) if self.relay else chunk
+        if data and self.started:
+            await self.ex.write(data)
+
+
 async def serve_parsed(
     rt: Runtime, parsed: parse.Parsed, ex: Exchange, relay: Relay | None = None
 ) -> Answer:
     """Admit ``parsed`` through the Manager, run it, relay the answer (through ``relay``
     when the client speaks another API): the whole answer, or :data:`STREAMED` once a
-    streamed one went out through ``ex``."""
+    streamed one went out through ``ex`` (any HTTP stack)."""
     service = _route(rt, parsed)
     spec = rt.service_state(service).spec
     if spec.cls is not ServiceClass.REALTIME and ex.reserved:
         raise reserve_refusal(rt.cfg.server.max_connections)
     kind = spec.kind
     rid = ex.request_id
-    started = time.perf_counter()
-    arrived = rt.live.clock()
-    metrics = rt.metrics
-
-    def on_dispatch(ticket: Ticket) -> None:
-        metrics.queue_wait.labels(service).observe(time.monotonic() - ticket.arrived)
-
-    def backend_request(d: Dispatch | None) -> BackendRequest:
-        return BackendRequest(
-            request_id=rid,
-            service=d.service if d is not None else service,
-            kind=kind,
-            endpoint=parsed.endpoint,
-            body=parsed.body,
-            stream=parsed.stream,
-            files=parsed.files,
-            file_info=parsed.file_info,
-            raw=parsed.raw,
-            content_type=parsed.content_type,
-            lease_bytes=d.lease_bytes if d is not None else 0,
-        )
-
-    streaming = False
-
-    async def attempt(d: Dispatch) -> tuple[BackendResponse, int | None]:
-        nonlocal streaming
-        if streaming:
-            # preempted after part of a stream went out: a rerun would repeat it
-            raise BackendError("stream preempted for higher-class work after partial output")
-        # the replica the Manager dispatched it to (any of a replicated service's)
-        answer = await rt.backends[d.service].handle(backend_request(d))
-        if answer.stream is None:
-            if kind.is_llm and answer.status < 400:
-                rt.live.usage_json(service, answer.body)
-            return answer, answer.peak_bytes
-        chunks = answer.stream
-        timer = rt.live.stream(service, arrived)
-        try:
-            if not streaming:
-                streaming = True
-                content_type = relay.stream_content_type if relay else answer.content_type
-                await ex.begin_stream(
-                    answer.status,
-                    {
-                        "Content-Type": content_type,
-                        "Cache-Control": "no-cache",
-                        "X-Request-Id": rid,
-                    },
-                )
-            async for chunk in chunks:
-                if chunk:
-                    timer.chunk(chunk)
-                data = relay.chunk(chunk) if relay else chunk
-                if data:
-                    await ex.write(data)
-        finally:
-            aclose = getattr(chunks, "aclose", None)
-            if aclose is not None:
-                with contextlib.suppress(Exception):
-                    await aclose()
-            if answer.release is not None:
-                answer.release()
-        return answer, answer.peak_bytes
-
-    outcome = "ok"
+    call = Call(
+        kind=kind,
+        endpoint=parsed.endpoint,
+        body=parsed.body,
+        stream=parsed.stream,
+        files=parsed.files,
+        file_info=parsed.file_info,
+        raw=parsed.raw,
+        content_type=parsed.content_type,
+    )
+    sink = _ExchangeSink(ex, relay)
     try:
-        answer = await rt.run_request(
+        answer = await rt.call(
             service,
             parsed.demand,
-            attempt,
+            call,
             request_id=rid,
-            on_dispatch=on_dispatch,
+            sink=sink,
             keep_alive_s=parsed.keep_alive_s,
-            pausable=kind.is_llm and rt.can_pause(service, backend_request(None)),
+            pausable=kind.is_llm and rt.can_pause(service, call.request(rid, service, 0)),
         )
     except Refused as exc:
-        outcome = exc.reason.value
         err = refusal(exc, parsed.size_param or parse.DEMAND_PARAM[parsed.endpoint])
-        return await _fail(ex, streaming, err, relay)
+        return await _fail(ex, sink.started, err, relay)
     except BackendError as exc:
-        err = backend_failure(exc)
-        outcome = str(err.code)
-        return await _fail(ex, streaming, err, relay)
+        return await _fail(ex, sink.started, backend_failure(exc), relay)
     except ConnectionError:
-        if not streaming:
+        if not sink.started:
             raise
         # the client went away mid-stream (its request is accounted as cancelled):
         # nobody is left to answer, and it is no error of the daemon's
-        outcome = "client_gone"
         return STREAMED
-    finally:
-        metrics.latency.labels(service, parsed.endpoint, outcome).observe(
-            time.perf_counter() - started
-        )
-    if streaming:
+    if sink.started:
         if relay is not None:
             await ex.write(relay.end())
         await ex.end_stream()
