@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +21,7 @@ LABELS = {
 #: (what, the step it starts at, the step it ends at), by the prefix of each ``==`` line;
 #: the older scripts' names are kept for measurements taken before ``accelmux setup``.
 PARTS = (
+    ("installing `.[dev]`", ("installing accelmux with its test tools into",), ("ruff",)),
     ("the fast tier", ("fast tier first",), ("fast tier passed",)),
     (
         "compiling llama.cpp",
@@ -98,10 +100,14 @@ def setup() -> str:
         shown_target = _duration(target) if target is not None else "-"
         m = measured.get(name)
         if m is None or not m.get("measured"):
-            lines.append(f"| {label} | not measured | {shown_target} | | |")
+            why = f" ({m['reason']})" if m is not None and m.get("reason") else ""
+            lines.append(f"| {label} | not measured{why} | {shown_target} | | |")
             continue
         took = _duration(m["seconds"]) if m.get("seconds") is not None else "did not finish"
-        if not m.get("ok"):
+        if m.get("exit_code") == -signal.SIGKILL:
+            # bench_setup stops a command at its --timeout-s or the run's --total-s
+            took = f"over {took} (stopped at the time bound)"
+        elif not m.get("ok"):
             took += " (failed)"
         lines.append(
             f"| {label} | {took} | {shown_target} | "
