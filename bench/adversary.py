@@ -35,7 +35,8 @@ are then reduced: each change is taken out in turn and left out when the loss st
 the threshold, so what remains is what the loss needs. Each finding is written as a
 scenario file ``accelmux simulate`` reads (``simulation.seeds`` includes the losing seed);
 ``bench/results/adversary.json`` has them all and ``bench/render_adversary.py`` renders
-docs/benchmarks.md's table::
+docs/benchmarks.md's table. ``--keep N`` copies the N worst into ``scenarios/regressions/``
+and records their losses in its ``losses.json`` (``scripts/gate`` holds accelmux to them)::
 
     python bench/adversary.py --seed 1 --minutes 30 --out-dir /tmp/adversary
     python bench/adversary.py --seed 1 --evaluations 400      # the same search, repeated
@@ -457,6 +458,50 @@ def _finding(ev: Evaluated, path: Path | None) -> dict[str, Any]:
     }
 
 
+REGRESSIONS = ROOT / "scenarios" / "regressions"
+
+
+def keep(rows: list[dict[str, Any]], out_dir: Path, n: int, search_seed: int) -> list[str]:
+    """Copy ``n`` findings (the worst of each failure class, then the worst of the rest)
+    into ``scenarios/regressions/`` and record their losses in its ``losses.json``
+    (today's losses: a record, not a claim they are fixed; ``scripts/gate`` holds
+    accelmux to them)."""
+    REGRESSIONS.mkdir(parents=True, exist_ok=True)
+    record_path = REGRESSIONS / "losses.json"
+    record: dict[str, Any] = (
+        json.loads(record_path.read_text(encoding="utf-8"))
+        if record_path.is_file()
+        else {"scenarios": {}}
+    )
+    # the worst of each failure class first, then the worst of the rest
+    rows = sorted(rows, key=lambda r: (-r["loss_points"], r["evaluation"]))
+    firsts: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        firsts.setdefault(row["failure"], row)
+    chosen = list(firsts.values())[:n]
+    chosen += [r for r in rows if r not in chosen][: n - len(chosen)]
+    kept = []
+    for row in chosen:
+        name = str(row["scenario"])
+        (REGRESSIONS / name).write_text(
+            (out_dir / name).read_text(encoding="utf-8"), encoding="utf-8"
+        )
+        record["scenarios"][name] = {
+            "search_seed": search_seed,
+            "seed": row["seed"],
+            "class": row["class"],
+            "baseline": row["baseline"],
+            "loss_points": row["loss_points"],
+            "failure": row["failure"],
+            "accelmux": row["attainment"]["accelmux"],
+            "best_baseline": row["attainment"][row["baseline"]],
+            "zero_service_s": row["zero_service_s"],
+        }
+        kept.append(name)
+    record_path.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    return kept
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--seed", type=int, default=1, help="the search's seed")
@@ -478,6 +523,9 @@ def main() -> int:
     parser.add_argument("--shrink", type=int, default=8, help="reduce the worst N findings")
     parser.add_argument("--out-dir", type=Path, default=Path("adversary-findings"))
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--keep", type=int, default=0, help="copy the N worst findings to scenarios/regressions"
+    )
     args = parser.parse_args()
     if args.evaluations < 1 or args.population < 1:
         parser.error("--evaluations and --population must be >= 1")
@@ -527,6 +575,8 @@ def main() -> int:
         "distinct": rows,
         "losses_by_evaluation": [round(100 * e.loss, 2) for e in done],
     }
+    if args.keep:
+        report["kept"] = keep(rows, args.out_dir, args.keep, args.seed)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     print(

@@ -37,7 +37,7 @@ def _change(c: dict[str, Any]) -> str:
         return f"burst on {c['service']} {c['rate_per_h']:g}/h"
     if kind == "window":
         return f"{c['service']} window {c['window'] or 'none'}"
-    return kind
+    return str(kind)
 
 
 def adversary() -> str:
