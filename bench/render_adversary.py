@@ -77,4 +77,29 @@ def adversary() -> str:
     return "\n\n".join([head, "\n".join(classes), "\n".join(rows)])
 
 
-BLOCKS: dict[str, Callable[[], str]] = {"adversary": adversary}
+def regressions() -> str:
+    """The regression scenarios kept from the searches, with the losses recorded when
+    they were kept (scenarios/regressions/losses.json)."""
+    path = Path(__file__).resolve().parents[1] / "scenarios" / "regressions" / "losses.json"
+    if not path.is_file():
+        return "_None kept yet: `python bench/adversary.py --keep N`._"
+    data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    rows = [
+        "| scenario | seed | class | accelmux | best baseline | loss (points) | failure |",
+        "|---|---:|---|---:|---|---:|---|",
+    ]
+    ordered = sorted(data["scenarios"].items(), key=lambda kv: -kv[1]["loss_points"])
+    for name, e in ordered:
+        cls = e["class"]
+        rows.append(
+            f"| `{name}` | {e['seed']} | {cls} | {_pct(e['accelmux'].get(cls))} "
+            f"| `{e['baseline']}` {_pct(e['best_baseline'].get(cls))} "
+            f"| {e['loss_points']:.1f} | {e['failure']} |"
+        )
+    return "\n".join(rows)
+
+
+BLOCKS: dict[str, Callable[[], str]] = {
+    "adversary": adversary,
+    "adversary-regressions": regressions,
+}
