@@ -13,16 +13,24 @@
    (weights + runtime + KV) beside what the worker measured for it.
 
 3. **Protection**: the voice chain (ASR of a 4 s utterance -> chat reply of at most 24
-   tokens -> TTS of the reply) is timed ``--chains`` times alone, then ``--chains``
-   times again while batch embedding jobs of ``--texts`` texts (through ``/v1/jobs``,
-   a new one submitted as soon as one ends) and two camera jobs (2 frames/s each) run:
-   the load runs for as long as the chains do. The ratio is p95 under load / p95
-   alone (p95 only from at least 20 chains). The same ratio without a manager: the
-   same models called directly (the voice chain in this process, an embedding loop and
-   the two cameras each in a process of its own, all at once, uncoordinated).
+   tokens -> TTS of the reply) is timed ``--chains`` times alone and ``--chains`` times
+   while batch embedding jobs of ``--texts`` texts (through ``/v1/jobs``, a new one
+   submitted as soon as one ends) and two camera jobs (2 frames/s each) run. The two
+   phases alternate in ``--blocks`` blocks each (alone, loaded, loaded, alone, ...: a
+   drift in the shared machine's load falls on both), each accelmux block on a fresh
+   daemon (the alone one without cameras and jobs). Reported per phase: p50 and p95
+   with 95 % bootstrap intervals, the ratios loaded / alone with theirs (both phases
+   resampled), and over the loaded blocks the cameras' frame rate between the chains
+   (what a camera keeps) and during them, and the batch throughput. The same without a
+   manager: the same models called directly (the voice chain in this process, an
+   embedding loop and the two cameras each in a process of their own, running in the
+   loaded blocks and idle in the alone ones). ``--setups`` picks the rows: ``accelmux``,
+   ``accelmux-cameras-not-steady`` (the cameras with ``steady: false``, their frames held
+   while voice runs) and ``unmanaged``.
 
     .venv/bin/python bench/bench_stack.py            # writes bench/results/stack.json
-    .venv/bin/python bench/bench_stack.py --quick    # 8 chains, no p95 (a check)
+    .venv/bin/python bench/bench_stack.py --setups accelmux,accelmux-cameras-not-steady,unmanaged
+    .venv/bin/python bench/bench_stack.py --quick    # 2 blocks of 4 chains, no p95 (a check)
 """
 
 from __future__ import annotations
