@@ -12,7 +12,7 @@ scenario's device size for each seed. The JSON records, per scenario and policy,
 mean SLO attainment per class, the OOM events per run, the most OOMs of one service in
 one run, the most preemptions of one request (a livelock shows as a large count),
 starvation, and the batch work done; and every (scenario, seed) run's figures per class
-(``run_rows``) with their worst case (``worst_case``, bench/worst_case.py): per class the
+(``run_rows``), from which bench/worst_case.py reads the worst case: per class the
 worst run, the share of runs below 90 %, accelmux minus the best baseline of each run and
 the longest stretch without service. ``bench/render_stress.py`` renders the table of
 docs/benchmarks.md (``scripts/gen-docs``).
@@ -111,7 +111,6 @@ def main() -> int:
         "wall_s": round(time.perf_counter() - started, 1),
         "runs": len(runs),
         "scenarios": scenarios,
-        "worst_case": worst_case.summarize(rows),
         "run_rows": rows,
     }
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")

@@ -15,9 +15,9 @@ each simulation seed, in parallel over the cores. The JSON records, per home and
 accelmux minus the best baseline and minus the oracle, OOMs per service, the most
 preemptions of any one request (a livelock shows as a large count), starvation (seconds a
 class waited while idle memory could have held its work), every run's figures per class
-(``run_rows``) with the worst case they add up to (``worst_case``, bench/worst_case.py: per
-class the worst (home, seed), the share of runs below 90 %, accelmux minus the best
-baseline of each run, the longest stretch of zero service), and the targets:
+(``run_rows``, from which bench/worst_case.py reads the worst case: per class the worst
+(home, seed), the share of runs below 90 %, accelmux minus the best baseline of each
+run, the longest stretch of zero service), and the targets:
 
 - realtime: accelmux >= every baseline in every home;
 - interactive: within 1 point of the best baseline (or better) in >= 95% of homes;
@@ -462,12 +462,8 @@ def run_suite(
     results = compare_homes(runs, homes, policies, duration_s, kinds)
     rows = run_rows(runs, results)
     by_kind = {}
-    worst_by_kind = {}
     if kinds != ("mixed",):
         by_kind = {k: policy_means([h for h in results if h["kind"] == k], policies) for k in kinds}
-        worst_by_kind = {
-            k: worst_case.summarize([r for r in rows if r["kind"] == k]) for k in kinds
-        }
     return {
         "wall_s": round(wall, 1),
         "cpu_s": round(sum(float(r["cpu_s"]) for r in runs), 1),
@@ -478,12 +474,7 @@ def run_suite(
         "targets": targets(results),
         "by_stress": by_stress(results),
         "policy_means": policy_means(results, policies),
-        "worst_case": worst_case.summarize(rows),
-        **(
-            {"kinds": list(kinds), "by_kind": by_kind, "worst_case_by_kind": worst_by_kind}
-            if by_kind
-            else {}
-        ),
+        **({"kinds": list(kinds), "by_kind": by_kind} if by_kind else {}),
         "homes": results,
         "run_rows": rows,
     }

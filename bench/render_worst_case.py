@@ -1,5 +1,5 @@
-"""Worst-case blocks of docs/benchmarks.md (bench/worst_case.py's summary of every run),
-from suite.json, suite-holdout.json, suite-foreign.json and stress.json."""
+"""Worst-case blocks of docs/benchmarks.md: bench/worst_case.py's summary of the runs
+(``run_rows``) of suite.json, suite-holdout.json, suite-foreign.json and stress.json."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import worst_case
 from meta import meta_line
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -130,26 +131,28 @@ def table(summary: dict[str, Any]) -> str:
 def _suite_block(name: str, command: str) -> Callable[[], str]:
     def block() -> str:
         data = _load(name)
-        if data is None or "worst_case" not in data:
+        if data is None or "run_rows" not in data:
             return f"_No per-run results yet: run `{command}`._"
+        summary = worst_case.summarize(data["run_rows"])
         head = (
-            f"{data['worst_case']['runs']} runs (home x seed), accelmux against every "
+            f"{summary['runs']} runs (home x seed), accelmux against every "
             f"baseline of the same run. {meta_line(data['meta'])}."
         )
-        return f"{head}\n\n{table(data['worst_case'])}"
+        return f"{head}\n\n{table(summary)}"
 
     return block
 
 
 def foreign() -> str:
     data = _load("suite-foreign.json")
-    if data is None or "worst_case_by_kind" not in data:
+    if data is None or "run_rows" not in data:
         return (
             "_No per-run results yet: run `python bench/bench_suite.py --kinds "
             "night-cameras,evening-game --homes 6 --out bench/results/suite-foreign.json`._"
         )
     parts = [f"{meta_line(data['meta'])}."]
-    for kind, summary in data["worst_case_by_kind"].items():
+    for kind in data["kinds"]:
+        summary = worst_case.summarize([r for r in data["run_rows"] if r["kind"] == kind])
         parts += [f"`{kind}` ({summary['runs']} runs):", table(summary)]
     return "\n\n".join(parts)
 

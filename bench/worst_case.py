@@ -10,7 +10,8 @@ and 97-100 % in the others reads as 74 %, or as 99 % among a hundred homes). The
                                "requests": {"interactive": 40, ...},
                                "zero_service_s": {"interactive": 0.0, ...}}, ...}}
 
-and :func:`summarize` reduces the rows, per class, to what the targets of the policy work
+and :func:`summarize` reduces the rows (the renderers call it on the committed rows, so
+the summary is never out of step with them), per class, to what the targets of the policy work
 are judged by:
 
 - accelmux's mean over runs, its worst run (home, seed) and the share of its runs below
@@ -18,8 +19,8 @@ are judged by:
 - accelmux minus the best baseline *of that run* (the baseline with the highest
   attainment of that class in that same home and seed): the mean, the worst run, and the
   runs more than :data:`BEHIND_LIMIT` (10 points) below, with how many of them are
-  behind by more than twice the binomial standard error of the difference (the others
-  may be the noise of few requests);
+  behind by more than twice the standard error of the difference (Agresti-Caffo; the
+  others may be the noise of few requests);
 - zero service (:mod:`accelmux.sim.zero_service`): the longest stretch a class asked for
   work that fits the empty device and got none, and the runs where it passed
   :data:`ZERO_SERVICE_LIMIT_S` (5 simulated minutes).
@@ -85,13 +86,15 @@ def best_baseline(row: Row, cls: str) -> tuple[float, str] | None:
 
 def _beyond_noise(row: Row, cls: str, baseline: str) -> bool:
     """Behind by more than twice the standard error of the difference of two binomial
-    proportions (the requests of each)."""
+    proportions (the requests of each), with one success and one failure added to each
+    (Agresti and Caffo's adjustment: 0 of 3 against 3 of 3 has an error, not none)."""
     ours, best = row["policies"][OURS], row["policies"][baseline]
-    p1, n1 = ours["classes"][cls], ours["requests"].get(cls, 0)
-    p2, n2 = best["classes"][cls], best["requests"].get(cls, 0)
+    n1, n2 = ours["requests"].get(cls, 0), best["requests"].get(cls, 0)
     if not n1 or not n2:
         return False
-    se = math.sqrt(p1 * (1 - p1) / n1 + p2 * (1 - p2) / n2)
+    p1 = (ours["classes"][cls] * n1 + 1) / (n1 + 2)
+    p2 = (best["classes"][cls] * n2 + 1) / (n2 + 2)
+    se = math.sqrt(p1 * (1 - p1) / (n1 + 2) + p2 * (1 - p2) / (n2 + 2))
     return bool(p2 - p1 > 2 * se)
 
 
