@@ -223,6 +223,9 @@ class Admission:
         if not self.room.make_room(dev, room_needed, RoomFor(cls, svc, requester=req)):
             if self.room.reachable(dev, room_needed, svc):
                 rnd.blocked[dev] = min(cls, rnd.blocked.get(dev, cls))
+            elif cls is ServiceClass.REALTIME:
+                self.room.refuse(req, dev, room_needed)
+                return
             if not facts.told(req, Reason.NO_MEMORY):
                 was = req.wait_reason
                 self.wait(

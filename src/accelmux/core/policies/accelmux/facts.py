@@ -14,12 +14,13 @@ import math
 
 from accelmux.core.policies.accelmux.heuristics import TUNING
 from accelmux.core.policies.accelmux.records import Round
-from accelmux.core.specs import floored, ranks_below
+from accelmux.core.specs import floored, ranks_below, room_rank
 from accelmux.core.types import (
     Category,
     Reason,
     Residency,
     ServiceClass,
+    ServiceStatus,
     Tier,
 )
 from accelmux.core.world import RequestState, ServiceState, WorldOps, WorldView, reuse_rate
@@ -187,6 +188,36 @@ def unload_frees(view: WorldView, svc: ServiceState) -> int:
         kept = sum(le.nbytes for le in svc.resident_leases if le.category is Category.WEIGHTS)
         return svc.resident_bytes + reserved - kept
     return svc.resident_bytes + reserved
+
+
+def parked_stays(view: WorldView, svc: ServiceState) -> int:
+    """Bytes of ``svc``'s device an unload to its tier leaves charged: on the park device
+    (kind ``host``: the park budget is that device's RAM) weights parked or sleeping stay
+    there as ``parked`` (an unloading service: the tier it is going to)."""
+    if svc.spec.device != view.park_device or (svc.spec.weights_key and view.weights_sharers(svc)):
+        return 0
+    to = svc.tier if svc.status is ServiceStatus.UNLOADING else tier(view, svc)
+    return 0 if to is Tier.COLD else view.host_weight_bytes(svc)
+
+
+def droppable_parked(
+    view: WorldView, device: str, for_rank: int, strict: bool = False
+) -> list[ServiceState]:
+    """The services whose parked or sleeping weights on ``device`` (the park device) may be
+    dropped for room for work of rank ``for_rank`` (:func:`room_rank`): the copies of
+    services that hold no device memory, are not kept by the operator, and rank at or
+    below it (strictly below when ``strict``), as an eviction would allow."""
+    if device != view.park_device:
+        return []
+    out = []
+    for name in view.host_weights:
+        s = view.services[name]
+        if s.holds_memory or s.pinned or s.admin_wants_loaded:
+            continue
+        rank = room_rank(s.spec.cls, steady=s.spec.steady)
+        if rank > for_rank or (rank == for_rank and not strict):
+            out.append(s)
+    return out
 
 
 def regaining(exclude: ServiceState | None) -> bool:

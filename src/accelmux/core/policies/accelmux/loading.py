@@ -138,13 +138,17 @@ class Loading:
             )
             return
         reason = Reason.RELOAD_AFTER_CRASH if svc.status is ServiceStatus.CRASHED else Reason.DEMAND
+        room = need + reserve - self.room.own_parked(svc)
         if self.room.make_room(
-            dev, need + reserve, RoomFor(req.cls, svc, reason, requester=req)
+            dev, room, RoomFor(req.cls, svc, reason, requester=req)
         ) and self.ops.load(svc, reason=reason, kv_pool=pool, detail=f"for {req.request_id}"):
             self.wait(req, Reason.LOADING, "cold start")
             return
         if self.room.reachable(dev, need + reserve, svc):
             rnd.blocked[dev] = min(req.cls, rnd.blocked.get(dev, req.cls))
+        elif req.cls is ServiceClass.REALTIME:
+            self.room.refuse(req, dev, need)
+            return
         was = req.wait_reason
         self.wait(
             req,

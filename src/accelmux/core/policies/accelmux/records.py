@@ -61,7 +61,9 @@ class Survey:
     shrinks: list[tuple[ServiceState, int]] = field(default_factory=list)
     preempts: list[RequestState] = field(default_factory=list)
     victims: list[ServiceState] = field(default_factory=list)
-    #: Bytes the shrinks, stops and evictions would free, beyond what is free or on its
+    #: Services whose parked weights on the park device may be dropped (not loaded).
+    drops: list[ServiceState] = field(default_factory=list)
+    #: Bytes the shrinks, drops, stops and evictions would free, beyond what is free or on its
     #: way back.
     gain: int = 0
 
