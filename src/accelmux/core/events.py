@@ -94,11 +94,26 @@ class LoadFinished:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LoadFailed:
     """A Load did not complete. ``out_of_memory``: it ran out of device memory (the
-    service is larger than the ledger thought, or the device fuller)."""
+    service is larger than the ledger thought, or the device fuller).
+
+    What the shell measured of an out-of-memory load, when it could (None: not known):
+    ``asked_bytes``, the resident bytes the load tried to hold; ``device_used_bytes``,
+    what the device held besides it when it failed. The Manager attributes the failure
+    from them (:mod:`accelmux.core.oom`) before anything is learned.
+    """
 
     service: str
     error: str
     out_of_memory: bool = False
+    asked_bytes: int | None = None
+    device_used_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        _require(self.asked_bytes is None or self.asked_bytes >= 0, "asked_bytes must be >= 0")
+        _require(
+            self.device_used_bytes is None or self.device_used_bytes >= 0,
+            "device_used_bytes must be >= 0",
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -151,9 +166,25 @@ class Unloaded:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BackendCrashed:
+    """A service's backend died. ``out_of_memory``: a request's allocation failed
+    (``request_id``, when known; ``asked_bytes``, the activation it tried to hold;
+    ``device_used_bytes``, what the device held besides it), so the Manager can attribute
+    the failure before anything is learned (:mod:`accelmux.core.oom`)."""
+
     service: str
     error: str
     reason: Reason = Reason.BACKEND_CRASHED
+    out_of_memory: bool = False
+    request_id: str | None = None
+    asked_bytes: int | None = None
+    device_used_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        _require(self.asked_bytes is None or self.asked_bytes >= 0, "asked_bytes must be >= 0")
+        _require(
+            self.device_used_bytes is None or self.device_used_bytes >= 0,
+            "device_used_bytes must be >= 0",
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

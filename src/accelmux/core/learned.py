@@ -8,6 +8,22 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
+@dataclass(frozen=True, slots=True)
+class LearnedSize:
+    """A resident size learned from an out-of-memory load attributed to the service
+    itself (:mod:`accelmux.core.oom`): ``nbytes``, what it was learned from
+    (``evidence``), when (``at``), and when it is re-tested (``retest_at``: from then
+    on one load is admitted at the size measured before, ``testing``). ``failures``
+    counts the attributed failures in a row: each doubles the wait for the re-test."""
+
+    nbytes: int
+    evidence: str
+    at: float
+    retest_at: float
+    failures: int = 1
+    testing: bool = False
+
+
 @dataclass(slots=True)
 class Learned:
     """Facts learned per service (by name) while the Manager runs; none survives a restart."""
@@ -24,6 +40,11 @@ class Learned:
     realtime_peak_changes: int = 0
     #: Crash count of each service when the policy last saw it.
     seen_crashes: dict[str, int] = field(default_factory=dict)
+    #: Resident sizes learned from out-of-memory loads, until a load measures the
+    #: service (or a re-test succeeds).
+    sizes: dict[str, LearnedSize] = field(default_factory=dict)
+    #: The attribution of each service's last out-of-memory load, in words.
+    oom: dict[str, str] = field(default_factory=dict)
 
     def charge(self, name: str, nbytes: int) -> None:
         self.charged[name] = nbytes

@@ -6,6 +6,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from accelmux.core.learned import LearnedSize
 from accelmux.core.ledger import DECIDED
 from accelmux.core.specs import DeviceSpec
 from accelmux.core.types import SERVICE_CATEGORIES, ServiceClass
@@ -134,6 +135,23 @@ def service_view(w: World, svc: ServiceState) -> dict[str, Any]:
         "charged_bytes": learned.charged.get(svc.name),
         "high_water_bytes": learned.high_water.get(svc.name),
         "realtime_peak_bytes": learned.realtime_peak.get(svc.name),
+        "learned_size": _learned_size(learned.sizes.get(svc.name)),
+        "last_oom": learned.oom.get(svc.name),
         "windows": [[win.start_s, win.end_s] for win in spec.windows],
         "in_window": spec.in_window(w.time_of_day()),
+    }
+
+
+def _learned_size(size: LearnedSize | None) -> dict[str, Any] | None:
+    """A resident size learned from an out-of-memory load: the figure, its evidence, when
+    it was learned and when it is (or is being) re-tested."""
+    if size is None:
+        return None
+    return {
+        "bytes": size.nbytes,
+        "evidence": size.evidence,
+        "learned_at": size.at,
+        "retest_at": size.retest_at,
+        "failures": size.failures,
+        "testing": size.testing,
     }

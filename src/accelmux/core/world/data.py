@@ -86,6 +86,18 @@ REQUEST_MOVES: dict[RequestPhase, frozenset[RequestPhase]] = {
 }
 
 
+@dataclass(frozen=True, slots=True)
+class CrashOom:
+    """A request ran out of memory and its backend died: what the allocation asked
+    (``asked``), what the device held besides it (``used_besides``), and what the
+    request was granted (``held``: its estimated activation and lease; None when the
+    shell did not name it or it was not running)."""
+
+    asked: int | None
+    used_besides: int | None
+    held: tuple[int, int] | None
+
+
 @dataclass(slots=True)
 class ServiceState:
     spec: ServiceSpec
@@ -128,6 +140,9 @@ class ServiceState:
     #: (estimated activation, lease bytes) of each request that was running when its
     #: backend last crashed (``World.note_crash``): a policy learns from them.
     crash_held: list[tuple[int, int]] = field(default_factory=list)
+    #: What the shell measured of the last crash when a request ran out of memory (None:
+    #: not an out-of-memory crash, or nothing measured): a policy attributes it first.
+    crash_oom: CrashOom | None = None
     consecutive_failures: int = 0
     backoff_until: float = -math.inf
     admin_wants_loaded: bool = False

@@ -34,7 +34,9 @@ from accelmux.core.actions import (
     Unload,
 )
 from accelmux.core.events import MemorySampled
+from accelmux.core.learned import LearnedSize
 from accelmux.core.ledger import Lease
+from accelmux.core.oom import OomReport, attribute, retest_after
 from accelmux.core.types import (
     Category,
     Reason,
@@ -43,7 +45,13 @@ from accelmux.core.types import (
     ServiceStatus,
     Tier,
 )
-from accelmux.core.world.data import STATUS_MOVES, RequestPhase, RequestState, ServiceState
+from accelmux.core.world.data import (
+    STATUS_MOVES,
+    CrashOom,
+    RequestPhase,
+    RequestState,
+    ServiceState,
+)
 from accelmux.core.world.world import World
 from accelmux.errors import InvariantError
 
@@ -644,12 +652,16 @@ class WorldOps:
         kv_pool: int | None = None,
         enforce: bool = True,
         detail: str = "",
+        cap: int | None = None,
     ) -> bool:
-        """Commit the service's resident memory and start loading it."""
+        """Commit the service's resident memory and start loading it; ``cap``: its weights
+        and runtime are granted at most that many bytes (a load that tests whether the
+        service fits the most its device could ever hold for it)."""
         w = self.world
         if svc.status not in (ServiceStatus.UNLOADED, ServiceStatus.CRASHED):
             raise InvariantError(f"load of {svc.name} while {svc.status.value}")
         weights, runtime, pool = w.projected_resident(svc, _pool_to_load(svc, kv_pool))
+        weights, runtime = _capped(weights, runtime, cap)
         owner = w.weights_holder(svc)
         if owner is not None:
             weights = 0  # the copy another service loaded is shared, and charged to it
@@ -807,6 +819,19 @@ class WorldOps:
         self._note("calibration", svc)
         svc.calibration.observe_failure(estimated_active, lease_bytes)
 
+    def observe_request_failure(
+        self, svc: ServiceState, estimated_active: int, asked_active: int
+    ) -> None:
+        """A request of ``svc`` ran out of memory asking ``asked_active`` bytes of
+        activations, more than it was granted: its calibration learns them."""
+        self._note("calibration", svc)
+        svc.calibration.observe_request_failure(estimated_active, asked_active)
+
+    def note_oom(self, svc: ServiceState, words: str) -> None:
+        """The attribution of ``svc``'s last out-of-memory failure, in words."""
+        self._note("oom_attributed", svc)
+        self.world.learned.oom[svc.name] = words
+
     def observe_excess(
         self, svc: ServiceState, estimated_active: int, measured_active: int
     ) -> None:
@@ -952,15 +977,34 @@ class WorldOps:
                 )
             )
 
-    def load_failed(self, svc: ServiceState, *, out_of_memory: bool, error: str) -> None:
-        """``svc``'s load failed: it is down (crashed, backing off) and its queue refused."""
+    def load_failed(
+        self,
+        svc: ServiceState,
+        *,
+        out_of_memory: bool,
+        error: str,
+        asked: int | None = None,
+        used_besides: int | None = None,
+    ) -> None:
+        """``svc``'s load failed: it is down (crashed, backing off) and its queue refused.
+        Out of memory, the failure is attributed first (:func:`attribute`: ``asked``, the
+        bytes the load tried to hold, and ``used_besides``, what the device held besides
+        it, as the shell measured them), and only a load that exceeded its own estimate
+        teaches its service a size (:meth:`learn_size`)."""
         w = self.world
         if out_of_memory:
             w.load_oom_devices.add(svc.spec.device)
         if out_of_memory and w.knobs.switches.failure_calibration:
-            p = svc.spec.profile
-            granted = sum(le.nbytes for le in svc.resident_leases)
-            svc.calibration.observe_load_failure(p.weights + p.runtime, granted)
+            dev = w.devices[svc.spec.device]
+            pool = svc.kv_pool
+            report = attribute(
+                asked=asked,
+                granted=sum(le.nbytes for le in svc.resident_leases) + pool,
+                used_besides=used_besides,
+                capacity=dev.capacity_bytes,
+                ceiling=dev.usable_bytes,
+            )
+            self.learn_size(svc, report, pool)
         self.release_service(svc)
         self.set_status(svc, ServiceStatus.CRASHED)
         self.back_off(svc)
@@ -971,6 +1015,44 @@ class WorldOps:
                 retry_after_s=max(1.0, svc.backoff_until - w.now),
                 detail=error,
             )
+
+    def learn_size(self, svc: ServiceState, report: OomReport, pool: int) -> None:
+        """Note the attribution of ``svc``'s out-of-memory load; when it is its own, its
+        loads are projected at least at the size learned (less the KV ``pool`` the load
+        asked for) until it is re-tested, later with each failure in a row."""
+        w = self.world
+        self.note_oom(svc, f"{report.cause.value}: {report.evidence}")
+        if report.learned is None:
+            return
+        resident = max(0, report.learned - pool)
+        before = w.learned.sizes.get(svc.name)
+        failures = before.failures + 1 if before is not None else 1
+        w.learned.sizes[svc.name] = LearnedSize(
+            nbytes=resident,
+            evidence=report.evidence,
+            at=w.now,
+            retest_at=w.now + retest_after(failures),
+            failures=failures,
+        )
+        svc.calibration.set_resident_floor(resident)
+        p = svc.spec.profile
+        svc.calibration.observe_load_failure(p.weights + p.runtime, resident)
+
+    def start_retest(self, svc: ServiceState) -> None:
+        """``svc``'s learned size is due for its re-test: the next load is projected as
+        measured before it (one admission; a failure learns it again, a success drops it)."""
+        learned = self.world.learned
+        size = learned.sizes[svc.name]
+        self._note("retest", svc)
+        learned.sizes[svc.name] = LearnedSize(
+            nbytes=size.nbytes,
+            evidence=size.evidence,
+            at=size.at,
+            retest_at=size.retest_at,
+            failures=size.failures,
+            testing=True,
+        )
+        svc.calibration.set_resident_floor(0)
 
     def load_done(self, svc: ServiceState, measured: int | None) -> None:
         """``svc``'s load finished; ``measured``: its weights and runtime bytes as its
@@ -990,6 +1072,13 @@ class WorldOps:
             svc.calibration.observe_load(p.weights + p.runtime, measured)
             granted = sum(le.nbytes for le in svc.resident_leases)
             svc.load_excess = max(0, measured - granted)
+        size = w.learned.sizes.get(svc.name)
+        if size is not None and (size.testing or measured is not None):
+            # Measured now, or loaded at the size it was re-tested at: what was learned
+            # from the failure has served its turn.
+            del w.learned.sizes[svc.name]
+            svc.calibration.set_resident_floor(0)
+            self._note("relearned", svc)
 
     def unloaded(self, svc: ServiceState) -> None:
         """``svc``'s backend confirmed its unload: every byte it held comes back."""
@@ -997,10 +1086,14 @@ class WorldOps:
         self.set_status(svc, ServiceStatus.UNLOADED)
         svc.loaded_at = None
 
-    def crashed(self, svc: ServiceState, *, reason: Reason, error: str) -> None:
+    def crashed(
+        self, svc: ServiceState, *, reason: Reason, error: str, oom: CrashOom | None = None
+    ) -> None:
         """``svc``'s backend died: its running requests fail, its paused ones end, its
-        memory and host copy are released, and it backs off before a restart."""
+        memory and host copy are released, and it backs off before a restart. ``oom``:
+        a request ran out of memory, as the shell measured it (``CrashOom``)."""
         self.note_crash(svc)
+        svc.crash_oom = oom
         for req in list(svc.inflight.values()):
             self.fail(req, reason=reason, detail=error)
         for req in [r for r in svc.queue.values() if r.paused]:
@@ -1085,3 +1178,11 @@ def _pool_to_load(svc: ServiceState, kv_pool: int | None) -> int:
     if svc.tier is Tier.SLEEPING and svc.slept_pool is not None:
         pool = svc.slept_pool  # a sleeping server wakes with the sizes it started with
     return pool
+
+
+def _capped(weights: int, runtime: int, cap: int | None) -> tuple[int, int]:
+    """``weights`` and ``runtime`` scaled down alike to at most ``cap`` bytes together."""
+    total = weights + runtime
+    if cap is None or total <= cap:
+        return weights, runtime
+    return cap * weights // total, cap * runtime // total

@@ -16,6 +16,7 @@ from collections.abc import Set as AbstractSet
 from typing import Protocol
 
 from accelmux.core.events import Demand
+from accelmux.core.learned import LearnedSize
 from accelmux.core.profiles import RequestEstimate
 from accelmux.core.specs import DeviceSpec, ManagerSpec, PolicyKnobs
 from accelmux.core.types import Category, Reason, ServiceClass, Tier
@@ -59,6 +60,10 @@ class LearnedView(Protocol):
     def realtime_peak(self) -> Mapping[str, int]: ...
     @property
     def realtime_peak_changes(self) -> int: ...
+    @property
+    def sizes(self) -> Mapping[str, LearnedSize]: ...
+    @property
+    def oom(self) -> Mapping[str, str]: ...
 
 
 class WorldView(Protocol):

@@ -289,18 +289,20 @@ class Admission:
         lease: int | None = None
         if need > limit:
             observed = svc.calibration.active.project_observed(req.estimate.active_bytes)
-            if observed + grow > limit or not self.view.knobs.switches.degrade_to_raw:
+            raw = req.estimate.active_bytes
+            if raw + grow > limit or not self.view.knobs.switches.degrade_to_raw:
                 self.ops.reject(
                     req,
                     reason=Reason.TOO_LARGE,
                     retry_after_s=0.0,
-                    detail=f"needs {need} B ({observed} B as measured so far), device can "
-                    "never free that much",
+                    detail=f"needs {need} B ({observed} B as measured so far, {raw} B "
+                    "estimated), device can never free that much",
                 )
                 return False
-            # Only the calibration margin does not fit: degrade to the estimate scaled by
-            # what was measured (no margin) and let the headroom absorb the difference.
-            lease = observed
+            # Only what was learned does not fit (the estimate does): degrade to the
+            # estimate scaled by what was measured (no margin), never past what the
+            # device could ever give it, and let the headroom absorb the difference.
+            lease = min(observed, limit - grow)
             need = lease + grow
         fit.need, fit.limit, fit.lease = need, limit, lease
         return True

@@ -108,14 +108,12 @@ class Loading:
         dev = svc.spec.device
         knobs = self.view.knobs
         pool, need, reserve, limit = self.load_plan(req, svc)
+        cap = None
         if need > limit:  # what _max_possible says (nothing changed since it was asked)
-            self.ops.reject(
-                req,
-                reason=Reason.TOO_LARGE,
-                retry_after_s=0.0,
-                detail=f"service needs {need} B to run, usable budget cannot hold it",
-            )
-            return
+            cap = self.beyond_limit(req, svc, pool, limit)
+            if cap is None:
+                return
+            need = limit
         available = self.view.ledger.available(dev)
         spare = knobs.spare_fraction * self.view.devices[dev].usable_bytes
         if outside and available - need < spare:
@@ -141,9 +139,21 @@ class Loading:
         room = need + reserve - self.room.own_parked(svc)
         if self.room.make_room(
             dev, room, RoomFor(req.cls, svc, reason, requester=req)
-        ) and self.ops.load(svc, reason=reason, kv_pool=pool, detail=f"for {req.request_id}"):
+        ) and self.ops.load(
+            svc, reason=reason, kv_pool=pool, detail=f"for {req.request_id}", cap=cap
+        ):
             self.wait(req, Reason.LOADING, "cold start")
+            self.explain_learned(req, svc, cap)
             return
+        self.wait_for_memory(req, svc, rnd, need, reserve)
+
+    def wait_for_memory(
+        self, req: RequestState, svc: ServiceState, rnd: Round, need: int, reserve: int
+    ) -> None:
+        """``req``'s load needs ``need`` bytes (and ``reserve`` left free) its device has not
+        got now: it waits (holding lower classes back where they could be freed), or a
+        realtime request no eviction could serve is refused at once."""
+        dev = svc.spec.device
         if self.room.reachable(dev, need + reserve, svc):
             rnd.blocked[dev] = min(req.cls, rnd.blocked.get(dev, req.cls))
         elif req.cls is ServiceClass.REALTIME:
@@ -158,6 +168,66 @@ class Loading:
             else f"load needs {need} B, {self.view.ledger.available(dev)} B available",
         )
         self.reserve.explain_reserve(req, dev, reserve, was)
+
+    def beyond_limit(
+        self, req: RequestState, svc: ServiceState, pool: int, limit: int
+    ) -> int | None:
+        """``req``'s load, as projected, needs more than the ``limit`` its device could ever
+        give it: the most its weights and runtime may be granted (a load that tests
+        whether the service fits), or None when ``req`` is refused, saying why.
+
+        Only the configured estimate decides that a service can never run
+        (``too_large``): what was learned from measurements and failures never refuses a
+        service whose estimate fits. A size learned from an out-of-memory load of its own
+        refuses its requests until its re-test (``load_failed``, with the size, its
+        evidence and the re-test's time); past it, or for a projection scaled by
+        measurements, one load is admitted at the most the device could hold."""
+        p = svc.spec.profile
+        raw = p.weights + p.runtime + pool + req.estimate.active_bytes
+        if raw > limit:
+            self.ops.reject(
+                req,
+                reason=Reason.TOO_LARGE,
+                retry_after_s=0.0,
+                detail=f"its estimate needs {raw} B to run, usable budget cannot hold it",
+            )
+            return None
+        size = self.view.learned.sizes.get(svc.name)
+        if size is not None and not size.testing:
+            now = self.view.now
+            self.ops.reject(
+                req,
+                reason=Reason.LOAD_FAILED,
+                retry_after_s=max(1.0, size.retest_at - now),
+                detail=(
+                    f"learned to need {size.nbytes} B at t={size.at:.0f} ({size.evidence}), "
+                    f"more than the {limit} B its device can hold for it; re-tested at "
+                    f"t={size.retest_at:.0f}"
+                ),
+            )
+            return None
+        return max(p.weights + p.runtime, limit - pool - req.estimate.active_bytes)
+
+    def explain_learned(self, req: RequestState, svc: ServiceState, cap: int | None) -> None:
+        """Say what sized the load just started for ``req``, when it was not the estimate
+        alone: a size learned from an out-of-memory load (its evidence and re-test), the
+        re-test itself, or the most the device could hold."""
+        size = self.view.learned.sizes.get(svc.name)
+        if size is not None and size.testing:
+            text = (
+                f"re-tests {svc.name}'s learned size ({size.nbytes} B, {size.evidence}): "
+                "loads as measured before it"
+            )
+        elif size is not None:
+            text = (
+                f"{svc.name} loads at the {size.nbytes} B it was learned to need at "
+                f"t={size.at:.0f} ({size.evidence}); re-tested at t={size.retest_at:.0f}"
+            )
+        elif cap is not None:
+            text = f"{svc.name} loads at the most its device can hold for it: {cap} B"
+        else:
+            return
+        self.ops.add_explanation(req, text)
 
     def load_sizes(self, req: RequestState, svc: ServiceState) -> tuple[int, int, int, int]:
         """(KV pool, projected activation, resident size, activation as measured so far)

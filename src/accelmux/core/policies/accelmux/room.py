@@ -284,7 +284,8 @@ class Room:
             reason=Reason.NO_MEMORY,
             retry_after_s=1.0,
             detail=(
-                f"needs {need} B, which no eviction can free: foreign programs hold "
+                f"needs {need} B ({ledger.available(device)} B free), which no eviction can "
+                "free: foreign programs hold "
                 f"{ledger.foreign(device)} B, workers' overhead {ledger.overhead(device)} B, "
                 f"parked state {ledger.parked(device)} B, kept services their floors"
             ),
