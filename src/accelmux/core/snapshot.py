@@ -128,6 +128,8 @@ def service_view(w: World, svc: ServiceState) -> dict[str, Any]:
         "thrash": svc.thrash,
         "crashes": svc.crashes,
         "served": svc.served,
+        "held_for_realtime": svc.held_for_realtime,
+        "skipped_for_realtime": svc.skipped_for_realtime,
         "over_limit": svc.over_limit,
         "backoff_until": svc.backoff_until if svc.backoff_until > w.now else None,
         "calibration_factor": round(svc.calibration.active.factor, 4),

@@ -155,6 +155,10 @@ class ServiceState:
     rate_at: float = 0.0
     mean_service_s: float = 1.0
     served: int = 0
+    #: Requests of this (steady) service held back while realtime work ran on its shared
+    #: compute, and how many of them ran out their deadline so (a frame skipped).
+    held_for_realtime: int = 0
+    skipped_for_realtime: int = 0
     peak_active_bytes: int = 0
     #: The latest request's keep_alive (None: it gave none, ``spec.ttl_s`` applies).
     keep_alive_s: float | None = None
@@ -260,6 +264,8 @@ class RequestState:
     dispatched_at: float | None = None
     wait_reason: Reason | None = None
     announced: bool = False
+    #: It was held back for realtime work on its shared compute (counted once).
+    held_for_realtime: bool = False
     #: When the request last entered the queue (a World counter): ``World.waiting``
     #: is in this order.
     queued_mark: int = 0

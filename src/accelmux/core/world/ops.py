@@ -540,6 +540,8 @@ class WorldOps:
         self, req: RequestState, *, reason: Reason, retry_after_s: float, detail: str = ""
     ) -> None:
         w = self.world
+        if req.held_for_realtime and reason is Reason.DEADLINE_EXCEEDED:
+            w.services[req.service].skipped_for_realtime += 1
         if req.paused and req.request_id in w.waiting:
             # Part of its answer went out: it ends with an error, not a refusal.
             self.end_paused(req, ok=False, reason=reason, detail=detail)
@@ -801,6 +803,14 @@ class WorldOps:
         """``svc``'s KV pool is now ``lease`` (None: none)."""
         svc.kv_lease = lease
         svc.kv_pool = lease.nbytes if lease is not None else 0
+
+    def hold_for_realtime(self, req: RequestState) -> None:
+        """``req`` (of a steady service) waits while realtime work runs on its shared
+        compute: counted once per request on its service, as is its skip if its
+        deadline passes so."""
+        if not req.held_for_realtime:
+            req.held_for_realtime = True
+            self.world.services[req.service].held_for_realtime += 1
 
     def mark_announced(self, req: RequestState) -> None:
         """The policy has considered ``req``: its queue's bound no longer refuses it."""

@@ -102,6 +102,14 @@ class Admission:
             return
         outside, wait = self.service_wait(svc, req.cls, rnd)
         if wait is not None:
+            dev = svc.spec.device
+            if (
+                svc.spec.steady
+                and req.cls >= ServiceClass.BATCH
+                and dev in rnd.shared
+                and dev in rnd.realtime_active
+            ):
+                self.ops.hold_for_realtime(req)  # a frame delayed (or skipped) for voice
             self.wait(req, *wait)
             return
         if self.gives_way(req, svc, rnd):

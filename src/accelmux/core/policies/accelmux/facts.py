@@ -313,17 +313,27 @@ def held_back(svc: ServiceState, cls: ServiceClass, blocked: ServiceClass | None
 
 
 def class_must_wait(
-    dev: str, cls: ServiceClass, rnd: Round, fair_progress: bool, steady: bool = False
+    dev: str,
+    cls: ServiceClass,
+    rnd: Round,
+    fair_progress: bool,
+    steady: bool = False,
 ) -> tuple[Reason, str] | None:
     """Why work of ``cls`` on ``dev`` waits this round, whatever its service (of a
     steady service when ``steady``, or where one may be among them).
 
     With fair progress on, whether work waits for a lower class blocked on memory
-    depends on its service (:meth:`Admission.must_wait` decides it). A steady service's work is
-    not held while realtime work runs: a frame cannot wait for a voice chain to end
-    (its deadline is a second or so), and what it takes is small.
+    depends on its service (:meth:`Admission.must_wait` decides it). A steady service's
+    work is held while realtime work runs only where they share compute
+    (``rnd.shared``: a host device, :func:`compute_is_shared`), where a frame beside a
+    voice request slows it in proportion; on a discrete accelerator a frame takes little
+    and cannot wait for a voice chain to end (its deadline is a second or so).
     """
-    if cls >= ServiceClass.BATCH and dev in rnd.realtime_active and not steady:
+    if (
+        cls >= ServiceClass.BATCH
+        and dev in rnd.realtime_active
+        and (not steady or dev in rnd.shared)
+    ):
         return Reason.HIGHER_CLASS_WAITING, "realtime work running"
     if cls is ServiceClass.BATCH and dev in rnd.interactive_active:
         # Batch work yields compute to interactive requests (it would slow them).

@@ -31,6 +31,8 @@ class Round:
     realtime_active: set[str] = field(default_factory=set)
     #: Devices with realtime work running, waiting or within its grace (realtime_yield).
     realtime_work: set[str] = field(default_factory=set)
+    #: Devices whose compute every model shares (host devices): steady work yields there.
+    shared: frozenset[str] = frozenset()
     interactive_active: set[str] = field(default_factory=set)
     higher_waiting: dict[str, ServiceClass] = field(default_factory=dict)
     #: Devices where this round would repeat a round that changed nothing.

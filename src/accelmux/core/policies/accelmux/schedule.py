@@ -141,9 +141,19 @@ class Schedule:
             sharing,
         )
 
+    def shared_compute(self) -> frozenset[str]:
+        """The devices whose compute every model shares (``facts.compute_is_shared``)."""
+        shared = self.cache.shared_compute.get(None, None)
+        if shared is Miss.MISS:
+            view = self.view
+            shared = self.cache.shared_compute.put(
+                None, None, frozenset(d for d in view.devices if facts.compute_is_shared(view, d))
+            )
+        return shared
+
     def _open_round(self) -> tuple[Round, set[ServiceClass]]:
         """A new round's realtime and class state, and the classes with waiting requests."""
-        rnd = Round(tod=self.view.time_of_day())
+        rnd = Round(tod=self.view.time_of_day(), shared=self.shared_compute())
         knobs = self.view.knobs
         hold = knobs.switches.realtime_hold
         grace = knobs.realtime_grace_s  # 0 (the default) turns it off
