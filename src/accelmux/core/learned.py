@@ -5,6 +5,7 @@ explanations can name it, and changed only through the World's mutators.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 
@@ -14,7 +15,8 @@ class LearnedSize:
     itself (:mod:`accelmux.core.oom`): ``nbytes``, what it was learned from
     (``evidence``), when (``at``), and when it is re-tested (``retest_at``: from then
     on one load is admitted at the size measured before, ``testing``). ``failures``
-    counts the attributed failures in a row: each doubles the wait for the re-test."""
+    counts the attributed failures in a row: each doubles the wait for the re-test. A
+    size measured (what the failing load asked) is not re-tested (``retest_at`` inf)."""
 
     nbytes: int
     evidence: str
@@ -22,6 +24,14 @@ class LearnedSize:
     retest_at: float
     failures: int = 1
     testing: bool = False
+
+    def retest_words(self) -> str:
+        """When it is re-tested, in words."""
+        if self.testing:
+            return "being re-tested"
+        if math.isinf(self.retest_at):
+            return "a measurement: kept until a load measures the service again"
+        return f"re-tested at t={self.retest_at:.0f}"
 
 
 @dataclass(slots=True)

@@ -17,7 +17,9 @@ than the service asked for, not that the service is larger than estimated. Three
 - nothing distinguishes the two (``unmeasured``): the shell measured neither figure, so
   the service is assumed larger, as in the first case without a measurement.
 
-What is learned is not trusted for ever: the policy re-tests it (``Learned.sizes``).
+What is learned from a bound or an assumption is not trusted for ever: the policy re-tests
+it (``Learned.sizes``). What the service was measured to ask is a measurement, like a
+finished load's: it is kept until a load measures the service again.
 """
 
 from __future__ import annotations
@@ -53,6 +55,9 @@ class OomReport:
     cause: OomCause
     learned: int | None
     evidence: str
+    #: What the service asked was measured: what it learned is a measurement, kept
+    #: until a load measures the service again (a bound or an assumption is re-tested).
+    measured: bool = False
 
 
 def attribute(
@@ -77,6 +82,7 @@ def attribute(
                 OomCause.OWN_ESTIMATE,
                 min(ceiling, asked),
                 f"asked {asked} B, granted {granted} B" + _room_words(room),
+                measured=True,
             )
         return OomReport(
             OomCause.DEVICE_FULL,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -153,7 +154,7 @@ def _learned_size(size: LearnedSize | None) -> dict[str, Any] | None:
         "bytes": size.nbytes,
         "evidence": size.evidence,
         "learned_at": size.at,
-        "retest_at": size.retest_at,
+        "retest_at": None if math.isinf(size.retest_at) else size.retest_at,
         "failures": size.failures,
         "testing": size.testing,
     }

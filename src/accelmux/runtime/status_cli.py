@@ -130,9 +130,12 @@ def learned_lines(services: list[dict[str, Any]]) -> list[str]:
     for s in services:
         size = s.get("learned_size")
         if size:
-            test = (
-                "being re-tested" if size["testing"] else f"re-tested at t={size['retest_at']:.0f}"
-            )
+            if size["testing"]:
+                test = "being re-tested"
+            elif size["retest_at"] is None:
+                test = "measured: kept until a load measures it again"
+            else:
+                test = f"re-tested at t={size['retest_at']:.0f}"
             out.append(
                 f"  {s['name']}: learned to need {human(size['bytes'])} at "
                 f"t={size['learned_at']:.0f} ({size['evidence']}); {test}"

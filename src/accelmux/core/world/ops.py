@@ -654,16 +654,12 @@ class WorldOps:
         kv_pool: int | None = None,
         enforce: bool = True,
         detail: str = "",
-        cap: int | None = None,
     ) -> bool:
-        """Commit the service's resident memory and start loading it; ``cap``: its weights
-        and runtime are granted at most that many bytes (a load that tests whether the
-        service fits the most its device could ever hold for it)."""
+        """Commit the service's resident memory and start loading it."""
         w = self.world
         if svc.status not in (ServiceStatus.UNLOADED, ServiceStatus.CRASHED):
             raise InvariantError(f"load of {svc.name} while {svc.status.value}")
         weights, runtime, pool = w.projected_resident(svc, _pool_to_load(svc, kv_pool))
-        weights, runtime = _capped(weights, runtime, cap)
         owner = w.weights_holder(svc)
         if owner is not None:
             weights = 0  # the copy another service loaded is shared, and charged to it
@@ -1041,7 +1037,7 @@ class WorldOps:
             nbytes=resident,
             evidence=report.evidence,
             at=w.now,
-            retest_at=w.now + retest_after(failures),
+            retest_at=math.inf if report.measured else w.now + retest_after(failures),
             failures=failures,
         )
         svc.calibration.set_resident_floor(resident)
@@ -1188,11 +1184,3 @@ def _pool_to_load(svc: ServiceState, kv_pool: int | None) -> int:
     if svc.tier is Tier.SLEEPING and svc.slept_pool is not None:
         pool = svc.slept_pool  # a sleeping server wakes with the sizes it started with
     return pool
-
-
-def _capped(weights: int, runtime: int, cap: int | None) -> tuple[int, int]:
-    """``weights`` and ``runtime`` scaled down alike to at most ``cap`` bytes together."""
-    total = weights + runtime
-    if cap is None or total <= cap:
-        return weights, runtime
-    return cap * weights // total, cap * runtime // total

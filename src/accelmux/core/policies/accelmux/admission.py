@@ -298,19 +298,21 @@ class Admission:
         if need > limit:
             observed = svc.calibration.active.project_observed(req.estimate.active_bytes)
             raw = req.estimate.active_bytes
-            if raw + grow > limit or not self.view.knobs.switches.degrade_to_raw:
+            if observed + grow > limit or not self.view.knobs.switches.degrade_to_raw:
+                # Only the estimate says it can never run: what was measured refuses it
+                # for now, not as too large (what kept services hold may change).
+                too_large = raw + grow > limit or not self.view.knobs.switches.degrade_to_raw
                 self.ops.reject(
                     req,
-                    reason=Reason.TOO_LARGE,
-                    retry_after_s=0.0,
+                    reason=Reason.TOO_LARGE if too_large else Reason.NO_MEMORY,
+                    retry_after_s=0.0 if too_large else 60.0,
                     detail=f"needs {need} B ({observed} B as measured so far, {raw} B "
                     "estimated), device can never free that much",
                 )
                 return False
-            # Only what was learned does not fit (the estimate does): degrade to the
-            # estimate scaled by what was measured (no margin), never past what the
-            # device could ever give it, and let the headroom absorb the difference.
-            lease = min(observed, limit - grow)
+            # Only the calibration margin does not fit: degrade to the estimate scaled by
+            # what was measured (no margin) and let the headroom absorb the difference.
+            lease = observed
             need = lease + grow
         fit.need, fit.limit, fit.lease = need, limit, lease
         return True

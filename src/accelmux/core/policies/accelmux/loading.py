@@ -108,12 +108,9 @@ class Loading:
         dev = svc.spec.device
         knobs = self.view.knobs
         pool, need, reserve, limit = self.load_plan(req, svc)
-        cap = None
         if need > limit:  # what _max_possible says (nothing changed since it was asked)
-            cap = self.beyond_limit(req, svc, pool, limit)
-            if cap is None:
-                return
-            need = limit
+            self.refuse_beyond_limit(req, svc, pool, need, limit)
+            return
         available = self.view.ledger.available(dev)
         spare = knobs.spare_fraction * self.view.devices[dev].usable_bytes
         if outside and available - need < spare:
@@ -139,11 +136,9 @@ class Loading:
         room = need + reserve - self.room.own_parked(svc)
         if self.room.make_room(
             dev, room, RoomFor(req.cls, svc, reason, requester=req)
-        ) and self.ops.load(
-            svc, reason=reason, kv_pool=pool, detail=f"for {req.request_id}", cap=cap
-        ):
+        ) and self.ops.load(svc, reason=reason, kv_pool=pool, detail=f"for {req.request_id}"):
             self.wait(req, Reason.LOADING, "cold start")
-            self.explain_learned(req, svc, cap)
+            self.explain_learned(req, svc)
             return
         self.wait_for_memory(req, svc, rnd, need, reserve)
 
@@ -169,19 +164,18 @@ class Loading:
         )
         self.reserve.explain_reserve(req, dev, reserve, was)
 
-    def beyond_limit(
-        self, req: RequestState, svc: ServiceState, pool: int, limit: int
-    ) -> int | None:
-        """``req``'s load, as projected, needs more than the ``limit`` its device could ever
-        give it: the most its weights and runtime may be granted (a load that tests
-        whether the service fits), or None when ``req`` is refused, saying why.
+    def refuse_beyond_limit(
+        self, req: RequestState, svc: ServiceState, pool: int, need: int, limit: int
+    ) -> None:
+        """Refuse ``req``: its load, as projected (``need`` bytes), needs more than the
+        ``limit`` its device could ever give it, saying why.
 
         Only the configured estimate decides that a service can never run
         (``too_large``): what was learned from measurements and failures never refuses a
-        service whose estimate fits. A size learned from an out-of-memory load of its own
-        refuses its requests until its re-test (``load_failed``, with the size, its
-        evidence and the re-test's time); past it, or for a projection scaled by
-        measurements, one load is admitted at the most the device could hold."""
+        service whose estimate fits as too large. A size learned from an out-of-memory
+        load of its own refuses it until its re-test (``load_failed``, with the size, its
+        evidence and the re-test's time); a size measured from its loads, for now
+        (``no_memory``: the memory kept services hold, or the device's, may change)."""
         p = svc.spec.profile
         raw = p.weights + p.runtime + pool + req.estimate.active_bytes
         if raw > limit:
@@ -191,42 +185,45 @@ class Loading:
                 retry_after_s=0.0,
                 detail=f"its estimate needs {raw} B to run, usable budget cannot hold it",
             )
-            return None
+            return
         size = self.view.learned.sizes.get(svc.name)
         if size is not None and not size.testing:
-            now = self.view.now
             self.ops.reject(
                 req,
                 reason=Reason.LOAD_FAILED,
-                retry_after_s=max(1.0, size.retest_at - now),
+                retry_after_s=max(1.0, min(3600.0, size.retest_at - self.view.now)),
                 detail=(
                     f"learned to need {size.nbytes} B at t={size.at:.0f} ({size.evidence}), "
-                    f"more than the {limit} B its device can hold for it; re-tested at "
-                    f"t={size.retest_at:.0f}"
+                    f"more than the {limit} B its device can hold for it; " + size.retest_words()
                 ),
             )
-            return None
-        return max(p.weights + p.runtime, limit - pool - req.estimate.active_bytes)
+            return
+        self.ops.reject(
+            req,
+            reason=Reason.NO_MEMORY,
+            retry_after_s=60.0,
+            detail=(
+                f"needs {need} B as measured (its estimate {raw} B), more than the {limit} B "
+                "its device can hold for it beside the services kept loaded"
+            ),
+        )
 
-    def explain_learned(self, req: RequestState, svc: ServiceState, cap: int | None) -> None:
-        """Say what sized the load just started for ``req``, when it was not the estimate
-        alone: a size learned from an out-of-memory load (its evidence and re-test), the
-        re-test itself, or the most the device could hold."""
+    def explain_learned(self, req: RequestState, svc: ServiceState) -> None:
+        """Say what sized the load just started for ``req`` when a size learned from an
+        out-of-memory load did (its evidence and re-test), or it re-tests one."""
         size = self.view.learned.sizes.get(svc.name)
-        if size is not None and size.testing:
+        if size is None:
+            return
+        if size.testing:
             text = (
                 f"re-tests {svc.name}'s learned size ({size.nbytes} B, {size.evidence}): "
                 "loads as measured before it"
             )
-        elif size is not None:
+        else:
             text = (
                 f"{svc.name} loads at the {size.nbytes} B it was learned to need at "
-                f"t={size.at:.0f} ({size.evidence}); re-tested at t={size.retest_at:.0f}"
+                f"t={size.at:.0f} ({size.evidence}); {size.retest_words()}"
             )
-        elif cap is not None:
-            text = f"{svc.name} loads at the most its device can hold for it: {cap} B"
-        else:
-            return
         self.ops.add_explanation(req, text)
 
     def load_sizes(self, req: RequestState, svc: ServiceState) -> tuple[int, int, int, int]:
@@ -266,6 +263,15 @@ class Loading:
             # what was measured (the dispatch degrades the same way).
             active = observed
             need = resident + active
+        return pool, need, self.load_reserve(req, svc, need, active, limit), limit
+
+    def load_reserve(
+        self, req: RequestState, svc: ServiceState, need: int, active: int, limit: int
+    ) -> int:
+        """What a load of ``svc`` needing ``need`` bytes (``active`` of them ``req``'s
+        activations) for ``req`` leaves free, at most ``limit`` bytes being freeable for
+        it: the realtime reserve (for work below realtime) and the next frame of each
+        steady service ranked above it."""
         reserve = 0
         if req.cls > ServiceClass.REALTIME:
             # Resident memory must leave the realtime reserve free; the first request's
@@ -273,4 +279,4 @@ class Loading:
             reserve = self.reserve.fitting_reserve(svc, need, limit)
             if self.reserve.yields_to_realtime(svc):
                 reserve = max(0, reserve - active)
-        return pool, need, reserve + self.steady.steady_reserve(svc, need, limit), limit
+        return reserve + self.steady.steady_reserve(svc, need, limit)

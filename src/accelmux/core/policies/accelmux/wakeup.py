@@ -65,7 +65,7 @@ class Wakeup:
         ends after ``now``."""
         for size in self.view.learned.sizes.values():  # a learned size's re-test
             t = size.retest_at
-            if not size.testing and t > now and (best is None or t < best):
+            if not size.testing and now < t < math.inf and (best is None or t < best):
                 best = t
         grace = self.view.knobs.realtime_grace_s
         if grace > 0:
