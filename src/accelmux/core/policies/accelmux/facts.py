@@ -327,12 +327,14 @@ def class_must_wait(
     work is held while realtime work runs only where they share compute
     (``rnd.shared``: a host device, :func:`compute_is_shared`), where a frame beside a
     voice request slows it in proportion; on a discrete accelerator a frame takes little
-    and cannot wait for a voice chain to end (its deadline is a second or so).
+    and cannot wait for a voice chain to end (its deadline is a second or so). Where
+    compute is shared, new interactive work of any kind waits too (an image or an
+    embedding request as much as a stream that cannot pause: each slows the voice
+    request beside it); on a discrete accelerator it starts beside realtime work.
     """
-    if (
-        cls >= ServiceClass.BATCH
-        and dev in rnd.realtime_active
-        and (not steady or dev in rnd.shared)
+    if dev in rnd.realtime_active and (
+        (cls >= ServiceClass.BATCH and (not steady or dev in rnd.shared))
+        or (cls is ServiceClass.INTERACTIVE and dev in rnd.shared)
     ):
         return Reason.HIGHER_CLASS_WAITING, "realtime work running"
     if cls is ServiceClass.BATCH and dev in rnd.interactive_active:
