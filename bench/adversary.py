@@ -54,9 +54,11 @@ import dataclasses
 import json
 import os
 import random
+import resource
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -369,16 +371,35 @@ def evaluate(candidate: Candidate, duration_s: float) -> Evaluated:
     return ev.of_class(worst)
 
 
+#: Address space one evaluation may use: a candidate that runs away (a burst that queues
+#: without end) fails with MemoryError, recorded, instead of the machine killing a worker.
+MEMORY_LIMIT = 6 * 2**30
+
+
 def _evaluate_job(job: tuple[Candidate, float]) -> Evaluated:
-    return evaluate(*job)
+    """One evaluation in a pool worker; a candidate the simulator cannot run is recorded
+    as such (no loss) rather than ending the search."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    if soft == resource.RLIM_INFINITY or soft > MEMORY_LIMIT:
+        resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, hard))
+    try:
+        return evaluate(*job)
+    except (MemoryError, RecursionError, ValueError, ArithmeticError) as exc:
+        ev = Evaluated(job[0], 0.0, None, None)
+        ev.failure = f"not run: {type(exc).__name__}: {exc}"[:200]
+        return ev
 
 
 def evaluate_all(cands: list[Candidate], duration_s: float, workers: int) -> list[Evaluated]:
     jobs = [(c, duration_s) for c in cands]
     if workers <= 1:
         return [_evaluate_job(j) for j in jobs]
-    with ProcessPoolExecutor(max_workers=workers) as pool:
-        return list(pool.map(_evaluate_job, jobs, chunksize=1))
+    try:
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            return list(pool.map(_evaluate_job, jobs, chunksize=1))
+    except BrokenProcessPool:  # a worker was killed from outside: this batch again, here
+        print("a worker process died: the generation runs again in this process", flush=True)
+        return [_evaluate_job(j) for j in jobs]
 
 
 # ---- the search ----------------------------------------------------------------------------
@@ -603,6 +624,11 @@ def main() -> int:
         },
         "distinct": rows,
         "losses_by_evaluation": [round(100 * e.loss, 2) for e in done],
+        "not_run": [
+            {"evaluation": e.index, "changes": e.candidate.describe(), "why": e.failure}
+            for e in done
+            if e.failure and e.failure.startswith("not run")
+        ],
         "worst_loss_per_class": {
             c: round(100 * n[0].losses[c][0], 2) for c, n in _niches(done, 1).items()
         },
