@@ -19,24 +19,27 @@ the policy was tuned on:
 
 Each candidate runs accelmux and every baseline (``independent``, ``static``,
 ``ollama+containers``, ``llama-swap``) for :data:`DURATION_S` simulated seconds; its
-*loss* is the largest, over the classes with at least :data:`MIN_REQUESTS` requests, of
-the best baseline's attainment minus accelmux's in that same run. The search is a simple
-evolutionary one: a first generation of random candidates, then each generation the best
-candidates so far are changed (a change added, redrawn or removed, another seed) beside a
-few new random ones. Candidates are drawn from ``--seed`` only and every run is
+*loss in a class* (one with at least :data:`MIN_REQUESTS` requests) is the best
+baseline's attainment minus accelmux's in that same run. The search is a simple
+evolutionary one: a first generation of random candidates, then each generation the
+candidates that lost most so far are changed (a change added, redrawn or removed, another
+seed) beside a few new random ones, the parents drawn from every class's worst in turn
+(a niche per class: a class that loses 100 points easily does not crowd out the search
+for the others). Candidates are drawn from ``--seed`` only and every run is
 deterministic, so a search is the same for the same ``--seed`` and ``--evaluations``
 whatever the number of workers; ``--minutes`` stops it earlier, between generations (the
 JSON records how many evaluations ran: ``--evaluations`` that number repeats it).
 
-Every candidate whose loss passes ``--threshold`` (10 points) is a *finding*; its failure
-class is the losing class and what accelmux's misses there mostly were (rejected and
-why, failed and why, served too late, never served). The worst findings (``--shrink``)
-are then reduced: each change is taken out in turn and left out when the loss stays past
-the threshold, so what remains is what the loss needs. Each finding is written as a
-scenario file ``accelmux simulate`` reads (``simulation.seeds`` includes the losing seed);
-``bench/results/adversary.json`` has them all and ``bench/render_adversary.py`` renders
-docs/benchmarks.md's table. ``--keep N`` copies the N worst into ``scenarios/regressions/``
-and records their losses in its ``losses.json`` (``scripts/gate`` holds accelmux to them)::
+Every class in which a candidate loses more than ``--threshold`` (10 points) is a
+*finding*; its failure class is the losing class and what accelmux's misses there mostly
+were (rejected and why, failed and why, served too late, never served). The worst findings
+(``--shrink``) are then reduced: each change is taken out in turn and left out when the
+loss stays past the threshold, so what remains is what the loss needs. Each finding is
+written as a scenario file ``accelmux simulate`` reads (``simulation.seeds`` includes the
+losing seed); ``bench/results/adversary.json`` has them all and
+``bench/render_adversary.py`` renders docs/benchmarks.md's table. ``--keep N`` copies the
+N worst into ``scenarios/regressions/`` and records their losses in its ``losses.json``
+(``scripts/gate`` holds accelmux to them)::
 
     python bench/adversary.py --seed 1 --minutes 30 --out-dir /tmp/adversary
     python bench/adversary.py --seed 1 --evaluations 400      # the same search, repeated
@@ -47,12 +50,15 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import json
 import os
 import random
+import resource
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -99,6 +105,9 @@ class Candidate:
 
 @dataclass
 class Evaluated:
+    """A candidate's runs; ``loss``, ``cls``, ``baseline`` and ``failure`` are those of
+    one class (its worst, unless :meth:`of_class` chose another)."""
+
     candidate: Candidate
     loss: float
     cls: str | None
@@ -106,6 +115,12 @@ class Evaluated:
     per_policy: dict[str, dict[str, Any]] = field(default_factory=dict)
     failure: str | None = None
     index: int = 0
+    #: per class with enough requests: (loss, best baseline, failure)
+    losses: dict[str, tuple[float, str, str]] = field(default_factory=dict)
+
+    def of_class(self, cls: str) -> Evaluated:
+        loss, baseline, failure = self.losses[cls]
+        return dataclasses.replace(self, loss=loss, cls=cls, baseline=baseline, failure=failure)
 
 
 def _services(data: dict[str, Any]) -> list[str]:
@@ -341,28 +356,50 @@ def evaluate(candidate: Candidate, duration_s: float) -> Evaluated:
     scn = load_scenario_data(data, "adversary.yaml", ROOT)
     reports = {p: summarize(Simulation(scn, p, candidate.seed).run()) for p in POLICIES}
     row = worst_case.run_row("candidate", candidate.seed, reports)
-    loss, cls, baseline = 0.0, None, None
     ours = row["policies"][OURS]
+    losses: dict[str, tuple[float, str, str]] = {}
     for c in CLASSES:
         if ours["requests"].get(c, 0) < MIN_REQUESTS or c not in ours["classes"]:
             continue
         best = worst_case.best_baseline(row, c)
-        if best is not None and best[0] - ours["classes"][c] > loss:
-            loss, cls, baseline = best[0] - ours["classes"][c], c, best[1]
-    failure = _failure(reports[OURS], cls) if cls else None
-    return Evaluated(candidate, loss, cls, baseline, row["policies"], failure)
+        if best is not None and best[0] > ours["classes"][c]:
+            losses[c] = (best[0] - ours["classes"][c], best[1], _failure(reports[OURS], c))
+    ev = Evaluated(candidate, 0.0, None, None, row["policies"], losses=losses)
+    if not losses:
+        return ev
+    worst = max(losses, key=lambda c: (losses[c][0], -CLASSES.index(c)))
+    return ev.of_class(worst)
+
+
+#: Address space one evaluation may use: a candidate that runs away (a burst that queues
+#: without end) fails with MemoryError, recorded, instead of the machine killing a worker.
+MEMORY_LIMIT = 6 * 2**30
 
 
 def _evaluate_job(job: tuple[Candidate, float]) -> Evaluated:
-    return evaluate(*job)
+    """One evaluation in a pool worker; a candidate the simulator cannot run is recorded
+    as such (no loss) rather than ending the search."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    if soft == resource.RLIM_INFINITY or soft > MEMORY_LIMIT:
+        resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, hard))
+    try:
+        return evaluate(*job)
+    except (MemoryError, RecursionError, ValueError, ArithmeticError) as exc:
+        ev = Evaluated(job[0], 0.0, None, None)
+        ev.failure = f"not run: {type(exc).__name__}: {exc}"[:200]
+        return ev
 
 
 def evaluate_all(cands: list[Candidate], duration_s: float, workers: int) -> list[Evaluated]:
     jobs = [(c, duration_s) for c in cands]
     if workers <= 1:
         return [_evaluate_job(j) for j in jobs]
-    with ProcessPoolExecutor(max_workers=workers) as pool:
-        return list(pool.map(_evaluate_job, jobs, chunksize=1))
+    try:
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            return list(pool.map(_evaluate_job, jobs, chunksize=1))
+    except BrokenProcessPool:  # a worker was killed from outside: this batch again, here
+        print("a worker process died: the generation runs again in this process", flush=True)
+        return [_evaluate_job(j) for j in jobs]
 
 
 # ---- the search ----------------------------------------------------------------------------
@@ -377,14 +414,15 @@ def search(args: argparse.Namespace) -> tuple[list[Evaluated], int, int]:
         if args.minutes and time.monotonic() - started > 60 * args.minutes:
             break
         size = min(args.population, args.evaluations - len(done))
-        elite = sorted(done, key=lambda e: (-e.loss, e.index))[: args.elite]
+        niches = _niches(done, args.elite)
         batch: list[Candidate] = []
         tries = 0
         while len(batch) < size and tries < 50 * size:
             tries += 1
-            if generation == 0 or not elite or rng.random() < args.explore:
+            if generation == 0 or not niches or rng.random() < args.explore:
                 cand = random_candidate(rng, args.duration_s)
             else:
+                elite = niches[rng.choice(sorted(niches))]
                 parent = elite[min(int(rng.expovariate(1.0 / 2.0)), len(elite) - 1)]
                 cand = mutate(rng, parent.candidate, args.duration_s)
             if cand.key() not in seen:
@@ -394,13 +432,25 @@ def search(args: argparse.Namespace) -> tuple[list[Evaluated], int, int]:
             ev.index = len(done)
             done.append(ev)
         generation += 1
-        best = max(done, key=lambda e: e.loss)
+        best = {c: 100 * n[0].losses[c][0] for c, n in sorted(_niches(done, 1).items())}
         print(
-            f"generation {generation}: {len(done)} evaluated, best loss "
-            f"{100 * best.loss:.1f} points ({best.failure})",
+            f"generation {generation}: {len(done)} evaluated, worst loss per class "
+            + ", ".join(f"{c} {v:.1f}" for c, v in best.items()),
             flush=True,
         )
     return done, generation, len(seen)
+
+
+def _niches(done: list[Evaluated], size: int) -> dict[str, list[Evaluated]]:
+    """Per class, the ``size`` candidates that lost most in it: the search changes the
+    worst of every class, so a class that saturates (a batch job 100 points behind) does
+    not crowd out the others."""
+    niches = {}
+    for c in CLASSES:
+        lost = [e for e in done if e.losses.get(c, (0.0,))[0] > 0]
+        if lost:
+            niches[c] = sorted(lost, key=lambda e: (-e.losses[c][0], e.index))[:size]
+    return niches
 
 
 def shrink(ev: Evaluated, args: argparse.Namespace) -> Evaluated:
@@ -410,9 +460,8 @@ def shrink(ev: Evaluated, args: argparse.Namespace) -> Evaluated:
         changes = tuple(c for c in current.candidate.changes if c != change)
         trial = Candidate(ev.candidate.kind, ev.candidate.home, ev.candidate.seed, changes)
         result = evaluate(trial, args.duration_s)
-        if result.loss > args.threshold and result.cls == ev.cls:
-            result.index = ev.index
-            current = result
+        if ev.cls in result.losses and result.losses[ev.cls][0] > args.threshold:
+            current = dataclasses.replace(result.of_class(ev.cls), index=ev.index)
     return current
 
 
@@ -537,7 +586,8 @@ def main() -> int:
     started, cpu = time.monotonic(), time.process_time()
     done, generations, _ = search(args)
     findings = sorted(
-        (e for e in done if e.loss > args.threshold), key=lambda e: (-e.loss, e.index)
+        (e.of_class(c) for e in done for c in e.losses if e.losses[c][0] > args.threshold),
+        key=lambda e: (-e.loss, e.index, CLASSES.index(e.cls or "realtime")),
     )
     # one finding per (home, failure class): the worst
     distinct: dict[tuple[str, int, str | None], Evaluated] = {}
@@ -574,6 +624,14 @@ def main() -> int:
         },
         "distinct": rows,
         "losses_by_evaluation": [round(100 * e.loss, 2) for e in done],
+        "not_run": [
+            {"evaluation": e.index, "changes": e.candidate.describe(), "why": e.failure}
+            for e in done
+            if e.failure and e.failure.startswith("not run")
+        ],
+        "worst_loss_per_class": {
+            c: round(100 * n[0].losses[c][0], 2) for c, n in _niches(done, 1).items()
+        },
     }
     if args.keep:
         report["kept"] = keep(rows, args.out_dir, args.keep, args.seed)

@@ -54,7 +54,7 @@ DEPENDENT: dict[str, tuple[str, ...]] = {
     "switches.json": ACCELMUX,
     "many_llms.json": ALL,
     "placement.json": ALL,
-    "adversary.json": ALL,
+    # adversary.json (bench/adversary.py) joins as ALL with its first committed search
     "stack.json": ACCELMUX,
     "stack_llms.json": ACCELMUX,
     "wyoming.json": ACCELMUX,
@@ -70,6 +70,10 @@ INDEPENDENT: dict[str, str] = {
     "pause_unload.json": "a parked stream over an unload, driven directly on the backend",
     "manager.json": "the Manager's speed: the decisions are pinned by the digest, not timed",
     "cluster.json": "the cluster gateway's hop and the router's speed, fake services",
+    "gateway_profile.json": "the event loop's CPU per request and layer: a cost, not a choice",
+    "hostile.json": "the front door's accept and refusal under a hostile address, fake services",
+    "conformance.json": "the API document against the daemon's answers, fake services",
+    "llama_build.json": "the llama.cpp build's compile times, no daemon runs",
 }
 
 

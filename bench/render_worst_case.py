@@ -3,32 +3,14 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import worst_case
 from meta import meta_line
+from render_suite import _load, _pct, _pts
 
-RESULTS = Path(__file__).resolve().parent / "results"
-CLASSES = ("realtime", "interactive", "batch", "background")
-
-
-def _load(name: str) -> dict[str, Any] | None:
-    path = RESULTS / name
-    if not path.is_file():
-        return None
-    data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
-    return data
-
-
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{100.0 * x:.1f}%"
-
-
-def _pts(x: float | None) -> str:
-    return "-" if x is None else f"{100.0 * x:+.1f}"
+CLASSES = worst_case.CLASSES
 
 
 def _table(head: list[str], rows: list[list[str]]) -> str:
