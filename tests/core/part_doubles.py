@@ -127,6 +127,8 @@ class FakeView:
         self.host_pending = 0
         self.version = 0
         self.epochs = dict.fromkeys(self.devices, 0)
+        self.memory_epochs = self.epochs
+        self.queue_epochs = {(d, c): 0 for d in self.devices for c in ServiceClass}
         self.queue_mark = 0
         svcs = self.services.values
         self.loaded = FakeSet(lambda: [s for s in svcs() if s.is_up])

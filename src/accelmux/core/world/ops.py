@@ -187,6 +187,7 @@ class WorldOps:
         self._count_reason(req, req.wait_reason, 1)
         key = (svc.spec.device, req.cls)
         w.waiting_classes[key] = w.waiting_classes.get(key, 0) + 1
+        w.queue_epochs[key] += 1
         heapq.heappush(w.deadlines, (req.deadline_at, req.queued_mark, req))
 
     def _remove_waiting(self, req: RequestState) -> bool:
@@ -200,7 +201,9 @@ class WorldOps:
             w.queued.discard(svc)
             w.queued_services(svc.spec.device, req.cls).discard(svc)
         self._count_reason(req, req.wait_reason, -1)
-        w.waiting_classes[(svc.spec.device, req.cls)] -= 1
+        key = (svc.spec.device, req.cls)
+        w.waiting_classes[key] -= 1
+        w.queue_epochs[key] += 1
         return True
 
     def expired_requests(self) -> list[RequestState]:
@@ -519,9 +522,11 @@ class WorldOps:
         """Mark the request waiting; an action is recorded only when the cause changes."""
         if req.wait_reason is reason:
             return
-        if req.request_id in self.world.waiting:
+        w = self.world
+        if req.request_id in w.waiting:
             self._count_reason(req, req.wait_reason, -1)
             self._count_reason(req, reason, 1)
+            w.queue_epochs[(w.services[req.service].spec.device, req.cls)] += 1
         req.wait_reason = reason
         self._explain(req, f"wait ({reason.value}) {detail}".rstrip())
         self.record(
@@ -792,7 +797,11 @@ class WorldOps:
 
     def mark_announced(self, req: RequestState) -> None:
         """The policy has considered ``req``: its queue's bound no longer refuses it."""
-        req.announced = True
+        if not req.announced:
+            req.announced = True
+            w = self.world
+            if req.request_id in w.waiting:
+                w.queue_epochs[(w.services[req.service].spec.device, req.cls)] += 1
 
     def request_admin_unload(self, name: str) -> None:
         """The operator asked to unload ``name``: the policy does it once it is idle."""
@@ -806,6 +815,7 @@ class WorldOps:
         """A request of ``svc`` was in flight when it crashed: raise its calibration."""
         self._note("calibration", svc)
         svc.calibration.observe_failure(estimated_active, lease_bytes)
+        self._calibrated(svc)
 
     def observe_excess(
         self, svc: ServiceState, estimated_active: int, measured_active: int
@@ -813,6 +823,13 @@ class WorldOps:
         """``svc``'s running requests were measured above their leases."""
         self._note("calibration", svc)
         svc.calibration.observe_excess(estimated_active, measured_active)
+        self._calibrated(svc)
+
+    def _calibrated(self, svc: ServiceState) -> None:
+        """``svc``'s calibration changed: what a load reads on the device of every service
+        of its model (replicas share one calibration) changed."""
+        for device in self.world.model_devices[svc.spec.addressed_as]:
+            self.touch(device)
 
     def see_crashes(self, svc: ServiceState) -> bool:
         """Note ``svc``'s crash count as seen: whether it changed since last seen."""
@@ -936,6 +953,7 @@ class WorldOps:
         svc = w.services[req.service]
         if peak_bytes is not None and svc.spec.capabilities.request_peaks:
             svc.calibration.observe_request(req.estimate, peak_bytes)
+            self._calibrated(svc)
         if req.dispatched_at is not None:
             took = max(0.0, w.now - req.dispatched_at)
             svc.mean_service_s = 0.8 * svc.mean_service_s + 0.2 * took
@@ -961,6 +979,7 @@ class WorldOps:
             p = svc.spec.profile
             granted = sum(le.nbytes for le in svc.resident_leases)
             svc.calibration.observe_load_failure(p.weights + p.runtime, granted)
+            self._calibrated(svc)
         self.release_service(svc)
         self.set_status(svc, ServiceStatus.CRASHED)
         self.back_off(svc)
@@ -988,6 +1007,7 @@ class WorldOps:
         if measured is not None:
             p = svc.spec.profile
             svc.calibration.observe_load(p.weights + p.runtime, measured)
+            self._calibrated(svc)
             granted = sum(le.nbytes for le in svc.resident_leases)
             svc.load_excess = max(0, measured - granted)
 
@@ -1064,6 +1084,7 @@ class WorldOps:
             if svc.over_limit and svc.idle and svc.is_up:
                 # Idle, what it holds is its resident size: the next load is sized by it.
                 svc.calibration.observe_load(p.weights + p.runtime, measured - svc.kv_pool)
+                self._calibrated(svc)
         for name in ledger.leftovers(device):
             if name not in seen:  # not measured any more: gone
                 ledger.set_leftover(device, name, 0)
