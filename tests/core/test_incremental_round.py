@@ -20,11 +20,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from accelmux.core.events import Tick
 from accelmux.core.manager import Manager
 from accelmux.core.policies.accelmux import HEURISTICS, AccelmuxPolicy
-from accelmux.core.specs import ManagerSpec
+from accelmux.core.specs import ManagerSpec, PolicyKnobs, Window
+from accelmux.core.types import GIB, Reason, Residency, ServiceClass
 
-from .test_properties import SETTINGS
+from .support import arrive, device, enqueued, loaded, loads, plain_profile, service
+from .test_indexes import two_device_specs
+from .test_properties import SETTINGS, Op, ops_strategy
+from .test_round_cache import crowded_ops, crowded_specs, drive
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
@@ -60,16 +65,27 @@ knobs = {
     "disabled": st.frozensets(st.sampled_from(sorted(HEURISTICS)), max_size=4),
     "grace": st.sampled_from([0.0, 0.0, 2.0]),
     "util": st.sampled_from([0.6, 1.5, 4.0]),
+    # the clock starts this many seconds before a window of the workload opens or closes
+    # (None: at midnight), so that windows open and close while requests wait
+    "before_edge": st.one_of(st.none(), st.floats(0.0, 240.0)),
 }
 
 
 def assert_decides_alike(
-    workload: tuple[int, int, int], disabled: frozenset[str], grace: float, util: float
+    workload: tuple[int, int, int],
+    disabled: frozenset[str],
+    grace: float,
+    util: float,
+    before_edge: float | None,
 ) -> None:
     services, devices, seed = workload
     work = bench_manager.build_workload(services, devices, seed=seed, peak_util=util)
     spec = work.spec
     spec = replace(spec, knobs=replace(spec.knobs, disabled=disabled, realtime_grace_s=grace))
+    edges = sorted({e for s in spec.services for w in s.windows for e in w.edges})
+    if edges and before_edge is not None:
+        edge = edges[seed % len(edges)]
+        spec = replace(spec, clock_origin_s_of_day=(edge - before_edge) % 86_400.0)
     work = replace(work, spec=spec)
     fast = stream(work, True, 500, seed)
     plain = stream(work, False, 500, seed)
@@ -79,15 +95,108 @@ def assert_decides_alike(
 @settings(SETTINGS, max_examples=12)
 @given(workload=workloads, **knobs)
 def test_benchmark_workloads_decide_alike_with_the_cache_off(
-    workload: tuple[int, int, int], disabled: frozenset[str], grace: float, util: float
+    workload: tuple[int, int, int],
+    disabled: frozenset[str],
+    grace: float,
+    util: float,
+    before_edge: float | None,
 ) -> None:
-    assert_decides_alike(workload, disabled, grace, util)
+    assert_decides_alike(workload, disabled, grace, util, before_edge)
 
 
 @pytest.mark.slow
 @settings(SETTINGS, max_examples=150)
 @given(workload=workloads, **knobs)
 def test_benchmark_workloads_decide_alike_with_the_cache_off_at_length(
-    workload: tuple[int, int, int], disabled: frozenset[str], grace: float, util: float
+    workload: tuple[int, int, int],
+    disabled: frozenset[str],
+    grace: float,
+    util: float,
+    before_edge: float | None,
 ) -> None:
-    assert_decides_alike(workload, disabled, grace, util)
+    assert_decides_alike(workload, disabled, grace, util, before_edge)
+
+
+@st.composite
+def specs_near_an_edge(draw: st.DrawFn) -> ManagerSpec:
+    """Crowded specs (some services with a window from midnight to 1 am) whose clock starts
+    shortly before the window opens or closes, on one or two devices."""
+    spec = draw(st.one_of(crowded_specs(), two_device_specs()))
+    edge = draw(st.sampled_from([0.0, 3600.0]))
+    origin = (edge - draw(st.floats(0.0, 60.0))) % 86_400.0
+    windowed = tuple(
+        replace(s, windows=(Window(start_s=0.0, end_s=3600.0),)) if i % 2 else s
+        for i, s in enumerate(spec.services)
+    )
+    return replace(spec, services=windowed, clock_origin_s_of_day=origin)
+
+
+def assert_alike_on_ops(spec: ManagerSpec, ops: list[Op], disabled: frozenset[str]) -> None:
+    spec = replace(spec, knobs=replace(spec.knobs, disabled=disabled))
+    fast, fast_wakes = drive(spec, AccelmuxPolicy(), ops)
+    plain, plain_wakes = drive(spec, AccelmuxPolicy(cache=False), ops)
+    assert fast.actions == plain.actions
+    assert fast_wakes == plain_wakes
+
+
+@settings(SETTINGS, max_examples=40)
+@given(
+    spec=specs_near_an_edge(),
+    ops=st.one_of(ops_strategy, crowded_ops),
+    disabled=st.frozensets(st.sampled_from(sorted(HEURISTICS)), max_size=3),
+)
+def test_windows_opening_and_closing_decide_alike_with_the_cache_off(
+    spec: ManagerSpec, ops: list[Op], disabled: frozenset[str]
+) -> None:
+    assert_alike_on_ops(spec, ops, disabled)
+
+
+@pytest.mark.slow
+@settings(SETTINGS, max_examples=300)
+@given(
+    spec=specs_near_an_edge(),
+    ops=st.one_of(ops_strategy, crowded_ops),
+    disabled=st.frozensets(st.sampled_from(sorted(HEURISTICS)), max_size=3),
+)
+def test_windows_opening_and_closing_decide_alike_with_the_cache_off_at_length(
+    spec: ManagerSpec, ops: list[Op], disabled: frozenset[str]
+) -> None:
+    assert_alike_on_ops(spec, ops, disabled)
+
+
+def test_a_turn_left_out_as_a_whole_is_decided_again_once_a_window_opens() -> None:
+    # A batch job waits outside its window (memory is short of the spare fraction) behind
+    # an interactive request that waits for memory: its turn is left out as a whole while
+    # further interactive requests arrive (nothing of the batch turn changes), until the
+    # window opens: then the job loads into the idle memory (fair progress). Batch work
+    # does not wait for the running interactive request here (batch_yield off).
+    knobs = PolicyKnobs(prewarm=False, safety_factor=1.0, disabled=frozenset({"batch_yield"}))
+    spec = ManagerSpec(
+        devices=(device(budget=12 * GIB, headroom=GIB // 2),),
+        services=(
+            service("chat", profile=plain_profile(weights=6 * GIB)),
+            service("big", residency=Residency.ON_DEMAND, profile=plain_profile(weights=7 * GIB)),
+            service(
+                "job",
+                cls=ServiceClass.BATCH,
+                residency=Residency.ON_DEMAND,
+                profile=plain_profile(weights=3 * GIB),
+                deadline_s=600.0,
+                windows=(Window(start_s=0.0, end_s=3600.0),),
+            ),
+        ),
+        knobs=knobs,
+        clock_origin_s_of_day=86_400.0 - 60.0,  # the job's window opens 60 s in
+    )
+    policy = AccelmuxPolicy()
+    policy.few_waiting = 0  # turn by turn, skipping what can be skipped
+    m = Manager(spec, policy)
+    m.handle(arrive("c1", "chat"), 0.0)
+    m.handle(loaded("chat"), 0.5)  # c1 runs for the whole test
+    assert enqueued(m.handle(arrive("j1", "job"), 1.0))["j1"].reason is Reason.OUTSIDE_WINDOW
+    assert enqueued(m.handle(arrive("b1", "big"), 2.0))["b1"].reason is (Reason.NO_MEMORY)
+    for i, t in enumerate((10.0, 20.0, 30.0, 59.0)):
+        out = m.handle(arrive(f"b{i + 2}", "big"), t)
+        assert not loads(out) and "j1" not in enqueued(out)
+    assert m.next_wakeup(59.0) == pytest.approx(60.0)
+    assert [a.service for a in loads(m.handle(Tick(), 60.0))] == ["job"]

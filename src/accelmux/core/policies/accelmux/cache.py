@@ -137,7 +137,7 @@ class RoundCache:
         ] = Memo(on)
         self.window_edges: Memo[None, int, tuple[float, ...]] = Memo(on)
         self.evicted_warm: Memo[None, int, list[ServiceState]] = Memo(on)
-        self.quiet: Memo[str, int, tuple[object, ...]] = Memo(on)
+        self.quiet: Memo[str, int, tuple[tuple[object, ...], float]] = Memo(on)
         #: Per (device, class, steady) turn whose requests were all left out or replayed:
         #: the state then (``Schedule.unsettled``), until when the clock keeps it, and
         #: whether they set the round's blocked class.
@@ -151,6 +151,7 @@ class RoundCache:
         # ---- per spec
         self.yields_to_realtime: Memo[str, None, bool] = Memo(on)
         self.sharing_devices: Memo[None, None, frozenset[str]] = Memo(on)
+        self.pausing_devices: Memo[None, None, frozenset[str]] = Memo(on)
         self.warm: Memo[str, None, list[ServiceState]] = Memo(on)
         self.warm_in_class_order: Memo[None, None, list[ServiceState]] = Memo(on)
         self.service_edges: Memo[str, None, tuple[float, ...]] = Memo(on)

@@ -46,19 +46,13 @@ class Schedule:
                 self.consider(req, rnd)
                 self.ops.mark_announced(req)
             return
-        start, inputs = self._find_quiet(rnd)
+        start = self._find_quiet(rnd)
         # Requests in rank order (class order, a steady service's work before batch), then
         # arrival order; those requeued meanwhile (preempted in this round) wait for the next.
         mark = self.view.queue_mark
         for cls, steady in turns(self.view, classes):
             self._turn(cls, steady, rnd, mark)
-        # Where the epoch did not move, nothing there changed: the inputs read now are
-        # those at the start of the round.
-        quiet = self.cache.quiet
-        quiet.clear()
-        for dev, epoch in start.items():
-            if self.view.epoch(dev) == epoch:
-                quiet.put(dev, epoch, inputs[dev] if dev in inputs else self.round_inputs(rnd, dev))
+        self.record_quiet(rnd, start)
 
     def _turn(self, cls: ServiceClass, steady: bool | None, rnd: Round, mark: int) -> None:
         """The turn of class ``cls`` (of its steady services' requests, the others', or all:
@@ -181,11 +175,7 @@ class Schedule:
             return hit[1]
         sharing: object = None
         if view.knobs.switches.time_share and dev in self.time_sharing.time_sharing_devices():
-            sharing = self.cache.share_thresholds.get(dev, None)
-            if sharing is Miss.MISS:
-                sharing = self.cache.share_thresholds.put(
-                    dev, None, facts.share_thresholds(view, dev)
-                )
+            sharing = self.share_thresholds(dev)
         found = (
             *stamp,
             dev in view.load_oom_devices,
@@ -212,22 +202,15 @@ class Schedule:
 
     def _open_round(self) -> tuple[Round, set[ServiceClass]]:
         """A new round's realtime and class state, and the classes with waiting requests."""
-        rnd = Round(tod=self.view.time_of_day())
-        knobs = self.view.knobs
+        view = self.view
+        rnd = Round(tod=view.time_of_day())
+        knobs = view.knobs
         hold = knobs.switches.realtime_hold
-        grace = knobs.realtime_grace_s  # 0 (the default) turns it off
-        for svcs in self.view.realtime_by_device.values():
-            for svc in svcs:
-                if (hold and svc.inflight) or self.view.now < svc.last_used + grace:
-                    rnd.realtime_active.add(svc.spec.device)
+        self._running_work(rnd)
         if knobs.switches.realtime_yield:
             rnd.realtime_work = self.time_sharing.round_realtime_devices()
-        if knobs.switches.batch_yield:
-            for svc in self.view.busy:
-                if svc.spec.cls is ServiceClass.INTERACTIVE:
-                    rnd.interactive_active.add(svc.spec.device)
         classes: set[ServiceClass] = set()
-        for (dev, cls), count in self.view.waiting_classes.items():
+        for (dev, cls), count in view.waiting_classes.items():
             if not count:
                 continue
             classes.add(cls)
@@ -238,41 +221,83 @@ class Schedule:
                 rnd.higher_waiting[dev] = cls
         return rnd, classes
 
-    def _find_quiet(self, rnd: Round) -> tuple[dict[str, int], dict[str, tuple[object, ...]]]:
-        """Each device's epoch at the start of the round and the round inputs read; a device
-        whose state (its WorldView epoch) and round inputs are those of a round that changed
-        nothing there (wait reasons aside) would repeat it: it goes to ``rnd.quiet``. Its
-        inputs are read only where the epoch alone does not tell it apart."""
-        start = {dev: self.view.epoch(dev) for dev in self.view.devices}
-        inputs: dict[str, tuple[object, ...]] = {}
+    def _running_work(self, rnd: Round) -> None:
+        """The devices where realtime work runs or ended within the grace (``realtime_hold``)
+        and where interactive work runs (``batch_yield``)."""
+        view = self.view
+        switches = view.knobs.switches
+        hold = switches.realtime_hold
+        grace = view.knobs.realtime_grace_s  # 0 (the default) turns it off
+        if grace > 0:
+            now = view.now
+            for svcs in view.realtime_by_device.values():
+                for svc in svcs:
+                    if (hold and svc.inflight) or now < svc.last_used + grace:
+                        rnd.realtime_active.add(svc.spec.device)
+        held = hold and not grace
+        batch_yield = switches.batch_yield
+        if held or batch_yield:
+            # Without a grace a realtime service holds its device while it runs (it was
+            # last used no later than now): the services running are the busy ones.
+            for svc in view.busy:
+                cls = svc.spec.cls
+                if cls is ServiceClass.REALTIME and held:
+                    rnd.realtime_active.add(svc.spec.device)
+                elif cls is ServiceClass.INTERACTIVE and batch_yield:
+                    rnd.interactive_active.add(svc.spec.device)
+
+    def _find_quiet(self, rnd: Round) -> dict[str, int]:
+        """Each device's epoch at the start of the round; a device whose state (its
+        WorldView epoch), round state and clock are those of a round that changed nothing
+        there (wait reasons aside) would repeat it: it goes to ``rnd.quiet``. The round's
+        state there is read only where the epoch alone does not tell it apart; the clock
+        is read as the time before which none of its queued services' backoffs ends and
+        none of their windows opens or closes (:meth:`record_quiet`)."""
+        start = dict(self.view.epochs)
+        now = self.view.now
         for dev, epoch in start.items():
             seen = self.cache.quiet.get(dev, epoch)
-            if seen is not Miss.MISS:
-                inputs[dev] = self.round_inputs(rnd, dev)
-                if seen == inputs[dev]:
-                    rnd.quiet.add(dev)
-        return start, inputs
+            if seen is not Miss.MISS and now < seen[1] and seen[0] == self.round_inputs(rnd, dev):
+                rnd.quiet.add(dev)
+        return start
+
+    def record_quiet(self, rnd: Round, start: dict[str, int]) -> None:
+        """Where the epoch did not move, nothing there changed: the round's state read now
+        is that at the start of the round (kept as it is where the device was quiet)."""
+        quiet = self.cache.quiet
+        view = self.view
+        now = view.now
+        for dev, epoch in start.items():
+            if view.epochs[dev] != epoch:
+                quiet.entries.pop(dev, None)
+            elif dev not in rnd.quiet:
+                until = math.inf
+                for cls in ServiceClass:
+                    for svc in view.queued_services(dev, cls):
+                        until = min(until, self.flips_at(svc, now))
+                quiet.put(dev, epoch, (self.round_inputs(rnd, dev), until))
 
     def round_inputs(self, rnd: Round, device: str) -> tuple[object, ...]:
-        """What a round's decisions on ``device`` read besides its state: time (windows,
-        backoffs of the queued services there) and the round's realtime and class state.
-        """
-        now = self.view.now
-        in_window = facts.in_window
-        queued = tuple(
-            # no windows: inside them (what _in_window says, without the call)
-            (svc.index, not spec.windows or in_window(svc, rnd), now < svc.backoff_until)
-            for svc in self.view.queued
-            if (spec := svc.spec).device == device
-        )
+        """What a round's decisions on ``device`` read besides its state and the clock: the
+        round's realtime and class state, and what time sharing could pause there."""
         return (
             device in rnd.realtime_active,
             device in rnd.realtime_work,
             device in rnd.interactive_active,
             rnd.higher_waiting.get(device),
-            queued,
-            facts.share_thresholds(self.view, device),
+            self.share_thresholds(device),
         )
+
+    def share_thresholds(self, device: str) -> tuple[object, ...]:
+        """:func:`facts.share_thresholds` of ``device``, found once per round (none where no
+        backend there declares a pause)."""
+        found = self.cache.share_thresholds.get(device, None)
+        if found is Miss.MISS:
+            found = ()
+            if device in self.time_sharing.pausing_devices():
+                found = facts.share_thresholds(self.view, device)
+            self.cache.share_thresholds.put(device, None, found)
+        return found
 
     def unsettled(
         self,
