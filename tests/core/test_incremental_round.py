@@ -20,16 +20,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from accelmux.core.events import Tick
+from accelmux.core.events import Demand, RequestArrived, Tick
 from accelmux.core.manager import Manager
 from accelmux.core.policies.accelmux import HEURISTICS, AccelmuxPolicy
 from accelmux.core.specs import ManagerSpec, PolicyKnobs, Window
 from accelmux.core.types import GIB, Reason, Residency, ServiceClass
 
-from .support import arrive, device, enqueued, loaded, loads, plain_profile, service
+from .fake_executor import FakeExecutor
+from .support import arrive, device, enqueued, loaded, loads, plain_profile, service, up
 from .test_indexes import two_device_specs
-from .test_properties import SETTINGS, Op, ops_strategy
-from .test_round_cache import crowded_ops, crowded_specs, drive
+from .test_properties import SETTINGS, Op, manager_specs, ops_strategy
+from .test_round_cache import apply, crowded_ops, crowded_specs, drive, plain_parts
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
@@ -200,3 +201,68 @@ def test_a_turn_left_out_as_a_whole_is_decided_again_once_a_window_opens() -> No
         assert not loads(out) and "j1" not in enqueued(out)
     assert m.next_wakeup(59.0) == pytest.approx(60.0)
     assert [a.service for a in loads(m.handle(Tick(), 60.0))] == ["job"]
+
+
+def assert_timers_agree(policy: AccelmuxPolicy, manager: Manager) -> None:
+    """What the kept TTLs and indexes say equals a walk of every service, now."""
+    world = manager.world
+    fast = policy.parts(world)
+    plain = plain_parts(world, manager.ops)
+    now = world.now
+    assert fast.wakeup.next_wakeup(now) == plain.wakeup.next_wakeup(now)
+    for dev in world.devices:
+        ttls = fast.residents.device_ttls(dev)
+        for svc in world.loaded_on(dev):
+            expires = (
+                svc.idle
+                and not (svc.pinned or svc.admin_wants_loaded)
+                and plain.residents.idle_past_ttl(svc)
+            )
+            assert not expires or now >= ttls.check_at, svc.name
+
+
+@settings(SETTINGS, max_examples=60)
+@given(
+    spec=st.one_of(manager_specs(), two_device_specs(), crowded_specs()),
+    ops=st.one_of(ops_strategy, crowded_ops),
+    disabled=st.frozensets(
+        st.sampled_from(["on_demand_keep", "restore", "idle_keep", "ballooning"]), max_size=2
+    ),
+)
+def test_kept_ttls_and_wake_ups_equal_a_walk_of_every_service(
+    spec: ManagerSpec, ops: list[Op], disabled: frozenset[str]
+) -> None:
+    spec = replace(spec, knobs=replace(spec.knobs, disabled=disabled))
+    policy = AccelmuxPolicy()
+    ex = FakeExecutor(Manager(spec, policy))
+    counter = [0]
+    for op in ops:
+        apply(ex, spec, op, counter)
+        assert_timers_agree(policy, ex.manager)
+        wake = ex.manager.next_wakeup(ex.now)
+        if wake is not None and op[2] < 0.5:
+            ex.send(Tick(), wake - ex.now)  # time passes: TTLs run out, pools shrink
+            assert_timers_agree(policy, ex.manager)
+
+
+def test_a_keep_alive_given_to_an_idle_service_whose_request_waits_moves_its_wake_up() -> None:
+    # The batch job is loaded and idle; a request for it, with a client's keep_alive of
+    # 7 s, waits while voice work runs: its TTL (what the next wake-up reads) is 7 s now.
+    spec = ManagerSpec(
+        devices=(device(budget=24 * GIB),),
+        services=(
+            service("asr", cls=ServiceClass.REALTIME),
+            service("job", cls=ServiceClass.BATCH, residency=Residency.WARM, ttl_s=300.0),
+        ),
+        knobs=PolicyKnobs(prewarm=False, safety_factor=1.0, disabled=frozenset({"idle_keep"})),
+    )
+    policy = AccelmuxPolicy()
+    m = Manager(spec, policy)
+    up(m, "asr", "job")
+    assert m.next_wakeup(1.0) == pytest.approx(300.0)
+    m.handle(arrive("a1", "asr"), 1.0)  # runs until the end of the test
+    out = m.handle(
+        RequestArrived(request_id="j1", service="job", demand=Demand(), keep_alive_s=7.0), 2.0
+    )
+    assert enqueued(out)["j1"].reason is Reason.HIGHER_CLASS_WAITING
+    assert m.next_wakeup(2.0) == plain_parts(m.world, m.ops).wakeup.next_wakeup(2.0) == 7.0

@@ -139,6 +139,17 @@ class World:
         self.evicted_out = ServiceSet()
         #: Status CRASHED (a crash or a failed load); a policy learns from crashes here.
         self.crashed = ServiceSet()
+        #: Loaded, idle (no request in flight, none paused in its pool) and not kept: the
+        #: services whose TTL runs, all and per device. Its version also moves when a
+        #: member's client keep_alive changes.
+        self.idle_up = ServiceSet()
+        self.idle_up_by_device = {d: ServiceSet() for d in self.devices}
+        #: Loaded, its KV pool resizable now and above its floor: a pool that can shrink.
+        self.balloonable = ServiceSet()
+        #: Services whose restart backoff ends after ``now``.
+        self.backing_off = ServiceSet()
+        #: Services with waiting requests and maintenance windows.
+        self.queued_windowed = ServiceSet()
         for svc in self.services.values():
             self.kept.update(svc, svc.pinned or svc.admin_wants_loaded)
         #: Waiting requests per ``wait_reason`` (None: not yet told why).
@@ -198,6 +209,9 @@ class World:
 
     def unloading_on(self, device: str) -> ServiceSet:
         return self.unloading_by_device[device]
+
+    def idle_up_on(self, device: str) -> ServiceSet:
+        return self.idle_up_by_device[device]
 
     def queued_services(self, device: str, cls: ServiceClass) -> ServiceSet:
         """Services of class ``cls`` on ``device`` with waiting requests."""

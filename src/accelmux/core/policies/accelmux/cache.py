@@ -138,6 +138,8 @@ class RoundCache:
         self.window_edges: Memo[None, int, tuple[float, ...]] = Memo(on)
         self.evicted_warm: Memo[None, int, list[ServiceState]] = Memo(on)
         self.quiet: Memo[str, int, tuple[tuple[object, ...], float]] = Memo(on)
+        #: Per device, the TTLs of its services whose TTL runs (``Residents.device_ttls``).
+        self.device_ttls: Memo[str, tuple[int, int], Any] = Memo(on)
         #: Per (device, class, steady) turn whose requests were all left out or replayed:
         #: the state then (``Schedule.unsettled``), until when the clock keeps it, and
         #: whether they set the round's blocked class.
