@@ -113,22 +113,9 @@ class RoundCache:
         self.device_inputs: Memo[
             tuple[str, ServiceClass], tuple[int, int, ServiceClass | None], tuple[object, ...]
         ] = Memo(on)
-        self._per_round: tuple[Memo[Any, Any, Any], ...] = (
-            self.pending_free,
-            self.kept_floor,
-            self.realtime_reserve,
-            self.memory_wanted,
-            self.memory_spare,
-            self.quickly_freeable,
-            self.steady_reserve,
-            self.room_failed,
-            self.realtime_devices,
-            self.restorable,
-            self.restores,
-            self.ttl_range,
-            self.service_waits,
-            self.share_thresholds,
-            self.device_inputs,
+        #: Every memo above: those :meth:`new_round` drops.
+        self._per_round: tuple[Memo[Any, Any, Any], ...] = tuple(
+            memo for memo in vars(self).values() if isinstance(memo, Memo)
         )
         # ---- across rounds
         self.reserves: Memo[str, tuple[int, int], int] = Memo(on)
