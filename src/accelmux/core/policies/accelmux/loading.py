@@ -150,7 +150,7 @@ class Loading:
         realtime request no eviction could serve is refused at once."""
         dev = svc.spec.device
         if self.room.reachable(dev, need + reserve, svc):
-            rnd.blocked[dev] = min(req.cls, rnd.blocked.get(dev, req.cls))
+            rnd.block(dev, req.cls)
         elif req.cls is ServiceClass.REALTIME:
             self.room.refuse(req, dev, need)
             return
