@@ -12,6 +12,12 @@ def _require(condition: bool, message: str) -> None:
         raise ValueError(message)
 
 
+def _require_oom_figures(asked_bytes: int | None, device_used_bytes: int | None) -> None:
+    """What an out-of-memory failure reports (either may be unmeasured) is not negative."""
+    _require(asked_bytes is None or asked_bytes >= 0, "asked_bytes must be >= 0")
+    _require(device_used_bytes is None or device_used_bytes >= 0, "device_used_bytes must be >= 0")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Demand:
     """What one request asks of its service.
@@ -109,11 +115,7 @@ class LoadFailed:
     device_used_bytes: int | None = None
 
     def __post_init__(self) -> None:
-        _require(self.asked_bytes is None or self.asked_bytes >= 0, "asked_bytes must be >= 0")
-        _require(
-            self.device_used_bytes is None or self.device_used_bytes >= 0,
-            "device_used_bytes must be >= 0",
-        )
+        _require_oom_figures(self.asked_bytes, self.device_used_bytes)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -180,11 +182,7 @@ class BackendCrashed:
     device_used_bytes: int | None = None
 
     def __post_init__(self) -> None:
-        _require(self.asked_bytes is None or self.asked_bytes >= 0, "asked_bytes must be >= 0")
-        _require(
-            self.device_used_bytes is None or self.device_used_bytes >= 0,
-            "device_used_bytes must be >= 0",
-        )
+        _require_oom_figures(self.asked_bytes, self.device_used_bytes)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
