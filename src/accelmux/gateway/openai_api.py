@@ -95,10 +95,10 @@ async def serve(
         answer = await rt.backends[d.service].handle(backend_request(d))
         if answer.stream is None:
             if kind.is_llm and answer.status < 400:
-                rt.live.usage_json(service, answer.body)
+                rt.live.usage_json(service, answer.body, rid)
             return answer, answer.peak_bytes
         chunks = answer.stream
-        timer = rt.live.stream(service, arrived)
+        timer = rt.live.stream(service, arrived, rid)
         try:
             if stream_resp is None:
                 stream_resp = web.StreamResponse(

@@ -8,19 +8,24 @@
   requests through the Manager), events in SQLite under ``server.data_dir``, served at
   ``/v1/cameras``.
 * Dashboard (:mod:`accelmux.dashboard`): ``/`` (static page), ``/admin/history``.
+* The request history (:mod:`accelmux.history`): a recorder the runtime's driver tells
+  every Manager round, writing SQLite files under ``data_dir/history``.
 
-Both are optional (``server.jobs``, ``server.dashboard``).
+All are optional (``server.jobs``, ``server.dashboard``, ``server.history.enabled``).
 """
 
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
 from aiohttp import web
 
+from accelmux import __version__
 from accelmux.backends.base import BackendRequest, BackendResponse
 from accelmux.cameras import CameraRunner, EventStore
 from accelmux.cameras.http import camera_routes
@@ -32,6 +37,10 @@ from accelmux.core.types import Reason, ServiceKind
 from accelmux.dashboard import routes as dashboard_routes
 from accelmux.errors import BackendError
 from accelmux.gateway.parse import tokens_of
+from accelmux.history.cpu import CpuProbe
+from accelmux.history.recorder import HistoryRecorder, StreamFigures
+from accelmux.history.session import new_session
+from accelmux.history.store import HistoryWriter
 from accelmux.jobs import JobInputError, JobInputRetry, JobRunner, JobStore
 from accelmux.jobs.http import JobAccess, job_routes
 from accelmux.runtime.daemon import Runtime
@@ -167,3 +176,54 @@ def mount_cameras(app: web.Application, runtime: Runtime, data_dir: Path) -> Sto
 
 def mount_dashboard(app: web.Application, runtime: Runtime) -> None:
     dashboard_routes(app, runtime.status)
+
+
+@dataclass
+class HistoryMount:
+    """The request history's recorder, attached to the runtime, and its writer."""
+
+    recorder: HistoryRecorder
+    writer: HistoryWriter
+    runtime: Runtime
+
+    def close(self) -> None:
+        """Write what is still open and stop the writer (after the runtime stopped)."""
+        if self.recorder in self.runtime.driver.observers:
+            self.runtime.driver.observers.remove(self.recorder)
+        self.recorder.close(self.runtime.clock.now())
+        self.writer.close()
+
+
+def mount_history(runtime: Runtime, data_dir: Path) -> HistoryMount | None:
+    """Record the runtime's requests, loads, decisions and samples under
+    ``data_dir/history`` (None when ``server.history.enabled`` is off). Call before
+    ``runtime.start()``, so that the Manager's first round is recorded too."""
+    cfg = runtime.cfg.server.history
+    if not cfg.enabled:
+        return None
+    clock = runtime.clock
+    started_wall = time.time() - clock.now()
+    # the gateway's stream timer reads time.monotonic(); the Manager's clock starts later
+    offset = time.monotonic() - clock.now()
+    writer = HistoryWriter(data_dir / "history", days=cfg.days, max_bytes=int(cfg.max_size))
+    session = new_session(runtime.cfg, runtime.manager.spec, __version__, started_wall)
+    writer.start_session(session)
+
+    def stream_figures(request_id: str) -> StreamFigures | None:
+        answer = runtime.live.answer(request_id)
+        if answer is None:
+            return None
+        first = answer.first_chunk_at
+        return StreamFigures(
+            first_chunk_at=None if first is None else first - offset,
+            output_tokens=answer.output_tokens,
+        )
+
+    hosts = [d.name for d in runtime.manager.spec.devices if d.kind == "host"]
+    # the managed compute: every process the daemon started (workers, external servers)
+    probe = CpuProbe(lambda: [p.pid for p in psutil.Process().children()], hosts)
+    recorder = HistoryRecorder(
+        writer, runtime.manager.spec, session, stream_figures=stream_figures, cpu_probe=probe
+    )
+    runtime.driver.observers.append(recorder)
+    return HistoryMount(recorder, writer, runtime)
