@@ -1,0 +1,360 @@
+"""Each service's measured profile, from the history: what the simulator is calibrated with.
+
+Only what the daemon measured of the services themselves is used: how long their loads
+took, the bytes their loads reported, the compute one of their requests uses, and how
+much work their requests were (sizes and service times). No figure a plan or a
+sim-to-real comparison reports (latencies, attainment, queueing, memory peaks, load
+counts) is fitted to.
+
+- **Compute share** (``share``: the fraction of the device one running request uses
+  alone): on a host device, each memory sample says what fraction of the cores the
+  managed processes used since the one before (:mod:`accelmux.history.cpu`); over the
+  samples where the machine was not saturated, that is the sum over services of
+  share x seconds their requests ran, plus loads; a non-negative least-squares fit
+  gives each share. A service with under :data:`MIN_BUSY_S` seconds of running time,
+  or a device without compute samples, keeps the simulator's default.
+- **Speed**: the simulator runs a request's *work* (its solo service time) at a rate
+  ``1 / max(1, S + F)`` where ``S`` is the sum of the shares running and ``F`` the
+  foreign compute (:mod:`accelmux.sim.compute`). The same rate, with the shares above
+  and the foreign compute the samples measured, turns each measured service time back
+  into work; then ``base_s + per_unit_s x units`` (or, for an LLM's streamed answers,
+  ``base_s + prompt / prefill_tps`` to the first token and ``tbt_s`` per token after
+  it) is fitted to the work by least squares.
+- **Loads**: the median time of the loads that read weights (``load_s``), of those that
+  found their copy already loaded for another service (``shared_load_s``), of the
+  reloads from host RAM (``warm_init_s``, less the copy); the median bytes the loads
+  reported (``true_weights``, ``true_runtime``); the median time an unload took to
+  hand its memory back (``unload_s``).
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import json
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from accelmux.history.records import DecisionRecord, LoadRecord, RequestRecord, SampleRecord
+from accelmux.history.store import History
+
+#: Running time below which a service's compute share is not fitted (seconds).
+MIN_BUSY_S = 5.0
+#: A sample span in which the machine's cores were this busy is saturated: skipped.
+SATURATED = 0.95
+#: The simulator's default share (a service with too little data keeps it).
+DEFAULT_SHARE = 0.5
+MIN_SHARE = 0.05
+
+
+@dataclass
+class Profile:
+    """One service's measured profile (None: not measured; the estimate stays)."""
+
+    service: str
+    kind: str
+    requests: int = 0
+    busy_s: float = 0.0
+    share: float | None = None
+    base_s: float | None = None
+    per_unit_s: float | None = None
+    prefill_tps: float | None = None
+    tbt_s: float | None = None
+    load_s: float | None = None
+    shared_load_s: float | None = None
+    warm_init_s: float | None = None
+    true_weights: int | None = None
+    true_runtime: int | None = None
+    loads: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    def perf(self, spec: dict[str, Any]) -> dict[str, Any]:
+        """The scenario's ``simulation.services`` entry (with the spec's capabilities
+        and shared-copy key)."""
+        out: dict[str, Any] = {}
+        for name in (
+            "share",
+            "base_s",
+            "per_unit_s",
+            "prefill_tps",
+            "tbt_s",
+            "load_s",
+            "shared_load_s",
+            "warm_init_s",
+            "true_weights",
+            "true_runtime",
+        ):
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = round(value, 6) if isinstance(value, float) else value
+        out["capabilities"] = dict(spec.get("capabilities") or {})
+        if spec.get("weights_key"):
+            out["weights_key"] = spec["weights_key"]
+        return out
+
+
+# ---- small numerics ---------------------------------------------------------------------
+def nnls(rows: Sequence[Sequence[float]], y: Sequence[float], iters: int = 500) -> list[float]:
+    """Non-negative least squares, min ||X b - y|| with b >= 0, by cyclic coordinate
+    descent on the normal equations (a handful of unknowns)."""
+    n = len(rows[0]) if rows else 0
+    gram = [[sum(r[i] * r[j] for r in rows) for j in range(n)] for i in range(n)]
+    xty = [sum(r[i] * v for r, v in zip(rows, y, strict=True)) for i in range(n)]
+    b = [0.0] * n
+    for _ in range(iters):
+        moved = 0.0
+        for i in range(n):
+            if gram[i][i] <= 0:
+                continue
+            rest = xty[i] - sum(gram[i][j] * b[j] for j in range(n) if j != i)
+            new = max(0.0, rest / gram[i][i])
+            moved = max(moved, abs(new - b[i]))
+            b[i] = new
+        if moved < 1e-12:
+            break
+    return b
+
+
+def _median(values: Iterable[float]) -> float | None:
+    vals = list(values)
+    return statistics.median(vals) if vals else None
+
+
+def _overlap(a0: float, a1: float, b0: float, b1: float) -> float:
+    return max(0.0, min(a1, b1) - max(a0, b0))
+
+
+# ---- the pieces -----------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class _Run:
+    service: str
+    start: float
+    end: float
+
+
+def _runs(requests: Iterable[RequestRecord]) -> list[_Run]:
+    out = []
+    for r in requests:
+        if (
+            r.t_dispatched is not None
+            and r.t_finished is not None
+            and r.t_finished > r.t_dispatched
+        ):
+            out.append(_Run(r.replica or r.service, r.t_dispatched, r.t_finished))
+    return out
+
+
+def _loading(loads: Iterable[LoadRecord]) -> list[tuple[float, float]]:
+    return [(ld.t_start, ld.t_end) for ld in loads if ld.t_end is not None]
+
+
+def fit_shares(
+    samples: Sequence[SampleRecord],
+    runs: Sequence[_Run],
+    loads: Sequence[tuple[float, float]],
+    services: Sequence[str],
+    cores: int,
+) -> tuple[dict[str, float], dict[str, float]]:
+    """(share by service, seconds each ran) from one device's compute samples."""
+    del cores  # the probe's fractions are of all cores already
+    busy = dict.fromkeys(services, 0.0)
+    rows: list[list[float]] = []
+    y: list[float] = []
+    ordered = sorted(runs, key=lambda r: r.start)
+    starts = [r.start for r in ordered]
+    longest = max((r.end - r.start for r in ordered), default=0.0)
+    index = {s: i for i, s in enumerate(services)}
+    for prev, cur in itertools.pairwise(samples):
+        if cur.cpu_managed is None or cur.cpu_total is None:
+            continue
+        a, b = prev.t, cur.t
+        if b <= a or cur.cpu_total >= SATURATED:
+            continue
+        x = [0.0] * (len(services) + 1)
+        lo = bisect.bisect_left(starts, a - longest)
+        hi = bisect.bisect_right(starts, b)
+        for run in ordered[lo:hi]:
+            i = index.get(run.service)
+            if i is not None:
+                x[i] += _overlap(a, b, run.start, run.end)
+        x[-1] = sum(_overlap(a, b, s, e) for s, e in loads)
+        rows.append(x)
+        y.append(cur.cpu_managed * (b - a))
+        for s, i in index.items():
+            busy[s] += x[i]
+    if not rows:
+        return {}, busy
+    beta = nnls(rows, y)
+    return {s: beta[i] for s, i in index.items() if busy[s] >= MIN_BUSY_S}, busy
+
+
+class _Rate:
+    """The simulator's rate ``1/max(1, S + F)`` over a device's recorded runs."""
+
+    def __init__(
+        self, runs: Sequence[_Run], shares: dict[str, float], foreign: Sequence[tuple[float, float]]
+    ) -> None:
+        points: list[tuple[float, float]] = []
+        for r in runs:
+            share = shares.get(r.service, DEFAULT_SHARE)
+            points.append((r.start, share))
+            points.append((r.end, -share))
+        points.sort()
+        self.times = [t for t, _ in points]
+        load = 0.0
+        self.loads = []
+        for _, delta in points:
+            load += delta
+            self.loads.append(max(0.0, load))
+        self.f_times = [t for t, _ in foreign]
+        self.f_values = [v for _, v in foreign]
+
+    def _load_at(self, t: float) -> float:
+        i = bisect.bisect_right(self.times, t) - 1
+        return self.loads[i] if i >= 0 else 0.0
+
+    def _foreign_at(self, t: float) -> float:
+        i = bisect.bisect_right(self.f_times, t)  # the sample that closes the span holding t
+        return self.f_values[i] if i < len(self.f_values) else 0.0
+
+    def work(self, a: float, b: float) -> float:
+        """Solo seconds of work done in [a, b] by one job running all along."""
+        if b <= a:
+            return 0.0
+        edges = {a, b}
+        lo, hi = bisect.bisect_right(self.times, a), bisect.bisect_left(self.times, b)
+        edges.update(self.times[lo:hi])
+        lo, hi = bisect.bisect_right(self.f_times, a), bisect.bisect_left(self.f_times, b)
+        edges.update(self.f_times[lo:hi])
+        cuts = sorted(edges)
+        total = 0.0
+        for x0, x1 in itertools.pairwise(cuts):
+            mid = (x0 + x1) / 2
+            total += (x1 - x0) / max(1.0, self._load_at(mid) + self._foreign_at(mid))
+        return total
+
+
+def _fit_speed(p: Profile, requests: Sequence[RequestRecord], rate: _Rate, is_llm: bool) -> None:
+    done = [
+        r
+        for r in requests
+        if r.outcome == "ok"
+        and r.t_dispatched is not None
+        and r.t_finished is not None
+        and r.attempts <= 1
+        and r.pauses == 0
+    ]
+    p.requests = len(done)
+    if not done:
+        p.notes.append("no request served: its speed is the scenario default")
+        return
+    streamed = [r for r in done if r.stream and r.t_first_token is not None and r.output_tokens]
+    if is_llm and streamed:
+        rows, y, per_token = [], [], []
+        for r in streamed:
+            assert r.t_dispatched is not None and r.t_first_token is not None
+            rows.append([1.0, float(r.prompt_tokens)])
+            y.append(rate.work(r.t_dispatched, r.t_first_token))
+            decode = rate.work(r.t_first_token, r.t_finished or r.t_first_token)
+            per_token.append(decode / max(1, (r.output_tokens or 1) - 1))
+        base, per_prompt = nnls(rows, y)
+        p.base_s = base
+        p.prefill_tps = 1.0 / per_prompt if per_prompt > 1e-9 else 1e6
+        p.tbt_s = _median(per_token)
+        return
+    rows, y = [], []
+    for r in done:
+        assert r.t_dispatched is not None and r.t_finished is not None
+        units = float(r.output_tokens or r.max_output_tokens) if is_llm else r.units
+        rows.append([1.0, units])
+        y.append(rate.work(r.t_dispatched, r.t_finished))
+    base, per_unit = nnls(rows, y)
+    if is_llm:  # answers that did not stream: the whole answer is base + tokens x tbt
+        p.base_s, p.tbt_s = base, per_unit
+        p.prefill_tps = 1e6
+        p.notes.append("no streamed answer: prefill is folded into base_s")
+    else:
+        p.base_s, p.per_unit_s = base, per_unit
+
+
+def _fit_loads(
+    p: Profile, loads: Sequence[LoadRecord], shared_key: bool, host_bw: float, weights: int
+) -> None:
+    ok = [ld for ld in loads if ld.ok and ld.t_end is not None]
+    p.loads = len(ok)
+    measured = [ld for ld in ok if ld.weights is not None or ld.runtime is not None]
+    shared = [ld for ld in ok if shared_key and ld.weights is None and ld.runtime is None]
+    cold = [ld for ld in measured if ld.from_tier == "cold"]
+    warm = [ld for ld in measured if ld.from_tier in ("parked", "sleeping")]
+    p.load_s = _median(ld.t_end - ld.t_start for ld in cold if ld.t_end is not None)
+    p.shared_load_s = _median(ld.t_end - ld.t_start for ld in shared if ld.t_end is not None)
+    warm_s = _median(ld.t_end - ld.t_start for ld in warm if ld.t_end is not None)
+    if warm_s is not None:
+        p.warm_init_s = max(0.0, warm_s - weights / host_bw)
+    w = _median(float(ld.weights) for ld in measured if ld.weights is not None)
+    r = _median(float(ld.runtime) for ld in measured if ld.runtime is not None)
+    p.true_weights = None if w is None else int(w)
+    p.true_runtime = None if r is None else int(r)
+
+
+def unload_seconds(decisions: Sequence[DecisionRecord]) -> float | None:
+    """The median time from an unload decision to the memory coming back."""
+    asked: dict[str, float] = {}
+    took: list[float] = []
+    for d in decisions:
+        if d.action == "unload":
+            asked[d.service] = d.t
+        elif d.action == "unloaded" and d.service in asked:
+            took.append(d.t - asked.pop(d.service))
+    return _median(took)
+
+
+def _foreign_compute(samples: Sequence[SampleRecord]) -> list[tuple[float, float]]:
+    return [
+        (s.t, max(0.0, s.cpu_total - s.cpu_managed))
+        for s in samples
+        if s.cpu_total is not None and s.cpu_managed is not None
+    ]
+
+
+def calibrate(history: History, *, until: float | None = None) -> dict[str, Profile]:
+    """Every service's profile from ``history`` (its rows up to ``until``)."""
+    spec = json.loads(history.session.spec)
+    devices = {d["name"]: d for d in spec["devices"]}
+    services = {s["name"]: s for s in spec["services"]}
+    config = json.loads(history.session.config)
+    end = float("inf") if until is None else until
+    requests = [r for r in history.requests if r.t_arrived <= end]
+    samples = [s for s in history.samples if s.t <= end]
+    loads = [ld for ld in history.loads if ld.t_start <= end]
+    profiles: dict[str, Profile] = {}
+    for dev_name, dev in devices.items():
+        on_dev = [n for n, s in services.items() if s["device"] == dev_name]
+        dev_samples = [s for s in samples if s.device == dev_name]
+        runs = [r for r in _runs(requests) if r.service in on_dev]
+        dev_loads = _loading(ld for ld in loads if ld.service in on_dev)
+        shares, busy = fit_shares(dev_samples, runs, dev_loads, on_dev, 1)
+        rate = _Rate(runs, shares, _foreign_compute(dev_samples))
+        for name in on_dev:
+            svc = services[name]
+            kind = str(config["services"].get(svc["group"] or name, {}).get("kind", ""))
+            p = Profile(service=name, kind=kind, busy_s=round(busy.get(name, 0.0), 3))
+            if name in shares:
+                p.share = min(1.0, max(MIN_SHARE, shares[name]))
+            elif not any(s.cpu_managed is not None for s in dev_samples):
+                p.notes.append("no compute samples on its device: default share")
+            else:
+                p.notes.append(f"ran {p.busy_s:.1f} s: too little to fit its share")
+            mine = [r for r in requests if (r.replica or r.service) == name]
+            _fit_speed(p, mine, rate, kind in ("chat", "completion"))
+            _fit_loads(
+                p,
+                [ld for ld in loads if ld.service == name],
+                bool(svc.get("weights_key")),
+                float(dev["host_bandwidth"]),
+                int(svc["profile"]["weights"]),
+            )
+            profiles[name] = p
+    return profiles
