@@ -152,7 +152,7 @@ class Change:
         if self.compute_scale is not None:
             _scale(out, self.compute_scale)
         for name in self.remove_services:
-            _remove(out, name)
+            remove_service(out, name)
         for svc in self.add_services:
             notes.append(_add(out, svc, dev_name, base_dir))
         for key, value in self.sets:
@@ -208,7 +208,7 @@ def _scale(data: dict[str, Any], factor: float) -> None:
             perf["prefill_tps"] = perf["prefill_tps"] * factor
 
 
-def _remove(data: dict[str, Any], name: str) -> None:
+def remove_service(data: dict[str, Any], name: str) -> None:
     if name not in data["services"]:
         raise ChangeError(
             f"cannot remove {name!r}: no such service ({', '.join(data['services'])})"

@@ -27,12 +27,13 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import ByteSize, TypeAdapter
 
 from accelmux.core.types import GIB
 from accelmux.errors import AccelmuxError, BackendError, ConfigError
 from accelmux.history.records import DecisionRecord, SampleRecord
 from accelmux.history.store import History
-from accelmux.plan.changes import Change, ChangeError
+from accelmux.plan.changes import Change, ChangeError, remove_service
 from accelmux.plan.export import SCENARIO, export_history
 from accelmux.plan.outcomes import (
     Outcome,
@@ -246,41 +247,95 @@ def _recorded_rows(scn: Scenario) -> list[Any]:
     )
 
 
-def _check_fit(scn: Scenario, label: str) -> list[str]:
-    """Refuse a device no service fits; note each service that fits on no device."""
-    spec = scn.manager_spec()
-    usable = {d.name: d.usable_bytes for d in spec.devices}
-    notes: list[str] = []
-    fits_somewhere = False
-    smallest: tuple[int, str] | None = None
-    for s in spec.services:
-        need = s.profile.resident_floor + s.profile.workspace
-        smallest = min(smallest or (need, s.name), (need, s.name))
-        if any(need <= u for u in usable.values()):
-            fits_somewhere = True
-        else:
-            notes.append(
-                f"{s.name} fits on no device (it needs {need / GIB:.2f} GiB loaded, the "
-                f"largest device has {max(usable.values()) / GIB:.2f} GiB to give): its "
-                "requests are refused"
-            )
-    if not fits_somewhere and smallest is not None:
-        sizes = ", ".join(f"{n} {u / GIB:.2f} GiB" for n, u in usable.items())
+def _bytes(value: Any) -> int:
+    return int(TypeAdapter(ByteSize).validate_python(value or 0))
+
+
+def _usable(data: dict[str, Any]) -> dict[str, int]:
+    """What each device of scenario data gives its services: budget less headroom."""
+    return {
+        name: _bytes(d.get("budget") or d.get("capacity")) - _bytes(d.get("headroom", 0))
+        for name, d in data["devices"].items()
+    }
+
+
+def _unfit(data: dict[str, Any]) -> list[tuple[str, int]]:
+    """The services of scenario data that fit on none of its devices, with what each
+    needs loaded (weights, runtime, the smallest KV pool and a request's workspace)."""
+    usable = _usable(data)
+    out = []
+    for name, svc in data["services"].items():
+        mem = svc.get("memory", {})
+        need = sum(_bytes(mem.get(k)) for k in ("weights", "runtime", "kv_floor", "workspace"))
+        allowed = svc.get("devices") or ([svc["device"]] if svc.get("device") else list(usable))
+        if not any(need <= usable.get(d, 0) for d in allowed):
+            out.append((name, need))
+    return out
+
+
+def _drop_unfit(data: dict[str, Any], label: str) -> tuple[list[str], list[str]]:
+    """Leave out the services that fit on no device (their requests are refused, as the
+    daemon would refuse them); refuse a change that no service fits."""
+    unfit = _unfit(data)
+    if not unfit:
+        return [], []
+    if len(unfit) == len(data["services"]):
+        usable = ", ".join(f"{n} {u / GIB:.2f} GiB" for n, u in _usable(data).items())
+        need, name = min((need, name) for name, need in unfit)
         raise PlanError(
-            f"{label}: no service fits on the device(s) asked for (usable: {sizes}); "
-            f"the smallest, {smallest[1]}, needs {smallest[0] / GIB:.2f} GiB loaded"
+            f"{label}: no service fits on the device(s) asked for (usable after headroom: "
+            f"{usable}); the smallest, {name}, needs {need / GIB:.2f} GiB loaded"
         )
-    return notes
+    notes = []
+    for name, need in unfit:
+        remove_service(data, name)
+        notes.append(
+            f"{name} fits on no device (it needs {need / GIB:.2f} GiB loaded): it cannot "
+            "run, and its requests count as refused"
+        )
+    return [name for name, _ in unfit], notes
+
+
+def _refused(
+    rows: list[Any],
+    services: list[str],
+    since: float,
+    classes: dict[str, str],
+    kinds: dict[str, bool],
+) -> list[Outcome]:
+    """The recorded requests of services a change leaves with no device, refused."""
+    out = []
+    for r in rows:
+        if r.service in services and r.arrival_s >= since:
+            o = from_trace(r, classes.get(r.service, ""), kinds.get(r.service, False))
+            out.append(
+                dataclasses.replace(
+                    o,
+                    queue_s=None,
+                    response_s=None,
+                    total_s=None,
+                    outcome="rejected",
+                    reason="too_large",
+                    first_decision="reject:too_large",
+                )
+            )
+    return out
 
 
 def _column(
-    label: str, kind: str, scn: Scenario, runs: list[Replay], since: float, slo: dict[str, Slo]
+    label: str,
+    kind: str,
+    scn: Scenario,
+    runs: list[Replay],
+    since: float,
+    slo: dict[str, Slo],
+    refused: Sequence[Outcome] = (),
 ) -> Column:
     """A simulated column: the figures of each seed's run, averaged (spread kept)."""
     devices = _devices(scn)
     per_seed = []
     for run in runs:
-        outs = [o for o in run.outcomes() if o.arrived >= since]
+        outs = [o for o in run.outcomes() if o.arrived >= since] + list(refused)
         figs = figures(outs, lambda s: slo.get(s, Slo()))
         memory, timeline = _memory(run.samples, devices, since)
         per_seed.append((outs, figs, memory, timeline, _decisions(run.decisions, since), run))
@@ -334,7 +389,7 @@ def _max_memory(items: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _variant(scn: Scenario, change: Change, workdir: Path) -> tuple[Scenario, list[str]]:
+def _variant(scn: Scenario, change: Change, workdir: Path) -> tuple[Scenario, list[str], list[str]]:
     data = yaml.safe_load(Path(scn.source).read_text(encoding="utf-8"))
     for w in data["workloads"]:
         if w.get("type") == "recorded":
@@ -346,6 +401,8 @@ def _variant(scn: Scenario, change: Change, workdir: Path) -> tuple[Scenario, li
         changed, notes = change.apply(data, scn.base_dir)
     except BackendError as exc:
         raise PlanError(f"{change.describe()}: {exc}") from None
+    unfit, dropped = _drop_unfit(changed, change.describe())
+    notes += dropped
     path = workdir / f"variant-{abs(hash(change.describe())) % 10**8}.yaml"
     path.write_text(yaml.safe_dump(changed, sort_keys=False), encoding="utf-8")
     try:
@@ -354,7 +411,7 @@ def _variant(scn: Scenario, change: Change, workdir: Path) -> tuple[Scenario, li
         raise PlanError(
             f"{change.describe()}: the changed config is not valid: " + "; ".join(exc.problems)
         ) from None
-    return variant, notes
+    return variant, notes, unfit
 
 
 def make_plan(
@@ -392,12 +449,14 @@ def make_plan(
     columns.append(rep)
     with tempfile.TemporaryDirectory(prefix="accelmux-plan-") as td:
         for change in changes:
-            variant, notes = _variant(scn, change, Path(td))
-            notes += _check_fit(variant, change.describe())
+            variant, notes, unfit = _variant(scn, change, Path(td))
             drawn = len(variant.config.workloads) > 1
             seeds = DRAWN_SEEDS if drawn else 1
             runs = [replay(variant, change.policy or base_policy, seed=s) for s in range(seeds)]
-            col = _column(change.describe(), "change", variant, runs, since, slo | _slo(variant))
+            refused = _refused(rows, unfit, since, classes, kinds)
+            col = _column(
+                change.describe(), "change", variant, runs, since, slo | _slo(variant), refused
+            )
             col.notes += notes
             col.first_to_suffer = first_to_suffer(rep.outcomes, col.outcomes, slo | _slo(variant))
             columns.append(col)
