@@ -103,7 +103,7 @@ async def serve(
     app = build_app(runtime)
     jobs = mount_jobs(app, runtime, data_dir) if server.jobs else None
     if server.dashboard:
-        mount_dashboard(app, runtime)
+        mount_dashboard(app, runtime, data_dir)
     cameras = mount_cameras(app, runtime, data_dir)
     history = mount_history(runtime, data_dir)
     await runtime.start()

@@ -7,7 +7,8 @@
 * Cameras (:mod:`accelmux.cameras`): one analysis loop per camera service (background
   requests through the Manager), events in SQLite under ``server.data_dir``, served at
   ``/v1/cameras``.
-* Dashboard (:mod:`accelmux.dashboard`): ``/`` (static page), ``/admin/history``.
+* Dashboard (:mod:`accelmux.dashboard`): ``/`` (static page), ``/admin/history``, and
+  the plan page's ``POST /admin/plan`` (:mod:`accelmux.server.plan_api`).
 * The request history (:mod:`accelmux.history`): a recorder the runtime's driver tells
   every Manager round, writing SQLite files under ``data_dir/history``.
 
@@ -45,6 +46,7 @@ from accelmux.jobs import JobInputError, JobInputRetry, JobRunner, JobStore
 from accelmux.jobs.http import JobAccess, job_routes
 from accelmux.runtime.daemon import Runtime
 from accelmux.runtime.requests import Refused
+from accelmux.server.plan_api import plan_routes
 
 
 def embedding_models(runtime: Runtime) -> list[str]:
@@ -174,8 +176,11 @@ def mount_cameras(app: web.Application, runtime: Runtime, data_dir: Path) -> Sto
     return StoreAndRunner(store, runner)
 
 
-def mount_dashboard(app: web.Application, runtime: Runtime) -> None:
+def mount_dashboard(app: web.Application, runtime: Runtime, data_dir: Path) -> None:
+    """The page at ``/`` and its history, and ``POST /admin/plan`` for its plan page
+    (``/dashboard/plan.html``), which plans from this daemon's own history."""
     dashboard_routes(app, runtime.status)
+    app.add_routes(plan_routes(data_dir))
 
 
 @dataclass
