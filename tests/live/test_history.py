@@ -77,7 +77,8 @@ def test_the_daemon_records_sizes_times_and_outcomes_never_text(tmp_path: Path) 
         blob = path.read_bytes()
         for secret in (SECRET_PROMPT, SECRET_TEXT):
             assert secret.encode() not in blob, f"{secret} written into {path.name}"
-    assert main(["history", "export", "--data-dir", str(d.data_dir), "--out", str(tmp_path / "e")]) == 0
+    out = str(tmp_path / "e")
+    assert main(["history", "export", "--data-dir", str(d.data_dir), "--out", out]) == 0
     assert (tmp_path / "e" / "requests.csv").read_text().count("\n") == len(h.requests) + 2
 
 
