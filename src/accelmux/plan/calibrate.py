@@ -117,6 +117,28 @@ def nnls(rows: Sequence[Sequence[float]], y: Sequence[float], iters: int = 500) 
     return b
 
 
+#: Sizes must spread this much (largest / smallest) for a fixed cost and a cost per unit
+#: to be told apart; below it a service's work is fitted as one of the two.
+MIN_SPREAD = 1.5
+
+
+def fit_line(
+    xs: Sequence[float], ys: Sequence[float], *, proportional: bool
+) -> tuple[float, float]:
+    """(base, per unit) with both >= 0, by least squares. When the sizes barely vary
+    the two cannot be told apart: the work is then all per unit (``proportional``: an
+    LLM's prompt) or all fixed (a camera's frames, all one size)."""
+    positive = [x for x in xs if x > 0]
+    if not xs:
+        return 0.0, 0.0
+    if len(positive) < 2 or max(positive) < MIN_SPREAD * min(positive):
+        if proportional and sum(xs) > 0:
+            return 0.0, sum(ys) / sum(xs)
+        return sum(ys) / len(ys), 0.0
+    base, per_unit = nnls([[1.0, x] for x in xs], ys)
+    return base, per_unit
+
+
 def _median(values: Iterable[float]) -> float | None:
     vals = list(values)
     return statistics.median(vals) if vals else None
@@ -252,25 +274,24 @@ def _fit_speed(p: Profile, requests: Sequence[RequestRecord], rate: _Rate, is_ll
         return
     streamed = [r for r in done if r.stream and r.t_first_token is not None and r.output_tokens]
     if is_llm and streamed:
-        rows, y, per_token = [], [], []
+        xs, y, per_token = [], [], []
         for r in streamed:
             assert r.t_dispatched is not None and r.t_first_token is not None
-            rows.append([1.0, float(r.prompt_tokens)])
+            xs.append(float(r.prompt_tokens))
             y.append(rate.work(r.t_dispatched, r.t_first_token))
             decode = rate.work(r.t_first_token, r.t_finished or r.t_first_token)
             per_token.append(decode / max(1, (r.output_tokens or 1) - 1))
-        base, per_prompt = nnls(rows, y)
+        base, per_prompt = fit_line(xs, y, proportional=True)
         p.base_s = base
         p.prefill_tps = 1.0 / per_prompt if per_prompt > 1e-9 else 1e6
         p.tbt_s = _median(per_token)
         return
-    rows, y = [], []
+    xs, y = [], []
     for r in done:
         assert r.t_dispatched is not None and r.t_finished is not None
-        units = float(r.output_tokens or r.max_output_tokens) if is_llm else r.units
-        rows.append([1.0, units])
+        xs.append(float(r.output_tokens or r.max_output_tokens) if is_llm else r.units)
         y.append(rate.work(r.t_dispatched, r.t_finished))
-    base, per_unit = nnls(rows, y)
+    base, per_unit = fit_line(xs, y, proportional=is_llm)
     if is_llm:  # answers that did not stream: the whole answer is base + tokens x tbt
         p.base_s, p.tbt_s = base, per_unit
         p.prefill_tps = 1e6

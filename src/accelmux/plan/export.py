@@ -220,13 +220,19 @@ def _services(spec: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
 
 
 def export_history(
-    history: History, *, last_s: float | None = None, warmup_s: float = 600.0
+    history: History,
+    *,
+    last_s: float | None = None,
+    warmup_s: float = 600.0,
+    profiles: dict[str, Profile] | None = None,
 ) -> Export:
     """The scenario, trace and timeline of ``history``'s session.
 
     The replay starts where the daemon started (so it starts as cold as the daemon did);
     with ``last_s``, only the last ``last_s`` seconds of requests are measured, with up to
-    ``warmup_s`` before them replayed unmeasured (the ``warmup_s`` of the scenario)."""
+    ``warmup_s`` before them replayed unmeasured (the ``warmup_s`` of the scenario).
+    ``profiles``: the services' profiles to calibrate with (default: this history's own;
+    another run's, to replay a workload that calibration never saw)."""
     session = history.session
     spec = json.loads(session.spec)
     config = json.loads(session.config)
@@ -242,7 +248,8 @@ def export_history(
     kept = [r for r in requests if r.t_arrived >= t0]
     links = link(kept)
     trace = [_trace_row(i, r, t0, links.get(i)) for i, r in enumerate(kept)]
-    profiles = calibrate(history)
+    if profiles is None:
+        profiles = calibrate(history)
     by_name = {s["name"]: s for s in spec["services"]}
     perf = {name: p.perf(by_name[name]) for name, p in profiles.items() if name in by_name}
     origin = float(spec.get("clock_origin_s_of_day", 0.0)) + t0
