@@ -13,6 +13,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from accelmux.history.cpu import CpuFigures
 from accelmux.history.recorder import HistoryRecorder, StreamFigures
 from accelmux.history.session import new_session
 from accelmux.history.store import HistoryWriter
@@ -99,23 +100,31 @@ def home(**simulation: Any) -> dict[str, Any]:
 
 
 class _SimCpu:
-    """The simulated device's busy fraction over each sample period, as the daemon's
-    probe measures a host's cores (managed, and managed plus foreign)."""
+    """What the daemon's probe measures of a host, from the simulated device: the mean
+    load (the running shares, in threads of a one-core device) and the foreign share
+    over each sample period, and the busy fraction."""
 
     def __init__(self, sim: Simulation) -> None:
         self.sim = sim
-        self.last: dict[str, tuple[float, float]] = {}
+        self.last: dict[str, tuple[float, float, float]] = {}
 
-    def __call__(self, device: str) -> tuple[float | None, float | None]:
+    def __call__(self, device: str) -> CpuFigures:
         comp = self.sim.compute[device]
         now = self.sim.clock.now()
         comp.advance(now)
         before = self.last.get(device)
-        self.last[device] = (now, comp.busy_s)
+        self.last[device] = (now, comp.busy_s, comp.load_s)
         if before is None or now <= before[0]:
-            return None, None
-        managed = (comp.busy_s - before[1]) / (now - before[0])
-        return round(managed, 4), round(min(1.0, managed + comp.foreign_share), 4)
+            return CpuFigures()
+        span = now - before[0]
+        busy = (comp.busy_s - before[1]) / span
+        load = (comp.load_s - before[2]) / span
+        return CpuFigures(
+            cpu_managed=round(busy, 4),
+            cpu_total=round(min(1.0, busy + comp.foreign_share), 4),
+            run_managed=round(load, 4),
+            run_total=round(load + comp.foreign_share, 4),
+        )
 
 
 def record(
@@ -126,7 +135,7 @@ def record(
     scn = load_scenario_data(copy.deepcopy(data), str(directory / "home.yaml"), directory)
     sim = Simulation(scn, policy, seed)
     writer = HistoryWriter(directory / "history", days=7, max_bytes=1 << 30)
-    session = new_session(scn.config, sim.spec, "test", started_wall=1_790_000_000.0)
+    session = new_session(scn.config, sim.spec, "test", started_wall=1_790_000_000.0, cores=1)
     writer.start_session(session)
 
     def figures(rid: str) -> StreamFigures | None:

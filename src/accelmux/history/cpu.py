@@ -1,21 +1,47 @@
-"""The compute the host's processes used between two memory samples (psutil).
+"""How much the host's processes wanted the CPU between two memory samples.
 
 On a host device (a shared-memory accelerator, or the CPU itself) the services compete
-for the same cores as every other program, so the history keeps, per sample, the
-fraction of the machine's cores that were busy since the sample before: in the managed
-services' processes (the inference workers, external servers and their children) and
-in all processes. The simulator replays the difference as foreign compute, and the
-calibration reads from the first how much of the device one request of each service
-uses (:mod:`accelmux.plan.calibrate`).
+for the same cores as every other program. Linux shares the cores fairly between the
+threads that can run: with ``N`` runnable threads on ``C`` cores each gets ``C / N`` of
+a core when ``N > C``. So what slows a request down is not how busy the cores are (a
+saturated machine reads 100 % whether 3 or 30 threads wait) but how many threads want
+them. The probe keeps, per sample:
+
+- ``run_managed`` and ``run_total``: the mean number of runnable threads in the managed
+  services' processes (the inference workers, external servers and their children) and
+  on the whole machine, read from ``/proc`` :data:`RATE_HZ` times a second by a thread of
+  its own (``procs_running`` in ``/proc/stat``; each managed thread's state);
+- ``cpu_managed`` and ``cpu_total``: the fraction of the cores they used (CPU time).
+
+The calibration reads from the first how many threads one request of each service
+keeps runnable (its share of the device), and the simulator replays the rest of the
+machine's runnable threads as foreign compute (:mod:`accelmux.plan.calibrate`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
 
 import psutil
+
+#: How often the runnable threads are counted (per second).
+RATE_HZ = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class CpuFigures:
+    """One span's figures (None where not measured)."""
+
+    cpu_managed: float | None = None
+    cpu_total: float | None = None
+    run_managed: float | None = None
+    run_total: float | None = None
 
 
 def _busy_s() -> float:
@@ -24,49 +50,117 @@ def _busy_s() -> float:
     return float(sum(t)) - idle
 
 
+def procs_running() -> int | None:
+    """Runnable threads on the machine now (``procs_running``), None when unknown."""
+    try:
+        with open("/proc/stat", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("procs_running"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def runnable_threads(pids: Iterable[int]) -> int:
+    """Threads of ``pids`` that are runnable now (state ``R``)."""
+    count = 0
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for task in Path(f"/proc/{pid}/task").iterdir():
+                with contextlib.suppress(OSError, IndexError):
+                    stat = (task / "stat").read_text(encoding="ascii", errors="replace")
+                    if stat[stat.rindex(")") + 2] == "R":
+                        count += 1
+    return count
+
+
 class CpuProbe:
-    """Called once per sample of a host device: (managed, total) fractions of the cores
-    busy since the last call (None, None for the first call and for other devices)."""
+    """Called once per sample of a host device: that span's :class:`CpuFigures` (all
+    None for the first call, and for other devices). ``close()`` stops its thread."""
 
     def __init__(
         self,
-        pids: Callable[[], Iterable[int]],
+        roots: Callable[[], Iterable[int]],
         host_devices: Iterable[str],
         *,
         clock: Callable[[], float] = time.monotonic,
+        rate_hz: float = RATE_HZ,
     ) -> None:
-        self._pids = pids
+        self._roots = roots
         self._hosts = set(host_devices)
         self._clock = clock
         self._cores = psutil.cpu_count() or os.cpu_count() or 1
         self._last: tuple[float, float, dict[int, float]] | None = None
+        self._pids: list[int] = []
+        self._lock = threading.Lock()
+        self._counts = [0.0, 0.0, 0]  # managed runnable, all runnable, ticks
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if self._hosts and procs_running() is not None:
+            self._thread = threading.Thread(
+                target=self._count, args=(1.0 / rate_hz,), name="history-cpu", daemon=True
+            )
+            self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(2.0)
+
+    def _count(self, period: float) -> None:
+        while not self._stop.wait(period):
+            total = procs_running()
+            with self._lock:
+                pids = list(self._pids)
+            managed = runnable_threads(pids)
+            if total is None:
+                continue
+            with self._lock:
+                self._counts[0] += managed
+                self._counts[1] += max(managed, total - 1)  # not this thread, reading
+                self._counts[2] += 1
 
     def _managed(self) -> dict[int, float]:
         """CPU seconds of each managed process and its children, by pid."""
         out: dict[int, float] = {}
-        for pid in set(self._pids()):
+        for pid in set(self._roots()):
             try:
                 root = psutil.Process(pid)
                 procs = [root, *root.children(recursive=True)]
             except psutil.Error:
                 continue
             for proc in procs:
-                try:
+                with contextlib.suppress(psutil.Error):
                     t = proc.cpu_times()
-                except psutil.Error:
-                    continue
-                out[proc.pid] = float(t.user + t.system)
+                    out[proc.pid] = float(t.user + t.system)
         return out
 
-    def __call__(self, device: str) -> tuple[float | None, float | None]:
-        if device not in self._hosts:
+    def _runnable(self) -> tuple[float | None, float | None]:
+        with self._lock:
+            managed, total, ticks = self._counts
+            self._counts = [0.0, 0.0, 0]
+        if not ticks:
             return None, None
+        return round(managed / ticks, 3), round(total / ticks, 3)
+
+    def __call__(self, device: str) -> CpuFigures:
+        if device not in self._hosts:
+            return CpuFigures()
         now, busy, managed = self._clock(), _busy_s(), self._managed()
+        with self._lock:
+            self._pids = list(managed)
+        run_managed, run_total = self._runnable()
         last, self._last = self._last, (now, busy, managed)
         if last is None or now - last[0] <= 0:
-            return None, None
+            return CpuFigures()
         span = (now - last[0]) * self._cores
         # a process seen for the first time counts from now on (its past is not this span's)
         used = sum(max(0.0, s - last[2][pid]) for pid, s in managed.items() if pid in last[2])
         total = max(0.0, busy - last[1])
-        return round(min(1.0, used / span), 4), round(min(1.0, total / span), 4)
+        return CpuFigures(
+            cpu_managed=round(min(1.0, used / span), 4),
+            cpu_total=round(min(1.0, total / span), 4),
+            run_managed=run_managed,
+            run_total=run_total,
+        )

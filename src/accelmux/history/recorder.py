@@ -50,6 +50,7 @@ from accelmux.core.events import (
     Unloaded,
 )
 from accelmux.core.specs import ManagerSpec, ServiceSpec
+from accelmux.history.cpu import CpuFigures
 from accelmux.history.records import (
     DecisionRecord,
     LoadRecord,
@@ -95,7 +96,7 @@ class HistoryRecorder:
         session: Session,
         *,
         stream_figures: Callable[[str], StreamFigures | None] = lambda _rid: None,
-        cpu_probe: Callable[[str], tuple[float | None, float | None]] | None = None,
+        cpu_probe: Callable[[str], CpuFigures] | None = None,
         flush_s: float = 2.0,
     ) -> None:
         self.sink = sink
@@ -220,7 +221,7 @@ class HistoryRecorder:
         self._rows.append(row)
 
     def _sample(self, now: float, ev: MemorySampled) -> None:
-        cpu_managed, cpu_total = self.cpu_probe(ev.device) if self.cpu_probe else (None, None)
+        cpu = self.cpu_probe(ev.device) if self.cpu_probe else CpuFigures()
         self._rows.append(
             SampleRecord(
                 session=self.session,
@@ -231,8 +232,10 @@ class HistoryRecorder:
                 baseline=ev.baseline_bytes,
                 overhead=ev.overhead_bytes,
                 per_service=json.dumps(ev.per_service, sort_keys=True),
-                cpu_managed=cpu_managed,
-                cpu_total=cpu_total,
+                cpu_managed=cpu.cpu_managed,
+                cpu_total=cpu.cpu_total,
+                run_managed=cpu.run_managed,
+                run_total=cpu.run_total,
             )
         )
 

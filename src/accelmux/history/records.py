@@ -118,8 +118,10 @@ class SampleRecord:
 
     ``per_service`` is JSON (bytes measured per service). ``cpu_managed`` and
     ``cpu_total`` are fractions of the host's cores busy since the previous sample: in
-    the managed services' processes, and in every process of the machine (None on a
-    device that is not the host, or for the first sample)."""
+    the managed services' processes, and in every process of the machine;
+    ``run_managed`` and ``run_total`` the mean number of their threads that could run
+    (:mod:`accelmux.history.cpu`). None on a device that is not the host, and for the
+    first sample."""
 
     TABLE: ClassVar[str] = "samples"
 
@@ -133,6 +135,8 @@ class SampleRecord:
     per_service: str
     cpu_managed: float | None = None
     cpu_total: float | None = None
+    run_managed: float | None = None
+    run_total: float | None = None
 
 
 ROW_TYPES: tuple[type[Any], ...] = (

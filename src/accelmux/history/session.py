@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import secrets
 import time
 from typing import Any
+
+import psutil
 
 from accelmux.config.schema import AccelmuxConfig
 from accelmux.core.specs import ManagerSpec, ServiceSpec
@@ -56,13 +59,19 @@ def _service(s: ServiceSpec) -> dict[str, Any]:
     }
 
 
-def spec_data(spec: ManagerSpec, sample_interval_s: float = 1.0) -> dict[str, Any]:
+def spec_data(
+    spec: ManagerSpec, sample_interval_s: float = 1.0, cores: int | None = None
+) -> dict[str, Any]:
+    """What the Manager ran with; ``cores``: the CPU cores of a host device (what its
+    compute shares are fractions of; default: this machine's)."""
+    host_cores = cores or psutil.cpu_count() or os.cpu_count() or 1
     return {
         "sample_interval_s": sample_interval_s,
         "devices": [
             {
                 "name": d.name,
                 "kind": d.kind,
+                "cores": host_cores if d.kind == "host" or cores else None,
                 "capacity": d.capacity_bytes,
                 "budget": d.budget_bytes,
                 "headroom": d.headroom_bytes,
@@ -77,7 +86,12 @@ def spec_data(spec: ManagerSpec, sample_interval_s: float = 1.0) -> dict[str, An
 
 
 def new_session(
-    cfg: AccelmuxConfig, spec: ManagerSpec, version: str, started_wall: float | None = None
+    cfg: AccelmuxConfig,
+    spec: ManagerSpec,
+    version: str,
+    started_wall: float | None = None,
+    *,
+    cores: int | None = None,
 ) -> Session:
     """A session for a daemon whose Manager clock reads 0 at ``started_wall``."""
     started = time.time() if started_wall is None else started_wall
@@ -87,5 +101,5 @@ def new_session(
         started_wall=started,
         version=version,
         config=json.dumps(private_free_config(cfg), sort_keys=True),
-        spec=json.dumps(spec_data(spec, cfg.server.sample_interval_s), sort_keys=True),
+        spec=json.dumps(spec_data(spec, cfg.server.sample_interval_s, cores), sort_keys=True),
     )

@@ -7,12 +7,17 @@ sim-to-real comparison reports (latencies, attainment, queueing, memory peaks, l
 counts) is fitted to.
 
 - **Compute share** (``share``: the fraction of the device one running request uses
-  alone): on a host device, each memory sample says what fraction of the cores the
-  managed processes used since the one before (:mod:`accelmux.history.cpu`); over the
-  samples where the machine was not saturated, that is the sum over services of
-  share x seconds their requests ran, plus loads; a non-negative least-squares fit
-  gives each share. A service with under :data:`MIN_BUSY_S` seconds of running time,
-  or a device without compute samples, keeps the simulator's default.
+  alone): on a host device, each memory sample says how many threads of the managed
+  processes were runnable on average since the one before (:mod:`accelmux.history.cpu`);
+  that is the sum over services of the threads one of their requests keeps runnable x
+  the seconds their requests ran, plus loads; a non-negative least-squares fit gives
+  each service's threads, and its share is threads / cores. (Without thread counts, the
+  fraction of the cores used, over the spans where the machine was not saturated.) A
+  service with under :data:`MIN_BUSY_S` seconds of running time, or a device without
+  compute samples, keeps the simulator's default.
+- **Foreign compute**: the machine's other runnable threads / cores, per sample (a
+  saturated machine with many threads waiting slows a request more than one with few,
+  as Linux shares the cores between runnable threads).
 - **Speed**: the simulator runs a request's *work* (its solo service time) at a rate
   ``1 / max(1, S + F)`` where ``S`` is the sum of the shares running and ``F`` the
   foreign compute (:mod:`accelmux.sim.compute`). The same rate, with the shares above
@@ -172,6 +177,26 @@ def _loading(loads: Iterable[LoadRecord]) -> list[tuple[float, float]]:
     return [(ld.t_start, ld.t_end) for ld in loads if ld.t_end is not None]
 
 
+def managed_compute(s: SampleRecord, cores: int) -> float | None:
+    """The device the managed processes wanted over a sample's span, in shares: their
+    runnable threads / cores, else (no thread counts) the fraction of the cores they
+    used unless the machine was saturated (then it says nothing); None: unknown."""
+    if s.run_managed is not None:
+        return s.run_managed / cores
+    if s.cpu_managed is not None and s.cpu_total is not None and s.cpu_total < SATURATED:
+        return s.cpu_managed
+    return None
+
+
+def foreign_compute(s: SampleRecord, cores: int) -> float | None:
+    """What other processes wanted over a sample's span, in shares of the device."""
+    if s.run_total is not None and s.run_managed is not None:
+        return round(max(0.0, s.run_total - s.run_managed) / cores, 3)
+    if s.cpu_total is not None and s.cpu_managed is not None:
+        return round(max(0.0, s.cpu_total - s.cpu_managed), 3)
+    return None
+
+
 def fit_shares(
     samples: Sequence[SampleRecord],
     runs: Sequence[_Run],
@@ -180,7 +205,6 @@ def fit_shares(
     cores: int,
 ) -> tuple[dict[str, float], dict[str, float]]:
     """(share by service, seconds each ran) from one device's compute samples."""
-    del cores  # the probe's fractions are of all cores already
     busy = dict.fromkeys(services, 0.0)
     rows: list[list[float]] = []
     y: list[float] = []
@@ -189,10 +213,9 @@ def fit_shares(
     longest = max((r.end - r.start for r in ordered), default=0.0)
     index = {s: i for i, s in enumerate(services)}
     for prev, cur in itertools.pairwise(samples):
-        if cur.cpu_managed is None or cur.cpu_total is None:
-            continue
+        wanted = managed_compute(cur, cores)
         a, b = prev.t, cur.t
-        if b <= a or cur.cpu_total >= SATURATED:
+        if wanted is None or b <= a:
             continue
         x = [0.0] * (len(services) + 1)
         lo = bisect.bisect_left(starts, a - longest)
@@ -203,7 +226,7 @@ def fit_shares(
                 x[i] += _overlap(a, b, run.start, run.end)
         x[-1] = sum(_overlap(a, b, s, e) for s, e in loads)
         rows.append(x)
-        y.append(cur.cpu_managed * (b - a))
+        y.append(wanted * (b - a))
         for s, i in index.items():
             busy[s] += x[i]
     if not rows:
@@ -332,12 +355,13 @@ def unload_seconds(decisions: Sequence[DecisionRecord]) -> float | None:
     return _median(took)
 
 
-def _foreign_compute(samples: Sequence[SampleRecord]) -> list[tuple[float, float]]:
-    return [
-        (s.t, max(0.0, s.cpu_total - s.cpu_managed))
-        for s in samples
-        if s.cpu_total is not None and s.cpu_managed is not None
-    ]
+def _foreign_compute(samples: Sequence[SampleRecord], cores: int) -> list[tuple[float, float]]:
+    out = []
+    for s in samples:
+        f = foreign_compute(s, cores)
+        if f is not None:
+            out.append((s.t, f))
+    return out
 
 
 def calibrate(history: History, *, until: float | None = None) -> dict[str, Profile]:
@@ -356,15 +380,16 @@ def calibrate(history: History, *, until: float | None = None) -> dict[str, Prof
         dev_samples = [s for s in samples if s.device == dev_name]
         runs = [r for r in _runs(requests) if r.service in on_dev]
         dev_loads = _loading(ld for ld in loads if ld.service in on_dev)
-        shares, busy = fit_shares(dev_samples, runs, dev_loads, on_dev, 1)
-        rate = _Rate(runs, shares, _foreign_compute(dev_samples))
+        cores = int(dev.get("cores") or 1)
+        shares, busy = fit_shares(dev_samples, runs, dev_loads, on_dev, cores)
+        rate = _Rate(runs, shares, _foreign_compute(dev_samples, cores))
         for name in on_dev:
             svc = services[name]
             kind = str(config["services"].get(svc["group"] or name, {}).get("kind", ""))
             p = Profile(service=name, kind=kind, busy_s=round(busy.get(name, 0.0), 3))
             if name in shares:
                 p.share = min(1.0, max(MIN_SHARE, shares[name]))
-            elif not any(s.cpu_managed is not None for s in dev_samples):
+            elif not any(managed_compute(s, cores) is not None for s in dev_samples):
                 p.notes.append("no compute samples on its device: default share")
             else:
                 p.notes.append(f"ran {p.busy_s:.1f} s: too little to fit its share")

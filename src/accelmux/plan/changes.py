@@ -19,7 +19,8 @@ recorded. A change keeps every measured speed as it was unless it says otherwise
   (decode reads every weight per token; prefill computes over them), unless given;
 - ``remove_service``: a service and its recorded requests gone;
 - ``set``: a field of a service (``class``, ``residency``, ``ttl_s``, ``windows``,
-  ``concurrency``, ``queue.limit``, ...), as the config spells it;
+  ``concurrency``, ``queue.limit``, ...) or a policy knob (``policy.spare_fraction``), as
+  the config spells it;
 - ``policy``: the policy to replay with (any the simulator knows, variants included).
 """
 
@@ -227,15 +228,15 @@ def remove_service(data: dict[str, Any], name: str) -> None:
 
 def _set(data: dict[str, Any], key: str, value: str) -> None:
     service, _, path = key.partition(".")
-    if service not in data["services"] or not path:
+    if (service != "policy" and service not in data["services"]) or not path:
         raise ChangeError(
             f"--set {key}={value}: expected SERVICE.FIELD=VALUE with a known service "
-            f"({', '.join(data['services'])})"
+            f"({', '.join(data['services'])}) or policy.KNOB=VALUE"
         )
     parsed: Any = yaml.safe_load(value) if value else value
     if path == "windows" and isinstance(parsed, str):
         parsed = [w.strip() for w in parsed.split(",") if w.strip()]
-    target = data["services"][service]
+    target = data.setdefault("policy", {}) if service == "policy" else data["services"][service]
     parts = path.split(".")
     for part in parts[:-1]:
         target = target.setdefault(part, {})

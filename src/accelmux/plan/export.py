@@ -34,7 +34,7 @@ import yaml
 
 from accelmux.history.records import RequestRecord, SampleRecord
 from accelmux.history.store import History
-from accelmux.plan.calibrate import Profile, calibrate, unload_seconds
+from accelmux.plan.calibrate import Profile, calibrate, foreign_compute, unload_seconds
 from accelmux.sim.recorded import TimelineRow, TraceRow, write_timeline, write_trace
 
 #: A request that arrives this soon after an earlier one of the same origin ended is
@@ -134,7 +134,9 @@ def _trace_row(i: int, r: RequestRecord, t0: float, after: tuple[int, float] | N
     )
 
 
-def timeline(samples: list[SampleRecord], t0: float) -> list[TimelineRow]:
+def timeline(
+    samples: list[SampleRecord], t0: float, cores: dict[str, int] | None = None
+) -> list[TimelineRow]:
     """Each device's other memory and foreign compute, a row when they moved."""
     out: list[TimelineRow] = []
     last: dict[str, TimelineRow] = {}
@@ -142,9 +144,7 @@ def timeline(samples: list[SampleRecord], t0: float) -> list[TimelineRow]:
         if s.t < t0:
             continue
         other = max(0, s.used - s.managed - s.overhead)
-        compute = None
-        if s.cpu_total is not None and s.cpu_managed is not None:
-            compute = round(max(0.0, s.cpu_total - s.cpu_managed), 3)
+        compute = foreign_compute(s, (cores or {}).get(s.device, 1))
         row = TimelineRow(
             t_s=round(s.t - t0, 3),
             device=s.device,
@@ -277,7 +277,9 @@ def export_history(
     return Export(
         scenario=scenario,
         trace=trace,
-        timeline=timeline(history.samples, t0),
+        timeline=timeline(
+            history.samples, t0, {d["name"]: int(d.get("cores") or 1) for d in spec["devices"]}
+        ),
         profiles=profiles,
         request_ids=[r.request_id for r in kept],
         t0=t0,

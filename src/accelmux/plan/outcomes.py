@@ -15,8 +15,9 @@ from outcomes, by the same code for both sides:
 - **first decision**: what the Manager first did with the request: ``dispatch``,
   ``wait:<reason>`` or ``reject:<reason>``.
 
-A request the client cancelled, or that was still open when the daemon stopped, has no
-outcome to compare: it is left out of both sides.
+A request the client cancelled, or that was still open when the daemon stopped (or the
+replay ended: a batch request waiting for a window that had not opened yet), has no
+outcome to compare: it is left out of both sides, and counted as ``waiting_at_end``.
 """
 
 from __future__ import annotations
@@ -148,6 +149,7 @@ def group_figures(outcomes: list[Outcome], slo_of: Callable[[str], Slo]) -> dict
     """Counts, attainment, latency and queue figures of some outcomes (p95 only from
     :data:`MIN_P95` served requests on)."""
     counted = [o for o in outcomes if o.outcome not in UNCOUNTED]
+    waiting = sum(1 for o in outcomes if o.outcome == "open")
     served = [o.response_s for o in counted if o.response_s is not None]
     queued = [o.queue_s for o in counted if o.queue_s is not None]
     met = sum(1 for o in counted if o.met(slo_of(o.service)))
@@ -156,6 +158,7 @@ def group_figures(outcomes: list[Outcome], slo_of: Callable[[str], Slo]) -> dict
         "served": len(served),
         "rejected": sum(1 for o in counted if o.outcome == "rejected"),
         "failed": sum(1 for o in counted if o.outcome in ("failed", "error")),
+        "waiting_at_end": waiting,
         "attainment": met / len(counted) if counted else None,
         "p50_s": percentile(served, 50),
         "p95_s": percentile(served, 95) if len(served) >= MIN_P95 else None,

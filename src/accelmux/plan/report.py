@@ -50,7 +50,8 @@ def _class_rows(plan: Plan) -> list[tuple[str, list[str]]]:
                 f"{_s(f.get('p50_s'))} / {p95_text}"
                 + (_bar(bars, cls, "p95_pct", " %") if sim and p95 is not None else "")
             )
-            n.append(str(f.get("requests", 0)))
+            waiting = f.get("waiting_at_end") or 0
+            n.append(str(f.get("requests", 0)) + (f" (+{waiting:g} waiting)" if waiting else ""))
         rows += [(f"{cls} attainment", att), (f"{cls} p50 / p95", lat), (f"{cls} requests", n)]
     return rows
 

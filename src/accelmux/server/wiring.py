@@ -191,10 +191,13 @@ class HistoryMount:
     writer: HistoryWriter
     runtime: Runtime
 
+    probe: CpuProbe
+
     def close(self) -> None:
         """Write what is still open and stop the writer (after the runtime stopped)."""
         if self.recorder in self.runtime.driver.observers:
             self.runtime.driver.observers.remove(self.recorder)
+        self.probe.close()
         self.recorder.close(self.runtime.clock.now())
         self.writer.close()
 
@@ -231,4 +234,4 @@ def mount_history(runtime: Runtime, data_dir: Path) -> HistoryMount | None:
         writer, runtime.manager.spec, session, stream_figures=stream_figures, cpu_probe=probe
     )
     runtime.driver.observers.append(recorder)
-    return HistoryMount(recorder, writer, runtime)
+    return HistoryMount(recorder, writer, runtime, probe)

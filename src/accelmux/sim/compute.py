@@ -51,6 +51,8 @@ class ComputeDevice:
         self.last_t = 0.0
         self.version = 0
         self.busy_s = 0.0
+        #: The integral of the load (the sum of the running shares) over time.
+        self.load_s = 0.0
         #: The compute foreign programs running on the device use (sum of their shares).
         self.foreign_share = 0.0
 
@@ -75,6 +77,7 @@ class ComputeDevice:
         if dt > 0 and self.jobs:
             rate = self.rate
             self.busy_s += dt * min(1.0, self.load)
+            self.load_s += dt * self.load
             for job in self.jobs.values():
                 before = job.done
                 job.done += dt * rate

@@ -94,7 +94,10 @@ function rows(plan) {
       const p95 = f.p95_s === null || f.p95_s === undefined ? "too few" : secs(f.p95_s);
       return esc(`${secs(f.p50_s)} / ${p95}`) + (sim(c) && f.p95_s != null ? bar(bars, cls, "p95_pct", " %") : "");
     })]);
-    out.push([`${cls} requests`, cols.map((c) => esc((c.classes[cls] || {}).requests ?? 0))]);
+    out.push([`${cls} requests`, cols.map((c) => {
+      const f = c.classes[cls] || {};
+      return esc(f.requests ?? 0) + (f.waiting_at_end ? ` <small>(+${esc(f.waiting_at_end)} waiting)</small>` : "");
+    })]);
   }
   const devices = [...new Set(cols.flatMap((c) => Object.keys(c.memory)))];
   const peakBar = bars.memory_peak_pct;
