@@ -313,9 +313,13 @@ def _check_format(path: Path, conn: sqlite3.Connection) -> None:
 def _rows(
     conn: sqlite3.Connection, row_type: type[R], where: str, args: tuple[Any, ...]
 ) -> list[R]:
-    cols = columns(row_type)
-    sql = f"SELECT {', '.join(cols)} FROM {row_type.TABLE} WHERE {where}"  # type: ignore[attr-defined]
-    return [row_type(*values) for values in conn.execute(sql, args)]
+    """The rows of ``row_type``'s table; a column the file lacks (one added to the format
+    since, always with a default) takes its default."""
+    table = row_type.TABLE  # type: ignore[attr-defined]
+    present = {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}
+    cols = [c for c in columns(row_type) if c in present]
+    sql = f"SELECT {', '.join(cols)} FROM {table} WHERE {where}"
+    return [row_type(**dict(zip(cols, values, strict=True))) for values in conn.execute(sql, args)]
 
 
 def _open_read(path: Path) -> sqlite3.Connection:

@@ -27,9 +27,15 @@ counts) is fitted to.
   it) is fitted to the work by least squares.
 - **Loads**: the median time of the loads that read weights (``load_s``), of those that
   found their copy already loaded for another service (``shared_load_s``), of the
-  reloads from host RAM (``warm_init_s``, less the copy); the median bytes the loads
-  reported (``true_weights``, ``true_runtime``); the median time an unload took to
-  hand its memory back (``unload_s``).
+  reloads from host RAM (``warm_init_s``, less the copy); the median time an unload took
+  to hand its memory back (``unload_s``).
+- **Resident memory** (``true_weights + true_runtime``): what the memory samples
+  measured of the service while it was loaded and idle (no request running, none for a
+  second before), median, less its KV pool; split between weights and runtime as its
+  loads reported them. The samples, not the loads' reports, because what the samples
+  measure is what the device holds: a shared inference worker's interpreter and
+  libraries are spread over its services in proportion (:mod:`accelmux.backends.worker`),
+  and no load reports them.
 """
 
 from __future__ import annotations
@@ -343,6 +349,63 @@ def _fit_loads(
     p.true_runtime = None if r is None else int(r)
 
 
+#: A sample counts as idle for a service this long after its last request ended (s).
+IDLE_AFTER_S = 1.0
+#: ... and this long after its load ended.
+SETTLED_AFTER_S = 2.0
+
+
+def _loaded_spans(
+    service: str, loads: Sequence[LoadRecord], decisions: Sequence[DecisionRecord]
+) -> list[tuple[float, float, int]]:
+    """(from, to, KV pool) of each span the service was loaded (settled after its load)."""
+    ends = sorted(
+        d.t for d in decisions if d.service == service and d.action in ("unload", "crashed")
+    )
+    spans = []
+    for ld in loads:
+        if ld.service != service or not ld.ok or ld.t_end is None:
+            continue
+        later = [t for t in ends if t > ld.t_end]
+        spans.append((ld.t_end + SETTLED_AFTER_S, later[0] if later else float("inf"), ld.kv_pool))
+    return spans
+
+
+def _fit_resident(
+    p: Profile,
+    samples: Sequence[SampleRecord],
+    spans: Sequence[tuple[float, float, int]],
+    busy: Sequence[tuple[float, float]],
+    reported: tuple[float | None, float | None],
+) -> None:
+    """``true_weights`` and ``true_runtime`` from the samples taken while idle."""
+    starts = [a for a, _ in busy]
+    longest = max((b - a for a, b in busy), default=0.0)
+    idle: list[float] = []
+    for s in samples:
+        span = next((sp for sp in spans if sp[0] <= s.t < sp[1]), None)
+        if span is None:
+            continue
+        lo = bisect.bisect_left(starts, s.t - longest - IDLE_AFTER_S - 1.0)
+        hi = bisect.bisect_right(starts, s.t)
+        if any(a <= s.t <= b + IDLE_AFTER_S for a, b in busy[lo:hi]):
+            continue
+        value = json.loads(s.per_service).get(p.service)
+        if value is not None:
+            idle.append(max(0.0, float(value) - span[2]))
+    resident = _median(idle)
+    if resident is None:
+        return
+    weights, runtime = reported
+    share = (
+        weights / (weights + runtime)
+        if weights and runtime is not None and weights + runtime > 0
+        else 1.0
+    )
+    p.true_weights = int(resident * share)
+    p.true_runtime = int(resident) - p.true_weights
+
+
 def unload_seconds(decisions: Sequence[DecisionRecord]) -> float | None:
     """The median time from an unload decision to the memory coming back."""
     asked: dict[str, float] = {}
@@ -374,6 +437,7 @@ def calibrate(history: History, *, until: float | None = None) -> dict[str, Prof
     requests = [r for r in history.requests if r.t_arrived <= end]
     samples = [s for s in history.samples if s.t <= end]
     loads = [ld for ld in history.loads if ld.t_start <= end]
+    decisions = [d for d in history.decisions if d.t <= end]
     profiles: dict[str, Profile] = {}
     for dev_name, dev in devices.items():
         on_dev = [n for n, s in services.items() if s["device"] == dev_name]
@@ -401,6 +465,22 @@ def calibrate(history: History, *, until: float | None = None) -> dict[str, Prof
                 bool(svc.get("weights_key")),
                 float(dev["host_bandwidth"]),
                 int(svc["profile"]["weights"]),
+            )
+            busy_spans = sorted(
+                (r.t_dispatched, r.t_finished)
+                for r in mine
+                if r.t_dispatched is not None and r.t_finished is not None
+            )
+            reported = (
+                float(p.true_weights) if p.true_weights is not None else None,
+                float(p.true_runtime) if p.true_runtime is not None else None,
+            )
+            _fit_resident(
+                p,
+                dev_samples,
+                _loaded_spans(name, loads, decisions),
+                busy_spans,
+                reported,
             )
             profiles[name] = p
     return profiles
