@@ -268,6 +268,50 @@ def predict(args: argparse.Namespace) -> int:
     return 0
 
 
+def report_cmd(args: argparse.Namespace) -> int:
+    """Everything into bench/results/sim_real.json, and the plan's error bars."""
+    import render_sim_real
+
+    from accelmux.history.store import read_history
+    from accelmux.plan.engine import plan_from_history
+
+    calibration = Path(args.calibration)
+    out: dict[str, Any] = {
+        "meta": run_meta({"calibration": args.calibration, "unseen": args.unseen}),
+        "targets": render_sim_real.TARGETS,
+        "workloads": {"calibration": sim_vs_real(calibration)},
+    }
+    if args.unseen:
+        out["workloads"]["unseen"] = sim_vs_real(Path(args.unseen), calibration)
+    if args.predicted and args.changed:
+        changed = Path(args.changed)
+        predicted = json.loads(Path(args.predicted).read_text())
+        measured = plan_from_history(read_history(changed / "history"), [])
+        run_info = json.loads((changed / "run.json").read_text())
+        out["predict"] = {
+            "change": predicted["change"],
+            "predicted": predicted,
+            "measured": measured.as_dict(),
+            "run": {k: run_info[k] for k in ("meta", "load_average", "driver") if k in run_info},
+        }
+    path = Path(args.out)
+    path.write_text(json.dumps(out, indent=1) + "\n")
+    render_sim_real.write_error_bars(out)
+    for block in render_sim_real.BLOCKS:
+        fn = getattr(
+            render_sim_real,
+            {
+                "sim-real-classes": "classes",
+                "sim-real-services": "services",
+                "sim-real-memory": "memory_decisions",
+                "sim-real-predict": "predict",
+            }[block],
+        )
+        print(fn(out))
+    print(f"wrote {path} and {render_sim_real.ERROR_BARS}")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -287,6 +331,13 @@ def main() -> int:
     p.add_argument("--budget-gib", required=True)
     p.add_argument("--out", required=True)
     p.set_defaults(func=predict)
+    p = sub.add_parser("report", help="replay and compare every run; write the JSON")
+    p.add_argument("--calibration", required=True)
+    p.add_argument("--unseen")
+    p.add_argument("--predicted")
+    p.add_argument("--changed")
+    p.add_argument("--out", default=str(RESULTS))
+    p.set_defaults(func=report_cmd)
     args = parser.parse_args()
     return int(args.func(args))
 
