@@ -22,12 +22,12 @@ outcome to compare: it is left out of both sides, and counted as ``waiting_at_en
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from accelmux.history.records import DecisionRecord, RequestRecord, SampleRecord
+from accelmux.sim.metrics import percentile
 from accelmux.sim.recorded import TraceRow
 
 #: Unload reasons that make room (an eviction), as opposed to a TTL or a window.
@@ -134,15 +134,6 @@ def from_record(r: RequestRecord, index: int, is_llm: bool, t0: float = 0.0) -> 
         reason=r.reason or "",
         first_decision=first_decision(r.outcome, r.reason, r.first_wait),
     )
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    """Nearest-rank percentile (q in 0..100); None without values."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    k = max(0, min(len(ordered) - 1, math.ceil(q / 100.0 * len(ordered)) - 1))
-    return ordered[k]
 
 
 def group_figures(outcomes: list[Outcome], slo_of: Callable[[str], Slo]) -> dict[str, Any]:
