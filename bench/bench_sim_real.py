@@ -63,11 +63,17 @@ SLOS: dict[str, dict[str, float]] = {
 }
 
 
-def stack(data_dir: Path, workload: str, budget: int | None) -> dict[str, Any]:
+def stack(data_dir: Path, workload: str, budget: int | None, gpu: bool = False) -> dict[str, Any]:
     from tests.stack.support import stack_config
 
     mix = wl.MIXES[workload]
     config = stack_config(data_dir, camera_fps=mix.cameras_fps[0])
+    if gpu:  # the services with a GPU path on NVIDIA GPU 0, as scripts/gpu-check runs them
+        from gpu_check import GPU_SERVICES
+
+        config["devices"]["gpu"] = {"kind": "nvidia", "index": 0, "headroom": "1GiB"}
+        for name, svc in config["services"].items():
+            svc["device"] = "gpu" if name in GPU_SERVICES else "host"
     services = config["services"]
     for i, fps in enumerate(mix.cameras_fps[1:], start=2):
         cam = dict(services["camera"])
@@ -136,13 +142,14 @@ def run(args: argparse.Namespace) -> int:
         "workload": args.workload,
         "minutes": args.minutes,
         "budget": budget,
+        "gpu": args.gpu,
         "items": len(items),
         "slos": SLOS,
     }
     report: dict[str, Any] = {"meta": run_meta(settings)}
     with tempfile.TemporaryDirectory(prefix="simreal-") as td:
         tmp = Path(td)
-        config = stack(tmp / "data", args.workload, budget)
+        config = stack(tmp / "data", args.workload, budget, args.gpu)
         load_config_data(config, "bench stack")  # fails here, not in the daemon
         before = os.getloadavg()
         with LoadWatch() as watch, run_daemon(config, tmp, timeout=120) as daemon:
@@ -320,6 +327,7 @@ def main() -> int:
     p.add_argument("--minutes", type=float, default=21.0)
     p.add_argument("--dir", required=True)
     p.add_argument("--budget", help="the host device's budget (a changed stack)")
+    p.add_argument("--gpu", action="store_true", help="the GPU services on NVIDIA GPU 0")
     p.set_defaults(func=run)
     p = sub.add_parser("replay", help="replay a run's history and compare it with the run")
     p.add_argument("--run", required=True)
