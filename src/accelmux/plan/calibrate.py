@@ -28,7 +28,10 @@ counts) is fitted to.
 - **Loads**: the median time of the loads that read weights (``load_s``), of those that
   found their copy already loaded for another service (``shared_load_s``), of the
   reloads from host RAM (``warm_init_s``, less the copy); the median time an unload took
-  to hand its memory back (``unload_s``).
+  to hand its memory back (``unload_s``). A load computes too (a model is read and set
+  up by the CPU): where the fit above gives loads a share (``load_share``), the load
+  times are solo work, turned back from the measured ones by the same rate, and the
+  simulator runs each load as work on the device.
 - **Resident memory** (``true_weights + true_runtime``): what the memory samples
   measured of the service while it was loaded and idle (no request running, none for a
   second before), median, less its KV pool; split between weights and runtime as its
@@ -44,7 +47,7 @@ import bisect
 import itertools
 import json
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,6 +58,8 @@ from accelmux.history.store import History
 MIN_BUSY_S = 5.0
 #: A sample span in which the machine's cores were this busy is saturated: skipped.
 SATURATED = 0.95
+#: The key of loads among the shares (a load's share of the device).
+LOAD = "(load)"
 #: The simulator's default share (a service with too little data keeps it).
 DEFAULT_SHARE = 0.5
 MIN_SHARE = 0.05
@@ -74,6 +79,7 @@ class Profile:
     prefill_tps: float | None = None
     tbt_s: float | None = None
     load_s: float | None = None
+    load_share: float | None = None
     shared_load_s: float | None = None
     warm_init_s: float | None = None
     true_weights: int | None = None
@@ -92,6 +98,7 @@ class Profile:
             "prefill_tps",
             "tbt_s",
             "load_s",
+            "load_share",
             "shared_load_s",
             "warm_init_s",
             "true_weights",
@@ -238,7 +245,11 @@ def fit_shares(
     if not rows:
         return {}, busy
     beta = nnls(rows, y)
-    return {s: beta[i] for s, i in index.items() if busy[s] >= MIN_BUSY_S}, busy
+    busy[LOAD] = sum(r[-1] for r in rows)
+    shares = {s: beta[i] for s, i in index.items() if busy[s] >= MIN_BUSY_S}
+    if busy[LOAD] >= MIN_BUSY_S:
+        shares[LOAD] = beta[-1]
+    return shares, busy
 
 
 class _Rate:
@@ -330,17 +341,23 @@ def _fit_speed(p: Profile, requests: Sequence[RequestRecord], rate: _Rate, is_ll
 
 
 def _fit_loads(
-    p: Profile, loads: Sequence[LoadRecord], shared_key: bool, host_bw: float, weights: int
+    p: Profile,
+    loads: Sequence[LoadRecord],
+    shared_key: bool,
+    host_bw: float,
+    weights: int,
+    took: Callable[[LoadRecord], float],
 ) -> None:
+    """Load times (``took``: a load's solo time), and the bytes the loads reported."""
     ok = [ld for ld in loads if ld.ok and ld.t_end is not None]
     p.loads = len(ok)
     measured = [ld for ld in ok if ld.weights is not None or ld.runtime is not None]
     shared = [ld for ld in ok if shared_key and ld.weights is None and ld.runtime is None]
     cold = [ld for ld in measured if ld.from_tier == "cold"]
     warm = [ld for ld in measured if ld.from_tier in ("parked", "sleeping")]
-    p.load_s = _median(ld.t_end - ld.t_start for ld in cold if ld.t_end is not None)
-    p.shared_load_s = _median(ld.t_end - ld.t_start for ld in shared if ld.t_end is not None)
-    warm_s = _median(ld.t_end - ld.t_start for ld in warm if ld.t_end is not None)
+    p.load_s = _median(took(ld) for ld in cold)
+    p.shared_load_s = _median(took(ld) for ld in shared)
+    warm_s = _median(took(ld) for ld in warm)
     if warm_s is not None:
         p.warm_init_s = max(0.0, warm_s - weights / host_bw)
     w = _median(float(ld.weights) for ld in measured if ld.weights is not None)
@@ -446,7 +463,22 @@ def calibrate(history: History, *, until: float | None = None) -> dict[str, Prof
         dev_loads = _loading(ld for ld in loads if ld.service in on_dev)
         cores = int(dev.get("cores") or 1)
         shares, busy = fit_shares(dev_samples, runs, dev_loads, on_dev, cores)
-        rate = _Rate(runs, shares, _foreign_compute(dev_samples, cores))
+        load_share = shares.get(LOAD)
+        if load_share is not None:  # loads compute: in the rate, and timed as solo work
+            load_share = min(1.0, max(MIN_SHARE, load_share))
+            runs = runs + [_Run(LOAD, a, b) for a, b in dev_loads]
+        rate = _Rate(
+            runs,
+            shares | ({LOAD: load_share} if load_share else {}),
+            _foreign_compute(dev_samples, cores),
+        )
+
+        def took(
+            ld: LoadRecord, rate: _Rate = rate, computes: bool = load_share is not None
+        ) -> float:
+            assert ld.t_end is not None
+            return rate.work(ld.t_start, ld.t_end) if computes else ld.t_end - ld.t_start
+
         for name in on_dev:
             svc = services[name]
             kind = str(config["services"].get(svc["group"] or name, {}).get("kind", ""))
@@ -465,7 +497,9 @@ def calibrate(history: History, *, until: float | None = None) -> dict[str, Prof
                 bool(svc.get("weights_key")),
                 float(dev["host_bandwidth"]),
                 int(svc["profile"]["weights"]),
+                took,
             )
+            p.load_share = load_share
             busy_spans = sorted(
                 (r.t_dispatched, r.t_finished)
                 for r in mine

@@ -252,6 +252,10 @@ class Simulation:
         self.recorded_baseline: dict[str, int] = {}
         #: Per (device, weights key): the service whose memory carries the shared copy.
         self.weights_copy: dict[tuple[str, str], str] = {}
+        #: Loads that compute (``load_share``): what each job's end calls, and each
+        #: loading service's job.
+        self.load_jobs: dict[str, Callable[[], None]] = {}
+        self.loading_job: dict[str, str] = {}
         self._scheduled_version: dict[str, int] = {}
         self._next_tick: float | None = None
         self._rid = 0
@@ -635,6 +639,10 @@ class Simulation:
         jobs = comp.finished(now)
         phys = self.devices[dev_name]
         for job in jobs:
+            loaded = self.load_jobs.pop(job.rid, None)
+            if loaded is not None:  # a load that computes (``load_share``) is done
+                loaded()
+                continue
             req = self.requests[job.rid]
             phys.end_request(job.service, job.rid)
             req.first_token_at = job.first_token_at
@@ -776,6 +784,7 @@ class Simulation:
         self.host_cache.release(self._file(a.service))
 
         def finished() -> None:
+            self.loading_job.pop(a.service, None)
             if self.generation[a.service] != gen:
                 return
             self.host_cache.read(self._file(a.service), weights)
@@ -787,7 +796,34 @@ class Simulation:
                 LoadFinished(service=a.service, weights_bytes=weights, runtime_bytes=runtime)
             )
 
-        self.heap.at(now + took, finished)
+        if perf.load_share is None or took <= 0:
+            self.heap.at(now + took, finished)
+            return
+        # The load computes on the device (reading and setting up the model): it takes
+        # its share there and is slowed by what runs beside it, as a request is.
+        rid = f"load:{a.service}:{gen}"
+        self.load_jobs[rid] = finished
+        self.loading_job[a.service] = rid
+        job = Job(
+            rid=rid,
+            service=a.service,
+            share=perf.load_share,
+            work=took,
+            prefill=0.0,
+            started_at=now,
+        )
+        self.compute[dev_name].add(job, now)
+        self._reschedule(dev_name)
+
+    def _stop_load(self, service: str, now: float) -> None:
+        """A load that computes, stopped (an unload or a crash came first)."""
+        rid = self.loading_job.pop(service, None)
+        if rid is None:
+            return
+        self.load_jobs.pop(rid, None)
+        dev_name = self._device_of(service)
+        if self.compute[dev_name].remove(rid, now) is not None:
+            self._reschedule(dev_name)
 
     def _unload(self, a: Unload, now: float) -> None:
         weights = self.true_resident[a.service][0]
@@ -802,6 +838,7 @@ class Simulation:
         gen = self.generation[a.service]
         self.alive[a.service] = False
         dev_name = self._device_of(a.service)
+        self._stop_load(a.service, now)
 
         def finished() -> None:
             if self.generation[a.service] != gen:
@@ -865,6 +902,7 @@ class Simulation:
             comp.remove(job.rid, now)
             self.requests[job.rid].oom = True
         self._reschedule(dev_name)
+        self._stop_load(service, now)
         self._free_memory(dev_name, service)
         self.alive[service] = False
         self.oom_crashed.add(service)

@@ -163,6 +163,14 @@ class ServicePerfConfig(StrictModel):
     shared_load_s: float | None = Field(
         None, ge=0, description="Measured time of a load beside a loaded shared copy."
     )
+    load_share: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="A load computes on the device with this share (slowed by what runs "
+        "beside it, and slowing it), its time being solo work (default: a load takes no "
+        "compute and its time is wall time).",
+    )
 
 
 class ForeignConfig(StrictModel):
