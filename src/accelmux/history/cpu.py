@@ -13,6 +13,10 @@ them. The probe keeps, per sample:
   its own (``procs_running`` in ``/proc/stat``; each managed thread's state);
 - ``cpu_managed`` and ``cpu_total``: the fraction of the cores they used (CPU time).
 
+A call (on the daemon's event loop, at each memory sample) reads only a few small
+files: the thread also finds the managed processes (a scan of every process) every
+:data:`PID_REFRESH_TICKS` counts.
+
 The calibration reads from the first how many threads one request of each service
 keeps runnable (its share of the device), and the simulator replays the rest of the
 machine's runnable threads as foreign compute (:mod:`accelmux.plan.calibrate`).
@@ -32,6 +36,8 @@ import psutil
 
 #: How often the runnable threads are counted (per second).
 RATE_HZ = 10.0
+#: The managed processes are looked for again every this many counts (it scans them all).
+PID_REFRESH_TICKS = 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +98,7 @@ class CpuProbe:
         self._clock = clock
         self._cores = psutil.cpu_count() or os.cpu_count() or 1
         self._last: tuple[float, float, dict[int, float]] | None = None
-        self._pids: list[int] = []
+        self._pids: list[int] = self._find_pids() if self._hosts else []
         self._lock = threading.Lock()
         self._counts = [0.0, 0.0, 0]  # managed runnable, all runnable, ticks
         self._stop = threading.Event()
@@ -109,7 +115,13 @@ class CpuProbe:
             self._thread.join(2.0)
 
     def _count(self, period: float) -> None:
+        ticks = 0
         while not self._stop.wait(period):
+            if ticks % PID_REFRESH_TICKS == 0:  # finding the processes scans them all
+                pids = self._find_pids()
+                with self._lock:
+                    self._pids = pids
+            ticks += 1
             total = procs_running()
             with self._lock:
                 pids = list(self._pids)
@@ -121,19 +133,26 @@ class CpuProbe:
                 self._counts[1] += max(managed, total - 1)  # not this thread, reading
                 self._counts[2] += 1
 
-    def _managed(self) -> dict[int, float]:
-        """CPU seconds of each managed process and its children, by pid."""
-        out: dict[int, float] = {}
+    def _find_pids(self) -> list[int]:
+        """The managed processes and their children (a scan of every process)."""
+        out: list[int] = []
         for pid in set(self._roots()):
-            try:
+            with contextlib.suppress(psutil.Error):
                 root = psutil.Process(pid)
-                procs = [root, *root.children(recursive=True)]
-            except psutil.Error:
-                continue
-            for proc in procs:
-                with contextlib.suppress(psutil.Error):
-                    t = proc.cpu_times()
-                    out[proc.pid] = float(t.user + t.system)
+                out += [root.pid, *(c.pid for c in root.children(recursive=True))]
+        return out
+
+    def _managed(self) -> dict[int, float]:
+        """CPU seconds of each managed process (as last found), by pid."""
+        with self._lock:
+            pids = list(self._pids)
+        if self._thread is None:  # no counting thread: find them here
+            pids = self._find_pids()
+        out: dict[int, float] = {}
+        for pid in pids:
+            with contextlib.suppress(psutil.Error):
+                t = psutil.Process(pid).cpu_times()
+                out[pid] = float(t.user + t.system)
         return out
 
     def _runnable(self) -> tuple[float | None, float | None]:
@@ -148,8 +167,6 @@ class CpuProbe:
         if device not in self._hosts:
             return CpuFigures()
         now, busy, managed = self._clock(), _busy_s(), self._managed()
-        with self._lock:
-            self._pids = list(managed)
         run_managed, run_total = self._runnable()
         last, self._last = self._last, (now, busy, managed)
         if last is None or now - last[0] <= 0:
