@@ -20,6 +20,8 @@ from typing import Any
 from accelmux.errors import AccelmuxError
 
 DURATION_UNITS = {"s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
+#: A plan replays at most this much of a longer history unless --last says otherwise.
+DEFAULT_LAST_S = 86_400.0
 
 
 def _where(p: argparse.ArgumentParser) -> None:
@@ -210,8 +212,16 @@ def run_plan(args: argparse.Namespace) -> int:
     if args.scenario:
         plan = plan_from_scenario(Path(args.scenario), changes)
     else:
+        history = _history(args)
         last = parse_duration(args.last) if args.last else None
-        plan = plan_from_history(_history(args), changes, last_s=last)
+        if last is None and history.span_s > DEFAULT_LAST_S:
+            last = DEFAULT_LAST_S
+            print(
+                f"accelmux: the history spans {history.span_s / 3600:.0f} h: planning from its "
+                "last 24 h (--last chooses)",
+                file=sys.stderr,
+            )
+        plan = plan_from_history(history, changes, last_s=last)
     if args.json_path == "-":
         print(json.dumps(plan.as_dict(), indent=1))
         return 0
