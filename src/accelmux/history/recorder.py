@@ -73,6 +73,9 @@ class StreamFigures:
 
     first_chunk_at: float | None
     output_tokens: int | None
+    #: When its last chunk went out, and whether that was the stream's end.
+    last_chunk_at: float | None = None
+    completed: bool = False
 
 
 class Sink(Protocol):
@@ -196,6 +199,10 @@ class HistoryRecorder:
             req.stream = int(figures.first_chunk_at is not None)
             req.t_first_token = figures.first_chunk_at
             req.output_tokens = figures.output_tokens
+            if outcome == "cancelled" and figures.completed and figures.last_chunk_at:
+                # the client hung up once the stream's end reached it, before the daemon
+                # saw the stream close: it was served, when its last chunk went out
+                req.outcome, req.t_finished = "ok", figures.last_chunk_at
         self.open.pop(req.request_id, None)
         self._rows.append(req)
 

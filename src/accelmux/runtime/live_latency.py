@@ -81,6 +81,9 @@ class Answer:
     first_chunk_at: float | None = None
     chunks: int = 0
     completion_tokens: int | None = None
+    last_chunk_at: float | None = None
+    #: Its end went out (an OpenAI stream's ``[DONE]``, an Ollama stream's ``"done":true``).
+    completed: bool = False
 
     @property
     def output_tokens(self) -> int | None:
@@ -114,6 +117,9 @@ class StreamTimer:
             self._live.series(self._service, "tbt").add(now, now - self._last)
         if self._answer is not None:
             self._answer.chunks += 1
+            self._answer.last_chunk_at = now
+            if b"[DONE]" in data or b'"done":true' in data or b'"done": true' in data:
+                self._answer.completed = True
         self._last = now
         if b'"usage"' in data:
             for line in data.split(b"\n"):

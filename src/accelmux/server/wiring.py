@@ -221,10 +221,12 @@ def mount_history(runtime: Runtime, data_dir: Path) -> HistoryMount | None:
         answer = runtime.live.answer(request_id)
         if answer is None:
             return None
-        first = answer.first_chunk_at
+        first, last = answer.first_chunk_at, answer.last_chunk_at
         return StreamFigures(
             first_chunk_at=None if first is None else first - offset,
             output_tokens=answer.output_tokens,
+            last_chunk_at=None if last is None else last - offset,
+            completed=answer.completed,
         )
 
     hosts = [d.name for d in runtime.manager.spec.devices if d.kind == "host"]
