@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from accelmux.history.cpu import CpuFigures
+from accelmux.history.daemon_run import new_run
 from accelmux.history.recorder import HistoryRecorder, StreamFigures
-from accelmux.history.session import new_session
 from accelmux.history.store import HistoryWriter
 from accelmux.sim.executor import Simulation
 from accelmux.sim.scenario import load_scenario_data
@@ -135,8 +135,8 @@ def record(
     scn = load_scenario_data(copy.deepcopy(data), str(directory / "home.yaml"), directory)
     sim = Simulation(scn, policy, seed)
     writer = HistoryWriter(directory / "history", days=7, max_bytes=1 << 30)
-    session = new_session(scn.config, sim.spec, "test", started_wall=1_790_000_000.0, cores=1)
-    writer.start_session(session)
+    run = new_run(scn.config, sim.spec, "test", started_wall=1_790_000_000.0, cores=1)
+    writer.start_run(run)
 
     def figures(rid: str) -> StreamFigures | None:
         req = sim.requests[rid]
@@ -147,7 +147,7 @@ def record(
         )
 
     recorder = HistoryRecorder(
-        writer, sim.spec, session, stream_figures=figures, cpu_probe=_SimCpu(sim), flush_s=5.0
+        writer, sim.spec, run, stream_figures=figures, cpu_probe=_SimCpu(sim), flush_s=5.0
     )
     sim.observers.append(recorder)
     sim.run()

@@ -30,7 +30,7 @@ def req(
     i: int, t: float, end: float | None, *, origin: str = "http", service: str = "asr"
 ) -> RequestRecord:
     return RequestRecord(
-        session="s",
+        run="s",
         request_id=f"r{i}",
         service=service,
         replica=service,
@@ -163,7 +163,7 @@ def test_a_trace_of_another_format_or_cut_short_is_refused(tmp_path: Path, recor
 def test_the_session_keeps_no_secret_and_no_backend(tmp_path: Path) -> None:
     from accelmux.config.load import load_config_data
     from accelmux.config.specs import to_manager_spec
-    from accelmux.history.session import new_session
+    from accelmux.history.daemon_run import new_run
 
     data = copy.deepcopy(home())
     data.pop("workloads"), data.pop("simulation")
@@ -176,8 +176,8 @@ def test_the_session_keeps_no_secret_and_no_backend(tmp_path: Path) -> None:
         "env": {"TOKEN": "env-secret"},
     }
     cfg = load_config_data(data, "t")
-    session = new_session(cfg, to_manager_spec(cfg), "t")
-    blob = session.config + session.spec
+    run = new_run(cfg, to_manager_spec(cfg), "t")
+    blob = run.config + run.spec
     for secret in ("sk-secret", "adm-secret", "very-secret", "env-secret", "llama-server"):
         assert secret not in blob
-    assert json.loads(session.config)["services"]["chat"]["class"] == "interactive"
+    assert json.loads(run.config)["services"]["chat"]["class"] == "interactive"

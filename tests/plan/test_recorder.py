@@ -15,7 +15,7 @@ from accelmux.core.events import (
 from accelmux.core.specs import DeviceSpec, ManagerSpec, MemoryProfile, ServiceSpec
 from accelmux.core.types import GIB, Reason, Residency, ServiceClass, ServiceKind
 from accelmux.history.recorder import HistoryRecorder, StreamFigures
-from accelmux.history.records import LoadRecord, RequestRecord, Session
+from accelmux.history.records import DaemonRun, LoadRecord, RequestRecord
 
 SPEC = ManagerSpec(
     devices=(
@@ -50,8 +50,8 @@ class Rows:
 
 def recorder(figures: dict[str, StreamFigures]) -> tuple[HistoryRecorder, Rows]:
     rows = Rows()
-    session = Session("s", 0.0, "t", "{}", "{}")
-    return HistoryRecorder(rows, SPEC, session, stream_figures=figures.get), rows
+    run = DaemonRun("s", 0.0, "t", "{}", "{}")
+    return HistoryRecorder(rows, SPEC, run, stream_figures=figures.get), rows
 
 
 def arrive(rec: HistoryRecorder, t: float, rid: str) -> None:

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from accelmux.history.records import HISTORY_FORMAT, DecisionRecord, RequestRecord, Session
+from accelmux.history.records import HISTORY_FORMAT, DaemonRun, DecisionRecord, RequestRecord
 from accelmux.history.store import (
     HistoryError,
     HistoryWriter,
     day_file,
     history_files,
-    list_sessions,
+    list_runs,
     read_history,
 )
 
@@ -24,13 +24,13 @@ DAY = 86_400.0
 T0 = dt.datetime(2026, 3, 1, 12, tzinfo=dt.UTC).timestamp()
 
 
-def session(name: str = "s1") -> Session:
-    return Session(session=name, started_wall=T0, version="test", config="{}", spec="{}")
+def run(name: str = "s1") -> DaemonRun:
+    return DaemonRun(run=name, started_wall=T0, version="test", config="{}", spec="{}")
 
 
 def request(i: int, name: str = "s1") -> RequestRecord:
     return RequestRecord(
-        session=name,
+        run=name,
         request_id=f"req-{i}",
         service="chat",
         replica="chat",
@@ -57,7 +57,7 @@ def write(directory: Path, rows: list[object], clock: Clock, **kw: int) -> Histo
     writer = HistoryWriter(
         directory, days=kw.get("days", 7), max_bytes=kw.get("max_bytes", 1 << 30), clock=clock
     )
-    writer.start_session(session())
+    writer.start_run(run())
     writer.write(rows)
     assert writer.flush()
     return writer
@@ -69,7 +69,7 @@ def test_rows_come_back_in_order_and_the_files_are_owner_only(tmp_path: Path) ->
     writer.write([DecisionRecord("s1", 1.5, "unload", "chat", "ttl_expired")])
     writer.close()
     h = read_history(directory)
-    assert h.session.session == "s1"
+    assert h.run.run == "s1"
     assert [r.request_id for r in h.requests] == ["req-1", "req-2"]
     assert h.requests[0] == request(1)
     assert h.decisions[0].reason == "ttl_expired"
@@ -96,7 +96,7 @@ def test_old_days_are_deleted_and_the_session_is_written_into_each_new_file(tmp_
     writer.close()
     names = [p.name for p in history_files(tmp_path)]
     assert names == [day_file(tmp_path, dt.date(2026, 3, d)).name for d in (3, 4)]
-    h = read_history(tmp_path)  # each file carries the session, so a lone day reads alone
+    h = read_history(tmp_path)  # each file carries the run, so a lone day reads alone
     assert [r.request_id for r in h.requests] == ["req-12", "req-13"]
 
 
@@ -161,7 +161,7 @@ def test_a_history_from_an_older_version_says_so(tmp_path: Path) -> None:
     with sqlite3.connect(path) as conn:
         conn.execute(f"PRAGMA user_version = {HISTORY_FORMAT + 1}")
     with pytest.raises(HistoryError, match=r"newer accelmux"):
-        list_sessions(tmp_path)
+        list_runs(tmp_path)
 
 
 def test_a_writer_never_appends_to_a_file_of_another_format(tmp_path: Path) -> None:
@@ -178,13 +178,13 @@ def test_a_writer_never_appends_to_a_file_of_another_format(tmp_path: Path) -> N
 def test_sessions_are_listed_and_chosen_by_prefix(tmp_path: Path) -> None:
     writer = HistoryWriter(tmp_path, days=7, max_bytes=1 << 30, clock=Clock(T0))
     for name in ("run-a", "run-b"):
-        writer.start_session(Session(name, T0 if name == "run-a" else T0 + 10, "t", "{}", "{}"))
+        writer.start_run(DaemonRun(name, T0 if name == "run-a" else T0 + 10, "t", "{}", "{}"))
         writer.write([request(1, name)])
     writer.close()
-    sessions, problems = list_sessions(tmp_path)
-    assert [s.session for s in sessions] == ["run-a", "run-b"] and not problems
-    assert read_history(tmp_path).session.session == "run-b"
-    assert read_history(tmp_path, "run-a").session.session == "run-a"
+    runs, problems = list_runs(tmp_path)
+    assert [s.run for s in runs] == ["run-a", "run-b"] and not problems
+    assert read_history(tmp_path).run.run == "run-b"
+    assert read_history(tmp_path, "run-a").run.run == "run-a"
     with pytest.raises(HistoryError, match=r"ambiguous"):
         read_history(tmp_path, "run")
     with pytest.raises(HistoryError, match=r"not found"):

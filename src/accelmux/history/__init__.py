@@ -5,7 +5,7 @@ Per request: arrival, service, class, sizes (tokens, units), the times of its ph
 bytes measured; every decision that is not a request's own dispatch; and memory samples
 with the compute other processes used. Never a prompt, an output or a file name.
 
-- :mod:`.records`: the rows; :mod:`.session`: what a run of the daemon ran;
+- :mod:`.records`: the rows; :mod:`.run`: what a run of the daemon ran;
 - :mod:`.recorder`: the observer the runtime tells every Manager round;
 - :mod:`.store`: SQLite day files under ``data_dir/history``, bounded, 0600;
 - :mod:`.cpu`: the compute the host's processes used between two samples.

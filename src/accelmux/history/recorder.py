@@ -52,11 +52,11 @@ from accelmux.core.events import (
 from accelmux.core.specs import ManagerSpec, ServiceSpec
 from accelmux.history.cpu import CpuFigures
 from accelmux.history.records import (
+    DaemonRun,
     DecisionRecord,
     LoadRecord,
     RequestRecord,
     SampleRecord,
-    Session,
 )
 
 log = logging.getLogger("accelmux.history")
@@ -96,14 +96,14 @@ class HistoryRecorder:
         self,
         sink: Sink,
         spec: ManagerSpec,
-        session: Session,
+        run: DaemonRun,
         *,
         stream_figures: Callable[[str], StreamFigures | None] = lambda _rid: None,
         cpu_probe: Callable[[str], CpuFigures] | None = None,
         flush_s: float = 2.0,
     ) -> None:
         self.sink = sink
-        self.session = session.session
+        self.run = run.run
         self.stream_figures = stream_figures
         self.cpu_probe = cpu_probe
         self.flush_s = flush_s
@@ -164,7 +164,7 @@ class HistoryRecorder:
             case Unloaded() | BackendCrashed():
                 # when memory came back: an unload's end, a crash
                 kind = "unloaded" if isinstance(event, Unloaded) else "crashed"
-                self._rows.append(DecisionRecord(self.session, now, kind, event.service, kind))
+                self._rows.append(DecisionRecord(self.run, now, kind, event.service, kind))
             case _:
                 pass
 
@@ -172,7 +172,7 @@ class HistoryRecorder:
         spec = self._specs.get(ev.service)
         d = ev.demand
         self.open[ev.request_id] = RequestRecord(
-            session=self.session,
+            run=self.run,
             request_id=ev.request_id,
             service=ev.service,
             replica="",
@@ -231,7 +231,7 @@ class HistoryRecorder:
         cpu = self.cpu_probe(ev.device) if self.cpu_probe else CpuFigures()
         self._rows.append(
             SampleRecord(
-                session=self.session,
+                run=self.run,
                 t=now,
                 device=ev.device,
                 used=ev.used_bytes,
@@ -264,7 +264,7 @@ class HistoryRecorder:
                 return
             case Load():
                 self.loading[action.service] = LoadRecord(
-                    session=self.session,
+                    run=self.run,
                     service=action.service,
                     t_start=now,
                     from_tier=action.from_tier.value,
@@ -288,7 +288,7 @@ class HistoryRecorder:
                 pass
         self._rows.append(
             DecisionRecord(
-                session=self.session,
+                run=self.run,
                 t=now,
                 action=type(action).__name__.lower(),
                 service=action.service,

@@ -1,11 +1,11 @@
 """The rows of the request history: what one request, load, decision or sample leaves.
 
-Times are seconds on the session's clock (the daemon's Manager clock, which starts at 0
-when the daemon starts); a :class:`Session` row says which wall-clock instant that 0 is,
+Times are seconds on the run's clock (the daemon's Manager clock, which starts at 0
+when the daemon starts); a :class:`DaemonRun` row says which wall-clock instant that 0 is,
 so the local time of day of every row is known (maintenance windows depend on it).
 
 Nothing here holds a prompt, an output, a file name a client sent, or an API key: a
-request is its service, its sizes, its times and its outcome. The ``config`` a session
+request is its service, its sizes, its times and its outcome. The ``config`` a run
 keeps is the daemon's config without its ``server`` section (keys, addresses) and
 without the services' ``backend`` sections (commands, environments, camera URLs).
 """
@@ -21,12 +21,12 @@ HISTORY_FORMAT = 1
 
 
 @dataclass(slots=True)
-class Session:
+class DaemonRun:
     """One run of the daemon: when its clock started and what it ran."""
 
-    TABLE: ClassVar[str] = "sessions"
+    TABLE: ClassVar[str] = "runs"
 
-    session: str
+    run: str
     started_wall: float
     version: str
     config: str  # JSON: devices, services (without backends), policy
@@ -47,7 +47,7 @@ class RequestRecord:
 
     TABLE: ClassVar[str] = "requests"
 
-    session: str
+    run: str
     request_id: str
     service: str
     replica: str
@@ -83,7 +83,7 @@ class LoadRecord:
 
     TABLE: ClassVar[str] = "loads"
 
-    session: str
+    run: str
     service: str
     t_start: float
     from_tier: str
@@ -104,7 +104,7 @@ class DecisionRecord:
 
     TABLE: ClassVar[str] = "decisions"
 
-    session: str
+    run: str
     t: float
     action: str
     service: str
@@ -125,7 +125,7 @@ class SampleRecord:
 
     TABLE: ClassVar[str] = "samples"
 
-    session: str
+    run: str
     t: float
     device: str
     used: int
@@ -140,7 +140,7 @@ class SampleRecord:
 
 
 ROW_TYPES: tuple[type[Any], ...] = (
-    Session,
+    DaemonRun,
     RequestRecord,
     LoadRecord,
     DecisionRecord,

@@ -2,7 +2,7 @@
 
 Why SQLite: a row is committed whole or not at all, so a daemon killed mid-write (or a
 power loss) leaves every file readable up to its last commit, with no half-written line
-to skip, which a JSON-lines file would leave; rows are read back by session and time
+to skip, which a JSON-lines file would leave; rows are read back by run and time
 range with an index; and it is in the standard library, as the job store and the
 camera events already use it. WAL mode with ``synchronous=NORMAL``: a killed process
 loses nothing committed, a power loss may lose the last second or two of history (no
@@ -15,7 +15,7 @@ and shared-memory files the database file's mode).
 
 Writing never blocks the daemon: :class:`HistoryWriter` takes batches of rows and one
 thread of its own commits them (one transaction per batch). Each day file starts with
-the session that writes to it, so a file read alone says what it holds.
+the run that writes to it, so a file read alone says what it holds.
 """
 
 from __future__ import annotations
@@ -37,11 +37,11 @@ from accelmux.errors import AccelmuxError
 from accelmux.history.records import (
     HISTORY_FORMAT,
     ROW_TYPES,
+    DaemonRun,
     DecisionRecord,
     LoadRecord,
     RequestRecord,
     SampleRecord,
-    Session,
     as_tuple,
     columns,
 )
@@ -55,10 +55,10 @@ DIR_MODE = 0o700
 #: Columns typed by their Python annotation (SQLite keeps any value; the type documents).
 _SQL_TYPES = {"float": "REAL", "int": "INTEGER", "str": "TEXT"}
 _INDEXES = {
-    "requests": "session, t_arrived",
-    "samples": "session, t",
-    "decisions": "session, t",
-    "loads": "session, t_start",
+    "requests": "run, t_arrived",
+    "samples": "run, t",
+    "decisions": "run, t",
+    "loads": "run, t_start",
 }
 
 R = TypeVar("R")
@@ -153,7 +153,7 @@ class HistoryWriter:
         self.days = days
         self.max_bytes = max_bytes
         self.clock = clock
-        self.session: Session | None = None
+        self.run: DaemonRun | None = None
         self._day: dt.date | None = None
         self._conn: sqlite3.Connection | None = None
         self._queue: queue.Queue[_Batch | None] = queue.Queue()
@@ -163,10 +163,10 @@ class HistoryWriter:
         self.dropped = 0
 
     # ---- the caller's side ----------------------------------------------------------------
-    def start_session(self, session: Session) -> None:
-        """The session every row that follows belongs to (written into each day file)."""
-        self.session = session
-        self._queue.put(_Batch([session]))
+    def start_run(self, run: DaemonRun) -> None:
+        """The run every row that follows belongs to (written into each day file)."""
+        self.run = run
+        self._queue.put(_Batch([run]))
 
     def write(self, rows: Sequence[Any]) -> None:
         if rows:
@@ -216,8 +216,8 @@ class HistoryWriter:
         self._close_conn()
         conn = open_day_file(day_file(self.directory, today))
         self._conn, self._day = conn, today
-        if self.session is not None:
-            self._insert(conn, [self.session])
+        if self.run is not None:
+            self._insert(conn, [self.run])
         self._prune(today)
         return conn
 
@@ -228,8 +228,8 @@ class HistoryWriter:
         with conn:
             conn.execute("BEGIN")
             for row_type, values in by_type.items():
-                if row_type is Session:
-                    conn.execute("DELETE FROM sessions WHERE session = ?", (values[0][0],))
+                if row_type is DaemonRun:
+                    conn.execute("DELETE FROM runs WHERE run = ?", (values[0][0],))
                 conn.executemany(_insert_sql(row_type), values)
 
     def _commit(self, rows: list[Any]) -> None:
@@ -278,9 +278,9 @@ def _remove(path: Path) -> None:
 # ---- reading -----------------------------------------------------------------------------
 @dataclass
 class History:
-    """What the day files hold for one session (the rows of every file, in time order)."""
+    """What the day files hold for one run (the rows of every file, in time order)."""
 
-    session: Session
+    run: DaemonRun
     requests: list[RequestRecord] = field(default_factory=list)
     loads: list[LoadRecord] = field(default_factory=list)
     decisions: list[DecisionRecord] = field(default_factory=list)
@@ -326,17 +326,17 @@ def _open_read(path: Path) -> sqlite3.Connection:
     conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
         _check_format(path, conn)
-        conn.execute("SELECT count(*) FROM sessions").fetchone()
+        conn.execute("SELECT count(*) FROM runs").fetchone()
     except BaseException:
         conn.close()
         raise
     return conn
 
 
-def list_sessions(directory: Path) -> tuple[list[Session], list[str]]:
-    """Every session the readable day files name (oldest first), and one problem line
+def list_runs(directory: Path) -> tuple[list[DaemonRun], list[str]]:
+    """Every run the readable day files name (oldest first), and one problem line
     per file that could not be read."""
-    sessions: dict[str, Session] = {}
+    runs: dict[str, DaemonRun] = {}
     problems: list[str] = []
     files = history_files(directory)
     if not files:
@@ -355,44 +355,44 @@ def list_sessions(directory: Path) -> tuple[list[Session], list[str]]:
             continue
         with contextlib.closing(conn):
             try:
-                for s in _rows(conn, Session, "1 = 1", ()):
-                    sessions.setdefault(s.session, s)
+                for s in _rows(conn, DaemonRun, "1 = 1", ()):
+                    runs.setdefault(s.run, s)
             except sqlite3.DatabaseError as exc:
                 problems.append(f"{path.name}: damaged, skipped ({exc})")
-    if not sessions:
-        detail = "; ".join(problems) or "the files hold no session"
+    if not runs:
+        detail = "; ".join(problems) or "the files hold no run"
         raise HistoryError(f"no readable history in {directory}: {detail}")
-    return sorted(sessions.values(), key=lambda s: s.started_wall), problems
+    return sorted(runs.values(), key=lambda s: s.started_wall), problems
 
 
-def read_history(directory: Path, session: str | None = None) -> History:
-    """The rows of one session (the latest when ``session`` is None), from every
+def read_history(directory: Path, run: str | None = None) -> History:
+    """The rows of one run (the latest when ``run`` is None), from every
     readable day file. Raises :class:`HistoryError` when there is nothing to read."""
-    sessions, problems = list_sessions(directory)
-    if session is None:
-        chosen = sessions[-1]
+    runs, problems = list_runs(directory)
+    if run is None:
+        chosen = runs[-1]
     else:
-        found = [s for s in sessions if s.session == session or s.session.startswith(session)]
+        found = [s for s in runs if s.run == run or s.run.startswith(run)]
         if len(found) != 1:
-            names = ", ".join(s.session for s in sessions)
+            names = ", ".join(s.run for s in runs)
             raise HistoryError(
-                f"session {session!r} {'is ambiguous' if found else 'not found'} "
-                f"in {directory} (sessions: {names})"
+                f"run {run!r} {'is ambiguous' if found else 'not found'} "
+                f"in {directory} (runs: {names})"
             )
         chosen = found[0]
-    out = History(session=chosen, problems=problems)
-    key = (chosen.session,)
+    out = History(run=chosen, problems=problems)
+    key = (chosen.run,)
     for path in history_files(directory):
         try:
             conn = _open_read(path)
         except (HistoryError, sqlite3.DatabaseError):
-            continue  # already reported by list_sessions
+            continue  # already reported by list_runs
         with contextlib.closing(conn):
             try:
-                requests = _rows(conn, RequestRecord, "session = ?", key)
-                loads = _rows(conn, LoadRecord, "session = ?", key)
-                decisions = _rows(conn, DecisionRecord, "session = ?", key)
-                samples = _rows(conn, SampleRecord, "session = ?", key)
+                requests = _rows(conn, RequestRecord, "run = ?", key)
+                loads = _rows(conn, LoadRecord, "run = ?", key)
+                decisions = _rows(conn, DecisionRecord, "run = ?", key)
+                samples = _rows(conn, SampleRecord, "run = ?", key)
             except sqlite3.DatabaseError as exc:
                 out.problems.append(f"{path.name}: damaged, skipped ({exc})")
                 continue

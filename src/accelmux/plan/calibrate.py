@@ -446,10 +446,10 @@ def _foreign_compute(samples: Sequence[SampleRecord], cores: int) -> list[tuple[
 
 def calibrate(history: History, *, until: float | None = None) -> dict[str, Profile]:
     """Every service's profile from ``history`` (its rows up to ``until``)."""
-    spec = json.loads(history.session.spec)
+    spec = json.loads(history.run.spec)
     devices = {d["name"]: d for d in spec["devices"]}
     services = {s["name"]: s for s in spec["services"]}
-    config = json.loads(history.session.config)
+    config = json.loads(history.run.config)
     end = float("inf") if until is None else until
     requests = [r for r in history.requests if r.t_arrived <= end]
     samples = [s for s in history.samples if s.t <= end]

@@ -27,7 +27,7 @@ DEFAULT_LAST_S = 86_400.0
 def _where(p: argparse.ArgumentParser) -> None:
     p.add_argument("-c", "--config", help="the daemon's config (its server.data_dir)")
     p.add_argument("--data-dir", help="the daemon's data directory (default: see docs/plan.md)")
-    p.add_argument("--session", help="which run of the daemon (default: the latest)")
+    p.add_argument("--run", help="which run of the daemon (default: the latest)")
     p.add_argument("--last", help="only the last DURATION of it, e.g. 2h, 90m (default: all)")
 
 
@@ -39,7 +39,7 @@ def register(sub: Any) -> None:
         "its text), memory samples and loads, under DATA_DIR/history.",
     )
     hsub = h.add_subparsers(dest="history_command", metavar="COMMAND")
-    show = hsub.add_parser("show", help="the sessions recorded and the services' profiles")
+    show = hsub.add_parser("show", help="the runs recorded and the services' profiles")
     _where(show)
     show.set_defaults(func=run_show)
     export = hsub.add_parser(
@@ -123,21 +123,21 @@ def history_dir(args: argparse.Namespace) -> Path:
 def _history(args: argparse.Namespace) -> Any:
     from accelmux.history.store import read_history  # noqa: PLC0415  # --help stays fast
 
-    history = read_history(history_dir(args), args.session)
+    history = read_history(history_dir(args), args.run)
     for problem in history.problems:
         print(f"accelmux: warning: {problem}", file=sys.stderr)
     return history
 
 
 def run_show(args: argparse.Namespace) -> int:
-    from accelmux.history.store import list_sessions  # noqa: PLC0415  # --help stays fast
+    from accelmux.history.store import list_runs  # noqa: PLC0415  # --help stays fast
     from accelmux.plan.calibrate import calibrate  # noqa: PLC0415  # --help stays fast
     from accelmux.plan.export import export_note  # noqa: PLC0415  # --help stays fast
 
-    sessions, _ = list_sessions(history_dir(args))
-    print(f"{len(sessions)} session(s) in {history_dir(args)}:")
-    for s in sessions:
-        print(f"  {s.session}  accelmux {s.version}")
+    runs, _ = list_runs(history_dir(args))
+    print(f"{len(runs)} run(s) in {history_dir(args)}:")
+    for s in runs:
+        print(f"  {s.run}  accelmux {s.version}")
     history = _history(args)
     print(export_note(history))
     print("measured profiles (what a replay is calibrated with):")

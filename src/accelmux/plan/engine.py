@@ -528,7 +528,7 @@ def plan_from_history(
             changes,
             history=history,
             policy=policy,
-            source=f"session {history.session.session}",
+            source=f"run {history.run.run}",
             t0=exported.t0,
         )
 

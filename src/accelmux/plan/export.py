@@ -56,7 +56,7 @@ class Export:
     profiles: dict[str, Profile]
     #: The daemon's request id of each trace row (same order).
     request_ids: list[str]
-    #: The trace's time 0 on the session's clock.
+    #: The trace's time 0 on the run's clock.
     t0: float = 0.0
 
     def write(self, out_dir: Path) -> Path:
@@ -226,16 +226,16 @@ def export_history(
     warmup_s: float = 600.0,
     profiles: dict[str, Profile] | None = None,
 ) -> Export:
-    """The scenario, trace and timeline of ``history``'s session.
+    """The scenario, trace and timeline of ``history``'s run.
 
     The replay starts where the daemon started (so it starts as cold as the daemon did);
     with ``last_s``, only the last ``last_s`` seconds of requests are measured, with up to
     ``warmup_s`` before them replayed unmeasured (the ``warmup_s`` of the scenario).
     ``profiles``: the services' profiles to calibrate with (default: this history's own;
     another run's, to replay a workload that calibration never saw)."""
-    session = history.session
-    spec = json.loads(session.spec)
-    config = json.loads(session.config)
+    run = history.run
+    spec = json.loads(run.spec)
+    config = json.loads(run.config)
     requests = [r for r in history.requests if r.service in config["services"]]
     end = max(
         [r.t_finished or r.t_arrived for r in requests] + [s.t for s in history.samples] + [0.0]
@@ -288,9 +288,9 @@ def export_history(
 
 def export_note(history: History) -> str:
     """One line on what was exported."""
-    s = history.session
+    s = history.run
     started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(s.started_wall))
     return (
-        f"session {s.session} (started {started}, accelmux {s.version}): "
+        f"run {s.run} (started {started}, accelmux {s.version}): "
         f"{len(history.requests)} requests over {history.span_s / 60:.1f} min"
     )

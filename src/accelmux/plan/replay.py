@@ -15,11 +15,11 @@ from typing import Any
 from accelmux import __version__
 from accelmux.history.recorder import HistoryRecorder, StreamFigures
 from accelmux.history.records import (
+    DaemonRun,
     DecisionRecord,
     LoadRecord,
     RequestRecord,
     SampleRecord,
-    Session,
 )
 from accelmux.plan.outcomes import Outcome, from_record
 from accelmux.sim.executor import Simulation
@@ -89,8 +89,8 @@ def replay(scn: Scenario, policy: str, *, seed: int = 0) -> Replay:
         first = req.first_token_at if streamed else None
         return StreamFigures(first_chunk_at=first, output_tokens=tokens)
 
-    session = Session("replay", 0.0, __version__, "{}", "{}")
-    recorder = HistoryRecorder(rows, sim.spec, session, stream_figures=figures, flush_s=1e9)
+    run = DaemonRun("replay", 0.0, __version__, "{}", "{}")
+    recorder = HistoryRecorder(rows, sim.spec, run, stream_figures=figures, flush_s=1e9)
     sim.observers.append(recorder)
     out = sim.run()
     recorder.close(sim.clock.now())

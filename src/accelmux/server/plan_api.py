@@ -5,7 +5,7 @@ The body names the changes as ``accelmux plan`` spells them (every key optional)
     {"device_gib": "12,16", "budget_gib": "", "add_device_gib": 8, "compute_scale": 2,
      "add_service": ["name=coder,catalogue=qwen2.5-7b,rate_per_h=20"],
      "remove_service": ["completion"], "set": ["indexer.windows=01:00-05:00"],
-     "policy": "llama-swap", "last": "2h", "session": "20261206T..."}
+     "policy": "llama-swap", "last": "2h", "run": "20261206T..."}
 
 The daemon runs ``accelmux plan --json -`` on its own ``data_dir`` in a child process
 at a lower CPU priority (a replay is CPU work and the daemon's requests come first),
@@ -33,7 +33,7 @@ TIMEOUT_S = 300.0
 NICE = 10
 MAX_TEXT = 400
 MAX_ITEMS = 16
-_TEXT_KEYS = ("device_gib", "budget_gib", "policy", "last", "session")
+_TEXT_KEYS = ("device_gib", "budget_gib", "policy", "last", "run")
 _NUMBER_KEYS = ("add_device_gib", "compute_scale")
 _LIST_KEYS = ("add_service", "remove_service", "set")
 

@@ -39,8 +39,8 @@ from accelmux.dashboard import routes as dashboard_routes
 from accelmux.errors import BackendError
 from accelmux.gateway.parse import tokens_of
 from accelmux.history.cpu import CpuProbe
+from accelmux.history.daemon_run import new_run
 from accelmux.history.recorder import HistoryRecorder, StreamFigures
-from accelmux.history.session import new_session
 from accelmux.history.store import HistoryWriter
 from accelmux.jobs import JobInputError, JobInputRetry, JobRunner, JobStore
 from accelmux.jobs.http import JobAccess, job_routes
@@ -214,8 +214,8 @@ def mount_history(runtime: Runtime, data_dir: Path) -> HistoryMount | None:
     # the gateway's stream timer reads time.monotonic(); the Manager's clock starts later
     offset = time.monotonic() - clock.now()
     writer = HistoryWriter(data_dir / "history", days=cfg.days, max_bytes=int(cfg.max_size))
-    session = new_session(runtime.cfg, runtime.manager.spec, __version__, started_wall)
-    writer.start_session(session)
+    run = new_run(runtime.cfg, runtime.manager.spec, __version__, started_wall)
+    writer.start_run(run)
 
     def stream_figures(request_id: str) -> StreamFigures | None:
         answer = runtime.live.answer(request_id)
@@ -233,7 +233,7 @@ def mount_history(runtime: Runtime, data_dir: Path) -> HistoryMount | None:
     # the managed compute: every process the daemon started (workers, external servers)
     probe = CpuProbe(lambda: [p.pid for p in psutil.Process().children()], hosts)
     recorder = HistoryRecorder(
-        writer, runtime.manager.spec, session, stream_figures=stream_figures, cpu_probe=probe
+        writer, runtime.manager.spec, run, stream_figures=stream_figures, cpu_probe=probe
     )
     runtime.driver.observers.append(recorder)
     return HistoryMount(recorder, writer, runtime, probe)

@@ -1,4 +1,4 @@
-"""The session row: what a run of the daemon ran, without anything private.
+"""The run row: what a run of the daemon ran, without anything private.
 
 ``config``: the daemon's config as data, without its ``server`` section (API keys,
 addresses, paths) and ``cluster`` section, without the services' ``backend`` sections
@@ -22,7 +22,7 @@ import psutil
 
 from accelmux.config.schema import AccelmuxConfig
 from accelmux.core.specs import ManagerSpec, ServiceSpec
-from accelmux.history.records import Session
+from accelmux.history.records import DaemonRun
 
 
 def private_free_config(cfg: AccelmuxConfig) -> dict[str, Any]:
@@ -85,19 +85,19 @@ def spec_data(
     }
 
 
-def new_session(
+def new_run(
     cfg: AccelmuxConfig,
     spec: ManagerSpec,
     version: str,
     started_wall: float | None = None,
     *,
     cores: int | None = None,
-) -> Session:
-    """A session for a daemon whose Manager clock reads 0 at ``started_wall``."""
+) -> DaemonRun:
+    """A run for a daemon whose Manager clock reads 0 at ``started_wall``."""
     started = time.time() if started_wall is None else started_wall
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(started))
-    return Session(
-        session=f"{stamp}-{secrets.token_hex(3)}",
+    return DaemonRun(
+        run=f"{stamp}-{secrets.token_hex(3)}",
         started_wall=started,
         version=version,
         config=json.dumps(private_free_config(cfg), sort_keys=True),
