@@ -196,3 +196,13 @@ def test_bad_input_on_the_command_line_is_one_clear_line(
     assert "not a duration" in capsys.readouterr().err
     assert main(["plan", "--data-dir", str(recorded.parent), "--add-service", "name=x"]) == 1
     assert "exactly one of" in capsys.readouterr().err
+
+
+def test_a_second_device_and_a_faster_one(recorded: Path) -> None:
+    plan = plan_from_history(
+        read_history(recorded), [Change(add_device_gib=4), Change(compute_scale=2.0)]
+    )
+    second, faster = plan.columns[2:]
+    assert set(second.memory) == {"gpu", "gpu2"}
+    replay_p50 = plan.columns[1].classes["realtime"]["p50_s"]
+    assert faster.classes["realtime"]["p50_s"] == pytest.approx(replay_p50 / 2, rel=0.1)
