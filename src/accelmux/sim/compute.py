@@ -12,7 +12,10 @@ device) from the service's :class:`~accelmux.sim.scenario.ServicePerfConfig`:
 Contention is processor sharing with shares: a running request alone uses ``share`` of
 the device (a batch-1 LLM decode is memory-bound and leaves room; a diffusion step
 takes it all). While the shares of the requests running on a device add up to
-``S > 1``, every one of them progresses at ``1/S`` of its solo speed. So an image job
+``S > 1``, every one of them progresses at ``1/S`` of its solo speed. A share above 1
+(measured on a CPU: a request that keeps more threads runnable than there are cores,
+as a runtime's spinning thread pool does) runs at its solo speed alone and at
+``share/S`` beside others: Linux shares the cores between runnable threads. So an image job
 beside a voice request slows the voice request unless the policy keeps them apart.
 A foreign program running on the device (a game) takes its ``compute_share`` the same
 way: while it runs, the managed requests progress at ``1/max(1, S + foreign)`` of their
@@ -62,7 +65,15 @@ class ComputeDevice:
 
     @property
     def rate(self) -> float:
+        """The speed of a job whose share is at most 1, relative to its solo speed."""
         return 1.0 if self.isolated else 1.0 / max(1.0, self.load + self.foreign_share)
+
+    def rate_of(self, job: Job) -> float:
+        """A job's speed: the device's :attr:`rate`, times the job's share when that is
+        above 1 (a job that keeps more threads runnable than the device has cores runs
+        at its solo speed alone, and holds more of the device beside others)."""
+        rate = self.rate
+        return rate * job.share if job.share > 1.0 and not self.isolated else rate
 
     def set_foreign_share(self, share: float, now: float) -> None:
         """Foreign programs now use ``share`` of the device: the running jobs' speed
@@ -75,10 +86,10 @@ class ComputeDevice:
     def advance(self, now: float) -> None:
         dt = now - self.last_t
         if dt > 0 and self.jobs:
-            rate = self.rate
             self.busy_s += dt * min(1.0, self.load)
             self.load_s += dt * self.load
             for job in self.jobs.values():
+                rate = self.rate_of(job)
                 before = job.done
                 job.done += dt * rate
                 if job.first_token_at is None and job.prefill > 0 and job.done >= job.prefill:
@@ -102,9 +113,12 @@ class ComputeDevice:
     def next_completion(self) -> float | None:
         if not self.jobs:
             return None
-        rate = self.rate
-        left = min(max(0.0, j.work - j.done) for j in self.jobs.values())
-        return self.last_t + left / rate
+        if all(j.share <= 1.0 for j in self.jobs.values()) or self.isolated:
+            left = min(max(0.0, j.work - j.done) for j in self.jobs.values())
+            return self.last_t + left / self.rate
+        return self.last_t + min(
+            max(0.0, j.work - j.done) / self.rate_of(j) for j in self.jobs.values()
+        )
 
     def finished(self, now: float) -> list[Job]:
         """Advance to ``now`` and pop every job whose work is done."""

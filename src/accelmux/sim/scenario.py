@@ -114,7 +114,13 @@ class ServicePerfConfig(StrictModel):
     requests slow each other when their shares add up beyond 1 (processor sharing).
     """
 
-    share: float = Field(0.5, gt=0, le=1)
+    share: float = Field(
+        0.5,
+        gt=0,
+        le=8,
+        description="The fraction of the device one request uses alone; above 1: it keeps "
+        "more threads runnable than the device has cores (measured on a CPU).",
+    )
     base_s: float = Field(0.0, ge=0)
     per_unit_s: float = Field(0.0, ge=0)
     prefill_tps: float = Field(2000.0, gt=0)
