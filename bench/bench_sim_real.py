@@ -189,7 +189,7 @@ def sim_vs_real(run_dir: Path, profiles_dir: Path | None = None) -> dict[str, An
     """Replay a run's history, calibrated from ``profiles_dir``'s (default: its own),
     and compare it with what the real stack did."""
     from accelmux.history.store import read_history
-    from accelmux.plan.calibrate import calibrate
+    from accelmux.plan.calibrate import calibration
     from accelmux.plan.compare import compare
     from accelmux.plan.export import export_history
     from accelmux.plan.outcomes import from_trace, slo_table
@@ -198,8 +198,9 @@ def sim_vs_real(run_dir: Path, profiles_dir: Path | None = None) -> dict[str, An
 
     history = read_history(run_dir / "history")
     source = read_history(profiles_dir / "history") if profiles_dir else history
-    profiles = calibrate(source)
-    exported = export_history(history, profiles=profiles)
+    calibrated = calibration(source)
+    profiles = calibrated.profiles
+    exported = export_history(history, calibrated=calibrated)
     with tempfile.TemporaryDirectory(prefix="simreal-replay-") as td:
         scn = load_scenario(exported.write(Path(td)))
         started = time.monotonic()
@@ -228,6 +229,7 @@ def sim_vs_real(run_dir: Path, profiles_dir: Path | None = None) -> dict[str, An
         "replay_wall_s": round(replay_s, 2),
         "measured_s": round(exported.trace[-1].arrival_s - since, 1) if exported.trace else 0,
         "profiles": {n: {k: v for k, v in vars(p).items()} for n, p in profiles.items()},
+        "idle_compute": calibrated.idle_compute,
         "result": result,
     }
 

@@ -6,7 +6,7 @@ import subprocess
 import sys
 import time
 
-from accelmux.history.cpu import CpuProbe, procs_running, runnable_threads
+from accelmux.history.cpu import CpuProbe, parse_ticks, procs_running, runnable_threads
 
 
 def test_a_spinning_managed_process_counts_as_one_runnable_thread() -> None:
@@ -23,6 +23,9 @@ def test_a_spinning_managed_process_counts_as_one_runnable_thread() -> None:
         assert 0.7 <= figures.run_managed <= 1.3, figures
         assert figures.run_total >= figures.run_managed
         assert figures.cpu_managed is not None and figures.cpu_managed > 0.1
+        ticks = parse_ticks(figures.ticks)
+        assert len(ticks) >= 10 and all(m <= n for _, m, n in ticks)
+        assert sorted(t for t, _, _ in ticks) == [t for t, _, _ in ticks]
         assert probe("gpu").run_managed is None  # not a host device: not measured
     finally:
         child.kill()

@@ -181,3 +181,23 @@ def test_the_session_keeps_no_secret_and_no_backend(tmp_path: Path) -> None:
     for secret in ("sk-secret", "adm-secret", "very-secret", "env-secret", "llama-server"):
         assert secret not in blob
     assert json.loads(run.config)["services"]["chat"]["class"] == "interactive"
+
+
+def test_a_services_threads_are_read_from_the_counts_taken_while_it_ran_alone() -> None:
+    from accelmux.plan.calibrate import IDLE, LOAD, _Run, solo_threads
+
+    def sample(t: float, ticks: list[tuple[float, int]]) -> SampleRecord:
+        text = ";".join(f"{round(x * 1000)}:{m}:{m + 3}" for x, m in ticks)
+        return SampleRecord("s", t, "host", 0, 0, 0, 0, "{}", ticks=text)
+
+    runs = [_Run("chat", 1.0, 2.0), _Run("embed", 3.0, 4.0), _Run("chat", 3.5, 4.5)]
+    samples = [
+        sample(1.0, [(0.2, 0), (0.6, 1)]),  # idle
+        sample(2.0, [(1.2, 2), (1.4, 2), (1.8, 2)]),  # chat alone: 2 counted, idle 0.5
+        sample(4.0, [(3.2, 3), (3.6, 9), (3.8, 9)]),  # embed alone, then both: not read
+        sample(6.0, [(5.2, 4), (5.4, 4)]),  # a load alone
+    ]
+    threads, counts = solo_threads(samples, runs, [(5.0, 5.5)])
+    assert counts == {IDLE: 2, "chat": 3, "embed": 1, LOAD: 2}
+    assert threads["chat"] == pytest.approx(1.5) and threads[LOAD] == pytest.approx(3.5)
+    assert threads[IDLE] == pytest.approx(0.5)

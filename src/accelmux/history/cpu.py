@@ -10,7 +10,9 @@ them. The probe keeps, per sample:
 - ``run_managed`` and ``run_total``: the mean number of runnable threads in the managed
   services' processes (the inference workers, external servers and their children) and
   on the whole machine, read from ``/proc`` :data:`RATE_HZ` times a second by a thread of
-  its own (``procs_running`` in ``/proc/stat``; each managed thread's state);
+  its own (``procs_running`` in ``/proc/stat``; each managed thread's state), and each
+  count with its time (``ticks``): the calibration reads what one request of a service
+  keeps runnable from the counts taken while it ran alone;
 - ``cpu_managed`` and ``cpu_total``: the fraction of the cores they used (CPU time).
 
 A call (on the daemon's event loop, at each memory sample) reads only a few small
@@ -50,6 +52,19 @@ class CpuFigures:
     cpu_total: float | None = None
     run_managed: float | None = None
     run_total: float | None = None
+    #: Each count of the span: ``T:M:N`` (T the time on the probe's clock, in ms, M the
+    #: managed runnable threads, N the machine's), ``;``-separated.
+    ticks: str | None = None
+
+
+def parse_ticks(text: str | None) -> list[tuple[float, int, int]]:
+    """The counts of :attr:`CpuFigures.ticks`: (time in seconds, managed, all)."""
+    out: list[tuple[float, int, int]] = []
+    for item in (text or "").split(";"):
+        parts = item.split(":")
+        if len(parts) == 3:
+            out.append((int(parts[0]) / 1000.0, int(parts[1]), int(parts[2])))
+    return out
 
 
 def _busy_s() -> float:
@@ -102,7 +117,7 @@ class CpuProbe:
         self._last: tuple[float, float, dict[int, float]] | None = None
         self._pids: list[int] = self._find_pids() if self._hosts else []
         self._lock = threading.Lock()
-        self._counts = [0.0, 0.0, 0]  # managed runnable, all runnable, ticks
+        self._ticks: list[str] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         if self._hosts and procs_running() is not None:
@@ -130,10 +145,10 @@ class CpuProbe:
             managed = runnable_threads(pids)
             if total is None:
                 continue
+            total = max(managed, total - 1)  # not this thread, reading
+            stamp = round(self._clock() * 1000)
             with self._lock:
-                self._counts[0] += managed
-                self._counts[1] += max(managed, total - 1)  # not this thread, reading
-                self._counts[2] += 1
+                self._ticks.append(f"{stamp}:{managed}:{total}")
 
     def _find_pids(self) -> list[int]:
         """The managed processes and their children (a scan of every process)."""
@@ -157,19 +172,26 @@ class CpuProbe:
                 out[pid] = float(t.user + t.system)
         return out
 
-    def _runnable(self) -> tuple[float | None, float | None]:
+    def _runnable(self) -> tuple[float | None, float | None, str | None]:
+        """The span's mean runnable threads (managed, all) and its counts."""
         with self._lock:
-            managed, total, ticks = self._counts
-            self._counts = [0.0, 0.0, 0]
+            ticks, self._ticks = self._ticks, []
         if not ticks:
-            return None, None
-        return round(managed / ticks, 3), round(total / ticks, 3)
+            return None, None, None
+        text = ";".join(ticks)
+        counts = parse_ticks(text)
+        n = len(counts)
+        return (
+            round(sum(c[1] for c in counts) / n, 3),
+            round(sum(c[2] for c in counts) / n, 3),
+            text,
+        )
 
     def __call__(self, device: str) -> CpuFigures:
         if device not in self._hosts:
             return CpuFigures()
         now, busy, managed = self._clock(), _busy_s(), self._managed()
-        run_managed, run_total = self._runnable()
+        run_managed, run_total, ticks = self._runnable()
         last, self._last = self._last, (now, busy, managed)
         if last is None or now - last[0] <= 0:
             return CpuFigures()
@@ -182,4 +204,5 @@ class CpuProbe:
             cpu_total=round(min(1.0, total / span), 4),
             run_managed=run_managed,
             run_total=run_total,
+            ticks=ticks,
         )

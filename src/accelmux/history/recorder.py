@@ -243,6 +243,7 @@ class HistoryRecorder:
                 cpu_total=cpu.cpu_total,
                 run_managed=cpu.run_managed,
                 run_total=cpu.run_total,
+                ticks=cpu.ticks,
             )
         )
 

@@ -137,6 +137,8 @@ class SampleRecord:
     cpu_total: float | None = None
     run_managed: float | None = None
     run_total: float | None = None
+    #: The runnable-thread counts of the span, with their times (``history.cpu``).
+    ticks: str | None = None
 
 
 ROW_TYPES: tuple[type[Any], ...] = (

@@ -7,8 +7,12 @@ sim-to-real comparison reports (latencies, attainment, queueing, memory peaks, l
 counts) is fitted to.
 
 - **Compute share** (``share``: the fraction of the device one running request uses
-  alone): on a host device, each memory sample says how many threads of the managed
-  processes were runnable on average since the one before (:mod:`accelmux.history.cpu`);
+  alone): on a host device, the probe counts the managed processes' runnable threads
+  five times a second (:mod:`accelmux.history.cpu`); the counts taken while exactly one
+  request of a service ran, and nothing else, less those taken while nothing ran, are
+  the threads one request of it keeps runnable, and its share is threads / cores (at
+  least :data:`MIN_SOLO_TICKS` counts). Otherwise: each memory sample says how many
+  threads of the managed processes were runnable on average since the one before;
   that is the sum over services of the threads one of their requests keeps runnable x
   the seconds their requests ran, plus loads; a non-negative least-squares fit gives
   each service's threads, and its share is threads / cores. (Without thread counts, the
@@ -17,7 +21,9 @@ counts) is fitted to.
   compute samples, keeps the simulator's default.
 - **Foreign compute**: the machine's other runnable threads / cores, per sample (a
   saturated machine with many threads waiting slows a request more than one with few,
-  as Linux shares the cores between runnable threads).
+  as Linux shares the cores between runnable threads), plus the managed processes' own
+  runnable threads while nothing of theirs runs (``Calibration.idle_compute``: a
+  thread pool spinning after its work, a worker's housekeeping).
 - **Speed**: the simulator runs a request's *work* (its solo service time) at a rate
   ``1 / max(1, S + F)`` where ``S`` is the sum of the shares running and ``F`` the
   foreign compute (:mod:`accelmux.sim.compute`). The same rate, with the shares above
@@ -51,6 +57,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from accelmux.history.cpu import parse_ticks
 from accelmux.history.records import DecisionRecord, LoadRecord, RequestRecord, SampleRecord
 from accelmux.history.store import History
 
@@ -58,8 +65,12 @@ from accelmux.history.store import History
 MIN_BUSY_S = 5.0
 #: A sample span in which the machine's cores were this busy is saturated: skipped.
 SATURATED = 0.95
-#: The key of loads among the shares (a load's share of the device).
+#: The key of loads among the shares (a load's share of the device), and of the
+#: managed processes' own runnable threads while no request or load runs.
 LOAD = "(load)"
+IDLE = "(idle)"
+#: The largest share a calibration gives (a request keeping 8 cores' worth runnable).
+MAX_SHARE = 4.0
 #: The simulator's default share (a service with too little data keeps it).
 DEFAULT_SHARE = 0.5
 MIN_SHARE = 0.05
@@ -74,6 +85,8 @@ class Profile:
     requests: int = 0
     busy_s: float = 0.0
     share: float | None = None
+    #: Probe counts taken while it ran alone (the share is read from them when enough).
+    solo_ticks: int = 0
     base_s: float | None = None
     per_unit_s: float | None = None
     prefill_tps: float | None = None
@@ -208,6 +221,52 @@ def foreign_compute(s: SampleRecord, cores: int) -> float | None:
     if s.cpu_total is not None and s.cpu_managed is not None:
         return round(max(0.0, s.cpu_total - s.cpu_managed), 3)
     return None
+
+
+#: The fewest counts taken while a service ran alone that say how many threads it keeps
+#: runnable (fewer: the least-squares fit over the samples decides).
+MIN_SOLO_TICKS = 20
+
+
+def solo_threads(
+    samples: Sequence[SampleRecord],
+    runs: Sequence[_Run],
+    loads: Sequence[tuple[float, float]],
+) -> tuple[dict[str, float], dict[str, int]]:
+    """From the probe's counts (``SampleRecord.ticks``): the mean managed runnable
+    threads while exactly one request (of each service), or one load (``LOAD``), ran and
+    nothing else did, less the mean while nothing ran (``IDLE``); and how many counts
+    each mean is of. A count taken alone is what one request keeps runnable, with no
+    other request to tell it apart from."""
+    events: list[tuple[float, int, str]] = []
+    for r in runs:
+        events += [(r.start, 1, r.service), (r.end, -1, r.service)]
+    for a, b in loads:
+        events += [(a, 1, LOAD), (b, -1, LOAD)]
+    events.sort()
+    ticks = sorted(t for s in samples for t in parse_ticks(s.ticks))
+    sums: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    running: dict[str, int] = {}
+    i = 0
+    for t, managed, _ in ticks:
+        while i < len(events) and events[i][0] <= t:
+            _, delta, name = events[i]
+            running[name] = running.get(name, 0) + delta
+            if running[name] <= 0:
+                del running[name]
+            i += 1
+        if not running:
+            key = IDLE
+        elif len(running) == 1 and sum(running.values()) == 1:
+            key = next(iter(running))
+        else:
+            continue
+        sums[key] = sums.get(key, 0.0) + managed
+        counts[key] = counts.get(key, 0) + 1
+    idle = sums.get(IDLE, 0.0) / counts[IDLE] if counts.get(IDLE) else 0.0
+    out = {k: max(0.0, v / counts[k] - (0.0 if k == IDLE else idle)) for k, v in sums.items()}
+    return out, counts
 
 
 def fit_shares(
@@ -444,8 +503,25 @@ def _foreign_compute(samples: Sequence[SampleRecord], cores: int) -> list[tuple[
     return out
 
 
+@dataclass
+class Calibration:
+    """Every service's profile, and per device the compute the managed processes use
+    while no request or load runs (in shares of the device: a runtime's thread pool
+    spinning after its work, a worker's housekeeping), which a replay counts with the
+    other programs' compute."""
+
+    profiles: dict[str, Profile]
+    idle_compute: dict[str, float] = field(default_factory=dict)
+
+
 def calibrate(history: History, *, until: float | None = None) -> dict[str, Profile]:
     """Every service's profile from ``history`` (its rows up to ``until``)."""
+    return calibration(history, until=until).profiles
+
+
+def calibration(history: History, *, until: float | None = None) -> Calibration:
+    """Every service's profile from ``history`` (its rows up to ``until``), and each
+    device's idle managed compute."""
     spec = json.loads(history.run.spec)
     devices = {d["name"]: d for d in spec["devices"]}
     services = {s["name"]: s for s in spec["services"]}
@@ -456,6 +532,7 @@ def calibrate(history: History, *, until: float | None = None) -> dict[str, Prof
     loads = [ld for ld in history.loads if ld.t_start <= end]
     decisions = [d for d in history.decisions if d.t <= end]
     profiles: dict[str, Profile] = {}
+    idle_compute: dict[str, float] = {}
     for dev_name, dev in devices.items():
         on_dev = [n for n, s in services.items() if s["device"] == dev_name]
         dev_samples = [s for s in samples if s.device == dev_name]
@@ -463,14 +540,19 @@ def calibrate(history: History, *, until: float | None = None) -> dict[str, Prof
         dev_loads = _loading(ld for ld in loads if ld.service in on_dev)
         cores = int(dev.get("cores") or 1)
         shares, busy = fit_shares(dev_samples, runs, dev_loads, on_dev, cores)
+        solo, counted = solo_threads(dev_samples, runs, dev_loads)
+        for key, threads in solo.items():
+            if key != IDLE and counted[key] >= MIN_SOLO_TICKS:
+                shares[key] = threads / cores  # counted alone: better than the fit
+        idle_compute[dev_name] = solo.get(IDLE, 0.0) / cores
         load_share = shares.get(LOAD)
         if load_share is not None:  # loads compute: in the rate, and timed as solo work
-            load_share = min(1.0, max(MIN_SHARE, load_share))
+            load_share = min(MAX_SHARE, max(MIN_SHARE, load_share))
             runs = runs + [_Run(LOAD, a, b) for a, b in dev_loads]
         rate = _Rate(
             runs,
             shares | ({LOAD: load_share} if load_share else {}),
-            _foreign_compute(dev_samples, cores),
+            [(t, f + idle_compute[dev_name]) for t, f in _foreign_compute(dev_samples, cores)],
         )
 
         def took(
@@ -484,7 +566,8 @@ def calibrate(history: History, *, until: float | None = None) -> dict[str, Prof
             kind = str(config["services"].get(svc["group"] or name, {}).get("kind", ""))
             p = Profile(service=name, kind=kind, busy_s=round(busy.get(name, 0.0), 3))
             if name in shares:
-                p.share = min(1.0, max(MIN_SHARE, shares[name]))
+                p.share = min(MAX_SHARE, max(MIN_SHARE, shares[name]))
+                p.solo_ticks = counted.get(name, 0)
             elif not any(managed_compute(s, cores) is not None for s in dev_samples):
                 p.notes.append("no compute samples on its device: default share")
             else:
@@ -517,4 +600,4 @@ def calibrate(history: History, *, until: float | None = None) -> dict[str, Prof
                 reported,
             )
             profiles[name] = p
-    return profiles
+    return Calibration(profiles, idle_compute)

@@ -34,7 +34,13 @@ import yaml
 
 from accelmux.history.records import RequestRecord, SampleRecord
 from accelmux.history.store import History
-from accelmux.plan.calibrate import Profile, calibrate, foreign_compute, unload_seconds
+from accelmux.plan.calibrate import (
+    Calibration,
+    Profile,
+    calibration,
+    foreign_compute,
+    unload_seconds,
+)
 from accelmux.sim.recorded import TimelineRow, TraceRow, write_timeline, write_trace
 
 #: A request that arrives this soon after an earlier one of the same origin ended is
@@ -135,9 +141,13 @@ def _trace_row(i: int, r: RequestRecord, t0: float, after: tuple[int, float] | N
 
 
 def timeline(
-    samples: list[SampleRecord], t0: float, cores: dict[str, int] | None = None
+    samples: list[SampleRecord],
+    t0: float,
+    cores: dict[str, int] | None = None,
+    idle: dict[str, float] | None = None,
 ) -> list[TimelineRow]:
-    """Each device's other memory and foreign compute, a row when they moved."""
+    """Each device's other memory and foreign compute (with ``idle``: the managed
+    processes' own compute while nothing runs), a row when they moved."""
     out: list[TimelineRow] = []
     last: dict[str, TimelineRow] = {}
     for s in samples:
@@ -145,6 +155,8 @@ def timeline(
             continue
         other = max(0, s.used - s.managed - s.overhead)
         compute = foreign_compute(s, (cores or {}).get(s.device, 1))
+        if compute is not None:
+            compute = round(compute + (idle or {}).get(s.device, 0.0), 3)
         row = TimelineRow(
             t_s=round(s.t - t0, 3),
             device=s.device,
@@ -224,15 +236,15 @@ def export_history(
     *,
     last_s: float | None = None,
     warmup_s: float = 600.0,
-    profiles: dict[str, Profile] | None = None,
+    calibrated: Calibration | None = None,
 ) -> Export:
     """The scenario, trace and timeline of ``history``'s run.
 
     The replay starts where the daemon started (so it starts as cold as the daemon did);
     with ``last_s``, only the last ``last_s`` seconds of requests are measured, with up to
     ``warmup_s`` before them replayed unmeasured (the ``warmup_s`` of the scenario).
-    ``profiles``: the services' profiles to calibrate with (default: this history's own;
-    another run's, to replay a workload that calibration never saw)."""
+    ``calibrated``: the services' profiles to calibrate with (default: this history's
+    own; another run's, to replay a workload that calibration never saw)."""
     run = history.run
     spec = json.loads(run.spec)
     config = json.loads(run.config)
@@ -248,8 +260,9 @@ def export_history(
     kept = [r for r in requests if r.t_arrived >= t0]
     links = link(kept)
     trace = [_trace_row(i, r, t0, links.get(i)) for i, r in enumerate(kept)]
-    if profiles is None:
-        profiles = calibrate(history)
+    if calibrated is None:
+        calibrated = calibration(history)
+    profiles = calibrated.profiles
     by_name = {s["name"]: s for s in spec["services"]}
     perf = {name: p.perf(by_name[name]) for name, p in profiles.items() if name in by_name}
     origin = float(spec.get("clock_origin_s_of_day", 0.0)) + t0
@@ -278,7 +291,10 @@ def export_history(
         scenario=scenario,
         trace=trace,
         timeline=timeline(
-            history.samples, t0, {d["name"]: int(d.get("cores") or 1) for d in spec["devices"]}
+            history.samples,
+            t0,
+            {d["name"]: int(d.get("cores") or 1) for d in spec["devices"]},
+            calibrated.idle_compute,
         ),
         profiles=profiles,
         request_ids=[r.request_id for r in kept],

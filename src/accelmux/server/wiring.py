@@ -231,7 +231,7 @@ def mount_history(runtime: Runtime, data_dir: Path) -> HistoryMount | None:
 
     hosts = [d.name for d in runtime.manager.spec.devices if d.kind == "host"]
     # the managed compute: every process the daemon started (workers, external servers)
-    probe = CpuProbe(lambda: [p.pid for p in psutil.Process().children()], hosts)
+    probe = CpuProbe(lambda: [p.pid for p in psutil.Process().children()], hosts, clock=clock.now)
     recorder = HistoryRecorder(
         writer, runtime.manager.spec, run, stream_figures=stream_figures, cpu_probe=probe
     )
