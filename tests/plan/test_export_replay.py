@@ -73,8 +73,9 @@ def test_the_timeline_keeps_only_what_moved() -> None:
         ],
         0.0,
     )
-    assert [r.t_s for r in rows] == [1, 3]
-    assert rows[1].other_bytes == 10 * 2**20 - 100 and rows[1].foreign_compute == pytest.approx(0.4)
+    # the compute a sample measured holds over its span: from the sample before it on
+    assert [(r.t_s, r.foreign_compute) for r in rows] == [(1, None), (2, 0.4), (3, 0.4)]
+    assert rows[2].other_bytes == 10 * 2**20 - 100
 
 
 def test_nnls_recovers_non_negative_coefficients() -> None:

@@ -24,6 +24,11 @@ counts) is fitted to.
   as Linux shares the cores between runnable threads), plus the managed processes' own
   runnable threads while nothing of theirs runs (``Calibration.idle_compute``: a
   thread pool spinning after its work, a worker's housekeeping).
+- **Executors**: the shared inference worker runs each loaded model's requests one at
+  a time on the model's thread (shared by the services that share the model), so a
+  request dispatched while another of its thread ran started when that one ended; the
+  spans below are from when each really started, and a replay runs such services on one
+  executor each (``executor``).
 - **Speed**: the simulator runs a request's *work* (its solo service time) at a rate
   ``1 / max(1, S + F)`` where ``S`` is the sum of the shares running and ``F`` the
   foreign compute (:mod:`accelmux.sim.compute`). The same rate, with the shares above
@@ -122,7 +127,10 @@ class Profile:
                 out[name] = round(value, 6) if isinstance(value, float) else value
         out["capabilities"] = dict(spec.get("capabilities") or {})
         if spec.get("weights_key"):
+            # hosted by the shared inference worker: a copy others may share, run by one
+            # thread that takes one request at a time
             out["weights_key"] = spec["weights_key"]
+            out["executor"] = spec["weights_key"]
         return out
 
 
@@ -187,15 +195,37 @@ class _Run:
     end: float
 
 
-def _runs(requests: Iterable[RequestRecord]) -> list[_Run]:
+def executor_starts(
+    requests: Iterable[RequestRecord], executor_of: dict[str, str]
+) -> dict[str, float]:
+    """When each request of a service hosted by the shared worker really started: the
+    worker runs a model's requests one at a time on the model's thread (shared by the
+    services that share the model), so a request dispatched while another of its thread
+    ran started when that one ended."""
+    groups: dict[str, list[RequestRecord]] = {}
+    for r in requests:
+        key = executor_of.get(r.replica or r.service)
+        if key and r.t_dispatched is not None and r.t_finished is not None:
+            groups.setdefault(key, []).append(r)
+    out: dict[str, float] = {}
+    for group in groups.values():
+        group.sort(key=lambda r: (r.t_dispatched or 0.0, r.request_id))
+        free = float("-inf")
+        for r in group:
+            assert r.t_dispatched is not None and r.t_finished is not None
+            start = min(max(r.t_dispatched, free), r.t_finished)
+            out[r.request_id] = start
+            free = max(free, r.t_finished)
+    return out
+
+
+def _runs(requests: Iterable[RequestRecord], starts: dict[str, float]) -> list[_Run]:
+    """Each request's running span (from when it really started: ``starts``)."""
     out = []
     for r in requests:
-        if (
-            r.t_dispatched is not None
-            and r.t_finished is not None
-            and r.t_finished > r.t_dispatched
-        ):
-            out.append(_Run(r.replica or r.service, r.t_dispatched, r.t_finished))
+        start = starts.get(r.request_id, r.t_dispatched)
+        if start is not None and r.t_finished is not None and r.t_finished > start:
+            out.append(_Run(r.replica or r.service, start, r.t_finished))
     return out
 
 
@@ -337,8 +367,8 @@ class _Rate:
         return self.loads[i] if i >= 0 else 0.0
 
     def _foreign_at(self, t: float) -> float:
-        i = bisect.bisect_right(self.f_times, t)  # the sample that closes the span holding t
-        return self.f_values[i] if i < len(self.f_values) else 0.0
+        i = bisect.bisect_right(self.f_times, t) - 1  # the last value set at or before t
+        return self.f_values[i] if i >= 0 else 0.0
 
     def work(self, a: float, b: float) -> float:
         """Solo seconds of work done in [a, b] by one job running all along."""
@@ -357,7 +387,13 @@ class _Rate:
         return total
 
 
-def _fit_speed(p: Profile, requests: Sequence[RequestRecord], rate: _Rate, is_llm: bool) -> None:
+def _fit_speed(
+    p: Profile,
+    requests: Sequence[RequestRecord],
+    rate: _Rate,
+    is_llm: bool,
+    starts: dict[str, float],
+) -> None:
     done = [
         r
         for r in requests
@@ -376,8 +412,9 @@ def _fit_speed(p: Profile, requests: Sequence[RequestRecord], rate: _Rate, is_ll
         xs, y, per_token = [], [], []
         for r in streamed:
             assert r.t_dispatched is not None and r.t_first_token is not None
+            start = min(starts.get(r.request_id, r.t_dispatched), r.t_first_token)
             xs.append(float(r.prompt_tokens))
-            y.append(rate.work(r.t_dispatched, r.t_first_token))
+            y.append(rate.work(start, r.t_first_token))
             decode = rate.work(r.t_first_token, r.t_finished or r.t_first_token)
             per_token.append(decode / max(1, (r.output_tokens or 1) - 1))
         base, per_prompt = fit_line(xs, y, proportional=True)
@@ -389,7 +426,7 @@ def _fit_speed(p: Profile, requests: Sequence[RequestRecord], rate: _Rate, is_ll
     for r in done:
         assert r.t_dispatched is not None and r.t_finished is not None
         xs.append(float(r.output_tokens or r.max_output_tokens) if is_llm else r.units)
-        y.append(rate.work(r.t_dispatched, r.t_finished))
+        y.append(rate.work(starts.get(r.request_id, r.t_dispatched), r.t_finished))
     base, per_unit = fit_line(xs, y, proportional=is_llm)
     if is_llm:  # answers that did not stream: the whole answer is base + tokens x tbt
         p.base_s, p.tbt_s = base, per_unit
@@ -494,12 +531,20 @@ def unload_seconds(decisions: Sequence[DecisionRecord]) -> float | None:
     return _median(took)
 
 
-def _foreign_compute(samples: Sequence[SampleRecord], cores: int) -> list[tuple[float, float]]:
+def foreign_series(
+    samples: Sequence[SampleRecord], cores: int, idle: float = 0.0
+) -> list[tuple[float, float]]:
+    """Other processes' compute over time, in shares of the device, as (from when, how
+    much) pairs: per count of the probe where the samples keep them (a burst shorter than
+    a sample is seen), else per sample span (from the sample before); ``idle`` added."""
+    ticks = sorted(t for s in samples for t in parse_ticks(s.ticks))
+    if ticks:
+        return [(t, round(max(0, n - m) / cores + idle, 3)) for t, m, n in ticks]
     out = []
-    for s in samples:
-        f = foreign_compute(s, cores)
+    for prev, cur in itertools.pairwise(samples):
+        f = foreign_compute(cur, cores)
         if f is not None:
-            out.append((s.t, f))
+            out.append((prev.t, round(f + idle, 3)))
     return out
 
 
@@ -533,10 +578,13 @@ def calibration(history: History, *, until: float | None = None) -> Calibration:
     decisions = [d for d in history.decisions if d.t <= end]
     profiles: dict[str, Profile] = {}
     idle_compute: dict[str, float] = {}
+    starts = executor_starts(
+        requests, {n: s["weights_key"] for n, s in services.items() if s.get("weights_key")}
+    )
     for dev_name, dev in devices.items():
         on_dev = [n for n, s in services.items() if s["device"] == dev_name]
         dev_samples = [s for s in samples if s.device == dev_name]
-        runs = [r for r in _runs(requests) if r.service in on_dev]
+        runs = [r for r in _runs(requests, starts) if r.service in on_dev]
         dev_loads = _loading(ld for ld in loads if ld.service in on_dev)
         cores = int(dev.get("cores") or 1)
         shares, busy = fit_shares(dev_samples, runs, dev_loads, on_dev, cores)
@@ -552,7 +600,7 @@ def calibration(history: History, *, until: float | None = None) -> Calibration:
         rate = _Rate(
             runs,
             shares | ({LOAD: load_share} if load_share else {}),
-            [(t, f + idle_compute[dev_name]) for t, f in _foreign_compute(dev_samples, cores)],
+            foreign_series(dev_samples, cores, idle_compute[dev_name]),
         )
 
         def took(
@@ -573,7 +621,7 @@ def calibration(history: History, *, until: float | None = None) -> Calibration:
             else:
                 p.notes.append(f"ran {p.busy_s:.1f} s: too little to fit its share")
             mine = [r for r in requests if (r.replica or r.service) == name]
-            _fit_speed(p, mine, rate, kind in ("chat", "completion"))
+            _fit_speed(p, mine, rate, kind in ("chat", "completion"), starts)
             _fit_loads(
                 p,
                 [ld for ld in loads if ld.service == name],

@@ -38,7 +38,7 @@ from accelmux.plan.calibrate import (
     Calibration,
     Profile,
     calibration,
-    foreign_compute,
+    foreign_series,
     unload_seconds,
 )
 from accelmux.sim.recorded import TimelineRow, TraceRow, write_timeline, write_trace
@@ -146,40 +146,54 @@ def timeline(
     cores: dict[str, int] | None = None,
     idle: dict[str, float] | None = None,
 ) -> list[TimelineRow]:
-    """Each device's other memory and foreign compute (with ``idle``: the managed
-    processes' own compute while nothing runs), a row when they moved."""
-    out: list[TimelineRow] = []
-    last: dict[str, TimelineRow] = {}
+    """Each device's other memory (at each sample) and foreign compute (per count of the
+    probe, else per sample span; with ``idle``, the managed processes' own compute while
+    nothing runs), a row when either moved."""
+    events: list[tuple[float, str, int, int, float | None]] = []
     for s in samples:
-        if s.t < t0:
-            continue
         other = max(0, s.used - s.managed - s.overhead)
-        compute = foreign_compute(s, (cores or {}).get(s.device, 1))
-        if compute is not None:
-            compute = round(compute + (idle or {}).get(s.device, 0.0), 3)
+        events.append((s.t, s.device, other, s.baseline, None))
+    for device in sorted({s.device for s in samples}):
+        mine = [s for s in samples if s.device == device]
+        series = foreign_series(mine, (cores or {}).get(device, 1), (idle or {}).get(device, 0.0))
+        events += [(t, device, -1, -1, f) for t, f in series]
+    events.sort(key=lambda e: e[0])
+    out: list[TimelineRow] = []
+    current: dict[str, TimelineRow] = {}
+    written: dict[str, TimelineRow] = {}
+    for t, device, other, baseline, compute in events:
+        if t < t0:
+            continue
+        before = current.get(device)
         row = TimelineRow(
-            t_s=round(s.t - t0, 3),
-            device=s.device,
-            other_bytes=other,
-            baseline_bytes=s.baseline,
-            foreign_compute=compute,
+            t_s=round(t - t0, 3),
+            device=device,
+            other_bytes=other if other >= 0 else (before.other_bytes if before else 0),
+            baseline_bytes=baseline
+            if baseline >= 0
+            else (before.baseline_bytes if before else None),
+            foreign_compute=compute
+            if compute is not None
+            else (before.foreign_compute if before else None),
         )
-        before = last.get(s.device)
-        if before is not None:
-            moved = (
-                abs(before.other_bytes - other) >= TIMELINE_BYTES
-                or abs((before.baseline_bytes or 0) - s.baseline) >= TIMELINE_BYTES
-            )
-            c0, c1 = before.foreign_compute, compute
-            moved = moved or (c0 is None) != (c1 is None)
-            moved = moved or (
-                c0 is not None and c1 is not None and abs(c0 - c1) >= TIMELINE_COMPUTE
-            )
-            if not moved:
-                continue
-        last[s.device] = row
+        current[device] = row
+        last = written.get(device)
+        if last is not None and not _moved(last, row):
+            continue
+        written[device] = row
         out.append(row)
     return out
+
+
+def _moved(a: TimelineRow, b: TimelineRow) -> bool:
+    if abs(a.other_bytes - b.other_bytes) >= TIMELINE_BYTES:
+        return True
+    if abs((a.baseline_bytes or 0) - (b.baseline_bytes or 0)) >= TIMELINE_BYTES:
+        return True
+    c0, c1 = a.foreign_compute, b.foreign_compute
+    if (c0 is None) != (c1 is None):
+        return True
+    return c0 is not None and c1 is not None and abs(c0 - c1) >= TIMELINE_COMPUTE
 
 
 def _clock(seconds_of_day: float) -> str:

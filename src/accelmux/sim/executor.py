@@ -252,6 +252,10 @@ class Simulation:
         self.recorded_baseline: dict[str, int] = {}
         #: Per (device, weights key): the service whose memory carries the shared copy.
         self.weights_copy: dict[tuple[str, str], str] = {}
+        #: Executors (``executor``): the request each runs, per (device, executor), and
+        #: the jobs waiting for it.
+        self.executing: dict[tuple[str, str], str | None] = {}
+        self.executor_queue: dict[tuple[str, str], list[Job]] = {}
         #: Loads that compute (``load_share``): what each job's end calls, and each
         #: loading service's job.
         self.load_jobs: dict[str, Callable[[], None]] = {}
@@ -617,8 +621,41 @@ class Simulation:
             prefill=prefill,
             started_at=now,
         )
+        self._run_job(dev_name, job, now)
+
+    # ---- executors: one request at a time per executor (``executor``) ---------------------
+    def _run_job(self, dev_name: str, job: Job, now: float) -> None:
+        """Start ``job`` on the device, or queue it behind the request its service's
+        executor runs (a model's one thread in accelmux's inference worker)."""
+        key = self.perf[job.service].executor
+        if key:
+            slot = (dev_name, key)
+            if self.executing.get(slot) is not None:
+                self.executor_queue.setdefault(slot, []).append(job)
+                return
+            self.executing[slot] = job.rid
         self.compute[dev_name].add(job, now)
         self._reschedule(dev_name)
+
+    def _job_left(self, dev_name: str, service: str, rid: str, now: float) -> None:
+        """``rid`` no longer runs (done, stopped, paused): its executor takes the next."""
+        key = self.perf[service].executor
+        slot = (dev_name, key or "")
+        if not key or self.executing.get(slot) != rid:
+            return
+        self.executing[slot] = None
+        queue = self.executor_queue.get(slot)
+        if queue:
+            self._run_job(dev_name, queue.pop(0), now)
+
+    def _unqueue(self, dev_name: str, service: str, rid: str) -> Job | None:
+        """Take a job that waits for its executor out of the queue."""
+        key = self.perf[service].executor
+        queue = self.executor_queue.get((dev_name, key or "")) or []
+        for i, job in enumerate(queue):
+            if job.rid == rid:
+                return queue.pop(i)
+        return None
 
     def _reschedule(self, dev_name: str) -> None:
         comp = self.compute[dev_name]
@@ -645,6 +682,7 @@ class Simulation:
                 continue
             req = self.requests[job.rid]
             phys.end_request(job.service, job.rid)
+            self._job_left(dev_name, job.service, job.rid, now)
             req.first_token_at = job.first_token_at
             req.finished_at = now
             req.outcome = "ok"
@@ -669,7 +707,10 @@ class Simulation:
         dev_name = self._device_of(req.replica)
         if self.compute[dev_name].remove(rid, now) is not None:
             self.devices[dev_name].end_request(req.replica, rid)
+            self._job_left(dev_name, req.replica, rid, now)
             self._reschedule(dev_name)
+        elif self._unqueue(dev_name, req.replica, rid) is not None:
+            self.devices[dev_name].end_request(req.replica, rid)
 
     def _end(self, rid: str, outcome: str, reason: str, now: float) -> None:
         req = self.requests[rid]
@@ -696,6 +737,10 @@ class Simulation:
         ack = PauseFinished(request_id=rid, attempt=a.attempt)
         self.heap.at(now, lambda: self._handle(ack))
         job = self.compute[dev_name].remove(rid, now)
+        if job is not None:
+            self._job_left(dev_name, a.service, rid, now)
+        else:
+            job = self._unqueue(dev_name, a.service, rid)
         if job is None:
             return  # not running (a resume under way is made stale; its job stays paused)
         req.pauses += 1
@@ -728,8 +773,7 @@ class Simulation:
                 req.oom = True
                 self._oom(dev_name, a.service, "request", req.true_active, t)
                 return
-            self.compute[dev_name].add(job, t)
-            self._reschedule(dev_name)
+            self._run_job(dev_name, job, t)
 
         self.heap.at(now + delay, go)
 
@@ -901,6 +945,11 @@ class Simulation:
         for job in [j for j in comp.jobs.values() if j.service == service]:
             comp.remove(job.rid, now)
             self.requests[job.rid].oom = True
+            self._job_left(dev_name, service, job.rid, now)
+        for queue in self.executor_queue.values():
+            for job in [j for j in queue if j.service == service]:
+                queue.remove(job)
+                self.requests[job.rid].oom = True
         self._reschedule(dev_name)
         self._stop_load(service, now)
         self._free_memory(dev_name, service)

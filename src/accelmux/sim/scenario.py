@@ -169,6 +169,13 @@ class ServicePerfConfig(StrictModel):
     shared_load_s: float | None = Field(
         None, ge=0, description="Measured time of a load beside a loaded shared copy."
     )
+    executor: str | None = Field(
+        None,
+        description="Services naming the same executor run their requests one at a time, "
+        "in the order they were dispatched (accelmux's inference worker runs each loaded "
+        "model on one thread of its own, shared by the services that share the model); "
+        "default: each request runs as soon as it is dispatched.",
+    )
     load_share: float | None = Field(
         None,
         gt=0,
