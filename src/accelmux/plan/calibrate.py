@@ -98,6 +98,8 @@ class Profile:
     tbt_s: float | None = None
     load_s: float | None = None
     load_share: float | None = None
+    #: How much one running request of it slows the others (None: its share).
+    weight: float | None = None
     shared_load_s: float | None = None
     warm_init_s: float | None = None
     true_weights: int | None = None
@@ -111,6 +113,7 @@ class Profile:
         out: dict[str, Any] = {}
         for name in (
             "share",
+            "weight",
             "base_s",
             "per_unit_s",
             "prefill_tps",
@@ -341,50 +344,163 @@ def fit_shares(
     return shares, busy
 
 
-class _Rate:
-    """The simulator's rate ``1/max(1, S + F)`` over a device's recorded runs."""
+class _Steps:
+    """A piecewise-constant function of time: the sum of values switched on and off."""
 
-    def __init__(
-        self, runs: Sequence[_Run], shares: dict[str, float], foreign: Sequence[tuple[float, float]]
-    ) -> None:
+    def __init__(self, spans: Iterable[tuple[float, float, float]]) -> None:
         points: list[tuple[float, float]] = []
-        for r in runs:
-            share = shares.get(r.service, DEFAULT_SHARE)
-            points.append((r.start, share))
-            points.append((r.end, -share))
+        for a, b, v in spans:
+            points += [(a, v), (b, -v)]
         points.sort()
         self.times = [t for t, _ in points]
-        load = 0.0
-        self.loads = []
+        self.values: list[float] = []
+        total = 0.0
         for _, delta in points:
-            load += delta
-            self.loads.append(max(0.0, load))
+            total += delta
+            self.values.append(max(0.0, total))
+
+    def at(self, t: float) -> float:
+        i = bisect.bisect_right(self.times, t) - 1
+        return self.values[i] if i >= 0 else 0.0
+
+    def edges(self, a: float, b: float) -> list[float]:
+        lo, hi = bisect.bisect_right(self.times, a), bisect.bisect_left(self.times, b)
+        return self.times[lo:hi]
+
+
+class _Rate:
+    """The simulator's rate over a device's recorded runs (:meth:`ComputeDevice.rate_of`):
+    a job of share ``s`` and weight ``w`` runs at ``max(1, s) / max(1, s + W - w + F)``,
+    ``W`` the weights of what runs then (its own included), ``F`` the foreign compute."""
+
+    def __init__(
+        self,
+        runs: Sequence[_Run],
+        shares: dict[str, float],
+        foreign: Sequence[tuple[float, float]],
+        weights: dict[str, float] | None = None,
+    ) -> None:
+        self.shares = shares
+        self.weights = weights or {}
+        self.load = _Steps((r.start, r.end, self.weight(r.service)) for r in runs)
         self.f_times = [t for t, _ in foreign]
         self.f_values = [v for _, v in foreign]
 
-    def _load_at(self, t: float) -> float:
-        i = bisect.bisect_right(self.times, t) - 1
-        return self.loads[i] if i >= 0 else 0.0
+    def share(self, service: str) -> float:
+        return self.shares.get(service, DEFAULT_SHARE)
+
+    def weight(self, service: str) -> float:
+        return self.weights.get(service, self.share(service))
 
     def _foreign_at(self, t: float) -> float:
         i = bisect.bisect_right(self.f_times, t) - 1  # the last value set at or before t
         return self.f_values[i] if i >= 0 else 0.0
 
-    def work(self, a: float, b: float) -> float:
-        """Solo seconds of work done in [a, b] by one job running all along."""
-        if b <= a:
-            return 0.0
-        edges = {a, b}
-        lo, hi = bisect.bisect_right(self.times, a), bisect.bisect_left(self.times, b)
-        edges.update(self.times[lo:hi])
+    def cuts(self, a: float, b: float) -> list[float]:
+        edges = {a, b, *self.load.edges(a, b)}
         lo, hi = bisect.bisect_right(self.f_times, a), bisect.bisect_left(self.f_times, b)
         edges.update(self.f_times[lo:hi])
-        cuts = sorted(edges)
+        return sorted(edges)
+
+    def foreign_mean(self, a: float, b: float) -> float:
+        if b <= a:
+            return 0.0
+        cuts = self.cuts(a, b)
+        return sum(
+            (x1 - x0) * self._foreign_at((x0 + x1) / 2) for x0, x1 in itertools.pairwise(cuts)
+        ) / (b - a)
+
+    def work(self, a: float, b: float, service: str) -> float:
+        """Solo seconds of work a job of ``service`` running all along [a, b] did."""
+        if b <= a:
+            return 0.0
+        s, w = self.share(service), self.weight(service)
         total = 0.0
-        for x0, x1 in itertools.pairwise(cuts):
+        for x0, x1 in itertools.pairwise(self.cuts(a, b)):
             mid = (x0 + x1) / 2
-            total += (x1 - x0) / max(1.0, self._load_at(mid) + self._foreign_at(mid))
+            demand = s + max(0.0, self.load.at(mid) - w) + self._foreign_at(mid)
+            total += (x1 - x0) * max(1.0, s) / max(1.0, demand)
         return total
+
+
+#: Rounds of fitting speeds and contention weights, each read with the other.
+WEIGHT_ROUNDS = 3
+#: A request ran beside others when it had on average this many others running with it.
+MIN_BESIDE = 0.2
+#: A service's weight is read only from this many seconds of others running beside it.
+MIN_BESIDE_S = 10.0
+MAX_WEIGHT = 16.0
+LLM_KINDS = ("chat", "completion")
+
+
+def solo_work(p: Profile, r: RequestRecord, is_llm: bool) -> float | None:
+    """The solo seconds of work ``p``'s speed gives request ``r`` (None: no speed)."""
+    if p.base_s is None:
+        return None
+    if is_llm:
+        out = float(r.output_tokens or r.max_output_tokens)
+        prefill = r.prompt_tokens / p.prefill_tps if p.prefill_tps else 0.0
+        return p.base_s + prefill + out * (p.tbt_s or 0.0)
+    return p.base_s + (p.per_unit_s or 0.0) * r.units
+
+
+def fit_weights(
+    requests: Sequence[RequestRecord],
+    starts: dict[str, float],
+    speeds: dict[str, Profile],
+    rate: _Rate,
+    runs: Sequence[_Run],
+) -> dict[str, float]:
+    """Each service's contention weight: how much one running request of it slows the
+    others on the device, from the service times of the requests that ran beside it.
+
+    A request of share ``s`` whose solo work is ``W`` and that took ``T`` was slowed by
+    ``y = T max(1, s) / W``; the model says ``y = s + sum_j w_j n_j + F`` while that is
+    above 1, ``n_j`` the mean number of requests of service ``j`` running beside it and
+    ``F`` the foreign compute then. A non-negative least-squares fit over the requests
+    that ran beside others gives the weights; a service seldom beside others keeps its
+    share (no entry)."""
+    names = sorted({r.service for r in runs if r.service != LOAD})
+    index = {n: i for i, n in enumerate(names)}
+    counts = {n: _Steps((r.start, r.end, 1.0) for r in runs if r.service == n) for n in names}
+    rows: list[list[float]] = []
+    y: list[float] = []
+    beside_s = dict.fromkeys(names, 0.0)
+    for r in requests:
+        name = r.replica or r.service
+        p = speeds.get(name)
+        start = starts.get(r.request_id, r.t_dispatched)
+        if p is None or start is None or r.t_finished is None or r.outcome != "ok":
+            continue
+        if r.attempts > 1 or r.pauses or name not in index:
+            continue
+        work = solo_work(p, r, p.kind in LLM_KINDS)
+        took = r.t_finished - start
+        if work is None or work <= 0 or took <= 0:
+            continue
+        s = rate.share(name)
+        slowed = took * max(1.0, s) / work
+        x = [0.0] * len(names)
+        for other, steps in counts.items():
+            x[index[other]] = _mean(steps, start, r.t_finished) - (1.0 if other == name else 0.0)
+        x = [max(0.0, v) for v in x]
+        if sum(x) < MIN_BESIDE or slowed < 1.05:
+            continue
+        rows.append(x)
+        y.append(slowed - s - rate.foreign_mean(start, r.t_finished))
+        for other in names:
+            beside_s[other] += x[index[other]] * took
+    if not rows:
+        return {}
+    beta = nnls(rows, y)
+    return {n: min(MAX_WEIGHT, beta[index[n]]) for n in names if beside_s[n] >= MIN_BESIDE_S}
+
+
+def _mean(steps: _Steps, a: float, b: float) -> float:
+    if b <= a:
+        return 0.0
+    cuts = sorted({a, b, *steps.edges(a, b)})
+    return sum((x1 - x0) * steps.at((x0 + x1) / 2) for x0, x1 in itertools.pairwise(cuts)) / (b - a)
 
 
 def _fit_speed(
@@ -414,8 +530,9 @@ def _fit_speed(
             assert r.t_dispatched is not None and r.t_first_token is not None
             start = min(starts.get(r.request_id, r.t_dispatched), r.t_first_token)
             xs.append(float(r.prompt_tokens))
-            y.append(rate.work(start, r.t_first_token))
-            decode = rate.work(r.t_first_token, r.t_finished or r.t_first_token)
+            name = r.replica or r.service
+            y.append(rate.work(start, r.t_first_token, name))
+            decode = rate.work(r.t_first_token, r.t_finished or r.t_first_token, name)
             per_token.append(decode / max(1, (r.output_tokens or 1) - 1))
         base, per_prompt = fit_line(xs, y, proportional=True)
         p.base_s = base
@@ -426,7 +543,11 @@ def _fit_speed(
     for r in done:
         assert r.t_dispatched is not None and r.t_finished is not None
         xs.append(float(r.output_tokens or r.max_output_tokens) if is_llm else r.units)
-        y.append(rate.work(starts.get(r.request_id, r.t_dispatched), r.t_finished))
+        y.append(
+            rate.work(
+                starts.get(r.request_id, r.t_dispatched), r.t_finished, r.replica or r.service
+            )
+        )
     base, per_unit = fit_line(xs, y, proportional=is_llm)
     if is_llm:  # answers that did not stream: the whole answer is base + tokens x tbt
         p.base_s, p.tbt_s = base, per_unit
@@ -597,17 +718,29 @@ def calibration(history: History, *, until: float | None = None) -> Calibration:
         if load_share is not None:  # loads compute: in the rate, and timed as solo work
             load_share = min(MAX_SHARE, max(MIN_SHARE, load_share))
             runs = runs + [_Run(LOAD, a, b) for a, b in dev_loads]
-        rate = _Rate(
-            runs,
-            shares | ({LOAD: load_share} if load_share else {}),
-            foreign_series(dev_samples, cores, idle_compute[dev_name]),
-        )
+        used = {n: min(MAX_SHARE, max(MIN_SHARE, v)) for n, v in shares.items() if n != LOAD}
+        used |= {LOAD: load_share} if load_share else {}
+        foreign = foreign_series(dev_samples, cores, idle_compute[dev_name])
+        kinds = {
+            n: str(config["services"].get(services[n]["group"] or n, {}).get("kind", ""))
+            for n in on_dev
+        }
+        weights: dict[str, float] = {}
+        for _ in range(WEIGHT_ROUNDS):  # speeds and weights, each read with the other
+            rate = _Rate(runs, used, foreign, weights)
+            speeds = {}
+            for name in on_dev:
+                speeds[name] = Profile(service=name, kind=kinds[name])
+                mine = [r for r in requests if (r.replica or r.service) == name]
+                _fit_speed(speeds[name], mine, rate, kinds[name] in LLM_KINDS, starts)
+            weights = fit_weights(requests, starts, speeds, rate, runs)
+        rate = _Rate(runs, used, foreign, weights)
 
         def took(
             ld: LoadRecord, rate: _Rate = rate, computes: bool = load_share is not None
         ) -> float:
             assert ld.t_end is not None
-            return rate.work(ld.t_start, ld.t_end) if computes else ld.t_end - ld.t_start
+            return rate.work(ld.t_start, ld.t_end, LOAD) if computes else ld.t_end - ld.t_start
 
         for name in on_dev:
             svc = services[name]
@@ -621,7 +754,7 @@ def calibration(history: History, *, until: float | None = None) -> Calibration:
             else:
                 p.notes.append(f"ran {p.busy_s:.1f} s: too little to fit its share")
             mine = [r for r in requests if (r.replica or r.service) == name]
-            _fit_speed(p, mine, rate, kind in ("chat", "completion"), starts)
+            _fit_speed(p, mine, rate, kind in LLM_KINDS, starts)
             _fit_loads(
                 p,
                 [ld for ld in loads if ld.service == name],
@@ -631,6 +764,8 @@ def calibration(history: History, *, until: float | None = None) -> Calibration:
                 took,
             )
             p.load_share = load_share
+            if name in weights:
+                p.weight = weights[name]
             busy_spans = sorted(
                 (r.t_dispatched, r.t_finished)
                 for r in mine

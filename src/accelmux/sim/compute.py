@@ -15,7 +15,10 @@ takes it all). While the shares of the requests running on a device add up to
 ``S > 1``, every one of them progresses at ``1/S`` of its solo speed. A share above 1
 (measured on a CPU: a request that keeps more threads runnable than there are cores,
 as a runtime's spinning thread pool does) runs at its solo speed alone and at
-``share/S`` beside others: Linux shares the cores between runnable threads. So an image job
+``share/S`` beside others: Linux shares the cores between runnable threads. A job may
+also slow the others by a measured *weight* rather than its share (one process's
+threads contending for its interpreter's lock, memory bandwidth): see
+:meth:`ComputeDevice.rate_of`. So an image job
 beside a voice request slows the voice request unless the policy keeps them apart.
 A foreign program running on the device (a game) takes its ``compute_share`` the same
 way: while it runs, the managed requests progress at ``1/max(1, S + foreign)`` of their
@@ -41,6 +44,8 @@ class Job:
     started_at: float
     done: float = 0.0
     first_token_at: float | None = None
+    #: How much it slows the other jobs of its device (None: its share).
+    weight: float | None = None
 
 
 class ComputeDevice:
@@ -71,9 +76,20 @@ class ComputeDevice:
     def rate_of(self, job: Job) -> float:
         """A job's speed: the device's :attr:`rate`, times the job's share when that is
         above 1 (a job that keeps more threads runnable than the device has cores runs
-        at its solo speed alone, and holds more of the device beside others)."""
-        rate = self.rate
-        return rate * job.share if job.share > 1.0 and not self.isolated else rate
+        at its solo speed alone, and holds more of the device beside others).
+
+        With contention weights (a job's ``weight``: how much one running request of its
+        service slows the others, measured; its share when not), a job runs at
+        ``max(1, share) / max(1, share + sum of the others' weights + foreign)``."""
+        if self.isolated:
+            return 1.0
+        if all(j.weight is None for j in self.jobs.values()):
+            rate = self.rate
+            return rate * job.share if job.share > 1.0 else rate
+        others = sum(
+            j.share if j.weight is None else j.weight for j in self.jobs.values() if j is not job
+        )
+        return max(1.0, job.share) / max(1.0, job.share + others + self.foreign_share)
 
     def set_foreign_share(self, share: float, now: float) -> None:
         """Foreign programs now use ``share`` of the device: the running jobs' speed
@@ -113,7 +129,8 @@ class ComputeDevice:
     def next_completion(self) -> float | None:
         if not self.jobs:
             return None
-        if all(j.share <= 1.0 for j in self.jobs.values()) or self.isolated:
+        uniform = all(j.share <= 1.0 and j.weight is None for j in self.jobs.values())
+        if uniform or self.isolated:
             left = min(max(0.0, j.work - j.done) for j in self.jobs.values())
             return self.last_t + left / self.rate
         return self.last_t + min(

@@ -620,6 +620,7 @@ class Simulation:
             work=work,
             prefill=prefill,
             started_at=now,
+            weight=perf.weight,
         )
         self._run_job(dev_name, job, now)
 

@@ -169,6 +169,14 @@ class ServicePerfConfig(StrictModel):
     shared_load_s: float | None = Field(
         None, ge=0, description="Measured time of a load beside a loaded shared copy."
     )
+    weight: float | None = Field(
+        None,
+        ge=0,
+        le=16,
+        description="How much one running request of it slows the others on its device, "
+        "in shares (measured: threads contending for one process's interpreter lock slow "
+        "each other beyond their CPU shares); default: its share.",
+    )
     executor: str | None = Field(
         None,
         description="Services naming the same executor run their requests one at a time, "
