@@ -202,3 +202,18 @@ def test_a_services_threads_are_read_from_the_counts_taken_while_it_ran_alone() 
     assert counts == {IDLE: 2, "chat": 3, "embed": 1, LOAD: 2}
     assert threads["chat"] == pytest.approx(1.5) and threads[LOAD] == pytest.approx(3.5)
     assert threads[IDLE] == pytest.approx(0.5)
+
+
+def test_contention_weights_read_from_service_times_are_the_simulators_own(
+    tmp_path: Path,
+) -> None:
+    """A home busy enough that requests run beside each other: the weights the fit reads
+    from the service times are the shares the simulator ran with (its model: a running
+    request slows the others by its share), and the speeds are its speeds."""
+    data = home()
+    for w in data["workloads"]:
+        w["rate_per_h"] *= 4
+    profiles = calibrate(read_history(record(data, tmp_path)))
+    for name, share in (("asr", 0.5), ("chat", 0.5), ("embed", 1.0)):
+        assert profiles[name].weight == pytest.approx(share, abs=0.05), name
+    assert profiles["embed"].per_unit_s == pytest.approx(0.02, rel=0.02)

@@ -392,7 +392,7 @@ class _Rate:
     def weight(self, service: str) -> float:
         return self.weights.get(service, self.share(service))
 
-    def _foreign_at(self, t: float) -> float:
+    def foreign_at(self, t: float) -> float:
         i = bisect.bisect_right(self.f_times, t) - 1  # the last value set at or before t
         return self.f_values[i] if i >= 0 else 0.0
 
@@ -402,14 +402,6 @@ class _Rate:
         edges.update(self.f_times[lo:hi])
         return sorted(edges)
 
-    def foreign_mean(self, a: float, b: float) -> float:
-        if b <= a:
-            return 0.0
-        cuts = self.cuts(a, b)
-        return sum(
-            (x1 - x0) * self._foreign_at((x0 + x1) / 2) for x0, x1 in itertools.pairwise(cuts)
-        ) / (b - a)
-
     def work(self, a: float, b: float, service: str) -> float:
         """Solo seconds of work a job of ``service`` running all along [a, b] did."""
         if b <= a:
@@ -418,7 +410,7 @@ class _Rate:
         total = 0.0
         for x0, x1 in itertools.pairwise(self.cuts(a, b)):
             mid = (x0 + x1) / 2
-            demand = s + max(0.0, self.load.at(mid) - w) + self._foreign_at(mid)
+            demand = s + max(0.0, self.load.at(mid) - w) + self.foreign_at(mid)
             total += (x1 - x0) * max(1.0, s) / max(1.0, demand)
         return total
 
@@ -429,6 +421,8 @@ WEIGHT_ROUNDS = 3
 MIN_BESIDE = 0.2
 #: A service's weight is read only from this many seconds of others running beside it.
 MIN_BESIDE_S = 10.0
+#: Gauss-Newton steps of the weights' fit.
+WEIGHT_STEPS = 12
 MAX_WEIGHT = 16.0
 LLM_KINDS = ("chat", "completion")
 
@@ -454,17 +448,16 @@ def fit_weights(
     """Each service's contention weight: how much one running request of it slows the
     others on the device, from the service times of the requests that ran beside it.
 
-    A request of share ``s`` whose solo work is ``W`` and that took ``T`` was slowed by
-    ``y = T max(1, s) / W``; the model says ``y = s + sum_j w_j n_j + F`` while that is
-    above 1, ``n_j`` the mean number of requests of service ``j`` running beside it and
-    ``F`` the foreign compute then. A non-negative least-squares fit over the requests
-    that ran beside others gives the weights; a service seldom beside others keeps its
-    share (no entry)."""
+    A request's solo work ``W`` (its service's speed) must be what the simulator's rate
+    does over the time it took: ``integral of max(1, s) / max(1, s + sum_j w_j n_j(t) +
+    F(t)) dt = W`` (``n_j(t)`` the requests of service ``j`` running beside it, ``F`` the
+    foreign compute). A projected Gauss-Newton fit of the weights over the requests that
+    ran beside others makes the relative errors smallest, starting from the shares; a
+    service seldom beside others keeps its share (no entry)."""
     names = sorted({r.service for r in runs if r.service != LOAD})
     index = {n: i for i, n in enumerate(names)}
     counts = {n: _Steps((r.start, r.end, 1.0) for r in runs if r.service == n) for n in names}
-    rows: list[list[float]] = []
-    y: list[float] = []
+    cases = []
     beside_s = dict.fromkeys(names, 0.0)
     for r in requests:
         name = r.replica or r.service
@@ -472,35 +465,70 @@ def fit_weights(
         start = starts.get(r.request_id, r.t_dispatched)
         if p is None or start is None or r.t_finished is None or r.outcome != "ok":
             continue
-        if r.attempts > 1 or r.pauses or name not in index:
+        if r.attempts > 1 or r.pauses or name not in index or r.t_finished <= start:
             continue
         work = solo_work(p, r, p.kind in LLM_KINDS)
-        took = r.t_finished - start
-        if work is None or work <= 0 or took <= 0:
+        if work is None or work <= 0:
             continue
-        s = rate.share(name)
-        slowed = took * max(1.0, s) / work
-        x = [0.0] * len(names)
-        for other, steps in counts.items():
-            x[index[other]] = _mean(steps, start, r.t_finished) - (1.0 if other == name else 0.0)
-        x = [max(0.0, v) for v in x]
-        if sum(x) < MIN_BESIDE or slowed < 1.05:
+        segments = []
+        for x0, x1 in itertools.pairwise(rate.cuts(start, r.t_finished)):
+            mid = (x0 + x1) / 2
+            n = [counts[o].at(mid) - (1.0 if o == name else 0.0) for o in names]
+            segments.append((x1 - x0, [max(0.0, v) for v in n], rate.foreign_at(mid)))
+        beside = sum(d * sum(n) for d, n, _ in segments) / (r.t_finished - start)
+        if beside < MIN_BESIDE:
             continue
-        rows.append(x)
-        y.append(slowed - s - rate.foreign_mean(start, r.t_finished))
-        for other in names:
-            beside_s[other] += x[index[other]] * took
-    if not rows:
+        for d, n, _ in segments:
+            for o in names:
+                beside_s[o] += d * n[index[o]]
+        cases.append((rate.share(name), work, segments))
+    known = [n for n in names if beside_s[n] >= MIN_BESIDE_S]
+    if not cases or not known:
         return {}
-    beta = nnls(rows, y)
-    return {n: min(MAX_WEIGHT, beta[index[n]]) for n in names if beside_s[n] >= MIN_BESIDE_S}
+    w = [rate.share(n) for n in names]
+    free = [index[n] for n in known]
+    for _ in range(WEIGHT_STEPS):
+        rows, errs = [], []
+        for share, work, segments in cases:
+            done, grad = 0.0, [0.0] * len(names)
+            for d, n, f in segments:
+                demand = share + sum(wj * nj for wj, nj in zip(w, n, strict=True)) + f
+                done += d * max(1.0, share) / max(1.0, demand)
+                if demand > 1.0:
+                    for j in free:
+                        grad[j] -= d * max(1.0, share) * n[j] / demand**2
+            errs.append((done - work) / work)
+            rows.append([grad[j] / work for j in free])
+        step = _gauss_newton_step(rows, errs)
+        moved = 0.0
+        for k, j in enumerate(free):
+            new = min(MAX_WEIGHT, max(0.0, w[j] + step[k]))
+            moved = max(moved, abs(new - w[j]))
+            w[j] = new
+        if moved < 1e-4:
+            break
+    return {n: w[index[n]] for n in known}
 
 
-def _mean(steps: _Steps, a: float, b: float) -> float:
-    if b <= a:
-        return 0.0
-    cuts = sorted({a, b, *steps.edges(a, b)})
-    return sum((x1 - x0) * steps.at((x0 + x1) / 2) for x0, x1 in itertools.pairwise(cuts)) / (b - a)
+def _gauss_newton_step(rows: list[list[float]], errs: list[float]) -> list[float]:
+    """The step ``d`` that makes ``rows d + errs`` smallest (damped normal equations)."""
+    n = len(rows[0]) if rows else 0
+    gram = [[sum(r[i] * r[j] for r in rows) for j in range(n)] for i in range(n)]
+    rhs = [-sum(r[i] * e for r, e in zip(rows, errs, strict=True)) for i in range(n)]
+    for i in range(n):
+        gram[i][i] += 1e-6 + 1e-3 * gram[i][i]
+    # Gaussian elimination (a handful of unknowns)
+    a = [[*row, b] for row, b in zip(gram, rhs, strict=True)]
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda r: abs(a[r][col]))
+        a[col], a[pivot] = a[pivot], a[col]
+        if abs(a[col][col]) < 1e-12:
+            continue
+        for r in range(n):
+            if r != col:
+                f = a[r][col] / a[col][col]
+                a[r] = [x - f * y for x, y in zip(a[r], a[col], strict=True)]
+    return [a[i][n] / a[i][i] if abs(a[i][i]) > 1e-12 else 0.0 for i in range(n)]
 
 
 def _fit_speed(
