@@ -7,8 +7,10 @@ streams to ``chat`` and ``completion``, single embedding and detection requests,
 embedding jobs through ``/v1/jobs``, bursts (several requests at once), and the stack's
 own cameras. :class:`Driver` plays a schedule against a daemon, one thread per item.
 
-Two workloads: ``calibration`` (the one the cost model was checked on) and ``unseen``
-(another mix, other sizes, another seed; the calibration never sees it).
+Workloads: ``calibration`` (the one the cost model is calibrated and checked on),
+``holdout`` (another mix, other sizes, another seed: the unseen workload of the
+benchmark, run only once the cost model was settled) and ``unseen`` (a third mix, heavier
+on chat and completion, run while the cost model was being fixed).
 """
 
 from __future__ import annotations
@@ -140,7 +142,22 @@ MIXES = {
         cameras_fps=(2.0,),
     ),
 }
-SEEDS = {"calibration": 36, "unseen": 3636}
+MIXES["holdout"] = Mix(
+    voice_gap_s=30.0,
+    chat_gap_s=45.0,
+    completion_gap_s=35.0,
+    embed_gap_s=30.0,
+    detect_gap_s=30.0,
+    chat_tokens=(40, 120),
+    completion_tokens=(20, 80),
+    prompt_words=(30, 250),
+    embed_texts=(2, 24),
+    jobs_at=(0.25, 0.7),
+    job_texts=3000,
+    bursts=2,
+    cameras_fps=(1.5,),
+)
+SEEDS = {"calibration": 36, "unseen": 3636, "holdout": 4242}
 
 
 def _poisson(rng: random.Random, gap: float, span: float, start: float = 5.0) -> list[float]:
