@@ -4,9 +4,11 @@
 The inference worker hosts every model of the default stack in one Python process, one
 thread per model. While one model's call holds the interpreter lock, the others' Python
 steps wait. For each model, a Python thread counts in a loop while the model serves one
-request in another thread of the same process; its speed during the call, relative to
-its speed alone, says how much of the call left the lock free (100 %: the call releases
-it throughout; near 0: it holds it throughout). Medians over ``--repeat`` calls.
+request in another thread of the same process, and so does a process beside it; the
+thread's speed during the call relative to alone, divided by the process's (which only
+shares the cores), says how much of the call left the lock free (100 %: the call
+releases it throughout; near 0: it holds it throughout). Medians over ``--repeat``
+calls.
 
     .venv/bin/python bench/bench_gil.py     # writes bench/results/gil.json
 """
@@ -33,8 +35,21 @@ RESULTS = ROOT / "bench" / "results" / "gil.json"
 TEXT = "What is the weather going to be like tomorrow morning in the city?"
 
 
-def spinner_speed(call: Callable[[], object]) -> tuple[float, float]:
-    """(the counting thread's speed during ``call`` / its speed alone, the call's seconds)."""
+def _count_in_process(counter: Any, stop: Any) -> None:
+    while not stop.is_set():
+        counter.value += 1
+
+
+def spinner_speed(call: Callable[[], object]) -> tuple[float, float, float]:
+    """(a counting thread's speed during ``call`` / alone, a counting process's speed
+    during ``call`` / alone, the call's seconds). The process shares only the cores with
+    the call; the thread shares the cores and the interpreter lock."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    shared, stop_proc = ctx.Value("q", 0, lock=False), ctx.Event()
+    proc = ctx.Process(target=_count_in_process, args=(shared, stop_proc))
+    proc.start()
     count = 0
     stop = threading.Event()
 
@@ -45,17 +60,20 @@ def spinner_speed(call: Callable[[], object]) -> tuple[float, float]:
 
     thread = threading.Thread(target=spin)
     thread.start()
-    time.sleep(0.2)
-    c0, t0 = count, time.perf_counter()
     time.sleep(0.3)
-    alone = (count - c0) / (time.perf_counter() - t0)
-    c0, t0 = count, time.perf_counter()
+    c0, p0, t0 = count, shared.value, time.perf_counter()
+    time.sleep(0.5)
+    dt = time.perf_counter() - t0
+    alone, alone_p = (count - c0) / dt, (shared.value - p0) / dt
+    c0, p0, t0 = count, shared.value, time.perf_counter()
     call()
     took = time.perf_counter() - t0
-    during = (count - c0) / took
+    during, during_p = (count - c0) / took, (shared.value - p0) / took
     stop.set()
+    stop_proc.set()
     thread.join()
-    return during / alone, took
+    proc.join(5)
+    return during / alone, during_p / alone_p, took
 
 
 def models() -> dict[str, Callable[[], object]]:
@@ -100,11 +118,16 @@ def main() -> int:
     for name, call in models().items():
         call()  # warm
         runs = [spinner_speed(call) for _ in range(args.repeat)]
+        thread = statistics.median(r[0] for r in runs)
+        process = statistics.median(r[1] for r in runs)
         rows.append(
             {
                 "model": name,
-                "free_share": round(statistics.median(r[0] for r in runs), 3),
-                "call_s": round(statistics.median(r[1] for r in runs), 3),
+                "thread_speed": round(thread, 3),
+                "process_speed": round(process, 3),
+                # what the lock alone takes: the thread's speed beyond the cores' sharing
+                "lock_free_share": round(min(1.0, thread / process), 3) if process else None,
+                "call_s": round(statistics.median(r[2] for r in runs), 3),
             }
         )
         print(rows[-1])
