@@ -242,6 +242,30 @@ def write_error_bars(report: Report) -> None:
     ERROR_BARS.write_text(json.dumps(error_bars(report), indent=1, sort_keys=True) + "\n")
 
 
+def gil(report: Report) -> str:
+    """bench/results/gil.json: how much of each model's call leaves the lock free."""
+    lines = [
+        "| model (one call) | took | a Python thread beside it | a process beside it "
+        "| the call leaves the lock free |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for r in report["models"]:
+        free = r["lock_free_share"]
+        lines.append(
+            f"| {r['model']} | {r['call_s']:.2f} s | {r['thread_speed']:.0%} | "
+            f"{r['process_speed']:.0%} | {'-' if free is None else f'{free:.0%}'} |"
+        )
+    lines += [
+        "",
+        "Speeds of a counting thread (same process) and a counting process during the "
+        "call, relative to their speeds alone; the thread's over the process's is the share "
+        "of the call that leaves the interpreter lock free. Medians over "
+        f"{report['meta']['settings'].get('repeat', '?')} calls. Run: "
+        f"{meta_line(report['meta'])}; `python bench/bench_gil.py`.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def _block(fn: Callable[[Report], str]) -> Callable[[], str]:
     return lambda: fn(load("sim_real"))
 
@@ -251,4 +275,5 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "sim-real-services": _block(services),
     "sim-real-memory": _block(memory_decisions),
     "sim-real-predict": _block(predict),
+    "sim-real-gil": lambda: gil(load("gil")),
 }
