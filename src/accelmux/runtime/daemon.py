@@ -33,29 +33,35 @@ from typing import Any, TypeVar
 import psutil
 
 from accelmux import __version__
-from accelmux.backends.base import Backend, BackendRequest, can_pause
+from accelmux.backends.base import Backend, BackendRequest, BackendResponse, can_pause
 from accelmux.backends.factory import build_backends
 from accelmux.config.schema import AccelmuxConfig
 from accelmux.config.specs import to_manager_spec, with_capabilities
+from accelmux.core.actions import Dispatch
 from accelmux.core.events import AdminCommand, Demand, Event, ShutdownRequested
 from accelmux.core.manager import Manager
 from accelmux.core.placement import first_up
-from accelmux.core.specs import ServiceSpec
-from accelmux.core.state import ServiceState
+from accelmux.core.specs import PolicyKnobs, ServiceSpec
+from accelmux.core.types import Reason
+from accelmux.core.world import ServiceState
+from accelmux.errors import BackendCrashedError, BackendError
 from accelmux.monitors.base import DeviceSample, DeviceSampler
 from accelmux.runtime.activity import ServiceActivity
 from accelmux.runtime.bus import DecisionBus
+from accelmux.runtime.call import Call, Sink, relay_stream, rerun_guard
 from accelmux.runtime.clock import Clock, LoopClock, seconds_of_day_now
 from accelmux.runtime.decisions import DecisionRecorder
 from accelmux.runtime.devices import build_samplers, detect_devices
 from accelmux.runtime.driver import Driver
 from accelmux.runtime.executor import ActionExecutor
 from accelmux.runtime.explain import why_full
+from accelmux.runtime.explain_live import ProcessCpu, enrich
 from accelmux.runtime.live_latency import LiveLatency
+from accelmux.runtime.live_slo import LiveSlo, Objective
 from accelmux.runtime.metrics import Metrics
 from accelmux.runtime.policy_choice import daemon_policy
 from accelmux.runtime.request_runner import Attempt, RequestRunner
-from accelmux.runtime.requests import Ticket
+from accelmux.runtime.requests import Refused, Ticket
 from accelmux.runtime.sampler import SamplerLoop
 from accelmux.runtime.status import build_status
 from accelmux.sim.baselines import is_baseline
@@ -111,10 +117,18 @@ class Runtime:
                 self.models[alias] = name
         self.activity = {
             name: ServiceActivity(started_at=time.monotonic())
-            for name in self.manager.world.services
+            for name in self.manager.view.services
         }
         #: TTFT, TBT and context in use per service, measured by the gateway
         self.live = LiveLatency()
+        #: each service's objectives, judged per request (attainment per service, class)
+        self.slo = LiveSlo(
+            {
+                name: Objective(svc.slo.latency_s, svc.slo.ttft_s, svc.slo.tbt_s, svc.kind.is_llm)
+                for name, svc in cfg.services.items()
+            },
+            {name: svc.service_class for name, svc in cfg.services.items()},
+        )
         self.metrics = Metrics(self.status)
         self.request_runner = RequestRunner(self.submit, closed=lambda: self.driver.closed)
         self.executor = ActionExecutor(
@@ -142,6 +156,7 @@ class Runtime:
         )
         self.started_at = time.time()
         self._sampler_task: asyncio.Task[None] | None = None
+        self._cpu: ProcessCpu | None = None  # CPU time of our processes, for explain
 
     # ---- what the parts keep, under the names the gateway and the tests use -----------
     @property
@@ -175,10 +190,33 @@ class Runtime:
         return self.decisions.ledgers
 
     # ---- the names clients use ---------------------------------------------------------
+    @property
+    def knobs(self) -> PolicyKnobs:
+        """The policy's knobs the Manager runs with."""
+        return self.manager.spec.knobs
+
+    def time_of_day(self) -> float:
+        """Seconds since the Manager's midnight (maintenance windows)."""
+        return self.manager.view.time_of_day()
+
+    def spare_for(self, spec: ServiceSpec) -> bool:
+        """Whether ``spec``'s device has spare memory (``policy.spare_fraction`` of its
+        budget free) and no request of a class above ``spec``'s waits there."""
+        view = self.manager.view
+        dev = spec.device
+        spare = view.knobs.spare_fraction * view.devices[dev].usable_bytes
+        if view.ledger.available(dev) < spare:
+            return False
+        return not any(
+            req.cls < spec.cls
+            for req in view.waiting.values()
+            if view.services[req.service].spec.device == dev
+        )
+
     def replicas(self, name: str) -> tuple[ServiceState, ...]:
         """The Manager's services behind a service name clients use: the service itself,
         or each replica of a service that runs on several devices; () when unknown."""
-        world = self.manager.world
+        world = self.manager.view
         state = world.services.get(name)
         return (state,) if state is not None else world.groups.get(name, ())
 
@@ -272,15 +310,96 @@ class Runtime:
         """Admit, wait, run and account one request (:meth:`RequestRunner.run`); raises
         :class:`~accelmux.runtime.requests.Refused` when the Manager rejected or failed it,
         BackendError when its backend failed."""
-        return await self.request_runner.run(
-            service,
-            demand,
-            attempt,
-            request_id=request_id,
-            on_dispatch=on_dispatch,
-            keep_alive_s=keep_alive_s,
-            pausable=pausable,
-        )
+        with self.slo.track(service) as judge:  # its objectives, judged as it ends
+            try:
+                result = await self.request_runner.run(
+                    service,
+                    demand,
+                    attempt,
+                    request_id=request_id,
+                    on_dispatch=on_dispatch,
+                    keep_alive_s=keep_alive_s,
+                    pausable=pausable,
+                )
+            except (Refused, BackendError):
+                judge(False)
+                raise
+            status = getattr(result, "status", 200)
+            if not isinstance(status, int) or not 400 <= status < 500:  # 4xx: the client's
+                judge(not isinstance(status, int) or status < 400)
+            return result
+
+    async def load(self, service: str, *, keep_alive_s: float | None = None) -> None:
+        """Bring ``service`` up through the Manager with nothing to run (Ollama's empty
+        request, Wyoming's warm-up); raises Refused as :meth:`call` does."""
+
+        async def nothing(d: Dispatch) -> tuple[None, None]:
+            return None, None  # nothing ran: no peak to calibrate with
+
+        await self.run_request(service, Demand(), nothing, keep_alive_s=keep_alive_s)
+
+    async def call(
+        self,
+        service: str,
+        demand: Demand,
+        call: Call,
+        *,
+        request_id: str | None = None,
+        sink: Sink | None = None,
+        label: str | None = None,
+        keep_alive_s: float | None = None,
+        pausable: bool = False,
+    ) -> BackendResponse:
+        """Call ``service`` through the Manager: admit ``demand``, send ``call`` to the
+        backend of the replica it dispatches to with the lease it grants, relay a streamed
+        answer into ``sink``, release what the answer holds, report its peak (it
+        calibrates the service), and count the queue wait and the latency (labelled
+        ``label``, default the call's endpoint).
+
+        Raises :class:`~accelmux.runtime.requests.Refused` when the Manager refused or
+        cut the request off (the one refusal every caller maps), BackendError when its
+        backend failed. A request preempted after part of a streamed answer went out is
+        not run again (BackendError)."""
+        rid = request_id or self.new_request_id()
+        metrics = self.metrics
+        arrived = self.live.clock()
+
+        def on_dispatch(ticket: Ticket) -> None:
+            metrics.queue_wait.labels(service).observe(time.monotonic() - ticket.arrived)
+
+        async def attempt(d: Dispatch) -> tuple[BackendResponse, int | None]:
+            rerun_guard(sink)
+            answer = await self.backends[d.service].handle(call.dispatched(rid, d))
+            if answer.stream is None:
+                if call.kind.is_llm and answer.status < 400:
+                    self.live.usage_json(service, answer.body, rid)
+            elif sink is not None:
+                await relay_stream(answer, sink, self.live, service, arrived, rid)
+            return answer, answer.peak_bytes
+
+        started = time.perf_counter()
+        outcome = "ok"
+        try:
+            return await self.run_request(
+                service,
+                demand,
+                attempt,
+                request_id=rid,
+                on_dispatch=on_dispatch,
+                keep_alive_s=keep_alive_s,
+                pausable=pausable,
+            )
+        except Refused as exc:
+            outcome = exc.reason.value
+            raise
+        except BackendError as exc:
+            crashed = isinstance(exc, BackendCrashedError)
+            outcome = Reason.BACKEND_CRASHED.value if crashed else "backend_error"
+            raise
+        finally:
+            metrics.latency.labels(service, label or call.endpoint, outcome).observe(
+                time.perf_counter() - started
+            )
 
     def submit(self, event: Event) -> None:
         self.driver.submit(event)
@@ -300,6 +419,7 @@ class Runtime:
             last_errors=self.last_errors,
             activity=self.activity,
             live=self.live,
+            slo=self.slo,
             server={
                 "version": __version__,
                 "policy": self.manager.policy.name,
@@ -319,4 +439,15 @@ class Runtime:
         return self.decisions.ledgers.get(request_id)
 
     def why_full(self) -> dict[str, Any]:
-        return why_full(self.manager.snapshot().as_dict())
+        """``/admin/explain``: the ledger's picture, every category adding up to each
+        device's capacity, with what the daemon measures (explain_live)."""
+        if self._cpu is None:
+            self._cpu = ProcessCpu()
+        return enrich(
+            why_full(self.manager.snapshot().as_dict()),
+            kinds={d.name: d.kind for d in self.manager.spec.devices},
+            last_samples=self.last_samples,
+            backends=self.backends,
+            last_unloads=self.decisions.last_unloads,
+            cpu=self._cpu,
+        )
