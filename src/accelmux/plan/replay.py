@@ -8,6 +8,7 @@ reads the same way for both.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,10 +22,10 @@ from accelmux.history.records import (
     RequestRecord,
     SampleRecord,
 )
-from accelmux.plan.outcomes import Outcome, from_record
+from accelmux.plan.outcomes import Outcome, from_record, from_trace
 from accelmux.sim.executor import Simulation
-from accelmux.sim.recorded import TraceRow
-from accelmux.sim.scenario import Scenario
+from accelmux.sim.recorded import TraceRow, read_trace
+from accelmux.sim.scenario import RecordedWorkload, Scenario
 
 
 class _Rows:
@@ -62,14 +63,31 @@ class Replay:
     warmup_s: float = 0.0
     #: Allocations that did not fit the device (the physical model's OOMs).
     ooms: int = 0
+    #: Trace rows never sent: a client would send them once the earlier request they
+    #: follow ended, which it had not when the replay ended.
+    unsent: list[TraceRow] = field(default_factory=list)
+    classes: dict[str, str] = field(default_factory=dict)
 
     def outcomes(self) -> list[Outcome]:
         """Every request's outcome: a trace row's under its index, any other under a
-        negative index of its own."""
+        negative index of its own; a row never sent is still waiting (``open``)."""
         out = []
         for n, r in enumerate(self.requests, start=1):
             index = self.index_of.get(r.request_id, -n)
             out.append(from_record(r, index, r.service in self.llm))
+        for row in self.unsent:
+            o = from_trace(row, self.classes.get(row.service, ""), row.service in self.llm)
+            out.append(
+                dataclasses.replace(
+                    o,
+                    queue_s=None,
+                    response_s=None,
+                    total_s=None,
+                    outcome="open",
+                    reason="",
+                    first_decision="dispatch",
+                )
+            )
         return out
 
 
@@ -99,6 +117,17 @@ def replay(scn: Scenario, policy: str, *, seed: int = 0) -> Replay:
     }
     llm = frozenset(s.addressed_as for s in sim.spec.services if s.kind.is_llm)
     rows.requests.sort(key=lambda r: (r.t_arrived, r.request_id))
+    sent = set(index_of.values())
+    unsent = [
+        row
+        for w in scn.config.workloads
+        if isinstance(w, RecordedWorkload)
+        for row in read_trace(scn.resolve(w.path))
+        if row.index not in sent
+        and row.service not in w.drop_services
+        and row.service in scn.config.services
+        and row.arrival_s + w.from_s < sim.duration
+    ]
     return Replay(
         policy=policy,
         requests=rows.requests,
@@ -110,4 +139,6 @@ def replay(scn: Scenario, policy: str, *, seed: int = 0) -> Replay:
         duration_s=sim.duration,
         warmup_s=min(scn.config.simulation.warmup_s, sim.duration),
         ooms=len(out.ooms),
+        unsent=unsent,
+        classes={n: svc.cls.label for n, svc in scn.config.services.items()},
     )
