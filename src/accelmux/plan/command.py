@@ -150,6 +150,8 @@ def run_show(args: argparse.Namespace) -> int:
             else "speed not measured"
         )
         share = f"share {p.share:.2f}" if p.share is not None else "share not measured"
+        if p.weight is not None:
+            share += f", slows others by {p.weight:.2f}"
         load = f"load {p.load_s:.2f} s" if p.load_s is not None else "no load measured"
         print(f"  {name:<14} {p.requests:>6} requests  {speed}; {share}; {load}")
     return 0
