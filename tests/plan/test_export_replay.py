@@ -161,7 +161,7 @@ def test_a_trace_of_another_format_or_cut_short_is_refused(tmp_path: Path, recor
         read_trace(tmp_path / "none.csv")
 
 
-def test_the_session_keeps_no_secret_and_no_backend(tmp_path: Path) -> None:
+def test_the_run_keeps_no_secret_and_no_backend(tmp_path: Path) -> None:
     from accelmux.config.load import load_config_data
     from accelmux.config.specs import to_manager_spec
     from accelmux.history.daemon_run import new_run

@@ -86,7 +86,7 @@ def test_committed_rows_survive_a_writer_that_never_closed(tmp_path: Path) -> No
     writer.close()
 
 
-def test_old_days_are_deleted_and_the_session_is_written_into_each_new_file(tmp_path: Path) -> None:
+def test_old_days_are_deleted_and_the_run_is_written_into_each_new_file(tmp_path: Path) -> None:
     clock = Clock(T0)
     writer = write(tmp_path, [request(1)], clock, days=2)
     for day in (1, 2, 3):
@@ -175,7 +175,7 @@ def test_a_writer_never_appends_to_a_file_of_another_format(tmp_path: Path) -> N
     assert again.dropped >= 1  # logged and dropped: the daemon goes on
 
 
-def test_sessions_are_listed_and_chosen_by_prefix(tmp_path: Path) -> None:
+def test_runs_are_listed_and_chosen_by_prefix(tmp_path: Path) -> None:
     writer = HistoryWriter(tmp_path, days=7, max_bytes=1 << 30, clock=Clock(T0))
     for name in ("run-a", "run-b"):
         writer.start_run(DaemonRun(name, T0 if name == "run-a" else T0 + 10, "t", "{}", "{}"))
