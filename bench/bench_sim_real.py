@@ -3,20 +3,22 @@
 Steps, each its own command so a long real run is done once and replayed as often as
 the cost model changes (the replay reads only the run's recorded history):
 
-    # 1. run the real default stack under a workload, recording its history (>= 20 min)
+    # 1. run the real default stack under a workload, recording its history (the issue
+    #    asks for >= 20 min; the committed runs are 8 min each, the shared machine's time)
     flock /work/heavy.lock .venv/bin/python bench/bench_sim_real.py run calibration \\
-        --minutes 21 --dir /tmp/simreal/calibration
-    flock /work/heavy.lock .venv/bin/python bench/bench_sim_real.py run unseen \\
-        --minutes 21 --dir /tmp/simreal/unseen
+        --minutes 8 --dir /tmp/simreal/calibration
+    flock /work/heavy.lock .venv/bin/python bench/bench_sim_real.py run holdout \\
+        --minutes 8 --dir /tmp/simreal/holdout
     # 2. predict a change from the calibration run's history, then run the changed stack
     .venv/bin/python bench/bench_sim_real.py predict --run /tmp/simreal/calibration \\
-        --budget 1.25GiB --out /tmp/simreal/predicted.json
+        --budget-gib 1.25 --out /tmp/simreal/predicted.json
     flock /work/heavy.lock .venv/bin/python bench/bench_sim_real.py run calibration \\
-        --minutes 21 --budget 1.25GiB --dir /tmp/simreal/changed
-    # 3. replay and compare everything; write bench/results/sim_real.json
+        --minutes 8 --budget 1.25GiB --dir /tmp/simreal/changed
+    # 3. replay and compare everything; write bench/results/sim_real.json (--seen: a
+    #    21-min run of the `unseen` mix whose errors guided the cost model, so not unseen)
     .venv/bin/python bench/bench_sim_real.py report --calibration /tmp/simreal/calibration \\
-        --unseen /tmp/simreal/unseen --predicted /tmp/simreal/predicted.json \\
-        --changed /tmp/simreal/changed
+        --unseen /tmp/simreal/holdout --seen /tmp/simreal/unseen \\
+        --predicted /tmp/simreal/predicted.json --changed /tmp/simreal/changed
 
 The real stack is ``accelmux serve`` with the default stack (the batch window open, as
 the stack tests run it), SLOs a home user would set for voice on this machine, and the
@@ -286,12 +288,16 @@ def report_cmd(args: argparse.Namespace) -> int:
 
     calibration = Path(args.calibration)
     out: dict[str, Any] = {
-        "meta": run_meta({"calibration": args.calibration, "unseen": args.unseen}),
+        "meta": run_meta(
+            {"calibration": args.calibration, "unseen": args.unseen, "seen": args.seen}
+        ),
         "targets": render_sim_real.TARGETS,
         "workloads": {"calibration": sim_vs_real(calibration)},
     }
     if args.unseen:
         out["workloads"]["unseen"] = sim_vs_real(Path(args.unseen), calibration)
+    if args.seen:  # a longer run whose errors were looked at while the cost model was built
+        out["workloads"]["seen"] = sim_vs_real(Path(args.seen), calibration)
     if args.predicted and args.changed:
         changed = Path(args.changed)
         predicted = json.loads(Path(args.predicted).read_text())
@@ -344,6 +350,7 @@ def main() -> int:
     p = sub.add_parser("report", help="replay and compare every run; write the JSON")
     p.add_argument("--calibration", required=True)
     p.add_argument("--unseen")
+    p.add_argument("--seen", help="a run of another workload, already looked at")
     p.add_argument("--predicted")
     p.add_argument("--changed")
     p.add_argument("--out", default=str(RESULTS))
