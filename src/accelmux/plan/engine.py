@@ -422,8 +422,10 @@ def make_plan(
     policy: str | None = None,
     source: str = "",
     t0: float = 0.0,
+    min_span_s: float = MIN_SPAN_S,
 ) -> Plan:
-    """Replay ``scn`` as recorded and with each change (see the module doc)."""
+    """Replay ``scn`` as recorded and with each change (see the module doc); a history
+    shorter than ``min_span_s`` is refused (a benchmark's short run may lower it)."""
     problems = recorded_problems(scn)
     if problems:
         raise PlanError(f"{scn.source}: " + "; ".join(problems))
@@ -431,11 +433,11 @@ def make_plan(
     since = scn.config.simulation.warmup_s
     measured = [r for r in rows if r.arrival_s >= since]
     span = (measured[-1].arrival_s - measured[0].arrival_s) if measured else 0.0
-    if span < MIN_SPAN_S or len(measured) < MIN_REQUESTS:
+    if span < min_span_s or len(measured) < MIN_REQUESTS:
         raise PlanError(
             f"the history is too short to say anything: {len(measured)} requests over "
             f"{span / 60:.1f} min (a plan needs at least {MIN_REQUESTS} requests over "
-            f"{MIN_SPAN_S / 60:.0f} min); let the daemon record an ordinary day first"
+            f"{min_span_s / 60:.0f} min); let the daemon record an ordinary day first"
         )
     slo = _slo(scn)
     kinds = {n: s.kind.is_llm for n, s in scn.config.services.items()}
@@ -512,6 +514,7 @@ def plan_from_history(
     *,
     policy: str | None = None,
     last_s: float | None = None,
+    min_span_s: float = MIN_SPAN_S,
 ) -> Plan:
     """Export ``history`` to a temporary scenario and plan from it."""
     with tempfile.TemporaryDirectory(prefix="accelmux-history-") as td:
@@ -530,6 +533,7 @@ def plan_from_history(
             policy=policy,
             source=f"run {history.run.run}",
             t0=exported.t0,
+            min_span_s=min_span_s,
         )
 
 
