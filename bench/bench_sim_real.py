@@ -316,16 +316,12 @@ def report_cmd(args: argparse.Namespace) -> int:
     path = Path(args.out)
     path.write_text(json.dumps(out, indent=1) + "\n")
     render_sim_real.write_error_bars(out)
-    for block in render_sim_real.BLOCKS:
-        fn = getattr(
-            render_sim_real,
-            {
-                "sim-real-classes": "classes",
-                "sim-real-services": "services",
-                "sim-real-memory": "memory_decisions",
-                "sim-real-predict": "predict",
-            }[block],
-        )
+    for fn in (
+        render_sim_real.classes,
+        render_sim_real.services,
+        render_sim_real.memory_decisions,
+        render_sim_real.predict,
+    ):
         print(fn(out))
     print(f"wrote {path} and {render_sim_real.ERROR_BARS}")
     return 0

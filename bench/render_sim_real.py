@@ -52,8 +52,12 @@ def _mark(value: float | None, limit: float, unit: str = "") -> str:
 
 def _load(run: dict[str, Any]) -> str:
     la = run.get("load_average") or {}
+
+    def one(x: float | None) -> str:
+        return "?" if x is None else f"{x:.1f}"
+
     return (
-        f"load average (1 min) {la.get('mean_1m', '?')} mean, {la.get('max_1m', '?')} max "
+        f"load average (1 min) {one(la.get('mean_1m'))} mean, {one(la.get('max_1m'))} max "
         "during the run"
     )
 
