@@ -4,7 +4,7 @@ Steps, each its own command so a long real run is done once and replayed as ofte
 the cost model changes (the replay reads only the run's recorded history):
 
     # 1. run the real default stack under a workload, recording its history (the issue
-    #    asks for >= 20 min; the committed runs are 8 min each, the shared machine's time)
+    #    asks for >= 20 min; the committed runs are 8 min each: a shared machine's time)
     flock /work/heavy.lock .venv/bin/python bench/bench_sim_real.py run calibration \\
         --minutes 8 --dir /tmp/simreal/calibration
     flock /work/heavy.lock .venv/bin/python bench/bench_sim_real.py run holdout \\
