@@ -65,6 +65,13 @@ def test_a_history_too_short_says_so(tmp_path: Path) -> None:
         plan_from_history(read_history(directory), [])
 
 
+def test_the_shortest_history_is_a_parameter(recorded: Path) -> None:
+    history = read_history(recorded)
+    with pytest.raises(PlanError, match=r"at least 50 requests over 10000 min"):
+        plan_from_history(history, [], min_span_s=600_000.0)
+    assert plan_from_history(history, [], min_span_s=60.0).columns
+
+
 def test_a_service_added_from_the_catalogue_gets_a_scaled_speed(
     scenario_data: dict, tmp_path: Path
 ) -> None:
