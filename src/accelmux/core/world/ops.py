@@ -140,6 +140,7 @@ class WorldOps:
         w.unloading_by_device[svc.spec.device].update(svc, status is ServiceStatus.UNLOADING)
         w.crashed.update(svc, status is ServiceStatus.CRASHED)
         self._update_evicted(svc)
+        self._reindex(svc)
         if svc.name in w.host_weights:
             self._host_changed()  # whether its parked weights alone hold the RAM
 
@@ -153,12 +154,36 @@ class WorldOps:
         if kept:
             svc.keep_alive_s = None
         self.world.kept.update(svc, kept)
+        self._reindex(svc)
 
     def forget_eviction(self, svc: ServiceState) -> None:
         """The evicted service was restored: it no longer counts as evicted."""
         self._note("restored", svc)
         svc.last_evicted_at = None
         self._update_evicted(svc)
+
+    def _reindex(self, svc: ServiceState) -> None:
+        """Keep ``svc`` in the service indexes of its TTL and its KV pool (``idle_up``,
+        ``balloonable``): after any change of its status, requests in flight or paused in
+        its pool, pin, KV pool or pending resize."""
+        w = self.world
+        up = svc.status is ServiceStatus.LOADED
+        idle = (
+            up
+            and not svc.inflight
+            and not svc.paused_kv
+            and not svc.pinned
+            and not svc.admin_wants_loaded
+        )
+        w.idle_up.update(svc, idle)
+        w.idle_up_by_device[svc.spec.device].update(svc, idle)
+        w.balloonable.update(
+            svc,
+            up
+            and svc.resize_target is None
+            and svc.kv_pool > svc.spec.profile.kv_floor
+            and svc.resize_support is ResizeSupport.LIVE,
+        )
 
     def _update_evicted(self, svc: ServiceState) -> None:
         self.world.evicted_out.update(
@@ -184,9 +209,12 @@ class WorldOps:
         svc.waiting_count += 1
         w.queued.add(svc)
         w.queued_services(svc.spec.device, req.cls).add(svc)
+        if svc.spec.windows:
+            w.queued_windowed.add(svc)
         self._count_reason(req, req.wait_reason, 1)
         key = (svc.spec.device, req.cls)
         w.waiting_classes[key] = w.waiting_classes.get(key, 0) + 1
+        w.queue_epochs[key] += 1
         heapq.heappush(w.deadlines, (req.deadline_at, req.queued_mark, req))
 
     def _remove_waiting(self, req: RequestState) -> bool:
@@ -199,8 +227,11 @@ class WorldOps:
         if not svc.queue:
             w.queued.discard(svc)
             w.queued_services(svc.spec.device, req.cls).discard(svc)
+            w.queued_windowed.discard(svc)
         self._count_reason(req, req.wait_reason, -1)
-        w.waiting_classes[(svc.spec.device, req.cls)] -= 1
+        key = (svc.spec.device, req.cls)
+        w.waiting_classes[key] -= 1
+        w.queue_epochs[key] += 1
         return True
 
     def expired_requests(self) -> list[RequestState]:
@@ -301,6 +332,7 @@ class WorldOps:
         w.busy.add(svc)
         svc.last_used = w.now
         w.inflight[req.request_id] = req
+        self._reindex(svc)
         self._explain(req, f"dispatch ({reason.value}) lease={need + kv}B {detail}".rstrip())
         self.record(
             Dispatch(
@@ -353,6 +385,7 @@ class WorldOps:
         w.busy.add(svc)
         svc.last_used = w.now
         w.inflight[req.request_id] = req
+        self._reindex(svc)
         self._explain(req, f"resume ({reason.value}) lease={need + req.kv_bytes}B {detail}")
         self.record(
             Resume(
@@ -438,6 +471,7 @@ class WorldOps:
         if not svc.inflight:
             w.busy.discard(svc)
         w.inflight.pop(req.request_id, None)
+        self._reindex(svc)
         req.move_to(RequestPhase.PARKED if park else RequestPhase.PAUSED)
         if req.pausing_for_realtime:
             req.yields += 1
@@ -481,6 +515,7 @@ class WorldOps:
         else:
             svc.paused_kv -= req.kv_bytes
             svc.kv_in_use -= req.kv_bytes
+            self._reindex(svc)
         req.kv_bytes = 0
         req.move_to(RequestPhase.ENDED)
 
@@ -519,9 +554,11 @@ class WorldOps:
         """Mark the request waiting; an action is recorded only when the cause changes."""
         if req.wait_reason is reason:
             return
-        if req.request_id in self.world.waiting:
+        w = self.world
+        if req.request_id in w.waiting:
             self._count_reason(req, req.wait_reason, -1)
             self._count_reason(req, reason, 1)
+            w.queue_epochs[(w.services[req.service].spec.device, req.cls)] += 1
         req.wait_reason = reason
         self._explain(req, f"wait ({reason.value}) {detail}".rstrip())
         self.record(
@@ -600,6 +637,7 @@ class WorldOps:
         if not svc.inflight:
             w.busy.discard(svc)
         w.inflight.pop(req.request_id, None)
+        self._reindex(svc)
 
     def finish(self, req: RequestState) -> None:
         """Bookkeeping of a request that ended after dispatch (no action)."""
@@ -756,6 +794,7 @@ class WorldOps:
             self._set_kv_lease(svc, new_pool)
         svc.resize_from = old
         svc.resize_target = new_pool
+        self._reindex(svc)
         self.record(Resize(service=svc.name, kv_pool_bytes=new_pool, reason=reason, detail=detail))
         return True
 
@@ -773,6 +812,7 @@ class WorldOps:
             svc.resize_refused = True
         if final != svc.kv_pool and svc.holds_memory:
             self._set_kv_lease(svc, max(final, svc.kv_in_use))
+        self._reindex(svc)
         self.touch(svc.spec.device)
 
     def _set_kv_lease(self, svc: ServiceState, nbytes: int) -> None:
@@ -783,6 +823,7 @@ class WorldOps:
             svc,
             w.ledger.reserve(svc.spec.device, svc.name, Category.KV, nbytes, enforce=False),
         )
+        self._reindex(svc)
 
     @staticmethod
     def _hold_kv(svc: ServiceState, lease: Lease | None) -> None:
@@ -792,7 +833,11 @@ class WorldOps:
 
     def mark_announced(self, req: RequestState) -> None:
         """The policy has considered ``req``: its queue's bound no longer refuses it."""
-        req.announced = True
+        if not req.announced:
+            req.announced = True
+            w = self.world
+            if req.request_id in w.waiting:
+                w.queue_epochs[(w.services[req.service].spec.device, req.cls)] += 1
 
     def request_admin_unload(self, name: str) -> None:
         """The operator asked to unload ``name``: the policy does it once it is idle."""
@@ -806,6 +851,7 @@ class WorldOps:
         """A request of ``svc`` was in flight when it crashed: raise its calibration."""
         self._note("calibration", svc)
         svc.calibration.observe_failure(estimated_active, lease_bytes)
+        self._calibrated(svc)
 
     def observe_excess(
         self, svc: ServiceState, estimated_active: int, measured_active: int
@@ -813,6 +859,13 @@ class WorldOps:
         """``svc``'s running requests were measured above their leases."""
         self._note("calibration", svc)
         svc.calibration.observe_excess(estimated_active, measured_active)
+        self._calibrated(svc)
+
+    def _calibrated(self, svc: ServiceState) -> None:
+        """``svc``'s calibration changed: what a load reads on the device of every service
+        of its model (replicas share one calibration) changed."""
+        for device in self.world.model_devices[svc.spec.addressed_as]:
+            self.touch(device)
 
     def see_crashes(self, svc: ServiceState) -> bool:
         """Note ``svc``'s crash count as seen: whether it changed since last seen."""
@@ -891,11 +944,18 @@ class WorldOps:
         svc.load_excess = 0
         svc.measured_bytes = None
         svc.over_limit = False
+        self._reindex(svc)
 
     # ---- the Manager's bookkeeping of events -------------------------------------
     def advance(self, now: float) -> None:
-        """Time is ``now`` (it never goes back: the Manager checks)."""
-        self.world.now = now
+        """Time is ``now`` (it never goes back: the Manager checks); backoffs that ended
+        leave ``backing_off``."""
+        w = self.world
+        w.now = now
+        if w.backing_off:
+            for svc in w.backing_off:
+                if svc.backoff_until <= now:
+                    w.backing_off.discard(svc)
 
     def shut_down(self) -> None:
         """accelmux is shutting down: every waiting request is refused."""
@@ -917,7 +977,11 @@ class WorldOps:
         # The operator's pin (or load) wins over a client's keep_alive, which is not kept
         # for after the unpin either: then the service's ttl_s applies again.
         kept = svc.pinned or svc.admin_wants_loaded
-        svc.keep_alive_s = None if kept else keep_alive_s
+        keep_alive = None if kept else keep_alive_s
+        if keep_alive != svc.keep_alive_s and svc in w.idle_up:
+            w.idle_up.touch()  # its TTL changes
+            w.idle_up_by_device[svc.spec.device].touch()
+        svc.keep_alive_s = keep_alive
         horizon = w.knobs.reuse_horizon_s
         svc.rate = svc.rate * math.exp(-max(0.0, w.now - svc.rate_at) / horizon) + 1.0 / horizon
         svc.rate_at = w.now
@@ -936,6 +1000,7 @@ class WorldOps:
         svc = w.services[req.service]
         if peak_bytes is not None and svc.spec.capabilities.request_peaks:
             svc.calibration.observe_request(req.estimate, peak_bytes)
+            self._calibrated(svc)
         if req.dispatched_at is not None:
             took = max(0.0, w.now - req.dispatched_at)
             svc.mean_service_s = 0.8 * svc.mean_service_s + 0.2 * took
@@ -961,6 +1026,7 @@ class WorldOps:
             p = svc.spec.profile
             granted = sum(le.nbytes for le in svc.resident_leases)
             svc.calibration.observe_load_failure(p.weights + p.runtime, granted)
+            self._calibrated(svc)
         self.release_service(svc)
         self.set_status(svc, ServiceStatus.CRASHED)
         self.back_off(svc)
@@ -982,12 +1048,14 @@ class WorldOps:
             self.observe_load_seconds(svc, w.now - svc.loading_since)
         svc.consecutive_failures = 0
         svc.resize_refused = False  # a refusal was about the previous load
+        self._reindex(svc)
         if svc.load_reason is Reason.DEMAND or svc.load_reason is Reason.RELOAD_AFTER_CRASH:
             svc.cold_starts += 1
         svc.last_used = max(svc.last_used, w.now)
         if measured is not None:
             p = svc.spec.profile
             svc.calibration.observe_load(p.weights + p.runtime, measured)
+            self._calibrated(svc)
             granted = sum(le.nbytes for le in svc.resident_leases)
             svc.load_excess = max(0, measured - granted)
 
@@ -1023,6 +1091,7 @@ class WorldOps:
             w.knobs.crash_backoff_s * (2 ** (svc.consecutive_failures - 1)),
         )
         svc.backoff_until = w.now + delay
+        w.backing_off.update(svc, svc.backoff_until > w.now)
 
     def reconcile(self, event: MemorySampled) -> None:
         """Measured memory replaces guesses: foreign usage, per-service reserved, and
@@ -1064,6 +1133,7 @@ class WorldOps:
             if svc.over_limit and svc.idle and svc.is_up:
                 # Idle, what it holds is its resident size: the next load is sized by it.
                 svc.calibration.observe_load(p.weights + p.runtime, measured - svc.kv_pool)
+                self._calibrated(svc)
         for name in ledger.leftovers(device):
             if name not in seen:  # not measured any more: gone
                 ledger.set_leftover(device, name, 0)

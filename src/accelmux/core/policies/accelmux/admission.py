@@ -222,7 +222,7 @@ class Admission:
             return
         if not self.room.make_room(dev, room_needed, RoomFor(cls, svc, requester=req)):
             if self.room.reachable(dev, room_needed, svc):
-                rnd.blocked[dev] = min(cls, rnd.blocked.get(dev, cls))
+                rnd.block(dev, cls)
             if not facts.told(req, Reason.NO_MEMORY):
                 was = req.wait_reason
                 self.wait(
@@ -333,7 +333,7 @@ class Admission:
             req, reason=reason, active_bytes=fit.lease, enforce=fit.own_cache == 0
         ):
             cls = req.cls
-            rnd.blocked[dev] = min(cls, rnd.blocked.get(dev, cls))
+            rnd.block(dev, cls)
             self.wait(req, Reason.NO_MEMORY, "lost the race for memory")
 
 

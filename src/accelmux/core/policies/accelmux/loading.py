@@ -144,7 +144,7 @@ class Loading:
             self.wait(req, Reason.LOADING, "cold start")
             return
         if self.room.reachable(dev, need + reserve, svc):
-            rnd.blocked[dev] = min(req.cls, rnd.blocked.get(dev, req.cls))
+            rnd.block(dev, req.cls)
         was = req.wait_reason
         self.wait(
             req,

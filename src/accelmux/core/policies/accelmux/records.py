@@ -39,6 +39,16 @@ class Round:
     tod: float = 0.0
     #: Per service with windows, whether one is open (see ``facts.in_window``).
     inside: dict[str, bool] = field(default_factory=dict)
+    #: How many times a request marked its device blocked (:meth:`block`), whether or
+    #: not that lowered the class: what a request set in the round, to be set again
+    #: when the request is not considered again (``Schedule.consider``).
+    marks: int = 0
+
+    def block(self, device: str, cls: ServiceClass) -> None:
+        """A request of ``cls`` waits for memory on ``device``: lower classes there are
+        held back (``blocked`` keeps the highest class so marked)."""
+        self.blocked[device] = min(cls, self.blocked.get(device, cls))
+        self.marks += 1
 
 
 @dataclass(frozen=True, slots=True)
