@@ -58,6 +58,8 @@ DEPENDENT: dict[str, tuple[str, ...]] = {
     "stack.json": ACCELMUX,
     "stack_llms.json": ACCELMUX,
     "wyoming.json": ACCELMUX,
+    # the real stack under a mixed workload, and its replay by the same Manager
+    "sim_real.json": ACCELMUX,
 }
 
 INDEPENDENT: dict[str, str] = {
@@ -74,6 +76,7 @@ INDEPENDENT: dict[str, str] = {
     "hostile.json": "the front door's accept and refusal under a hostile address, fake services",
     "conformance.json": "the API document against the daemon's answers, fake services",
     "llama_build.json": "the llama.cpp build's compile times, no daemon runs",
+    "gil.json": "how long each model's call holds Python's lock, one call at a time",
 }
 
 
