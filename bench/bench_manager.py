@@ -14,6 +14,10 @@ driver calls them after every event.
     # with the instructions per event each executes (valgrind's callgrind: a figure the
     # machine's load does not move) and the busy week below
     python bench/bench_manager.py --against /path/to/old/checkout
+    # the same timed only (--no-instructions), then the counts added to its JSON (no quiet
+    # machine needed: callgrind counts do not depend on the load)
+    python bench/bench_manager.py --against /path/to/old/checkout --no-instructions
+    python bench/bench_manager.py --against /path/to/old/checkout --count-instructions
     # the busy week alone: WEEK_HOURS simulated hours of the busy home, timed whole
     python bench/bench_manager.py --week [--week-hours 168]
 
@@ -68,6 +72,7 @@ from accelmux.core.specs import (
 from accelmux.core.types import GIB, MIB, Residency, ServiceClass, ServiceKind
 
 RESULTS = Path(__file__).parent / "results" / "manager.json"
+HERE_SRC = Path(__file__).resolve().parents[1] / "src"
 
 #: (services, devices, events per run)
 CASES: tuple[tuple[int, int, int], ...] = ((10, 1, 10_000), (100, 2, 4_000), (1000, 4, 500))
@@ -423,13 +428,14 @@ def _commit_of(checkout: Path) -> str:
     return out.stdout.strip()
 
 
-def compare(against: Path) -> dict[str, object]:
+def compare(against: Path, instructions: bool = True) -> dict[str, object]:
     """This checkout's core against ``against``'s on the :data:`COMPARED` cases.
 
     The machine may be shared and its speed drift: each round runs the old core, then the
     new one, each in a fresh process, so both see the same conditions; the medians of
-    the rounds are compared."""
-    here = Path(__file__).resolve().parents[1] / "src"
+    the rounds are compared. ``instructions``: also count each core's instructions per
+    event (callgrind, slow; :func:`count_instructions` adds them to a result later)."""
+    here = HERE_SRC
     cases = []
     for n_services in COMPARED:
         old: list[float] = []
@@ -437,8 +443,8 @@ def compare(against: Path) -> dict[str, object]:
         for _ in range(COMPARE_ROUNDS):
             old.append(_run_in(against / "src", n_services))
             new.append(_run_in(here, n_services))
-        old_ir = instructions_per_event(against / "src", n_services)
-        new_ir = instructions_per_event(here, n_services)
+        old_ir = instructions_per_event(against / "src", n_services) if instructions else None
+        new_ir = instructions_per_event(here, n_services) if instructions else None
         cases.append(
             {
                 "services": n_services,
@@ -485,6 +491,26 @@ def compare(against: Path) -> dict[str, object]:
     }
 
 
+def count_instructions(against: Path, out: Path) -> None:
+    """Add each core's instructions per event to the comparison already in ``out`` (a
+    ``--no-instructions`` run of the same checkouts). The counts do not depend on the
+    machine's load, so they need not share the timed run's quiet machine."""
+    result = json.loads(out.read_text(encoding="utf-8"))
+    compared = result["comparison"]
+    if compared["against"] != _commit_of(against):
+        raise SystemExit(f"{out} compares with {compared['against']}, not {against}")
+    for case in compared["cases"]:
+        n_services = case["services"]
+        case["old_instructions_per_event"] = instructions_per_event(against / "src", n_services)
+        case["new_instructions_per_event"] = instructions_per_event(HERE_SRC, n_services)
+        print(
+            f"{n_services:>8} services: instructions/event "
+            f"{case['old_instructions_per_event']} -> {case['new_instructions_per_event']}",
+            flush=True,
+        )
+    out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+
+
 def profile(n_services: int) -> None:
     import cProfile
     import pstats
@@ -506,6 +532,16 @@ def main() -> None:
     parser.add_argument(
         "--against", type=Path, metavar="CHECKOUT", help="also compare with that core"
     )
+    parser.add_argument(
+        "--no-instructions",
+        action="store_true",
+        help="with --against: time only, count no instructions (callgrind is slow)",
+    )
+    parser.add_argument(
+        "--count-instructions",
+        action="store_true",
+        help="with --against: add both cores' instructions per event to --out's comparison",
+    )
     parser.add_argument("--week", action="store_true", help="time the busy week alone")
     parser.add_argument("--week-hours", type=float, default=168.0, metavar="H")
     parser.add_argument("--one", type=int, metavar="N", help=argparse.SUPPRESS)
@@ -520,13 +556,18 @@ def main() -> None:
     if args.profile:
         profile(args.profile)
         return
+    if args.count_instructions:
+        if not args.against:
+            parser.error("--count-instructions needs --against")
+        count_instructions(args.against, args.out)
+        return
     print(
         f"{'services':>8} {'devices':>7} {'events':>8} {'events/s':>12} {'actions/s':>12} "
         f"{'us/event':>10}"
     )
     result = bench(args.quick)
     if args.against:
-        result["comparison"] = compare(args.against)
+        result["comparison"] = compare(args.against, instructions=not args.no_instructions)
     if not args.quick:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")

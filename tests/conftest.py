@@ -27,7 +27,7 @@ settings.register_profile("thorough", max_examples=2000, deadline=None)
 
 TESTS = Path(__file__).resolve().parent
 #: The pure tiers: no model, browser, llama-server or daemon process to install.
-FAST_DIRS = frozenset({"core", "sim", "config", "docs"})
+FAST_DIRS = frozenset({"core", "sim", "config", "docs", "plan"})
 #: Tiers that cannot share the machine: real models (tests measure their memory and
 #: latency), a real llama-server beside them, and Ray clusters (a dozen processes each).
 SERIAL_DIRS = frozenset({"real", "external", "stack", "cluster"})

@@ -43,7 +43,11 @@ class FakeSet:
 
     def __init__(self, members: Callable[[], list[ServiceState]]) -> None:
         self._members = members
-        self.version = 0
+
+    @property
+    def version(self) -> int:
+        """Moves with the members (what is kept of the set is kept while it is the same)."""
+        return hash(tuple(s.name for s in self._members()))
 
     def __iter__(self) -> Iterator[ServiceState]:
         return iter(self._members())
@@ -127,6 +131,8 @@ class FakeView:
         self.host_pending = 0
         self.version = 0
         self.epochs = dict.fromkeys(self.devices, 0)
+        self.memory_epochs = self.epochs
+        self.queue_epochs = {(d, c): 0 for d in self.devices for c in ServiceClass}
         self.queue_mark = 0
         svcs = self.services.values
         self.loaded = FakeSet(lambda: [s for s in svcs() if s.is_up])
@@ -141,6 +147,16 @@ class FakeView:
             ]
         )
         self.crashed = FakeSet(lambda: [s for s in svcs() if s.status is ServiceStatus.CRASHED])
+        self.idle_up = FakeSet(
+            lambda: [
+                s for s in svcs() if s.is_up and s.idle and not (s.pinned or s.admin_wants_loaded)
+            ]
+        )
+        self.balloonable = FakeSet(
+            lambda: [s for s in svcs() if self.resizable(s) and s.kv_pool > s.spec.profile.kv_floor]
+        )
+        self.backing_off = FakeSet(lambda: [s for s in svcs() if s.backoff_until > self.now])
+        self.queued_windowed = FakeSet(lambda: [s for s in svcs() if s.queue and s.spec.windows])
 
     # ---- test set-up ----------------------------------------------------------------
     def set_status(self, name: str, status: ServiceStatus) -> ServiceState:
@@ -236,6 +252,9 @@ class FakeView:
                 s for s in self.services_by_device[device] if s.status is ServiceStatus.UNLOADING
             ]
         )
+
+    def idle_up_on(self, device: str) -> FakeSet:
+        return FakeSet(lambda: [s for s in self.idle_up if s.spec.device == device])
 
     def queued_services(self, device: str, cls: ServiceClass) -> FakeSet:
         return FakeSet(

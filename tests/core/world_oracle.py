@@ -58,6 +58,29 @@ def check_service_sets(world: World, svcs: list[ServiceState]) -> None:
     _expect_index(
         "kept", world.kept.names(), {s.name for s in svcs if s.pinned or s.admin_wants_loaded}
     )
+    idle = {s.name for s in svcs if s.is_up and s.idle and not (s.pinned or s.admin_wants_loaded)}
+    _expect_index("idle_up", world.idle_up.names(), idle)
+    for dev in world.devices:
+        _expect_index(
+            f"idle_up on {dev}",
+            world.idle_up_on(dev).names(),
+            {n for n in idle if world.services[n].spec.device == dev},
+        )
+    _expect_index(
+        "balloonable",
+        world.balloonable.names(),
+        {s.name for s in svcs if world.resizable(s) and s.kv_pool > s.spec.profile.kv_floor},
+    )
+    _expect_index(
+        "backing_off",
+        world.backing_off.names(),
+        {s.name for s in svcs if s.backoff_until > world.now},
+    )
+    _expect_index(
+        "queued_windowed",
+        world.queued_windowed.names(),
+        {s.name for s in svcs if s.waiting_count and s.spec.windows},
+    )
     _expect_index(
         "evicted_out",
         world.evicted_out.names(),

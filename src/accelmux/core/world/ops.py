@@ -34,7 +34,9 @@ from accelmux.core.actions import (
     Unload,
 )
 from accelmux.core.events import MemorySampled
+from accelmux.core.learned import LearnedSize
 from accelmux.core.ledger import Lease
+from accelmux.core.oom import OomReport, attribute, retest_after
 from accelmux.core.types import (
     Category,
     Reason,
@@ -43,7 +45,13 @@ from accelmux.core.types import (
     ServiceStatus,
     Tier,
 )
-from accelmux.core.world.data import STATUS_MOVES, RequestPhase, RequestState, ServiceState
+from accelmux.core.world.data import (
+    STATUS_MOVES,
+    CrashOom,
+    RequestPhase,
+    RequestState,
+    ServiceState,
+)
 from accelmux.core.world.world import World
 from accelmux.errors import InvariantError
 
@@ -140,6 +148,7 @@ class WorldOps:
         w.unloading_by_device[svc.spec.device].update(svc, status is ServiceStatus.UNLOADING)
         w.crashed.update(svc, status is ServiceStatus.CRASHED)
         self._update_evicted(svc)
+        self._reindex(svc)
         if svc.name in w.host_weights:
             self._host_changed()  # whether its parked weights alone hold the RAM
 
@@ -153,12 +162,36 @@ class WorldOps:
         if kept:
             svc.keep_alive_s = None
         self.world.kept.update(svc, kept)
+        self._reindex(svc)
 
     def forget_eviction(self, svc: ServiceState) -> None:
         """The evicted service was restored: it no longer counts as evicted."""
         self._note("restored", svc)
         svc.last_evicted_at = None
         self._update_evicted(svc)
+
+    def _reindex(self, svc: ServiceState) -> None:
+        """Keep ``svc`` in the service indexes of its TTL and its KV pool (``idle_up``,
+        ``balloonable``): after any change of its status, requests in flight or paused in
+        its pool, pin, KV pool or pending resize."""
+        w = self.world
+        up = svc.status is ServiceStatus.LOADED
+        idle = (
+            up
+            and not svc.inflight
+            and not svc.paused_kv
+            and not svc.pinned
+            and not svc.admin_wants_loaded
+        )
+        w.idle_up.update(svc, idle)
+        w.idle_up_by_device[svc.spec.device].update(svc, idle)
+        w.balloonable.update(
+            svc,
+            up
+            and svc.resize_target is None
+            and svc.kv_pool > svc.spec.profile.kv_floor
+            and svc.resize_support is ResizeSupport.LIVE,
+        )
 
     def _update_evicted(self, svc: ServiceState) -> None:
         self.world.evicted_out.update(
@@ -184,9 +217,12 @@ class WorldOps:
         svc.waiting_count += 1
         w.queued.add(svc)
         w.queued_services(svc.spec.device, req.cls).add(svc)
+        if svc.spec.windows:
+            w.queued_windowed.add(svc)
         self._count_reason(req, req.wait_reason, 1)
         key = (svc.spec.device, req.cls)
         w.waiting_classes[key] = w.waiting_classes.get(key, 0) + 1
+        w.queue_epochs[key] += 1
         heapq.heappush(w.deadlines, (req.deadline_at, req.queued_mark, req))
 
     def _remove_waiting(self, req: RequestState) -> bool:
@@ -199,8 +235,11 @@ class WorldOps:
         if not svc.queue:
             w.queued.discard(svc)
             w.queued_services(svc.spec.device, req.cls).discard(svc)
+            w.queued_windowed.discard(svc)
         self._count_reason(req, req.wait_reason, -1)
-        w.waiting_classes[(svc.spec.device, req.cls)] -= 1
+        key = (svc.spec.device, req.cls)
+        w.waiting_classes[key] -= 1
+        w.queue_epochs[key] += 1
         return True
 
     def expired_requests(self) -> list[RequestState]:
@@ -301,6 +340,7 @@ class WorldOps:
         w.busy.add(svc)
         svc.last_used = w.now
         w.inflight[req.request_id] = req
+        self._reindex(svc)
         self._explain(req, f"dispatch ({reason.value}) lease={need + kv}B {detail}".rstrip())
         self.record(
             Dispatch(
@@ -353,6 +393,7 @@ class WorldOps:
         w.busy.add(svc)
         svc.last_used = w.now
         w.inflight[req.request_id] = req
+        self._reindex(svc)
         self._explain(req, f"resume ({reason.value}) lease={need + req.kv_bytes}B {detail}")
         self.record(
             Resume(
@@ -438,6 +479,7 @@ class WorldOps:
         if not svc.inflight:
             w.busy.discard(svc)
         w.inflight.pop(req.request_id, None)
+        self._reindex(svc)
         req.move_to(RequestPhase.PARKED if park else RequestPhase.PAUSED)
         if req.pausing_for_realtime:
             req.yields += 1
@@ -481,6 +523,7 @@ class WorldOps:
         else:
             svc.paused_kv -= req.kv_bytes
             svc.kv_in_use -= req.kv_bytes
+            self._reindex(svc)
         req.kv_bytes = 0
         req.move_to(RequestPhase.ENDED)
 
@@ -519,9 +562,11 @@ class WorldOps:
         """Mark the request waiting; an action is recorded only when the cause changes."""
         if req.wait_reason is reason:
             return
-        if req.request_id in self.world.waiting:
+        w = self.world
+        if req.request_id in w.waiting:
             self._count_reason(req, req.wait_reason, -1)
             self._count_reason(req, reason, 1)
+            w.queue_epochs[(w.services[req.service].spec.device, req.cls)] += 1
         req.wait_reason = reason
         self._explain(req, f"wait ({reason.value}) {detail}".rstrip())
         self.record(
@@ -532,6 +577,8 @@ class WorldOps:
         self, req: RequestState, *, reason: Reason, retry_after_s: float, detail: str = ""
     ) -> None:
         w = self.world
+        if req.held_for_realtime and reason is Reason.DEADLINE_EXCEEDED:
+            w.services[req.service].skipped_for_realtime += 1
         if req.paused and req.request_id in w.waiting:
             # Part of its answer went out: it ends with an error, not a refusal.
             self.end_paused(req, ok=False, reason=reason, detail=detail)
@@ -600,6 +647,7 @@ class WorldOps:
         if not svc.inflight:
             w.busy.discard(svc)
         w.inflight.pop(req.request_id, None)
+        self._reindex(svc)
 
     def finish(self, req: RequestState) -> None:
         """Bookkeeping of a request that ended after dispatch (no action)."""
@@ -756,6 +804,7 @@ class WorldOps:
             self._set_kv_lease(svc, new_pool)
         svc.resize_from = old
         svc.resize_target = new_pool
+        self._reindex(svc)
         self.record(Resize(service=svc.name, kv_pool_bytes=new_pool, reason=reason, detail=detail))
         return True
 
@@ -773,6 +822,7 @@ class WorldOps:
             svc.resize_refused = True
         if final != svc.kv_pool and svc.holds_memory:
             self._set_kv_lease(svc, max(final, svc.kv_in_use))
+        self._reindex(svc)
         self.touch(svc.spec.device)
 
     def _set_kv_lease(self, svc: ServiceState, nbytes: int) -> None:
@@ -783,6 +833,7 @@ class WorldOps:
             svc,
             w.ledger.reserve(svc.spec.device, svc.name, Category.KV, nbytes, enforce=False),
         )
+        self._reindex(svc)
 
     @staticmethod
     def _hold_kv(svc: ServiceState, lease: Lease | None) -> None:
@@ -790,9 +841,21 @@ class WorldOps:
         svc.kv_lease = lease
         svc.kv_pool = lease.nbytes if lease is not None else 0
 
+    def hold_for_realtime(self, req: RequestState) -> None:
+        """``req`` (of a steady service) waits while realtime work runs on its shared
+        compute: counted once per request on its service, as is its skip if its
+        deadline passes so."""
+        if not req.held_for_realtime:
+            req.held_for_realtime = True
+            self.world.services[req.service].held_for_realtime += 1
+
     def mark_announced(self, req: RequestState) -> None:
         """The policy has considered ``req``: its queue's bound no longer refuses it."""
-        req.announced = True
+        if not req.announced:
+            req.announced = True
+            w = self.world
+            if req.request_id in w.waiting:
+                w.queue_epochs[(w.services[req.service].spec.device, req.cls)] += 1
 
     def request_admin_unload(self, name: str) -> None:
         """The operator asked to unload ``name``: the policy does it once it is idle."""
@@ -806,6 +869,21 @@ class WorldOps:
         """A request of ``svc`` was in flight when it crashed: raise its calibration."""
         self._note("calibration", svc)
         svc.calibration.observe_failure(estimated_active, lease_bytes)
+        self._calibrated(svc)
+
+    def observe_request_failure(
+        self, svc: ServiceState, estimated_active: int, asked_active: int
+    ) -> None:
+        """A request of ``svc`` ran out of memory asking ``asked_active`` bytes of
+        activations, more than it was granted: its calibration learns them."""
+        self._note("calibration", svc)
+        svc.calibration.observe_request_failure(estimated_active, asked_active)
+        self._calibrated(svc)
+
+    def note_oom(self, svc: ServiceState, words: str) -> None:
+        """The attribution of ``svc``'s last out-of-memory failure, in words."""
+        self._note("oom_attributed", svc)
+        self.world.learned.oom[svc.name] = words
 
     def observe_excess(
         self, svc: ServiceState, estimated_active: int, measured_active: int
@@ -813,6 +891,13 @@ class WorldOps:
         """``svc``'s running requests were measured above their leases."""
         self._note("calibration", svc)
         svc.calibration.observe_excess(estimated_active, measured_active)
+        self._calibrated(svc)
+
+    def _calibrated(self, svc: ServiceState) -> None:
+        """``svc``'s calibration changed: what a load reads on the device of every service
+        of its model (replicas share one calibration) changed."""
+        for device in self.world.model_devices[svc.spec.addressed_as]:
+            self.touch(device)
 
     def see_crashes(self, svc: ServiceState) -> bool:
         """Note ``svc``'s crash count as seen: whether it changed since last seen."""
@@ -891,11 +976,18 @@ class WorldOps:
         svc.load_excess = 0
         svc.measured_bytes = None
         svc.over_limit = False
+        self._reindex(svc)
 
     # ---- the Manager's bookkeeping of events -------------------------------------
     def advance(self, now: float) -> None:
-        """Time is ``now`` (it never goes back: the Manager checks)."""
-        self.world.now = now
+        """Time is ``now`` (it never goes back: the Manager checks); backoffs that ended
+        leave ``backing_off``."""
+        w = self.world
+        w.now = now
+        if w.backing_off:
+            for svc in w.backing_off:
+                if svc.backoff_until <= now:
+                    w.backing_off.discard(svc)
 
     def shut_down(self) -> None:
         """accelmux is shutting down: every waiting request is refused."""
@@ -917,7 +1009,11 @@ class WorldOps:
         # The operator's pin (or load) wins over a client's keep_alive, which is not kept
         # for after the unpin either: then the service's ttl_s applies again.
         kept = svc.pinned or svc.admin_wants_loaded
-        svc.keep_alive_s = None if kept else keep_alive_s
+        keep_alive = None if kept else keep_alive_s
+        if keep_alive != svc.keep_alive_s and svc in w.idle_up:
+            w.idle_up.touch()  # its TTL changes
+            w.idle_up_by_device[svc.spec.device].touch()
+        svc.keep_alive_s = keep_alive
         horizon = w.knobs.reuse_horizon_s
         svc.rate = svc.rate * math.exp(-max(0.0, w.now - svc.rate_at) / horizon) + 1.0 / horizon
         svc.rate_at = w.now
@@ -936,6 +1032,7 @@ class WorldOps:
         svc = w.services[req.service]
         if peak_bytes is not None and svc.spec.capabilities.request_peaks:
             svc.calibration.observe_request(req.estimate, peak_bytes)
+            self._calibrated(svc)
         if req.dispatched_at is not None:
             took = max(0.0, w.now - req.dispatched_at)
             svc.mean_service_s = 0.8 * svc.mean_service_s + 0.2 * took
@@ -952,15 +1049,35 @@ class WorldOps:
                 )
             )
 
-    def load_failed(self, svc: ServiceState, *, out_of_memory: bool, error: str) -> None:
-        """``svc``'s load failed: it is down (crashed, backing off) and its queue refused."""
+    def load_failed(
+        self,
+        svc: ServiceState,
+        *,
+        out_of_memory: bool,
+        error: str,
+        asked: int | None = None,
+        used_besides: int | None = None,
+    ) -> None:
+        """``svc``'s load failed: it is down (crashed, backing off) and its queue refused.
+        Out of memory, the failure is attributed first (:func:`attribute`: ``asked``, the
+        bytes the load tried to hold, and ``used_besides``, what the device held besides
+        it, as the shell measured them), and only a load that exceeded its own estimate
+        teaches its service a size (:meth:`learn_size`)."""
         w = self.world
         if out_of_memory:
             w.load_oom_devices.add(svc.spec.device)
         if out_of_memory and w.knobs.switches.failure_calibration:
-            p = svc.spec.profile
-            granted = sum(le.nbytes for le in svc.resident_leases)
-            svc.calibration.observe_load_failure(p.weights + p.runtime, granted)
+            dev = w.devices[svc.spec.device]
+            pool = svc.kv_pool
+            report = attribute(
+                asked=asked,
+                granted=sum(le.nbytes for le in svc.resident_leases) + pool,
+                used_besides=used_besides,
+                capacity=dev.capacity_bytes,
+                ceiling=dev.usable_bytes,
+            )
+            self.learn_size(svc, report, pool)
+            self._calibrated(svc)
         self.release_service(svc)
         self.set_status(svc, ServiceStatus.CRASHED)
         self.back_off(svc)
@@ -972,6 +1089,46 @@ class WorldOps:
                 detail=error,
             )
 
+    def learn_size(self, svc: ServiceState, report: OomReport, pool: int) -> None:
+        """Note the attribution of ``svc``'s out-of-memory load; when it is its own, its
+        loads are projected at least at the size learned (less the KV ``pool`` the load
+        asked for) until it is re-tested, later with each failure in a row."""
+        w = self.world
+        self.note_oom(svc, f"{report.cause.value}: {report.evidence}")
+        if report.learned is None:
+            return
+        resident = max(0, report.learned - pool)
+        before = w.learned.sizes.get(svc.name)
+        failures = before.failures + 1 if before is not None else 1
+        w.learned.sizes[svc.name] = LearnedSize(
+            nbytes=resident,
+            evidence=report.evidence,
+            at=w.now,
+            retest_at=math.inf if report.measured else w.now + retest_after(failures),
+            failures=failures,
+        )
+        svc.calibration.set_resident_floor(resident)
+        p = svc.spec.profile
+        svc.calibration.observe_load_failure(p.weights + p.runtime, resident)
+        self._calibrated(svc)
+
+    def start_retest(self, svc: ServiceState) -> None:
+        """``svc``'s learned size is due for its re-test: the next load is projected as
+        measured before it (one admission; a failure learns it again, a success drops it)."""
+        learned = self.world.learned
+        size = learned.sizes[svc.name]
+        self._note("retest", svc)
+        learned.sizes[svc.name] = LearnedSize(
+            nbytes=size.nbytes,
+            evidence=size.evidence,
+            at=size.at,
+            retest_at=size.retest_at,
+            failures=size.failures,
+            testing=True,
+        )
+        svc.calibration.set_resident_floor(0)
+        self._calibrated(svc)
+
     def load_done(self, svc: ServiceState, measured: int | None) -> None:
         """``svc``'s load finished; ``measured``: its weights and runtime bytes as its
         backend reported them (None: not reported)."""
@@ -982,14 +1139,24 @@ class WorldOps:
             self.observe_load_seconds(svc, w.now - svc.loading_since)
         svc.consecutive_failures = 0
         svc.resize_refused = False  # a refusal was about the previous load
+        self._reindex(svc)
         if svc.load_reason is Reason.DEMAND or svc.load_reason is Reason.RELOAD_AFTER_CRASH:
             svc.cold_starts += 1
         svc.last_used = max(svc.last_used, w.now)
         if measured is not None:
             p = svc.spec.profile
             svc.calibration.observe_load(p.weights + p.runtime, measured)
+            self._calibrated(svc)
             granted = sum(le.nbytes for le in svc.resident_leases)
             svc.load_excess = max(0, measured - granted)
+        size = w.learned.sizes.get(svc.name)
+        if size is not None and (size.testing or measured is not None):
+            # Measured now, or loaded at the size it was re-tested at: what was learned
+            # from the failure has served its turn.
+            del w.learned.sizes[svc.name]
+            svc.calibration.set_resident_floor(0)
+            self._note("relearned", svc)
+            self._calibrated(svc)
 
     def unloaded(self, svc: ServiceState) -> None:
         """``svc``'s backend confirmed its unload: every byte it held comes back."""
@@ -997,10 +1164,14 @@ class WorldOps:
         self.set_status(svc, ServiceStatus.UNLOADED)
         svc.loaded_at = None
 
-    def crashed(self, svc: ServiceState, *, reason: Reason, error: str) -> None:
+    def crashed(
+        self, svc: ServiceState, *, reason: Reason, error: str, oom: CrashOom | None = None
+    ) -> None:
         """``svc``'s backend died: its running requests fail, its paused ones end, its
-        memory and host copy are released, and it backs off before a restart."""
+        memory and host copy are released, and it backs off before a restart. ``oom``:
+        a request ran out of memory, as the shell measured it (``CrashOom``)."""
         self.note_crash(svc)
+        svc.crash_oom = oom
         for req in list(svc.inflight.values()):
             self.fail(req, reason=reason, detail=error)
         for req in [r for r in svc.queue.values() if r.paused]:
@@ -1023,6 +1194,7 @@ class WorldOps:
             w.knobs.crash_backoff_s * (2 ** (svc.consecutive_failures - 1)),
         )
         svc.backoff_until = w.now + delay
+        w.backing_off.update(svc, svc.backoff_until > w.now)
 
     def reconcile(self, event: MemorySampled) -> None:
         """Measured memory replaces guesses: foreign usage, per-service reserved, and
@@ -1064,6 +1236,7 @@ class WorldOps:
             if svc.over_limit and svc.idle and svc.is_up:
                 # Idle, what it holds is its resident size: the next load is sized by it.
                 svc.calibration.observe_load(p.weights + p.runtime, measured - svc.kv_pool)
+                self._calibrated(svc)
         for name in ledger.leftovers(device):
             if name not in seen:  # not measured any more: gone
                 ledger.set_leftover(device, name, 0)

@@ -33,6 +33,10 @@ class ServiceSet:
             self._ordered = None
             self.version += 1
 
+    def touch(self) -> None:
+        """Something a reader derives from the members changed (not the members)."""
+        self.version += 1
+
     def update(self, svc: ServiceState, member: bool) -> None:
         if member:
             self.add(svc)

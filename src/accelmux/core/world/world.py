@@ -58,6 +58,9 @@ class World:
         #: One calibration per model: the replicas of a service learn together (what a
         #: request or a load really takes does not depend on the device it runs on).
         calibrations: dict[str, ServiceCalibration] = {}
+        #: The devices of the services of each model (as addressed): a calibration they
+        #: share changes what a load reads on each.
+        self.model_devices: dict[str, tuple[str, ...]] = {}
         for i, s in enumerate(spec.services):
             calibration = calibrations.setdefault(
                 s.addressed_as,
@@ -73,6 +76,10 @@ class World:
                 index=i,
                 pinned=s.residency is Residency.PINNED,
             )
+        for s in spec.services:
+            devices = self.model_devices.get(s.addressed_as, ())
+            if s.device not in devices:
+                self.model_devices[s.addressed_as] = (*devices, s.device)
         self.services_by_device: dict[str, list[ServiceState]] = {d: [] for d in self.devices}
         for svc in self.services.values():
             self.services_by_device[svc.spec.device].append(svc)
@@ -132,6 +139,17 @@ class World:
         self.evicted_out = ServiceSet()
         #: Status CRASHED (a crash or a failed load); a policy learns from crashes here.
         self.crashed = ServiceSet()
+        #: Loaded, idle (no request in flight, none paused in its pool) and not kept: the
+        #: services whose TTL runs, all and per device. Its version also moves when a
+        #: member's client keep_alive changes.
+        self.idle_up = ServiceSet()
+        self.idle_up_by_device = {d: ServiceSet() for d in self.devices}
+        #: Loaded, its KV pool resizable now and above its floor: a pool that can shrink.
+        self.balloonable = ServiceSet()
+        #: Services whose restart backoff ends after ``now``.
+        self.backing_off = ServiceSet()
+        #: Services with waiting requests and maintenance windows.
+        self.queued_windowed = ServiceSet()
         for svc in self.services.values():
             self.kept.update(svc, svc.pinned or svc.admin_wants_loaded)
         #: Waiting requests per ``wait_reason`` (None: not yet told why).
@@ -154,6 +172,11 @@ class World:
         #: service's load reads there: a request joining or leaving the queue of a service
         #: that is down (it holds nothing, and no survey of the device sees that queue).
         self.memory_epochs: dict[str, int] = dict.fromkeys(self.devices, 0)
+        #: Per (device, class), bumped by every change of its waiting requests: one joining
+        #: or leaving the queue, told a new reason to wait, or considered a first time.
+        self.queue_epochs: dict[tuple[str, ServiceClass], int] = {
+            (d, c): 0 for d in self.devices for c in ServiceClass
+        }
 
     def _init_host(self, spec: ManagerSpec) -> None:
         """The host RAM held for parked weights and KV state, and the host device."""
@@ -186,6 +209,9 @@ class World:
 
     def unloading_on(self, device: str) -> ServiceSet:
         return self.unloading_by_device[device]
+
+    def idle_up_on(self, device: str) -> ServiceSet:
+        return self.idle_up_by_device[device]
 
     def queued_services(self, device: str, cls: ServiceClass) -> ServiceSet:
         """Services of class ``cls`` on ``device`` with waiting requests."""

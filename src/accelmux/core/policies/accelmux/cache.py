@@ -108,21 +108,14 @@ class RoundCache:
         ] = Memo(on)
         #: Per device, which streams there time sharing could pause now.
         self.share_thresholds: Memo[str, None, tuple[object, ...]] = Memo(on)
-        self._per_round: tuple[Memo[Any, Any, Any], ...] = (
-            self.pending_free,
-            self.kept_floor,
-            self.realtime_reserve,
-            self.memory_wanted,
-            self.memory_spare,
-            self.quickly_freeable,
-            self.steady_reserve,
-            self.room_failed,
-            self.realtime_devices,
-            self.restorable,
-            self.restores,
-            self.ttl_range,
-            self.service_waits,
-            self.share_thresholds,
+        #: Per (device, class), what deciding a request waiting for a load there reads of
+        #: the device and the round (``Schedule.device_inputs``).
+        self.device_inputs: Memo[
+            tuple[str, ServiceClass], tuple[int, int, ServiceClass | None], tuple[object, ...]
+        ] = Memo(on)
+        #: Every memo above: those :meth:`new_round` drops.
+        self._per_round: tuple[Memo[Any, Any, Any], ...] = tuple(
+            memo for memo in vars(self).values() if isinstance(memo, Memo)
         )
         # ---- across rounds
         self.reserves: Memo[str, tuple[int, int], int] = Memo(on)
@@ -131,7 +124,15 @@ class RoundCache:
         ] = Memo(on)
         self.window_edges: Memo[None, int, tuple[float, ...]] = Memo(on)
         self.evicted_warm: Memo[None, int, list[ServiceState]] = Memo(on)
-        self.quiet: Memo[str, int, tuple[object, ...]] = Memo(on)
+        self.quiet: Memo[str, int, tuple[tuple[object, ...], float]] = Memo(on)
+        #: Per device, the TTLs of its services whose TTL runs (``Residents.device_ttls``).
+        self.device_ttls: Memo[str, tuple[int, int], Any] = Memo(on)
+        #: Per (device, class, steady) turn whose requests were all left out or replayed:
+        #: the state then (``Schedule.unsettled``), until when the clock keeps it, and
+        #: whether they set the round's blocked class.
+        self.turns: Memo[tuple[str, ServiceClass, bool | None], object, tuple[float, bool]] = Memo(
+            on
+        )
         #: Per waiting request of a service that is down, what its last consideration
         #: read (``Schedule.inputs_of``) and whether it marked its device blocked, when
         #: it did nothing else: it waited for memory again.
@@ -139,8 +140,11 @@ class RoundCache:
         # ---- per spec
         self.yields_to_realtime: Memo[str, None, bool] = Memo(on)
         self.sharing_devices: Memo[None, None, frozenset[str]] = Memo(on)
+        self.shared_compute: Memo[None, None, frozenset[str]] = Memo(on)
+        self.pausing_devices: Memo[None, None, frozenset[str]] = Memo(on)
         self.warm: Memo[str, None, list[ServiceState]] = Memo(on)
         self.warm_in_class_order: Memo[None, None, list[ServiceState]] = Memo(on)
+        self.service_edges: Memo[str, None, tuple[float, ...]] = Memo(on)
 
     def new_round(self) -> None:
         """A round starts: drop what holds for one round only, and the load sizes of

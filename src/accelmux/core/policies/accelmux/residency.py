@@ -6,7 +6,9 @@ admin unloads and ballooning idle KV pools.
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, cast
 
 from accelmux.core.policies.accelmux import facts
 from accelmux.core.policies.accelmux.cache import Miss
@@ -21,6 +23,17 @@ from accelmux.core.world import ServiceState, reuse_rate
 
 #: The TTL range of a service idle keeping never unloads.
 _NO_TTL = (math.inf, math.inf)
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceTtls:
+    """The TTLs of the services of a device whose TTL runs (``Residents.device_ttls``):
+    the time before which none of them can run out, the end of each TTL that does not
+    depend on a pending restore (sorted, finite), and the services whose TTL does."""
+
+    check_at: float
+    ends: list[float]
+    unsure: list[ServiceState]
 
 
 class Residents:
@@ -128,9 +141,12 @@ class Residents:
         it waits for compute, or for a higher class's request that itself waits for
         memory (and counts here).
         """
-        dev = svc.spec.device
+        return self.device_wanted(svc.spec.device)
+
+    def device_wanted(self, dev: str) -> bool:
+        """:meth:`memory_wanted` of the services of ``dev`` (the same for each)."""
         version = self.view.version
-        hit = self.cache.memory_wanted.get(dev, version)  # the same for every service there
+        hit = self.cache.memory_wanted.get(dev, version)
         if hit is not Miss.MISS:
             return hit
         causes = self.view.waiting_causes  # waiting requests per (device, class, wait reason)
@@ -159,18 +175,23 @@ class Residents:
             # lower classes first (make_room): a TTL on top of that would also unload
             # the next steps of the voice chain that is waiting.
             return True
-        dev = svc.spec.device
+        return self.device_level(svc.spec.device) == 2
+
+    def device_level(self, dev: str) -> int:
+        """How much memory ``dev`` has to spare: 0, it is wanted (:meth:`memory_wanted`); 1,
+        not wanted, but less than the realtime reserve and the spare fraction is free; 2,
+        spare (:meth:`memory_spare` of a service with neither a keep_alive nor a
+        realtime class). The same for every service there."""
         version = self.view.version
-        level = self.cache.memory_spare.get(dev, version)  # the same for every service there
+        level = self.cache.memory_spare.get(dev, version)
         if level is Miss.MISS:
-            # 0: wanted; 1: not wanted, less than the spare fraction free; 2: spare
             level = 0
-            if not self.memory_wanted(svc):
+            if not self.device_wanted(dev):
                 spare = self.view.knobs.spare_fraction * self.view.devices[dev].usable_bytes
                 free = self.view.ledger.available(dev) - self.reserve.realtime_reserve(dev)
                 level = 2 if free >= spare else 1
             self.cache.memory_spare.put(dev, version, level)
-        return level == 2
+        return level
 
     def restore_pending(self, holder: ServiceState) -> bool:
         """A warm service evicted for memory on ``holder``'s device, of a class at least
@@ -299,7 +320,34 @@ class Residents:
                 self.ops.load(svc, reason=reason, kv_pool=pool)
 
     def expire_idle(self) -> None:
-        for svc in self.view.loaded:
+        """Unload the services idle past their TTL (spec order).
+
+        With the cache on, only the services whose TTL runs (``idle_up``) are asked, and of
+        them only those on a device where one could have run out by now
+        (:meth:`device_ttls`), until a service is unloaded: from then on every one is
+        asked (an unload may change what another device has to spare)."""
+        view = self.view
+        now = view.now
+        if not self.cache.enabled:
+            candidates: Iterable[ServiceState] = view.loaded
+            due: dict[str, bool] | None = None
+        else:
+            candidates = view.idle_up
+            # each device's answer, found up front: none due, nothing to walk
+            due = {
+                dev: now >= self.device_ttls(dev).check_at
+                for dev in view.devices
+                if len(view.idle_up_on(dev))
+            }
+            if not any(due.values()):
+                return
+        for svc in candidates:
+            if due is not None:
+                dev = svc.spec.device
+                if dev not in due:
+                    due[dev] = now >= self.device_ttls(dev).check_at
+                if not due[dev]:
+                    continue
             if (
                 svc.status is ServiceStatus.LOADED
                 and svc.idle
@@ -310,11 +358,41 @@ class Residents:
                 self.room.unload(
                     svc,
                     reason=Reason.TTL_EXPIRED,
-                    detail=f"idle {self.view.now - svc.last_used:.0f}s",
+                    detail=f"idle {now - svc.last_used:.0f}s",
                 )
+                due = None
+
+    def device_ttls(self, dev: str) -> DeviceTtls:
+        """The TTLs of the services on ``dev`` whose TTL runs (``idle_up``), kept while
+        those services, their keep_alives and what the device has to spare stay the same
+        (what their TTL ranges read: :meth:`ttl_range`)."""
+        idle = self.view.idle_up_on(dev)
+        stamp = (idle.version, self.device_level(dev))
+        hit = self.cache.device_ttls.get(dev, stamp)
+        if hit is not Miss.MISS:
+            return cast(DeviceTtls, hit)
+        check_at = math.inf
+        ends: list[float] = []
+        unsure: list[ServiceState] = []
+        for svc in idle:
+            short, ttl = self.ttl_range(svc)
+            # a TTL runs out no earlier than the shorter end (a millisecond early: the
+            # expiry compares the idle time, a difference of floats)
+            check_at = min(check_at, svc.last_used + short - 1e-3)
+            if short < ttl:
+                unsure.append(svc)
+            elif math.isfinite(ttl):
+                ends.append(svc.last_used + ttl)
+        ends.sort()
+        found = DeviceTtls(check_at, ends, unsure)
+        self.cache.device_ttls.put(dev, stamp, found)
+        return found
 
     def balloon(self) -> None:
-        for svc in self.view.loaded:
+        view = self.view
+        # With the cache on, the pools that can shrink now (the same services in the same
+        # order: the index of those the walk below does not pass over).
+        for svc in view.balloonable if self.cache.enabled else view.loaded:
             if svc.kv_pool <= svc.spec.profile.kv_floor or not self.view.resizable(svc):
                 continue
             if (

@@ -111,6 +111,17 @@ class TimeSharing:
         )
         return self.cache.sharing_devices.put(None, None, found)
 
+    def pausing_devices(self) -> frozenset[str]:
+        """Devices with a service whose backend declares a pause (what the spec says:
+        found once per spec)."""
+        kept = self.cache.pausing_devices.get(None, None)
+        if kept is not Miss.MISS:
+            return kept
+        found = frozenset(
+            s.spec.device for s in self.view.services.values() if s.spec.capabilities.pause
+        )
+        return self.cache.pausing_devices.put(None, None, found)
+
     def round_realtime_devices(self) -> set[str]:
         """:meth:`facts.realtime_devices`, found once per round: the yield to realtime work and
         the schedule both ask, and nothing between them starts, ends or queues realtime

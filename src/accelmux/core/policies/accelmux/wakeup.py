@@ -4,6 +4,7 @@ window edge or realtime grace to pass.
 
 from __future__ import annotations
 
+import bisect
 import math
 
 from accelmux.core.policies.accelmux import facts
@@ -23,6 +24,8 @@ class Wakeup:
         self.residents = residents
 
     def next_wakeup(self, now: float) -> float | None:
+        if self.cache.enabled and now >= self.view.now:
+            return self._next_wakeup_kept(now)
         # The earliest of the times below after ``now``. A TTL that a pending restore
         # would shorten is settled last, and only when either TTL could be the earliest.
         # The TTLs are read last: an idle service whose TTL floor (``facts.ttl_floor``) ends
@@ -41,22 +44,81 @@ class Wakeup:
                     best = t
         return self._earliest_ttl(now, idle, best)
 
+    def _next_wakeup_kept(self, now: float) -> float | None:
+        """:meth:`next_wakeup` from the indexes and what is kept: the backoffs of the
+        services backing off, the pools that can shrink, and each device's TTLs
+        (``Residents.device_ttls``): the first end after ``now`` of those that do not
+        depend on a pending restore, and those that do, settled last (the same minimum)."""
+        view = self.view
+        best = self._earliest_timer(now)
+        balloon_idle_s = view.knobs.balloon_idle_s
+        for svc in view.balloonable:
+            t = svc.last_used + balloon_idle_s
+            if t > now and (best is None or t < best):
+                best = t
+        unsure: list[ServiceState] = []
+        for dev in view.devices:
+            if not len(view.idle_up_on(dev)):
+                continue
+            ttls = self.residents.device_ttls(dev)
+            ends = ttls.ends
+            i = bisect.bisect_right(ends, now)
+            if i < len(ends) and (best is None or ends[i] < best):
+                best = ends[i]
+            unsure.extend(ttls.unsure)
+        for svc in unsure:
+            short, ttl = self.residents.ttl_range(svc)
+            best = self._settle(svc, short, ttl, now, best)
+        return best
+
+    def _settle(
+        self, svc: ServiceState, short: float, ttl: float, now: float, best: float | None
+    ) -> float | None:
+        """``best``, or the end of ``svc``'s TTL if after ``now`` and earlier: ``short``
+        (finite) if a restore is pending, else ``ttl`` (inf: no wake-up); whether one is
+        is asked only when either end could be the earliest."""
+        pending = svc.last_used + short
+        not_pending = svc.last_used + ttl if math.isfinite(ttl) else None
+        if any(
+            t is not None and t > now and (best is None or t < best) for t in (pending, not_pending)
+        ):
+            chosen = pending if self.residents.restore_pending(svc) else not_pending
+            if chosen is not None and chosen > now and (best is None or chosen < best):
+                best = chosen
+        return best
+
+    def _earliest_backoff(self, now: float) -> float | None:
+        """The earliest backoff end after ``now`` of a kept or queued service."""
+        best: float | None = None
+        view = self.view
+        if self.cache.enabled and now >= view.now:
+            # ``backing_off`` holds every service whose backoff ends after the world's time
+            candidates = [s for s in view.backing_off if s in view.kept or s in view.queued]
+        else:
+            candidates = [*view.kept, *view.queued]
+        for svc in candidates:
+            t = svc.backoff_until
+            if t > now and (best is None or t < best):
+                best = t
+        return best
+
     def _earliest_timer(self, now: float) -> float | None:
         """The earliest after ``now`` of the backoffs, the next window edge and the realtime
         grace ends (None: none of them)."""
-        best: float | None = None
-        for svc in self.view.kept:
-            t = svc.backoff_until
-            if t > now and (best is None or t < best):
-                best = t
-        for svc in self.view.queued:
-            t = svc.backoff_until
-            if t > now and (best is None or t < best):
-                best = t
+        best = self._earliest_backoff(now)
         edges = self.window_edges()
         if edges:  # the next edge of any window of a service with waiting requests
             t = now + seconds_until_next_sorted(edges, self.view.time_of_day(now))
             if t > now and (best is None or t < best):
+                best = t
+        return self._earliest_learned(now, best)
+
+    def _earliest_learned(self, now: float, best: float | None) -> float | None:
+        """The earliest of ``best``, the re-tests of learned sizes and the realtime grace
+        ends after ``now``."""
+        for size in self.view.learned.sizes.values():  # a learned size's re-test
+            t = size.retest_at
+            if not size.testing and now < t < math.inf and (best is None or t < best):
                 best = t
         grace = self.view.knobs.realtime_grace_s
         if grace > 0:
@@ -91,22 +153,13 @@ class Wakeup:
                 if t > now and (best is None or t < best):
                     best = t
         for svc, short, ttl in unsure:
-            # ``short`` (finite) if a restore is pending, else ``ttl`` (inf: no wake-up).
-            pending = svc.last_used + short
-            not_pending = svc.last_used + ttl if math.isfinite(ttl) else None
-            if any(
-                t is not None and t > now and (best is None or t < best)
-                for t in (pending, not_pending)
-            ):
-                chosen = pending if self.residents.restore_pending(svc) else not_pending
-                if chosen is not None and chosen > now and (best is None or chosen < best):
-                    best = chosen
+            best = self._settle(svc, short, ttl, now, best)
         return best
 
     def window_edges(self) -> tuple[float, ...]:
         """The edges of the windows of the services with waiting requests (sorted, each
-        once), kept while those services stay the same."""
-        queued = self.view.queued
+        once), kept while those of them with windows stay the same."""
+        queued = self.view.queued_windowed
         hit = self.cache.window_edges.get(None, queued.version)
         if hit is not Miss.MISS:
             return hit
