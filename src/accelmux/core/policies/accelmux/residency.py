@@ -327,13 +327,20 @@ class Residents:
         (:meth:`device_ttls`), until a service is unloaded: from then on every one is
         asked (an unload may change what another device has to spare)."""
         view = self.view
+        now = view.now
         if not self.cache.enabled:
             candidates: Iterable[ServiceState] = view.loaded
             due: dict[str, bool] | None = None
         else:
             candidates = view.idle_up
-            due = {}
-        now = view.now
+            # each device's answer, found up front: none due, nothing to walk
+            due = {
+                dev: now >= self.device_ttls(dev).check_at
+                for dev in view.devices
+                if len(view.idle_up_on(dev))
+            }
+            if not any(due.values()):
+                return
         for svc in candidates:
             if due is not None:
                 dev = svc.spec.device

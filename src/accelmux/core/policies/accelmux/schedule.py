@@ -270,12 +270,8 @@ class Schedule:
         for dev, epoch in start.items():
             if view.epochs[dev] != epoch:
                 quiet.entries.pop(dev, None)
-            elif dev not in rnd.quiet:
-                until = math.inf
-                for cls in ServiceClass:
-                    for svc in view.queued_services(dev, cls):
-                        until = min(until, self.flips_at(svc, now))
-                quiet.put(dev, epoch, (self.round_inputs(rnd, dev), until))
+            elif dev not in rnd.quiet and self.cache.enabled:
+                quiet.put(dev, epoch, (self.round_inputs(rnd, dev), self.flips_on(dev, now)))
 
     def round_inputs(self, rnd: Round, device: str) -> tuple[object, ...]:
         """What a round's decisions on ``device`` read besides its state and the clock: the
@@ -405,11 +401,30 @@ class Schedule:
                 until = min(until, self.flips_at(svc, now))
         return (until, blocks) if standing else None
 
+    def flips_on(self, dev: str, now: float) -> float:
+        """The earliest :meth:`flips_at` of the services with waiting requests on ``dev``.
+
+        Only a service backing off or with windows has one before the end of time: those
+        two sets (the world's ``backing_off``, whose backoffs all end after ``now``, and
+        ``queued_windowed``, all queued) are walked instead of every queued service."""
+        view = self.view
+        until = math.inf
+        queued = view.queued
+        for svc in view.backing_off:
+            if svc.spec.device == dev and svc in queued and svc.backoff_until < until:
+                until = svc.backoff_until
+        for svc in view.queued_windowed:
+            if svc.spec.device == dev:
+                until = min(until, self.flips_at(svc, now))
+        return until
+
     def flips_at(self, svc: ServiceState, now: float) -> float:
         """The next time after ``now`` at which the clock alone changes what a round reads
         of ``svc``: its backoff ends, or one of its windows opens or closes (a little
         before: the time of day is a sum of floats)."""
         until = svc.backoff_until if svc.backoff_until > now else math.inf
+        if not svc.spec.windows:
+            return until
         edges = self.window_edges(svc)
         if edges:
             until = min(

@@ -11,7 +11,7 @@ from accelmux.core.policies.accelmux.cache import Miss
 from accelmux.core.policies.accelmux.records import Seam
 from accelmux.core.specs import room_rank
 from accelmux.core.types import ServiceClass
-from accelmux.core.world import ServiceState, WorldView
+from accelmux.core.world import ServiceState
 
 #: The rank of a steady service's batch or background work (:func:`room_rank`).
 STEADY_RANK = room_rank(ServiceClass.BACKGROUND, steady=True)
@@ -23,6 +23,8 @@ class Steady:
     def __init__(self, seam: Seam) -> None:
         self.view = seam.view
         self.cache = seam.cache
+        #: Per device, its steady services in spec order (what the spec says).
+        self._steady_on: dict[str, list[ServiceState]] = {}
 
     def steady_reserve(self, svc: ServiceState, need: int, limit: int) -> int:
         """Memory a load of ``svc`` needing ``need`` bytes must leave free for the next frame
@@ -41,17 +43,27 @@ class Steady:
         reserve = self.cache.steady_reserve.get(device, version)
         if reserve is Miss.MISS:
             reserve = self.cache.steady_reserve.put(
-                device, version, _next_frames(self.view, device)
+                device, version, _next_frames(self.steady_on(device))
             )
         return 0 if need + reserve > limit else reserve
 
+    def steady_on(self, device: str) -> list[ServiceState]:
+        """The steady services of ``device``, in spec order."""
+        found = self._steady_on.get(device)
+        if found is None:
+            found = self._steady_on[device] = [
+                s for s in self.view.services_by_device[device] if s.spec.steady
+            ]
+        return found
 
-def _next_frames(view: WorldView, device: str) -> int:
-    """The next activation of each steady service holding memory on ``device`` (one
-    frame: its workspace and one unit, as calibrated), less what its requests hold now."""
+
+def _next_frames(steady: list[ServiceState]) -> int:
+    """The next activation of each of the ``steady`` services of a device that holds
+    memory (one frame: its workspace and one unit, as calibrated), less what its
+    requests hold now."""
     total = 0
-    for s in view.services_by_device[device]:
-        if not s.spec.steady or not s.holds_memory:
+    for s in steady:
+        if not s.holds_memory:
             continue
         profile = s.spec.profile
         frame = s.calibration.active.project(profile.workspace + math.ceil(profile.per_unit))
