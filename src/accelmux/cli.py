@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "accelmux.runtime.status_cli",
     "accelmux.runtime.top",
     "accelmux.sim.command",
+    "accelmux.plan.command",
     "accelmux.check",
     "accelmux.jobs.command",
 )

@@ -160,7 +160,7 @@ async def live(
         from accelmux.server.wiring import mount_dashboard, mount_jobs
 
         jobs = mount_jobs(app, runtime, tmp)
-        mount_dashboard(app, runtime)
+        mount_dashboard(app, runtime, tmp)
     await runtime.start()
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()

@@ -27,6 +27,7 @@ from accelmux.gateway.app import build_app
 from accelmux.jobs.http import job_routes
 from accelmux.jobs.store import JobStore
 from accelmux.runtime.daemon import Runtime
+from accelmux.server.plan_api import plan_routes
 
 T = TypeVar("T")
 
@@ -172,6 +173,8 @@ class LiveDaemon:
         paths = {r.resource.canonical for r in app.router.routes() if r.resource is not None}
         if "/" not in paths:
             routes(app, self.runtime.status, period_s=0.5)
+        if "/admin/plan" not in paths:  # the plan page's API, mounted with the dashboard
+            app.add_routes(plan_routes(self.data_dir))
         if "/v1/jobs" not in paths:
             self.store = JobStore.open(self.data_dir / "jobs")
             app.add_routes(job_routes(self.store, None, models=lambda: list(cfg.services)))

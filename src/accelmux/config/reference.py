@@ -32,7 +32,7 @@ from accelmux.config.schema import (
     ServiceConfig,
     SloConfig,
 )
-from accelmux.config.server import ServerConfig
+from accelmux.config.server import HistoryConfig, ServerConfig
 from accelmux.config.wyoming import WyomingConfig
 
 #: (heading, key path shown to the reader, model) in page order.
@@ -50,6 +50,7 @@ SECTIONS: tuple[tuple[str, str, type[BaseModel]], ...] = (
     ("Host RAM for parked models", "host", HostConfig),
     ("Server", "server", ServerConfig),
     ("Server: request limits", "server.limits", LimitsConfig),
+    ("Server: request history (docs/plan.md)", "server.history", HistoryConfig),
     ("Server: Wyoming (Home Assistant voice)", "server.wyoming", WyomingConfig),
     ("Cluster (several machines on Ray)", "cluster", ClusterConfig),
 )

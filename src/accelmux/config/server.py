@@ -19,6 +19,19 @@ class RateLimitConfig(BaseModel):
     burst: int = Field(ge=1, le=1_000_000, description="Requests allowed at once (bucket size).")
 
 
+class HistoryConfig(BaseModel):
+    """The request history under ``data_dir/history`` (what ``accelmux plan`` replays)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = Field(True, description="Record the history (no prompt or output text).")
+    days: int = Field(14, ge=1, le=3650, description="Days of history kept (one file a day).")
+    max_size: ByteSize = Field(
+        ByteSize(512 * 1024**2),
+        description="The most the history files may take together; the oldest go first.",
+    )
+
+
 class ServerConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -43,6 +56,11 @@ class ServerConfig(BaseModel):
         "(per client address without api_keys); beyond it 429 with Retry-After. None by default.",
     )
     data_dir: str = Field("./accelmux-data", description="SQLite jobs and logs.")
+    history: HistoryConfig = Field(
+        default_factory=HistoryConfig,
+        description="The request history in data_dir/history: sizes, times and outcomes "
+        "of every request, memory samples and loads (docs/plan.md).",
+    )
     sample_interval_s: float = Field(1.0, gt=0, description="Memory sampling period.")
     drain_s: float = Field(
         10.0, ge=0, le=3600, description="At shutdown, how long in-flight requests may finish."

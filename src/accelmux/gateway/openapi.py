@@ -633,6 +633,25 @@ def document(served: ServedModels | None = None) -> dict[str, Any]:
                 },
             }
         },
+        "/admin/plan": {
+            "post": {
+                "summary": "Plan from the daemon's own request history (docs/plan.md): the "
+                "body names the changes as `accelmux plan` spells them; the answer is its "
+                "--json document.",
+                "description": "The JSON body's keys (all optional): device_gib, budget_gib, "
+                "add_device_gib, compute_scale, add_service, remove_service, set, policy, "
+                "last, run (src/accelmux/server/plan_api.py).",
+                "responses": {
+                    "200": {"description": "The plan", "content": {"application/json": _OBJ}},
+                    "400": _err("A key of the body is unknown or invalid; the message names it."),
+                    "409": _err("A plan is being made already (one at a time)."),
+                    "422": _err("No plan can be made: the reason (history too short, ...)."),
+                    "502": _err("The plan did not answer JSON."),
+                    "504": _err("The plan took longer than its limit."),
+                    **_ADMIN_ERR,
+                },
+            }
+        },
         "/admin/history": {
             "get": {
                 "summary": "Memory timeline per service and device (dashboard).",

@@ -72,15 +72,21 @@ class Sink(Protocol):
 
 
 async def relay_stream(
-    answer: BackendResponse, sink: Sink, live: LiveLatency, service: str, arrived: float
+    answer: BackendResponse,
+    sink: Sink,
+    live: LiveLatency,
+    service: str,
+    arrived: float,
+    request_id: str | None = None,
 ) -> None:
     """Relay ``answer``'s stream into ``sink``, timing its chunks (the live latency of
-    ``service``, the request having arrived at ``arrived``); the stream is closed and
-    what the answer holds released whatever happens."""
+    ``service``, the request having arrived at ``arrived``; with ``request_id``, its own
+    figures kept for the request history); the stream is closed and what the answer
+    holds released whatever happens."""
     chunks = answer.stream
     if chunks is None:
         return
-    timer = live.stream(service, arrived)
+    timer = live.stream(service, arrived, request_id)
     try:
         await sink.open(answer)
         async for chunk in chunks:

@@ -372,9 +372,9 @@ class Runtime:
             answer = await self.backends[d.service].handle(call.dispatched(rid, d))
             if answer.stream is None:
                 if call.kind.is_llm and answer.status < 400:
-                    self.live.usage_json(service, answer.body)
+                    self.live.usage_json(service, answer.body, rid)
             elif sink is not None:
-                await relay_stream(answer, sink, self.live, service, arrived)
+                await relay_stream(answer, sink, self.live, service, arrived, rid)
             return answer, answer.peak_bytes
 
         started = time.perf_counter()

@@ -8,20 +8,34 @@ the Manager is never re-entered. The live daemon uses :class:`~.clock.LoopClock`
 and the parity check use :class:`~.clock.ManualClock`. After each round, the invariant
 reports a non-strict Manager made (:class:`~accelmux.core.manager.InvariantBroken`) go
 to ``report``: never an exception in whoever submitted the event.
+
+Observers (:class:`RoundObserver`, the request history) see every round after the
+Manager decided it and before its actions run: the event and the actions. An observer
+that raises is logged and dropped, never the round.
 """
 
 from __future__ import annotations
 
+import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 from accelmux.core.actions import Action
 from accelmux.core.events import Event, Tick
 from accelmux.core.manager import InvariantBroken, Manager
 from accelmux.runtime.clock import Clock, TimerHandle
 
+log = logging.getLogger("accelmux.runtime")
+
 #: Timers fire this much after the wakeup the Manager asked for, so "now" is past it.
 WAKE_EPSILON_S = 1e-4
+
+
+class RoundObserver(Protocol):
+    """Sees each Manager round: its event (None for the Manager's start) and actions."""
+
+    def round(self, now: float, event: Event | None, actions: Sequence[Action]) -> None: ...
 
 
 class Driver:
@@ -44,10 +58,13 @@ class Driver:
         self._timer_at: float | None = None
         self._wake_at: float | None = None
         self.closed = False
+        self.observers: list[RoundObserver] = []
 
     def start(self) -> None:
         now = self.clock.now()
-        self._run(self.manager.start(now), now)
+        actions = self.manager.start(now)
+        self._tell(now, None, actions)
+        self._run(actions, now)
         self._rearm(now)
 
     def submit(self, event: Event) -> None:
@@ -61,10 +78,21 @@ class Driver:
             while self._pending:
                 ev = self._pending.popleft()
                 now = self.clock.now()
-                self._run(self.manager.handle(ev, now), now)
+                actions = self.manager.handle(ev, now)
+                if self.observers:
+                    self._tell(now, ev, actions)
+                self._run(actions, now)
             self._rearm(self.clock.now())
         finally:
             self._busy = False
+
+    def _tell(self, now: float, event: Event | None, actions: list[Action]) -> None:
+        for observer in list(self.observers):
+            try:
+                observer.round(now, event, actions)
+            except Exception:
+                log.exception("a round observer failed; it is dropped")
+                self.observers.remove(observer)
 
     def _run(self, actions: list[Action], now: float) -> None:
         observe = self.observe

@@ -15,6 +15,11 @@ Context in use: ``prompt_tokens + completion_tokens`` of the service's latest an
 that reported usage (a non-streamed answer, or a stream with
 ``stream_options.include_usage``). A server that reports its own (llama-server's
 ``/slots``) is preferred by :func:`accelmux.runtime.status.service_usage`.
+
+Per answer (by request id, for the request history): when its first chunk went out, how
+many chunks it had and the completion tokens its usage reported, until
+:meth:`LiveLatency.answer` takes them (at most :data:`MAX_ANSWERS` kept, the oldest
+dropped first).
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +38,8 @@ from accelmux.runtime import live_slo
 WINDOW_S = 300.0
 #: Samples kept per series and service (the oldest go first).
 MAX_SAMPLES = 4096
+#: Answers whose figures wait to be taken (the oldest go first).
+MAX_ANSWERS = 4096
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -68,15 +75,38 @@ class Series:
         }
 
 
+@dataclass(slots=True)
+class Answer:
+    """One answer's figures: its first chunk's time (None: not streamed), its chunks and
+    the completion tokens its usage reported (None: no usage seen)."""
+
+    first_chunk_at: float | None = None
+    chunks: int = 0
+    completion_tokens: int | None = None
+    last_chunk_at: float | None = None
+    #: Its end went out (an OpenAI stream's ``[DONE]``, an Ollama stream's ``"done":true``).
+    completed: bool = False
+
+    @property
+    def output_tokens(self) -> int | None:
+        if self.completion_tokens is not None:
+            return self.completion_tokens
+        return self.chunks or None
+
+
 class StreamTimer:
     """Times one relayed stream: call :meth:`chunk` for each chunk that goes out."""
 
-    __slots__ = ("_last", "_live", "_service", "_started")
+    __slots__ = ("_answer", "_last", "_live", "_request_id", "_service", "_started")
 
-    def __init__(self, live: LiveLatency, service: str, started: float) -> None:
+    def __init__(
+        self, live: LiveLatency, service: str, started: float, request_id: str | None = None
+    ) -> None:
         self._live = live
         self._service = service
         self._started = started
+        self._request_id = request_id
+        self._answer = live.answer_of(request_id) if request_id is not None else None
         self._last: float | None = None
 
     def chunk(self, data: bytes) -> None:
@@ -86,13 +116,20 @@ class StreamTimer:
             timing.chunk(now)
         if self._last is None:
             self._live.series(self._service, "ttft").add(now, now - self._started)
+            if self._answer is not None:
+                self._answer.first_chunk_at = now
         else:
             self._live.series(self._service, "tbt").add(now, now - self._last)
+        if self._answer is not None:
+            self._answer.chunks += 1
+            self._answer.last_chunk_at = now
+            if b"[DONE]" in data or b'"done":true' in data or b'"done": true' in data:
+                self._answer.completed = True
         self._last = now
         if b'"usage"' in data:
             for line in data.split(b"\n"):
                 if line.startswith(b"data:") and b'"usage"' in line:
-                    self._live.usage_json(self._service, line[5:])
+                    self._live.usage_json(self._service, line[5:], self._request_id)
 
 
 class LiveLatency:
@@ -105,6 +142,7 @@ class LiveLatency:
         self.clock = clock
         self._series: dict[tuple[str, str], Series] = {}
         self._context: dict[str, int] = {}
+        self._answers: OrderedDict[str, Answer] = OrderedDict()
 
     def series(self, service: str, name: str) -> Series:
         key = (service, name)
@@ -113,12 +151,25 @@ class LiveLatency:
             found = self._series[key] = Series(window_s=self.window_s)
         return found
 
-    def stream(self, service: str, started: float) -> StreamTimer:
+    def stream(self, service: str, started: float, request_id: str | None = None) -> StreamTimer:
         """A timer for one stream of ``service`` whose request arrived at ``started``
-        (on :attr:`clock`)."""
-        return StreamTimer(self, service, started)
+        (on :attr:`clock`); with ``request_id``, its figures are kept for :meth:`answer`."""
+        return StreamTimer(self, service, started, request_id)
 
-    def usage_json(self, service: str, raw: bytes) -> None:
+    def answer_of(self, request_id: str) -> Answer:
+        """The figures kept for ``request_id`` (new ones when none are)."""
+        found = self._answers.get(request_id)
+        if found is None:
+            found = self._answers[request_id] = Answer()
+            while len(self._answers) > MAX_ANSWERS:
+                self._answers.popitem(last=False)
+        return found
+
+    def answer(self, request_id: str) -> Answer | None:
+        """Take the figures of ``request_id``'s answer (None: none were kept)."""
+        return self._answers.pop(request_id, None)
+
+    def usage_json(self, service: str, raw: bytes, request_id: str | None = None) -> None:
         """Note the usage of an answer (an OpenAI JSON body or stream chunk), if any."""
         try:
             obj: Any = json.loads(raw)
@@ -130,6 +181,8 @@ class LiveLatency:
         prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
         if isinstance(prompt, int) and isinstance(completion, int):
             self._context[service] = prompt + completion
+            if request_id is not None:
+                self.answer_of(request_id).completion_tokens = completion
 
     def figures(self, service: str) -> dict[str, Any]:
         """``ttft_s`` and ``tbt_s`` (p50, p95, count over the window) and

@@ -30,7 +30,7 @@ from accelmux.gateway.middleware import ProtocolLogger
 from accelmux.gateway.wyoming_api import WyomingServer
 from accelmux.monitors.host import host_total
 from accelmux.runtime.daemon import Runtime
-from accelmux.server.wiring import mount_cameras, mount_dashboard, mount_jobs
+from accelmux.server.wiring import mount_cameras, mount_dashboard, mount_history, mount_jobs
 
 log = logging.getLogger("accelmux")
 
@@ -120,8 +120,9 @@ async def serve(
     app = build_app(runtime)
     jobs = mount_jobs(app, runtime, data_dir) if server.jobs else None
     if server.dashboard:
-        mount_dashboard(app, runtime)
+        mount_dashboard(app, runtime, data_dir)
     cameras = mount_cameras(app, runtime, data_dir)
+    history = mount_history(runtime, data_dir)
     await runtime.start()
     access = logging.getLogger("aiohttp.access") if server.access_log else None
     runner = web.AppRunner(
@@ -147,6 +148,8 @@ async def serve(
         if cameras is not None:
             cameras.store.close()
         await runtime.shutdown()
+        if history is not None:
+            history.close()
         await runner.cleanup()
         raise SystemExit(message) from None
 
@@ -198,6 +201,8 @@ async def serve(
             if jobs is not None:
                 await jobs.stop()  # batches in flight are given back, untried
             await runtime.shutdown()
+            if history is not None:
+                history.close()
             await runner.cleanup()
         finally:
             for sig in handled:

@@ -7,20 +7,26 @@
 * Cameras (:mod:`accelmux.cameras`): one analysis loop per camera service (background
   requests through the Manager), events in SQLite under ``server.data_dir``, served at
   ``/v1/cameras``.
-* Dashboard (:mod:`accelmux.dashboard`): ``/`` (static page), ``/admin/history``.
+* Dashboard (:mod:`accelmux.dashboard`): ``/`` (static page), ``/admin/history``, and
+  the plan page's ``POST /admin/plan`` (:mod:`accelmux.server.plan_api`).
+* The request history (:mod:`accelmux.history`): a recorder the runtime's driver tells
+  every Manager round, writing SQLite files under ``data_dir/history``.
 
-Both are optional (``server.jobs``, ``server.dashboard``).
+All are optional (``server.jobs``, ``server.dashboard``, ``server.history.enabled``).
 """
 
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
 from aiohttp import web
 
+from accelmux import __version__
 from accelmux.cameras import CameraRunner, EventStore
 from accelmux.cameras.http import camera_routes
 from accelmux.cameras.runner import camera_services
@@ -29,11 +35,16 @@ from accelmux.core.types import Reason, ServiceKind
 from accelmux.dashboard import routes as dashboard_routes
 from accelmux.errors import BackendError
 from accelmux.gateway.parse import tokens_of
+from accelmux.history.cpu import CpuProbe
+from accelmux.history.daemon_run import new_run
+from accelmux.history.recorder import HistoryRecorder, StreamFigures
+from accelmux.history.store import HistoryWriter
 from accelmux.jobs import JobInputError, JobInputRetry, JobRunner, JobStore
 from accelmux.jobs.http import JobAccess, job_routes
 from accelmux.runtime.call import Call
 from accelmux.runtime.daemon import Runtime
 from accelmux.runtime.requests import Refused
+from accelmux.server.plan_api import plan_routes
 
 
 def embedding_models(runtime: Runtime) -> list[str]:
@@ -134,5 +145,64 @@ def mount_cameras(app: web.Application, runtime: Runtime, data_dir: Path) -> Sto
     return StoreAndRunner(store, runner)
 
 
-def mount_dashboard(app: web.Application, runtime: Runtime) -> None:
+def mount_dashboard(app: web.Application, runtime: Runtime, data_dir: Path) -> None:
+    """The page at ``/`` and its history, and ``POST /admin/plan`` for its plan page
+    (``/dashboard/plan.html``), which plans from this daemon's own history."""
     dashboard_routes(app, runtime.status)
+    app.add_routes(plan_routes(data_dir))
+
+
+@dataclass
+class HistoryMount:
+    """The request history's recorder, attached to the runtime, and its writer."""
+
+    recorder: HistoryRecorder
+    writer: HistoryWriter
+    runtime: Runtime
+
+    probe: CpuProbe
+
+    def close(self) -> None:
+        """Write what is still open and stop the writer (after the runtime stopped)."""
+        if self.recorder in self.runtime.driver.observers:
+            self.runtime.driver.observers.remove(self.recorder)
+        self.probe.close()
+        self.recorder.close(self.runtime.clock.now())
+        self.writer.close()
+
+
+def mount_history(runtime: Runtime, data_dir: Path) -> HistoryMount | None:
+    """Record the runtime's requests, loads, decisions and samples under
+    ``data_dir/history`` (None when ``server.history.enabled`` is off). Call before
+    ``runtime.start()``, so that the Manager's first round is recorded too."""
+    cfg = runtime.cfg.server.history
+    if not cfg.enabled:
+        return None
+    clock = runtime.clock
+    started_wall = time.time() - clock.now()
+    # the gateway's stream timer reads time.monotonic(); the Manager's clock starts later
+    offset = time.monotonic() - clock.now()
+    writer = HistoryWriter(data_dir / "history", days=cfg.days, max_bytes=int(cfg.max_size))
+    run = new_run(runtime.cfg, runtime.manager.spec, __version__, started_wall)
+    writer.start_run(run)
+
+    def stream_figures(request_id: str) -> StreamFigures | None:
+        answer = runtime.live.answer(request_id)
+        if answer is None:
+            return None
+        first, last = answer.first_chunk_at, answer.last_chunk_at
+        return StreamFigures(
+            first_chunk_at=None if first is None else first - offset,
+            output_tokens=answer.output_tokens,
+            last_chunk_at=None if last is None else last - offset,
+            completed=answer.completed,
+        )
+
+    hosts = [d.name for d in runtime.manager.spec.devices if d.kind == "host"]
+    # the managed compute: every process the daemon started (workers, external servers)
+    probe = CpuProbe(lambda: [p.pid for p in psutil.Process().children()], hosts, clock=clock.now)
+    recorder = HistoryRecorder(
+        writer, runtime.manager.spec, run, stream_figures=stream_figures, cpu_probe=probe
+    )
+    runtime.driver.observers.append(recorder)
+    return HistoryMount(recorder, writer, runtime, probe)

@@ -39,9 +39,9 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from accelmux.core.actions import (
     Action,
@@ -79,9 +79,16 @@ from accelmux.sim.baselines import apply_variant, build_policy
 from accelmux.sim.compute import ComputeDevice, Job, solo_work
 from accelmux.sim.engine import EventHeap, SimClock
 from accelmux.sim.physical import ForeignProcess, HostCache, OomEvent, PhysicalDevice
+from accelmux.sim.recorded import TimelineRow, read_timeline
 from accelmux.sim.scenario import ForeignConfig, Scenario, ServicePerfConfig
 from accelmux.sim.starvation import StarvationTracker
 from accelmux.sim.workloads import Source, build_sources
+
+
+class RoundObserver(Protocol):
+    """Sees each Manager round: its event (None for the start) and its actions."""
+
+    def round(self, now: float, event: Event | None, actions: Sequence[Action]) -> None: ...
 
 
 @dataclass(slots=True)
@@ -224,12 +231,15 @@ class Simulation:
         self.true_resident: dict[str, tuple[int, int]] = {}
         for name, svc in self.services.items():
             rng = random.Random(f"{seed}:resident:{svc.addressed_as}")
-            f = err.resident_bias * math.exp(rng.gauss(0.0, err.resident_sigma))
+            bias = self.perf[name].resident_bias
+            bias = err.resident_bias if bias is None else bias
+            f = bias * math.exp(rng.gauss(0.0, err.resident_sigma))
             if not err.enabled:
                 f = 1.0
+            perf = self.perf[name]
             self.true_resident[name] = (
-                round(svc.profile.weights * f),
-                round(svc.profile.runtime * f),
+                round(svc.profile.weights * f) if perf.true_weights is None else perf.true_weights,
+                round(svc.profile.runtime * f) if perf.true_runtime is None else perf.true_runtime,
             )
         self.requests: dict[str, SimRequest] = {}
         self.ooms: list[OomEvent] = []
@@ -238,6 +248,20 @@ class Simulation:
         self.alive: dict[str, bool] = dict.fromkeys(self.services, False)
         self.oom_crashed: set[str] = set()
         self.baseline_keys: set[str] = set()
+        #: The device timeline's processes (other programs as recorded) and, per device,
+        #: the baseline the daemon counted when it recorded them.
+        self.timeline_keys: set[str] = set()
+        self.recorded_baseline: dict[str, int] = {}
+        #: Per (device, weights key): the service whose memory carries the shared copy.
+        self.weights_copy: dict[tuple[str, str], str] = {}
+        #: Executors (``executor``): the request each runs, per (device, executor), and
+        #: the jobs waiting for it.
+        self.executing: dict[tuple[str, str], str | None] = {}
+        self.executor_queue: dict[tuple[str, str], list[Job]] = {}
+        #: Loads that compute (``load_share``): what each job's end calls, and each
+        #: loading service's job.
+        self.load_jobs: dict[str, Callable[[], None]] = {}
+        self.loading_job: dict[str, str] = {}
         self._scheduled_version: dict[str, int] = {}
         self._next_tick: float | None = None
         self._rid = 0
@@ -245,6 +269,8 @@ class Simulation:
         self.foreign_compute: dict[str, dict[str, float]] = {d: {} for d in self.devices}
         self.sources = build_sources(scenario, seed, trace_path)
         self.starvation = StarvationTracker()
+        #: Told every round of the Manager (the request history's recorder, in a replay).
+        self.observers: list[RoundObserver] = []
 
     # ---- Context for the workload sources ------------------------------------------
     @property
@@ -263,10 +289,20 @@ class Simulation:
         err = self.sim_cfg.error
         sigma = self.perf[service].request_sigma
         sigma = err.request_sigma if sigma is None else sigma
-        f = err.request_bias * math.exp(rng.gauss(0.0, sigma))
+        bias = self.perf[service].request_bias
+        bias = err.request_bias if bias is None else bias
+        f = bias * math.exp(rng.gauss(0.0, sigma))
         if rng.random() < err.tail_probability:
             f *= err.tail_factor
         return f if err.enabled else 1.0
+
+    def truth_of_peak(self, service: str, demand: Demand, peak_bytes: int) -> float:
+        """The true-memory factor of a request whose peak was measured (a recorded one):
+        its activation is what the peak holds beyond its KV tokens."""
+        est = estimate_request(self.addressed[service].profile, demand)
+        if est.active_bytes <= 0:
+            return 1.0
+        return max(0.0, peak_bytes - est.kv_bytes) / est.active_bytes
 
     def call_at(self, t: float, fn: Callable[[], None]) -> None:
         self.heap.at(max(t, self.clock.now()), fn)
@@ -280,6 +316,7 @@ class Simulation:
         truth: float,
         tag: object = None,
         job_id: str | None = None,
+        pausable: bool | None = None,
     ) -> str:
         self._rid += 1
         rid = f"r{self._rid}"
@@ -305,7 +342,8 @@ class Simulation:
             service=service,
             demand=demand,
             job_id=job_id,
-            pausable=spec.kind.is_llm and self._pausable(service, rid),
+            pausable=spec.kind.is_llm
+            and (self._pausable(service, rid) if pausable is None else pausable),
         )
         self.heap.at(now, lambda: self._handle(event))
         return rid
@@ -321,7 +359,10 @@ class Simulation:
 
     # ---- driving ----------------------------------------------------------------------
     def run(self) -> RunOutput:
-        self._execute(self.manager.start(0.0), 0.0)
+        started = self.manager.start(0.0)
+        for observer in self.observers:
+            observer.round(0.0, None, started)
+        self._execute(started, 0.0)
         self._schedule_tick(0.0)
         for src in self.sources:
             src.start(self)
@@ -337,6 +378,7 @@ class Simulation:
                 self.call_at(
                     f.at_s + f.duration_s, self._foreign_setter(device, key, f, running=False)
                 )
+        self._replay_timeline()
         self.heap.run(self.duration)
         for comp in self.compute.values():
             comp.advance(self.duration)
@@ -365,7 +407,7 @@ class Simulation:
                 proc
                 for phys in self.devices.values()
                 for proc in phys.processes
-                if proc.key not in self.baseline_keys
+                if proc.key not in self.baseline_keys and proc.key not in self.timeline_keys
             ],
         )
 
@@ -394,6 +436,8 @@ class Simulation:
         if self.record_events:
             self.events.append((now, event))
         actions = self.manager.handle(event, now)
+        for observer in self.observers:
+            observer.round(now, event, actions)
         self._execute(actions, now)
         self._schedule_tick(now)
 
@@ -422,6 +466,7 @@ class Simulation:
                     baseline_bytes=max(
                         self.slack[name],
                         sum(n for k, n in dev.foreign.items() if k in self.baseline_keys),
+                        self.recorded_baseline.get(name, 0),
                     ),
                 )
             )
@@ -459,6 +504,32 @@ class Simulation:
         nxt = t + self.sim_cfg.sample_period_s
         if nxt <= self.duration:
             self.heap.at(nxt, lambda: self._sample(nxt))
+
+    def _replay_timeline(self) -> None:
+        """The device timeline (``simulation.timeline``): the memory other programs used,
+        as a baseline process, and the compute they took, set at each recorded time."""
+        path = self.sim_cfg.timeline
+        if path is None:
+            return
+        for row in read_timeline(self.scenario.resolve(path)):
+            if row.device not in self.devices or row.t_s >= self.duration:
+                continue
+            key = f"recorded-{row.device}"
+            self.timeline_keys.add(key)
+            self.call_at(row.t_s, self._timeline_setter(row, key))
+
+    def _timeline_setter(self, row: TimelineRow, key: str) -> Callable[[], None]:
+        def setter() -> None:
+            self.devices[row.device].set_foreign(key, max(0, row.other_bytes))
+            if row.baseline_bytes is not None:
+                self.recorded_baseline[row.device] = row.baseline_bytes
+            if row.foreign_compute is not None:
+                shares = self.foreign_compute[row.device]
+                shares[key] = row.foreign_compute
+                self.compute[row.device].set_foreign_share(sum(shares.values()), self.clock.now())
+                self._reschedule(row.device)
+
+        return setter
 
     def _foreign_setter(
         self, device: str, key: str, f: ForeignConfig, *, running: bool
@@ -553,9 +624,43 @@ class Simulation:
             work=work,
             prefill=prefill,
             started_at=now,
+            weight=perf.weight,
         )
+        self._run_job(dev_name, job, now)
+
+    # ---- executors: one request at a time per executor (``executor``) ---------------------
+    def _run_job(self, dev_name: str, job: Job, now: float) -> None:
+        """Start ``job`` on the device, or queue it behind the request its service's
+        executor runs (a model's one thread in accelmux's inference worker)."""
+        key = self.perf[job.service].executor
+        if key:
+            slot = (dev_name, key)
+            if self.executing.get(slot) is not None:
+                self.executor_queue.setdefault(slot, []).append(job)
+                return
+            self.executing[slot] = job.rid
         self.compute[dev_name].add(job, now)
         self._reschedule(dev_name)
+
+    def _job_left(self, dev_name: str, service: str, rid: str, now: float) -> None:
+        """``rid`` no longer runs (done, stopped, paused): its executor takes the next."""
+        key = self.perf[service].executor
+        slot = (dev_name, key or "")
+        if not key or self.executing.get(slot) != rid:
+            return
+        self.executing[slot] = None
+        queue = self.executor_queue.get(slot)
+        if queue:
+            self._run_job(dev_name, queue.pop(0), now)
+
+    def _unqueue(self, dev_name: str, service: str, rid: str) -> Job | None:
+        """Take a job that waits for its executor out of the queue."""
+        key = self.perf[service].executor
+        queue = self.executor_queue.get((dev_name, key or "")) or []
+        for i, job in enumerate(queue):
+            if job.rid == rid:
+                return queue.pop(i)
+        return None
 
     def _reschedule(self, dev_name: str) -> None:
         comp = self.compute[dev_name]
@@ -576,8 +681,13 @@ class Simulation:
         jobs = comp.finished(now)
         phys = self.devices[dev_name]
         for job in jobs:
+            loaded = self.load_jobs.pop(job.rid, None)
+            if loaded is not None:  # a load that computes (``load_share``) is done
+                loaded()
+                continue
             req = self.requests[job.rid]
             phys.end_request(job.service, job.rid)
+            self._job_left(dev_name, job.service, job.rid, now)
             req.first_token_at = job.first_token_at
             req.finished_at = now
             req.outcome = "ok"
@@ -602,7 +712,10 @@ class Simulation:
         dev_name = self._device_of(req.replica)
         if self.compute[dev_name].remove(rid, now) is not None:
             self.devices[dev_name].end_request(req.replica, rid)
+            self._job_left(dev_name, req.replica, rid, now)
             self._reschedule(dev_name)
+        elif self._unqueue(dev_name, req.replica, rid) is not None:
+            self.devices[dev_name].end_request(req.replica, rid)
 
     def _end(self, rid: str, outcome: str, reason: str, now: float) -> None:
         req = self.requests[rid]
@@ -629,6 +742,10 @@ class Simulation:
         ack = PauseFinished(request_id=rid, attempt=a.attempt)
         self.heap.at(now, lambda: self._handle(ack))
         job = self.compute[dev_name].remove(rid, now)
+        if job is not None:
+            self._job_left(dev_name, a.service, rid, now)
+        else:
+            job = self._unqueue(dev_name, a.service, rid)
         if job is None:
             return  # not running (a resume under way is made stale; its job stays paused)
         req.pauses += 1
@@ -661,8 +778,7 @@ class Simulation:
                 req.oom = True
                 self._oom(dev_name, a.service, "request", req.true_active, t)
                 return
-            self.compute[dev_name].add(job, t)
-            self._reschedule(dev_name)
+            self._run_job(dev_name, job, t)
 
         self.heap.at(now + delay, go)
 
@@ -672,7 +788,13 @@ class Simulation:
         gen = self.generation[a.service]
         dev_name = self._device_of(a.service)
         weights, runtime = self.true_resident[a.service]
-        caching = self.perf[a.service].caching_allocator
+        perf = self.perf[a.service]
+        caching = perf.caching_allocator
+        key = (dev_name, self.services[a.service].weights_key)
+        holder = self.weights_copy.get(key) if key[1] else None
+        shared = holder is not None and holder != a.service
+        if shared:
+            weights = 0  # the copy another service loaded: one worker hosts both
         if not self.devices[dev_name].load(a.service, weights + runtime, a.kv_pool_bytes, caching):
             self.ooms.append(
                 OomEvent(
@@ -691,29 +813,66 @@ class Simulation:
             )
             self.heap.at(now, lambda: self._handle(event))
             return
+        if key[1] and not shared:
+            self.weights_copy[key] = a.service
         init_s = self.services[a.service].init_s
-        warm_init_s = self.perf[a.service].warm_init_s
-        if self.host_cache.holds(self._file(a.service)):
+        warm_init_s = perf.warm_init_s
+        if shared:
+            took = perf.shared_load_s or 0.0
+        elif self.host_cache.holds(self._file(a.service)):
             held = self._file(a.service) in self.host_cache.held
             if held and a.from_tier is Tier.SLEEPING:
                 init_s = warm_init_s or 0.0
             elif held and a.from_tier is Tier.PARKED and warm_init_s is not None:
                 init_s = warm_init_s
             took = weights / self.host_bandwidth[dev_name] + init_s
+        elif perf.load_s is not None:
+            took = perf.load_s
         else:
             took = weights / self.bandwidth[dev_name] + init_s
         self.host_cache.release(self._file(a.service))
 
         def finished() -> None:
+            self.loading_job.pop(a.service, None)
             if self.generation[a.service] != gen:
                 return
             self.host_cache.read(self._file(a.service), weights)
             self.alive[a.service] = True
+            if shared:  # the worker measured nothing new: the copy was counted already
+                self._handle(LoadFinished(service=a.service))
+                return
             self._handle(
                 LoadFinished(service=a.service, weights_bytes=weights, runtime_bytes=runtime)
             )
 
-        self.heap.at(now + took, finished)
+        if perf.load_share is None or took <= 0:
+            self.heap.at(now + took, finished)
+            return
+        # The load computes on the device (reading and setting up the model): it takes
+        # its share there and is slowed by what runs beside it, as a request is.
+        rid = f"load:{a.service}:{gen}"
+        self.load_jobs[rid] = finished
+        self.loading_job[a.service] = rid
+        job = Job(
+            rid=rid,
+            service=a.service,
+            share=perf.load_share,
+            work=took,
+            prefill=0.0,
+            started_at=now,
+        )
+        self.compute[dev_name].add(job, now)
+        self._reschedule(dev_name)
+
+    def _stop_load(self, service: str, now: float) -> None:
+        """A load that computes, stopped (an unload or a crash came first)."""
+        rid = self.loading_job.pop(service, None)
+        if rid is None:
+            return
+        self.load_jobs.pop(rid, None)
+        dev_name = self._device_of(service)
+        if self.compute[dev_name].remove(rid, now) is not None:
+            self._reschedule(dev_name)
 
     def _unload(self, a: Unload, now: float) -> None:
         weights = self.true_resident[a.service][0]
@@ -728,11 +887,12 @@ class Simulation:
         gen = self.generation[a.service]
         self.alive[a.service] = False
         dev_name = self._device_of(a.service)
+        self._stop_load(a.service, now)
 
         def finished() -> None:
             if self.generation[a.service] != gen:
                 return
-            self.devices[dev_name].free(a.service)
+            self._free_memory(dev_name, a.service)
             self._handle(Unloaded(service=a.service))
 
         self.heap.at(now + self.sim_cfg.unload_s, finished)
@@ -755,6 +915,22 @@ class Simulation:
 
         self.heap.at(now + self.sim_cfg.resize_s, finished)
 
+    def _free_memory(self, dev_name: str, service: str) -> None:
+        """Free what ``service`` holds; a shared copy of weights it carries stays loaded
+        for a service that still uses it (which carries it from then on)."""
+        phys = self.devices[dev_name]
+        key = (dev_name, self.services[service].weights_key)
+        if key[1] and self.weights_copy.get(key) == service:
+            heirs = [
+                s for s in phys.services if s != service and self.services[s].weights_key == key[1]
+            ]
+            if heirs:
+                phys.hand_over(service, heirs[0], self.true_resident[service][0])
+                self.weights_copy[key] = heirs[0]
+            else:
+                del self.weights_copy[key]
+        phys.free(service)
+
     def _oom(self, dev_name: str, service: str, what: str, asked: int, now: float) -> None:
         """An allocation crossed the capacity: the service's runtime dies."""
         phys = self.devices[dev_name]
@@ -774,8 +950,14 @@ class Simulation:
         for job in [j for j in comp.jobs.values() if j.service == service]:
             comp.remove(job.rid, now)
             self.requests[job.rid].oom = True
+            self._job_left(dev_name, service, job.rid, now)
+        for queue in self.executor_queue.values():
+            for job in [j for j in queue if j.service == service]:
+                queue.remove(job)
+                self.requests[job.rid].oom = True
         self._reschedule(dev_name)
-        phys.free(service)
+        self._stop_load(service, now)
+        self._free_memory(dev_name, service)
         self.alive[service] = False
         self.oom_crashed.add(service)
         self.generation[service] += 1

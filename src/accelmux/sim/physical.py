@@ -203,6 +203,17 @@ class PhysicalDevice:
         self._freed(total)
         return total
 
+    def hand_over(self, giver: str, taker: str, nbytes: int) -> None:
+        """``nbytes`` of ``giver``'s resident memory become ``taker``'s (a shared copy of
+        weights that stays loaded for the service that still uses it); ``used`` is
+        unchanged."""
+        src, dst = self.services.get(giver), self.services.get(taker)
+        if src is None or dst is None:
+            return
+        moved = min(nbytes, src.resident)
+        src.resident -= moved
+        dst.resident += moved
+
     def start_request(self, service: str, rid: str, nbytes: int) -> bool:
         """Allocate a request's activation peak; False is an OOM (nothing allocated)."""
         mem = self.services[service]

@@ -7,7 +7,7 @@ A scenario is an :class:`~accelmux.config.schema.AccelmuxConfig` (``devices``,
   physical model's estimate error, per-service service-time models, foreign processes,
   and the device sizes to sweep;
 - ``workloads``: a list of generators (``poisson``, ``gamma``, ``trace``, ``voice``,
-  ``indexing``, ``camera``), see :mod:`accelmux.sim.workloads`.
+  ``indexing``, ``camera``, ``recorded``), see :mod:`accelmux.sim.workloads`.
 
 Validation is strict (unknown keys are errors) and every problem is reported with its
 key path through :class:`~accelmux.errors.ConfigError`.
@@ -32,22 +32,24 @@ from accelmux.config.load import (
 )
 from accelmux.config.schema import AccelmuxConfig, Bytes, StrictModel
 from accelmux.config.specs import to_manager_spec
-from accelmux.core.specs import ManagerSpec, ServiceSpec
-from accelmux.core.types import GIB
+from accelmux.core.specs import Capabilities, ManagerSpec, ServiceSpec
+from accelmux.core.types import GIB, ResizeSupport
 from accelmux.errors import ConfigError
 from accelmux.sim.baselines.config import BaselinePolicyConfig
+from accelmux.sim.recorded import RecordedError, read_timeline, read_trace
 
 #: The Azure LLM trace 2023 (conversations), shipped inside the package (see traces/README.md).
 DEFAULT_TRACE = str(Path(__file__).resolve().parent / "traces" / "azure_llm_2023_conv.csv")
-_CLOCK = re.compile(r"^\s*(\d{1,2}):(\d{2})\s*$")
+_CLOCK = re.compile(r"^\s*(\d{1,2}):(\d{2})(?::(\d{2}(?:\.\d+)?))?\s*$")
 
 
 def parse_clock(text: str) -> float:
-    """ "HH:MM" -> seconds since midnight."""
+    """ "HH:MM" (or "HH:MM:SS[.fff]", a recorded start) -> seconds since midnight."""
     m = _CLOCK.match(text)
-    if not m or int(m.group(1)) > 23 or int(m.group(2)) > 59:
+    seconds = float(m.group(3) or 0.0) if m else 0.0
+    if not m or int(m.group(1)) > 23 or int(m.group(2)) > 59 or seconds >= 60:
         raise ValueError(f'time {text!r} is not "HH:MM"')
-    return int(m.group(1)) * 3600.0 + int(m.group(2)) * 60.0
+    return int(m.group(1)) * 3600.0 + int(m.group(2)) * 60.0 + seconds
 
 
 class DistConfig(StrictModel):
@@ -85,6 +87,24 @@ class ErrorModelConfig(StrictModel):
     tail_factor: float = Field(1.6, ge=1)
 
 
+class CapabilitiesConfig(StrictModel):
+    """What a simulated service's backend declares it can do (the simulator's default
+    backend: a live resize and measured peaks, nothing else). A scenario exported from
+    a daemon's history names what that daemon's backends declared."""
+
+    resize: ResizeSupport = ResizeSupport.LIVE
+    pause: bool = False
+    park: bool = False
+    sleep: bool = False
+    host_cache: bool = False
+    request_peaks: bool = True
+    park_on_disk: bool = False
+    kv_per_slot: bool = False
+
+    def to_capabilities(self) -> Capabilities:
+        return Capabilities(**self.model_dump())
+
+
 class ServicePerfConfig(StrictModel):
     """Service-time model of one service (solo, on an otherwise idle device).
 
@@ -94,7 +114,13 @@ class ServicePerfConfig(StrictModel):
     requests slow each other when their shares add up beyond 1 (processor sharing).
     """
 
-    share: float = Field(0.5, gt=0, le=1)
+    share: float = Field(
+        0.5,
+        gt=0,
+        le=8,
+        description="The fraction of the device one request uses alone; above 1: it keeps "
+        "more threads runnable than the device has cores (measured on a CPU).",
+    )
     base_s: float = Field(0.0, ge=0)
     per_unit_s: float = Field(0.0, ge=0)
     prefill_tps: float = Field(2000.0, gt=0)
@@ -110,6 +136,18 @@ class ServicePerfConfig(StrictModel):
         "service's init_s when parked, 0 when sleeping).",
     )
     request_sigma: float | None = Field(None, ge=0, le=2)
+    request_bias: float | None = Field(
+        None,
+        gt=0,
+        description="This service's own request bias (true request peak / estimate), in "
+        "place of simulation.error.request_bias: one service's estimate wrong, the rest right.",
+    )
+    resident_bias: float | None = Field(
+        None,
+        gt=0,
+        description="This service's own resident bias (true weights and runtime / "
+        "estimate), in place of simulation.error.resident_bias.",
+    )
     unpausable_share: float = Field(
         0.0,
         ge=0,
@@ -117,6 +155,54 @@ class ServicePerfConfig(StrictModel):
         description="LLMs: the share of requests that name tools, a response format, log "
         "probabilities or n>1, which a backend (llama-server) cannot pause; each request "
         "draws whether it is one, by the seed.",
+    )
+    # ---- measured on a real daemon (a scenario exported from its history sets these) ----
+    capabilities: CapabilitiesConfig | None = Field(
+        None, description="What its backend declares (default: the simulator's backend)."
+    )
+    weights_key: str | None = Field(
+        None,
+        description="Services with the same key share one loaded copy of their weights (one "
+        "inference worker hosting both): counted once, and a load beside a loaded copy "
+        "reads nothing (default: every service holds its own).",
+    )
+    true_weights: Bytes | None = Field(
+        None, description="Measured resident weights (default: the estimate, drawn around)."
+    )
+    true_runtime: Bytes | None = Field(
+        None, description="Measured resident runtime (default: the estimate, drawn around)."
+    )
+    load_s: float | None = Field(
+        None,
+        ge=0,
+        description="Measured time of a load that reads its weights (default: weights / "
+        "the device's load bandwidth + init_s).",
+    )
+    shared_load_s: float | None = Field(
+        None, ge=0, description="Measured time of a load beside a loaded shared copy."
+    )
+    weight: float | None = Field(
+        None,
+        ge=0,
+        le=16,
+        description="How much one running request of it slows the others on its device, "
+        "in shares (measured: threads contending for one process's interpreter lock slow "
+        "each other beyond their CPU shares); default: its share.",
+    )
+    executor: str | None = Field(
+        None,
+        description="Services naming the same executor run their requests one at a time, "
+        "in the order they were dispatched (accelmux's inference worker runs each loaded "
+        "model on one thread of its own, shared by the services that share the model); "
+        "default: each request runs as soon as it is dispatched.",
+    )
+    load_share: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="A load computes on the device with this share (slowed by what runs "
+        "beside it, and slowing it), its time being solo work (default: a load takes no "
+        "compute and its time is wall time).",
     )
 
 
@@ -162,7 +248,9 @@ class ForeignConfig(StrictModel):
 
 class SimulationConfig(StrictModel):
     duration_s: float = Field(3600.0, gt=0, le=7 * 86_400)
-    start: str = Field("00:00", description='Local time of day at t=0, "HH:MM".')
+    start: str = Field(
+        "00:00", description='Local time of day at t=0, "HH:MM" (or "HH:MM:SS.fff").'
+    )
     seeds: int = Field(5, ge=1, le=1000)
     sample_period_s: float = Field(1.0, gt=0)
     warmup_s: float = Field(
@@ -191,6 +279,11 @@ class SimulationConfig(StrictModel):
     error: ErrorModelConfig = Field(default_factory=ErrorModelConfig)
     services: dict[str, ServicePerfConfig] = Field(default_factory=dict)
     foreign: list[ForeignConfig] = Field(default_factory=list)
+    timeline: str | None = Field(
+        None,
+        description="A device timeline (CSV, accelmux.sim.recorded): the memory other "
+        "programs used and the compute they took, over time, replayed as measured.",
+    )
     device_sweep_gib: list[Annotated[float, Field(gt=0)]] = Field(default_factory=list)
     sweep_seeds: int = Field(2, ge=1, le=1000)
     slo_target: float = Field(0.99, gt=0, le=1)
@@ -275,13 +368,31 @@ class CameraWorkload(_Workload):
     units: Dist = 0.41
 
 
+class RecordedWorkload(_Workload):
+    """The requests a daemon recorded (``accelmux history export``), replayed: each at
+    its time, a request that followed an earlier one of the same client that long after
+    it ends here (:mod:`accelmux.sim.recorded`)."""
+
+    type: Literal["recorded"]
+    path: str
+    drop_services: list[str] = Field(
+        default_factory=list, description="Services whose requests are left out."
+    )
+    closed_loop: bool = Field(
+        True,
+        description="Send a linked request when its predecessor ends here (false: at its "
+        "recorded time, whatever happens).",
+    )
+
+
 WorkloadConfig = Annotated[
     PoissonWorkload
     | GammaWorkload
     | TraceWorkload
     | VoiceWorkload
     | IndexingWorkload
-    | CameraWorkload,
+    | CameraWorkload
+    | RecordedWorkload,
     Field(discriminator="type"),
 ]
 
@@ -299,8 +410,12 @@ class ScenarioConfig(AccelmuxConfig):
 
 
 def workload_services(w: WorkloadConfig) -> list[str]:
+    """The services a workload names in the scenario (a recorded one names its services
+    in its file: see :func:`recorded_problems`)."""
     if isinstance(w, VoiceWorkload):
         return [w.asr, w.llm, w.tts]
+    if isinstance(w, RecordedWorkload):
+        return []
     return [w.service]
 
 
@@ -345,12 +460,21 @@ class Scenario:
             own = self.config.services[s.group or s.name].steady
             return own if own is not None else s.steady or (s.group or s.name) in fed
 
-        spec = dataclasses.replace(
-            spec,
-            services=tuple(
-                dataclasses.replace(s, weights_key="", steady=steady(s)) for s in spec.services
-            ),
-        )
+        # Unless the scenario says how they share (a daemon's history does: one worker
+        # hosting both), a scenario's services each hold their own copy.
+        perf = self.config.simulation.services
+
+        def measured(s: ServiceSpec) -> ServiceSpec:
+            own = perf.get(s.addressed_as)
+            caps = own.capabilities if own is not None else None
+            return dataclasses.replace(
+                s,
+                weights_key=(own.weights_key or "") if own is not None else "",
+                steady=steady(s),
+                capabilities=caps.to_capabilities() if caps is not None else s.capabilities,
+            )
+
+        spec = dataclasses.replace(spec, services=tuple(measured(s) for s in spec.services))
         if capacity_gib is None:
             return spec
         devices = []
@@ -391,8 +515,39 @@ def scenario_problems(cfg: ScenarioConfig, base: Scenario | None = None) -> list
     return problems
 
 
+def recorded_problems(scn: Scenario) -> list[str]:
+    """What is wrong with the scenario's recorded workloads and device timeline: a file
+    that cannot be read, a request for a service the scenario does not have."""
+    out: list[str] = []
+    names = set(scn.config.services)
+    for i, w in enumerate(scn.config.workloads):
+        if not isinstance(w, RecordedWorkload):
+            continue
+        try:
+            rows = read_trace(scn.resolve(w.path))
+        except RecordedError as exc:
+            out.append(f"workloads.{i}.path: {exc}")
+            continue
+        unknown = sorted({r.service for r in rows} - names - set(w.drop_services))
+        if unknown:
+            out.append(
+                f"workloads.{i}: the trace names service(s) the scenario does not have: "
+                f"{', '.join(unknown)} (add them, or list them in drop_services)"
+            )
+    timeline = scn.config.simulation.timeline
+    if timeline is not None:
+        try:
+            devices = {r.device for r in read_timeline(scn.resolve(timeline))}
+        except RecordedError as exc:
+            out.append(f"simulation.timeline: {exc}")
+        else:
+            for dev in sorted(devices - set(scn.config.devices)):
+                out.append(f"simulation.timeline: unknown device {dev!r} in {timeline}")
+    return out
+
+
 def trace_problems(scn: Scenario, trace_override: str | None = None) -> list[str]:
-    out = []
+    out = recorded_problems(scn)
     for i, w in enumerate(scn.config.workloads):
         if isinstance(w, TraceWorkload):
             path = Path(trace_override) if trace_override else scn.resolve(w.path)

@@ -13,6 +13,9 @@ when the request is created, so all policies see the same workload for a seed.
 - ``indexing``: N documents, closed loop with K outstanding, starting at a time of day
   (a maintenance window); failed documents are retried.
 - ``camera``: a constant frame rate per camera (CV 0), random phase per camera.
+- ``recorded``: the requests a daemon recorded, replayed (:mod:`accelmux.sim.recorded`):
+  each at its recorded time, or, linked to an earlier one of the same client, that
+  client's gap after the earlier one ends here.
 """
 
 from __future__ import annotations
@@ -21,10 +24,12 @@ import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 from accelmux.core.events import Demand
 from accelmux.core.specs import DAY_S
+from accelmux.sim.recorded import TraceRow, read_trace
 from accelmux.sim.scenario import (
     CameraWorkload,
     Dist,
@@ -32,6 +37,7 @@ from accelmux.sim.scenario import (
     GammaWorkload,
     IndexingWorkload,
     PoissonWorkload,
+    RecordedWorkload,
     Scenario,
     TraceWorkload,
     VoiceWorkload,
@@ -59,11 +65,14 @@ class Context(Protocol):
         truth: float,
         tag: object = None,
         job_id: str | None = None,
+        pausable: bool | None = None,
     ) -> str: ...
 
     def call_at(self, t: float, fn: Callable[[], None]) -> None: ...
 
     def truth(self, rng: random.Random, service: str) -> float: ...
+
+    def truth_of_peak(self, service: str, demand: Demand, peak_bytes: int) -> float: ...
 
     def is_llm(self, service: str) -> bool: ...
 
@@ -388,6 +397,67 @@ class CameraSource(Source):
         ctx.call_at(t, fire)
 
 
+class RecordedSource(Source):
+    """A recorded request trace, replayed (see the module doc)."""
+
+    kind = "recorded"
+
+    def __init__(self, cfg: RecordedWorkload, seed: int, index: int, path: str) -> None:
+        super().__init__(cfg.name or "recorded", seed, index)
+        self.cfg = cfg
+        self.path = path
+        self.followers: dict[int, list[TraceRow]] = {}
+        self.rows = 0
+
+    def _end(self, ctx: Context) -> float:
+        return min(ctx.duration_s, self.cfg.until_s or math.inf)
+
+    def start(self, ctx: Context) -> None:
+        dropped = set(self.cfg.drop_services)
+        rows = [r for r in read_trace(Path(self.path)) if r.service not in dropped]
+        kept = {r.index for r in rows}
+        self.rows = len(rows)
+        end = self._end(ctx)
+        for row in rows:
+            if self.cfg.closed_loop and row.after is not None and row.after in kept:
+                self.followers.setdefault(row.after, []).append(row)
+                continue
+            t = row.arrival_s + self.cfg.from_s
+            if t < end:
+                ctx.call_at(t, self._submitter(ctx, row))
+
+    def _submitter(self, ctx: Context, row: TraceRow) -> Callable[[], None]:
+        return lambda: self._submit(ctx, row)
+
+    def _submit(self, ctx: Context, row: TraceRow) -> None:
+        if ctx.is_llm(row.service):
+            produced = row.output_tokens if row.output_tokens is not None else row.max_output_tokens
+            demand = Demand(
+                kv_tokens=row.kv_tokens,
+                prompt_tokens=row.prompt_tokens,
+                output_tokens=max(1, produced),
+            )
+        else:
+            demand = Demand(units=row.units, prompt_tokens=row.prompt_tokens)
+        if row.peak_bytes is not None:
+            truth = ctx.truth_of_peak(row.service, demand, row.peak_bytes)
+        else:
+            truth = ctx.truth(self.rng, row.service)
+        ctx.submit(row.service, demand, source=self, truth=truth, tag=row, pausable=row.pausable)
+        self.submitted += 1
+
+    def outcome(self, ctx: Context, rid: str, tag: object, ok: bool, t: float) -> None:
+        if not isinstance(tag, TraceRow):
+            return
+        for row in self.followers.pop(tag.index, []):
+            at = t + max(0.0, row.gap_s or 0.0)
+            if at < self._end(ctx):
+                ctx.call_at(at, self._submitter(ctx, row))
+
+    def summary(self) -> dict[str, object]:
+        return {"kind": self.kind, "submitted": self.submitted, "rows": self.rows}
+
+
 def build_sources(scn: Scenario, seed: int, trace_override: str | None = None) -> list[Source]:
     out: list[Source] = []
     for i, w in enumerate(scn.config.workloads):
@@ -407,4 +477,6 @@ def _build(
         return VoiceSource(w, seed, i)
     if isinstance(w, IndexingWorkload):
         return IndexingSource(w, seed, i)
+    if isinstance(w, RecordedWorkload):
+        return RecordedSource(w, seed, i, str(scn.resolve(w.path)))
     return CameraSource(w, seed, i)
