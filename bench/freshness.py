@@ -47,6 +47,7 @@ DEPENDENT: dict[str, tuple[str, ...]] = {
     "sim-small-gpu.json": ALL,
     "sim-shared-memory-host.json": ALL,
     "stress.json": ALL,
+    "stress-failure-classes.json": ALL,
     "suite.json": ALL,
     "suite-holdout.json": ALL,
     "suite-foreign.json": ALL,

@@ -21,10 +21,10 @@ def _num(x: float | None, digits: int = 1) -> str:
     return "-" if x is None else f"{x:.{digits}f}"
 
 
-def stress() -> str:
-    path = RESULTS / "stress.json"
+def stress(result: str = "stress.json", command: str = "python bench/bench_stress.py") -> str:
+    path = RESULTS / result
     if not path.is_file():
-        return "_No stress run yet: `python bench/bench_stress.py`._"
+        return f"_No stress run yet: `{command}`._"
     data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
     s = data["meta"]["settings"]
     lines = [
@@ -50,4 +50,16 @@ def stress() -> str:
     return "\n".join(lines)
 
 
-BLOCKS: dict[str, Callable[[], str]] = {"stress": stress}
+#: The four failure classes of the robustness work alone, at 3 seeds (a run that fits a
+#: shared machine between the full runs).
+FAILURE_CLASSES = "stress-failure-classes.json"
+FAILURE_CLASSES_COMMAND = (
+    "python bench/bench_stress.py --scenarios oom-while-full,three-llms-cameras,"
+    "voice-beside-llms-host,night-indexing-beside-chat --seeds 3 "
+    "--out bench/results/stress-failure-classes.json"
+)
+
+BLOCKS: dict[str, Callable[[], str]] = {
+    "stress": stress,
+    "stress-failure-classes": lambda: stress(FAILURE_CLASSES, FAILURE_CLASSES_COMMAND),
+}

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import render_stress
 import worst_case
 from meta import meta_line
 from render_suite import _load, _pct, _pts
@@ -147,4 +148,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     ),
     "suite-foreign-worst-case": foreign,
     "stress-worst-case": _suite_block("stress.json", "python bench/bench_stress.py"),
+    "stress-failure-classes-worst-case": _suite_block(
+        render_stress.FAILURE_CLASSES, render_stress.FAILURE_CLASSES_COMMAND
+    ),
 }

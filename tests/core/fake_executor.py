@@ -343,9 +343,4 @@ class FakeExecutor:
         assert all(r.pauses <= MAX_PAUSES for r in world.waiting.values())
         assert all(r.pauses <= MAX_PAUSES for r in world.inflight.values())
         assert world.host_used <= world.spec.host_budget_bytes
-        # The copy of the old round (tests/core/old_round) keeps its own index check.
-        old_check = getattr(world, "check_indexes", None)
-        if old_check is not None:
-            old_check()
-        else:
-            check_indexes(world)
+        check_indexes(world)

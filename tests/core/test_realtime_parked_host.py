@@ -1,33 +1,38 @@
-"""A realtime request on a shared-memory host must not wait for memory that a lower class's
-parked weights hold (the voice chain's chat request of ``bench/bench_stack_llms.py``).
+"""A realtime request on a shared-memory host does not wait for memory that a lower class's
+parked weights hold (the voice chain's chat request of ``bench/bench_stack_llms.py``), and
+one that no eviction can serve is told so at once.
 
 On the host device the park budget is the device's own RAM: weights parked there are
 charged against the device (``available`` subtracts ``parked``), so evicting an idle
-interactive model to the ``parked`` tier frees only its runtime and KV. Today the policy
-evicts to ``parked`` for a realtime need, counts parked memory as out of its reach
-(``room.reachable``: "outside", like a foreign program) and never drops the parked copy
-for device room: the realtime request waits out its whole deadline and is rejected
-``deadline_exceeded ... (last cause: no_memory)``, although dropping the copy (a reload
-from disk later) would let it run at once: with the setup below, today the chat model is
-parked (2 GiB stay charged as ``parked``), ``available`` rises from 0.75 to 1.0 GiB, and
-the 1.6 GiB voice request is rejected after 10 s. The tests state what the policy must
-do; they are expected to fail until the policy's room-making learns it.
+interactive model to the ``parked`` tier frees only its runtime and KV. The policy used to
+evict to ``parked`` for a realtime need, count parked memory as out of its reach
+(``room.reachable``: "outside", like a foreign program) and never drop the parked copy for
+device room: the realtime request waited out its whole deadline and was rejected
+``deadline_exceeded ... (last cause: no_memory)``. Now an eviction for room goes to
+``cold`` when the parked copy would leave the need unmet, a parked copy is dropped for
+room like an idle service is evicted, and a realtime request whose need only memory out
+of the policy's reach (a foreign program) holds is refused ``no_memory`` with the reason.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-import pytest
-
 from accelmux.core.actions import Dispatch, Load, Reject, Unload
-from accelmux.core.events import Demand, LoadFinished, RequestArrived, Tick, Unloaded
+from accelmux.core.events import (
+    Demand,
+    LoadFinished,
+    MemorySampled,
+    RequestArrived,
+    Tick,
+    Unloaded,
+)
 from accelmux.core.manager import Manager
 from accelmux.core.policies import make_policy
 from accelmux.core.specs import Capabilities, ManagerSpec
 from accelmux.core.types import GIB, MIB, Residency, ServiceClass, ServiceKind
 
-from .support import EXACT, device, done, llm_profile, of, plain_profile, service
+from .support import EXACT, device, dispatched, done, llm_profile, of, plain_profile, service
 
 PARKABLE = Capabilities(pause=True, park=True, host_cache=True)
 
@@ -85,11 +90,6 @@ def _serve_voice(m: Manager) -> tuple[list[str], list[Reject]]:
     return dispatched, rejects
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="policy: parked weights on the host device are never dropped for device room "
-    "(room.reachable counts them outside, like foreign memory)",
-)
 def test_a_voice_request_on_a_host_device_gets_the_memory_parked_weights_hold() -> None:
     m = _host_with_voice_and_idle_chat()
     dispatched, rejects = _serve_voice(m)
@@ -97,11 +97,6 @@ def test_a_voice_request_on_a_host_device_gets_the_memory_parked_weights_hold() 
     assert m.world.ledger.parked("gpu") == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="policy: a realtime request that no eviction can serve waits out its deadline "
-    "instead of being told why at once",
-)
 def test_a_realtime_request_that_cannot_be_served_says_why_before_its_deadline() -> None:
     m = _host_with_voice_and_idle_chat()
     actions = m.handle(
@@ -113,3 +108,37 @@ def test_a_realtime_request_that_cannot_be_served_says_why_before_its_deadline()
     served = any(isinstance(a, Dispatch) for a in actions)
     refused = [r for r in of(Reject, actions) if r.request_id == "v1"]
     assert served or refused, "neither served nor told why one second after arriving"
+
+
+def test_a_parked_copy_is_dropped_for_a_realtime_request() -> None:
+    m = _host_with_voice_and_idle_chat()
+    # a smaller voice request first: parking the chat model frees enough for it
+    first = m.handle(
+        RequestArrived(request_id="v0", service="voice", demand=Demand(units=0.9)), 2.0
+    )
+    assert [(u.service, u.tier.value) for u in of(Unload, first)] == [("chat", "parked")]
+    assert dispatched(m.handle(Unloaded(service="chat"), 2.5)) == ["v0"]
+    assert m.world.ledger.parked("gpu") == 2 * GIB
+    m.handle(done("v0"), 3.0)
+    # the next one needs the parked copy's memory too: the copy is dropped at once
+    actions = m.handle(
+        RequestArrived(request_id="v1", service="voice", demand=Demand(units=1.5)), 4.0
+    )
+    assert [(u.service, u.tier.value) for u in of(Unload, actions)] == [("chat", "cold")]
+    assert dispatched(actions) == ["v1"]
+    assert m.world.ledger.parked("gpu") == 0
+
+
+def test_a_realtime_request_only_foreign_memory_keeps_out_is_refused_at_once() -> None:
+    m = _host_with_voice_and_idle_chat()
+    # a foreign program takes 2.5 GiB: with the chat model gone, 1.6 GiB still cannot fit
+    m.handle(
+        MemorySampled(device="gpu", used_bytes=5 * GIB // 2),
+        1.5,
+    )
+    actions = m.handle(
+        RequestArrived(request_id="v1", service="voice", demand=Demand(units=1.5)), 2.0
+    )
+    refused = [r for r in of(Reject, actions) if r.request_id == "v1"]
+    assert [r.reason.value for r in refused] == ["no_memory"]
+    assert "foreign programs hold" in refused[0].detail

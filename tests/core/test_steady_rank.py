@@ -1,7 +1,8 @@
 """A steady (camera) service ranks above batch when room is made (``room_rank``): its load
 takes its memory back from batch work, its frames evict idle batch services, a batch
-load leaves its next frame free, and realtime work does not hold its frames back. Batch
-work still never takes a steady service's memory nor stops its frames."""
+load leaves its next frame free, and realtime work holds its frames back only where they
+share compute (a host device). Batch work still never takes a steady service's memory nor
+stops its frames."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from accelmux.core.actions import Preempt
-from accelmux.core.events import Unloaded
+from accelmux.core.events import Tick, Unloaded
+from accelmux.core.manager import Manager
 from accelmux.core.policies.accelmux import AccelmuxPolicy
 from accelmux.core.specs import ManagerSpec, MemoryProfile, ServiceSpec, ranks_below, room_rank
 from accelmux.core.types import GIB, MIB, Reason, ServiceClass, ServiceKind
@@ -20,6 +22,7 @@ from accelmux.core.types import GIB, MIB, Reason, ServiceClass, ServiceKind
 from .support import (
     EXACT,
     arrive,
+    device,
     dispatched,
     done,
     enqueued,
@@ -124,21 +127,42 @@ def test_a_batch_load_leaves_a_steady_services_next_frame_free() -> None:
     assert idx_moves(steady=False)[0] == ["idx"]
 
 
-def test_realtime_work_does_not_hold_a_steady_services_frames_back() -> None:
-    def frame(steady: bool) -> tuple[list[str], Reason | None]:
-        m = manager(
-            service("asr", cls=RT, profile=_gib(1, 0.5), kind=ServiceKind.ASR),
-            _camera(steady, _gib(1, 0.25)),
-            knobs=EXACT,
-        )
-        up(m, "asr", "cam")
-        assert dispatched(m.handle(arrive("v1", "asr"), 1.0)) == ["v1"]
-        out = m.handle(arrive("c1", "cam"), 1.1)
-        waiting = enqueued(out).get("c1")
-        return dispatched(out), waiting.reason if waiting else None
+def _frame_beside_voice(steady: bool, kind: str) -> tuple[list[str], Reason | None, Manager]:
+    """A frame of a camera service arriving while a voice request runs on a device of
+    ``kind`` (``host``: shared compute; ``virtual``: a discrete accelerator)."""
+    m = manager(
+        service("asr", cls=RT, profile=_gib(1, 0.5), kind=ServiceKind.ASR),
+        _camera(steady, _gib(1, 0.25)),
+        devices=(replace(device(), kind=kind),),
+        knobs=EXACT,
+    )
+    up(m, "asr", "cam")
+    assert dispatched(m.handle(arrive("v1", "asr"), 1.0)) == ["v1"]
+    out = m.handle(arrive("c1", "cam"), 1.1)
+    waiting = enqueued(out).get("c1")
+    return dispatched(out), waiting.reason if waiting else None, m
 
-    assert frame(steady=True) == (["c1"], None)
-    assert frame(steady=False) == ([], Reason.HIGHER_CLASS_WAITING)
+
+def test_realtime_work_holds_frames_back_only_where_it_shares_compute() -> None:
+    # a discrete accelerator: a frame takes little beside a voice request, and its
+    # deadline is a second or so
+    assert _frame_beside_voice(True, "virtual")[:2] == (["c1"], None)
+    assert _frame_beside_voice(False, "virtual")[:2] == ([], Reason.HIGHER_CLASS_WAITING)
+    # shared compute (a host device): the frame yields to the voice request, is counted,
+    # and runs once it ends
+    out, reason, m = _frame_beside_voice(True, "host")
+    assert (out, reason) == ([], Reason.HIGHER_CLASS_WAITING)
+    assert (m.explain("c1") or [""])[-1].endswith("realtime work running")
+    row = next(r for r in m.snapshot().as_dict()["services"] if r["name"] == "cam")
+    assert (row["held_for_realtime"], row["skipped_for_realtime"]) == (1, 0)
+    assert dispatched(m.handle(done("v1"), 1.5)) == ["c1"]
+
+
+def test_a_frame_held_past_its_deadline_counts_as_skipped() -> None:
+    _, _, m = _frame_beside_voice(True, "host")
+    m.handle(Tick(), 40.0)  # past the frame's deadline, the voice request still running
+    row = next(r for r in m.snapshot().as_dict()["services"] if r["name"] == "cam")
+    assert (row["held_for_realtime"], row["skipped_for_realtime"]) == (1, 1)
 
 
 sizes = st.floats(min_value=0.25, max_value=5.0).map(lambda g: round(g * 4) / 4)

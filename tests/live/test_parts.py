@@ -263,3 +263,28 @@ def test_external_asr_multipart_is_proxied_with_filename_and_upstream_model(
             assert out.text == "upstream heard hello.wav (audio/wav, 104 bytes) model=whisper-small"
 
     run(body())
+
+
+def test_status_view_names_learned_sizes_and_frames_held_for_voice() -> None:
+    from accelmux.runtime.status_cli import learned_lines
+
+    lines = learned_lines(
+        [
+            {
+                "name": "chat",
+                "learned_size": {
+                    "bytes": 5 * 1024**3,
+                    "evidence": "asked 5368709120 B, granted 3221225472 B",
+                    "learned_at": 12.0,
+                    "retest_at": 312.0,
+                    "failures": 1,
+                    "testing": False,
+                },
+            },
+            {"name": "camera", "held_for_realtime": 12, "skipped_for_realtime": 3},
+            {"name": "tts"},
+        ]
+    )
+    assert len(lines) == 2
+    assert "chat: learned to need" in lines[0] and "re-tested at t=312" in lines[0]
+    assert "camera: 12 request(s) held" in lines[1] and "3 of them skipped" in lines[1]

@@ -12,6 +12,12 @@ def _require(condition: bool, message: str) -> None:
         raise ValueError(message)
 
 
+def _require_oom_figures(asked_bytes: int | None, device_used_bytes: int | None) -> None:
+    """What an out-of-memory failure reports (either may be unmeasured) is not negative."""
+    _require(asked_bytes is None or asked_bytes >= 0, "asked_bytes must be >= 0")
+    _require(device_used_bytes is None or device_used_bytes >= 0, "device_used_bytes must be >= 0")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Demand:
     """What one request asks of its service.
@@ -94,11 +100,22 @@ class LoadFinished:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LoadFailed:
     """A Load did not complete. ``out_of_memory``: it ran out of device memory (the
-    service is larger than the ledger thought, or the device fuller)."""
+    service is larger than the ledger thought, or the device fuller).
+
+    What the shell measured of an out-of-memory load, when it could (None: not known):
+    ``asked_bytes``, the resident bytes the load tried to hold; ``device_used_bytes``,
+    what the device held besides it when it failed. The Manager attributes the failure
+    from them (:mod:`accelmux.core.oom`) before anything is learned.
+    """
 
     service: str
     error: str
     out_of_memory: bool = False
+    asked_bytes: int | None = None
+    device_used_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        _require_oom_figures(self.asked_bytes, self.device_used_bytes)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -151,9 +168,21 @@ class Unloaded:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BackendCrashed:
+    """A service's backend died. ``out_of_memory``: a request's allocation failed
+    (``request_id``, when known; ``asked_bytes``, the activation it tried to hold;
+    ``device_used_bytes``, what the device held besides it), so the Manager can attribute
+    the failure before anything is learned (:mod:`accelmux.core.oom`)."""
+
     service: str
     error: str
     reason: Reason = Reason.BACKEND_CRASHED
+    out_of_memory: bool = False
+    request_id: str | None = None
+    asked_bytes: int | None = None
+    device_used_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        _require_oom_figures(self.asked_bytes, self.device_used_bytes)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -5,7 +5,33 @@ explanations can name it, and changed only through the World's mutators.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class LearnedSize:
+    """A resident size learned from an out-of-memory load attributed to the service
+    itself (:mod:`accelmux.core.oom`): ``nbytes``, what it was learned from
+    (``evidence``), when (``at``), and when it is re-tested (``retest_at``: from then
+    on one load is admitted at the size measured before, ``testing``). ``failures``
+    counts the attributed failures in a row: each doubles the wait for the re-test. A
+    size measured (what the failing load asked) is not re-tested (``retest_at`` inf)."""
+
+    nbytes: int
+    evidence: str
+    at: float
+    retest_at: float
+    failures: int = 1
+    testing: bool = False
+
+    def retest_words(self) -> str:
+        """When it is re-tested, in words."""
+        if self.testing:
+            return "being re-tested"
+        if math.isinf(self.retest_at):
+            return "a measurement: kept until a load measures the service again"
+        return f"re-tested at t={self.retest_at:.0f}"
 
 
 @dataclass(slots=True)
@@ -24,6 +50,11 @@ class Learned:
     realtime_peak_changes: int = 0
     #: Crash count of each service when the policy last saw it.
     seen_crashes: dict[str, int] = field(default_factory=dict)
+    #: Resident sizes learned from out-of-memory loads, until a load measures the
+    #: service (or a re-test succeeds).
+    sizes: dict[str, LearnedSize] = field(default_factory=dict)
+    #: The attribution of each service's last out-of-memory load, in words.
+    oom: dict[str, str] = field(default_factory=dict)
 
     def charge(self, name: str, nbytes: int) -> None:
         self.charged[name] = nbytes

@@ -46,7 +46,15 @@ from accelmux.core.policy import Policy
 from accelmux.core.snapshot import Snapshot, build_snapshot
 from accelmux.core.specs import ManagerSpec
 from accelmux.core.types import Reason, ServiceStatus
-from accelmux.core.world import Change, RequestState, ServiceState, World, WorldOps, WorldView
+from accelmux.core.world import (
+    Change,
+    CrashOom,
+    RequestState,
+    ServiceState,
+    World,
+    WorldOps,
+    WorldView,
+)
 from accelmux.errors import InvariantError
 
 
@@ -276,7 +284,13 @@ class Manager:
     def _load_failed(self, event: LoadFailed) -> None:
         svc = self.world.services[event.service]
         if svc.status is ServiceStatus.LOADING:
-            self.ops.load_failed(svc, out_of_memory=event.out_of_memory, error=event.error)
+            self.ops.load_failed(
+                svc,
+                out_of_memory=event.out_of_memory,
+                error=event.error,
+                asked=event.asked_bytes,
+                used_besides=event.device_used_bytes,
+            )
 
     def _resize_finished(self, event: ResizeFinished) -> None:
         svc = self.world.services[event.service]
@@ -302,7 +316,17 @@ class Manager:
 
     def _backend_crashed(self, event: BackendCrashed) -> None:
         svc = self.world.services[event.service]
-        self.ops.crashed(svc, reason=event.reason, error=event.error)
+        oom = None
+        if event.out_of_memory and (
+            event.asked_bytes is not None or event.device_used_bytes is not None
+        ):
+            req = svc.inflight.get(event.request_id or "")
+            held = None
+            if req is not None:
+                lease = req.active_lease.nbytes if req.active_lease else 0
+                held = (req.estimate.active_bytes, lease)
+            oom = CrashOom(asked=event.asked_bytes, used_besides=event.device_used_bytes, held=held)
+        self.ops.crashed(svc, reason=event.reason, error=event.error, oom=oom)
 
     def _arrive(self, event: RequestArrived) -> None:
         w, ops = self.world, self.ops

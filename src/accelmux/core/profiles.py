@@ -103,13 +103,22 @@ class RatioCalibrator:
 class ServiceCalibration:
     """Calibration state of one service: per-request active memory, and load size."""
 
-    __slots__ = ("active", "learn", "resident")
+    __slots__ = ("active", "learn", "resident", "resident_floor")
 
     def __init__(self, *, window: int, safety_factor: float, learn: bool = True) -> None:
         self.active = RatioCalibrator(window=window, safety_factor=safety_factor)
         self.resident = RatioCalibrator(window=8, safety_factor=1.0)
         #: False: observations are ignored (estimates x safety factor only; ablation).
         self.learn = learn
+        #: A resident size learned from an out-of-memory load (0: none): loads are
+        #: projected at least this large until it is lifted (``set_resident_floor``).
+        self.resident_floor = 0
+
+    def set_resident_floor(self, nbytes: int) -> None:
+        """Project loads at least ``nbytes`` large (0: lift the floor)."""
+        if nbytes != self.resident_floor:
+            self.resident_floor = nbytes
+            self.resident.version += 1
 
     def project_active(self, estimate: RequestEstimate) -> int:
         return self.active.project(estimate.active_bytes)
@@ -138,19 +147,18 @@ class ServiceCalibration:
         if measured_active > estimated_active * self.active.worst:
             self.active.observe(estimated_active, measured_active)
 
-    def observe_load_failure(self, estimated_resident: int, committed_resident: int) -> None:
-        """A load ran out of memory after ``committed_resident`` bytes were granted.
+    def observe_load_failure(self, estimated_resident: int, learned_resident: int) -> None:
+        """A load was attributed an out-of-memory failure of its own and learned to need
+        ``learned_resident`` (its resident size, see ``set_resident_floor``).
 
-        Like a request's crash: the next load is projected at least twice what was
-        granted. Requests of a service never measured yet are projected twice as large
-        too (a model larger than estimated has larger activations), so a service whose
+        Requests of a service never measured yet are projected larger too, by the same
+        ratio (a model larger than estimated has larger activations), so a service whose
         load and requests are both misestimated costs one OOM, not one for each.
         """
-        if not self.learn or estimated_resident <= 0:
+        if not self.learn or estimated_resident <= 0 or self.active.observations:
             return
-        self.resident.observe_ratio(2 * committed_resident / estimated_resident / RATIO_MARGIN)
-        if self.active.observations == 0:
-            self.active.observe_ratio(2 * self.active.safety_factor / RATIO_MARGIN)
+        ratio = max(1.0, learned_resident / estimated_resident)
+        self.active.observe_ratio(ratio * self.active.safety_factor / RATIO_MARGIN)
 
     def observe_load(self, estimated_resident: int, measured_resident: int) -> None:
         if not self.learn:
@@ -159,5 +167,12 @@ class ServiceCalibration:
 
     def project_resident(self, estimated_resident: int) -> int:
         if self.resident.observations == 0:
-            return estimated_resident
-        return self.resident.project(estimated_resident)
+            return max(estimated_resident, self.resident_floor)
+        return max(self.resident.project(estimated_resident), self.resident_floor)
+
+    def observe_request_failure(self, estimated_active: int, asked_active: int) -> None:
+        """A request of this service ran out of memory asking ``asked_active`` bytes of
+        activations, more than it was granted (attributed to its own estimate)."""
+        if not self.learn or estimated_active <= 0:
+            return
+        self.active.observe(estimated_active, asked_active)

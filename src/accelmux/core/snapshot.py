@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from accelmux.core.learned import LearnedSize
 from accelmux.core.ledger import DECIDED
 from accelmux.core.specs import DeviceSpec
 from accelmux.core.types import SERVICE_CATEGORIES, ServiceClass
@@ -127,6 +129,8 @@ def service_view(w: World, svc: ServiceState) -> dict[str, Any]:
         "thrash": svc.thrash,
         "crashes": svc.crashes,
         "served": svc.served,
+        "held_for_realtime": svc.held_for_realtime,
+        "skipped_for_realtime": svc.skipped_for_realtime,
         "over_limit": svc.over_limit,
         "backoff_until": svc.backoff_until if svc.backoff_until > w.now else None,
         "calibration_factor": round(svc.calibration.active.factor, 4),
@@ -134,6 +138,23 @@ def service_view(w: World, svc: ServiceState) -> dict[str, Any]:
         "charged_bytes": learned.charged.get(svc.name),
         "high_water_bytes": learned.high_water.get(svc.name),
         "realtime_peak_bytes": learned.realtime_peak.get(svc.name),
+        "learned_size": _learned_size(learned.sizes.get(svc.name)),
+        "last_oom": learned.oom.get(svc.name),
         "windows": [[win.start_s, win.end_s] for win in spec.windows],
         "in_window": spec.in_window(w.time_of_day()),
+    }
+
+
+def _learned_size(size: LearnedSize | None) -> dict[str, Any] | None:
+    """A resident size learned from an out-of-memory load: the figure, its evidence, when
+    it was learned and when it is (or is being) re-tested."""
+    if size is None:
+        return None
+    return {
+        "bytes": size.nbytes,
+        "evidence": size.evidence,
+        "learned_at": size.at,
+        "retest_at": None if math.isinf(size.retest_at) else size.retest_at,
+        "failures": size.failures,
+        "testing": size.testing,
     }

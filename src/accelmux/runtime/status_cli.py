@@ -123,6 +123,31 @@ def diagnose(data: dict[str, Any]) -> list[str]:
     return out
 
 
+def learned_lines(services: list[dict[str, Any]]) -> list[str]:
+    """Per service, a size learned from an out-of-memory load (its evidence and re-test)
+    and the requests held back while realtime work ran on shared compute."""
+    out: list[str] = []
+    for s in services:
+        size = s.get("learned_size")
+        if size:
+            if size["testing"]:
+                test = "being re-tested"
+            elif size["retest_at"] is None:
+                test = "measured: kept until a load measures it again"
+            else:
+                test = f"re-tested at t={size['retest_at']:.0f}"
+            out.append(
+                f"  {s['name']}: learned to need {human(size['bytes'])} at "
+                f"t={size['learned_at']:.0f} ({size['evidence']}); {test}"
+            )
+        if s.get("held_for_realtime"):
+            out.append(
+                f"  {s['name']}: {s['held_for_realtime']} request(s) held while realtime work ran "
+                f"on its shared compute, {s.get('skipped_for_realtime', 0)} of them skipped"
+            )
+    return out
+
+
 def render(data: dict[str, Any], *, decisions: int = 12) -> str:
     srv = data.get("server", {})
     lines = [
@@ -217,6 +242,11 @@ def render(data: dict[str, Any], *, decisions: int = 12) -> str:
         lines.append("")
         lines.append("where worker models run:")
         lines.extend(placed + overhead)
+    learned = learned_lines(data["services"])
+    if learned:
+        lines.append("")
+        lines.append("learned and held back:")
+        lines.extend(learned)
     lines.append("")
     queues = data.get("queues", {})
     lines.append("queues: " + "  ".join(f"{k} {v}" for k, v in queues.items()))

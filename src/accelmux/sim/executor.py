@@ -603,7 +603,7 @@ class Simulation:
         req.true_active = max(0, round(req.est_active * req.truth))
         if not phys.start_request(a.service, req.rid, req.true_active):
             req.oom = True
-            self._oom(dev_name, a.service, "request", req.true_active, now)
+            self._oom(dev_name, a.service, "request", req.true_active, now, req.rid)
             return
         perf = self.perf[a.service]
         d = req.demand
@@ -809,7 +809,11 @@ class Simulation:
                 )
             )
             event = LoadFailed(
-                service=a.service, error="out of memory while loading", out_of_memory=True
+                service=a.service,
+                error="out of memory while loading",
+                out_of_memory=True,
+                asked_bytes=weights + runtime + a.kv_pool_bytes,
+                device_used_bytes=self.devices[dev_name].used,
             )
             self.heap.at(now, lambda: self._handle(event))
             return
@@ -931,9 +935,13 @@ class Simulation:
                 del self.weights_copy[key]
         phys.free(service)
 
-    def _oom(self, dev_name: str, service: str, what: str, asked: int, now: float) -> None:
-        """An allocation crossed the capacity: the service's runtime dies."""
+    def _oom(
+        self, dev_name: str, service: str, what: str, asked: int, now: float, rid: str = ""
+    ) -> None:
+        """An allocation crossed the capacity: the service's runtime dies (``rid``: the
+        request whose allocation it was, if one)."""
         phys = self.devices[dev_name]
+        used = phys.used
         self.ooms.append(
             OomEvent(
                 time=now,
@@ -961,5 +969,12 @@ class Simulation:
         self.alive[service] = False
         self.oom_crashed.add(service)
         self.generation[service] += 1
-        event = BackendCrashed(service=service, error=f"out of memory ({what})")
+        event = BackendCrashed(
+            service=service,
+            error=f"out of memory ({what})",
+            out_of_memory=True,
+            request_id=rid or None,
+            asked_bytes=asked,
+            device_used_bytes=used,
+        )
         self.heap.at(now, lambda: self._handle(event))

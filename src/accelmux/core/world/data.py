@@ -86,6 +86,18 @@ REQUEST_MOVES: dict[RequestPhase, frozenset[RequestPhase]] = {
 }
 
 
+@dataclass(frozen=True, slots=True)
+class CrashOom:
+    """A request ran out of memory and its backend died: what the allocation asked
+    (``asked``), what the device held besides it (``used_besides``), and what the
+    request was granted (``held``: its estimated activation and lease; None when the
+    shell did not name it or it was not running)."""
+
+    asked: int | None
+    used_besides: int | None
+    held: tuple[int, int] | None
+
+
 @dataclass(slots=True)
 class ServiceState:
     spec: ServiceSpec
@@ -128,6 +140,9 @@ class ServiceState:
     #: (estimated activation, lease bytes) of each request that was running when its
     #: backend last crashed (``World.note_crash``): a policy learns from them.
     crash_held: list[tuple[int, int]] = field(default_factory=list)
+    #: What the shell measured of the last crash when a request ran out of memory (None:
+    #: not an out-of-memory crash, or nothing measured): a policy attributes it first.
+    crash_oom: CrashOom | None = None
     consecutive_failures: int = 0
     backoff_until: float = -math.inf
     admin_wants_loaded: bool = False
@@ -140,6 +155,10 @@ class ServiceState:
     rate_at: float = 0.0
     mean_service_s: float = 1.0
     served: int = 0
+    #: Requests of this (steady) service held back while realtime work ran on its shared
+    #: compute, and how many of them ran out their deadline so (a frame skipped).
+    held_for_realtime: int = 0
+    skipped_for_realtime: int = 0
     peak_active_bytes: int = 0
     #: The latest request's keep_alive (None: it gave none, ``spec.ttl_s`` applies).
     keep_alive_s: float | None = None
@@ -245,6 +264,8 @@ class RequestState:
     dispatched_at: float | None = None
     wait_reason: Reason | None = None
     announced: bool = False
+    #: It was held back for realtime work on its shared compute (counted once).
+    held_for_realtime: bool = False
     #: When the request last entered the queue (a World counter): ``World.waiting``
     #: is in this order.
     queued_mark: int = 0

@@ -34,7 +34,9 @@ from accelmux.core.actions import (
     Unload,
 )
 from accelmux.core.events import MemorySampled
+from accelmux.core.learned import LearnedSize
 from accelmux.core.ledger import Lease
+from accelmux.core.oom import OomReport, attribute, retest_after
 from accelmux.core.types import (
     Category,
     Reason,
@@ -43,7 +45,13 @@ from accelmux.core.types import (
     ServiceStatus,
     Tier,
 )
-from accelmux.core.world.data import STATUS_MOVES, RequestPhase, RequestState, ServiceState
+from accelmux.core.world.data import (
+    STATUS_MOVES,
+    CrashOom,
+    RequestPhase,
+    RequestState,
+    ServiceState,
+)
 from accelmux.core.world.world import World
 from accelmux.errors import InvariantError
 
@@ -569,6 +577,8 @@ class WorldOps:
         self, req: RequestState, *, reason: Reason, retry_after_s: float, detail: str = ""
     ) -> None:
         w = self.world
+        if req.held_for_realtime and reason is Reason.DEADLINE_EXCEEDED:
+            w.services[req.service].skipped_for_realtime += 1
         if req.paused and req.request_id in w.waiting:
             # Part of its answer went out: it ends with an error, not a refusal.
             self.end_paused(req, ok=False, reason=reason, detail=detail)
@@ -831,6 +841,14 @@ class WorldOps:
         svc.kv_lease = lease
         svc.kv_pool = lease.nbytes if lease is not None else 0
 
+    def hold_for_realtime(self, req: RequestState) -> None:
+        """``req`` (of a steady service) waits while realtime work runs on its shared
+        compute: counted once per request on its service, as is its skip if its
+        deadline passes so."""
+        if not req.held_for_realtime:
+            req.held_for_realtime = True
+            self.world.services[req.service].held_for_realtime += 1
+
     def mark_announced(self, req: RequestState) -> None:
         """The policy has considered ``req``: its queue's bound no longer refuses it."""
         if not req.announced:
@@ -852,6 +870,20 @@ class WorldOps:
         self._note("calibration", svc)
         svc.calibration.observe_failure(estimated_active, lease_bytes)
         self._calibrated(svc)
+
+    def observe_request_failure(
+        self, svc: ServiceState, estimated_active: int, asked_active: int
+    ) -> None:
+        """A request of ``svc`` ran out of memory asking ``asked_active`` bytes of
+        activations, more than it was granted: its calibration learns them."""
+        self._note("calibration", svc)
+        svc.calibration.observe_request_failure(estimated_active, asked_active)
+        self._calibrated(svc)
+
+    def note_oom(self, svc: ServiceState, words: str) -> None:
+        """The attribution of ``svc``'s last out-of-memory failure, in words."""
+        self._note("oom_attributed", svc)
+        self.world.learned.oom[svc.name] = words
 
     def observe_excess(
         self, svc: ServiceState, estimated_active: int, measured_active: int
@@ -1017,15 +1049,34 @@ class WorldOps:
                 )
             )
 
-    def load_failed(self, svc: ServiceState, *, out_of_memory: bool, error: str) -> None:
-        """``svc``'s load failed: it is down (crashed, backing off) and its queue refused."""
+    def load_failed(
+        self,
+        svc: ServiceState,
+        *,
+        out_of_memory: bool,
+        error: str,
+        asked: int | None = None,
+        used_besides: int | None = None,
+    ) -> None:
+        """``svc``'s load failed: it is down (crashed, backing off) and its queue refused.
+        Out of memory, the failure is attributed first (:func:`attribute`: ``asked``, the
+        bytes the load tried to hold, and ``used_besides``, what the device held besides
+        it, as the shell measured them), and only a load that exceeded its own estimate
+        teaches its service a size (:meth:`learn_size`)."""
         w = self.world
         if out_of_memory:
             w.load_oom_devices.add(svc.spec.device)
         if out_of_memory and w.knobs.switches.failure_calibration:
-            p = svc.spec.profile
-            granted = sum(le.nbytes for le in svc.resident_leases)
-            svc.calibration.observe_load_failure(p.weights + p.runtime, granted)
+            dev = w.devices[svc.spec.device]
+            pool = svc.kv_pool
+            report = attribute(
+                asked=asked,
+                granted=sum(le.nbytes for le in svc.resident_leases) + pool,
+                used_besides=used_besides,
+                capacity=dev.capacity_bytes,
+                ceiling=dev.usable_bytes,
+            )
+            self.learn_size(svc, report, pool)
             self._calibrated(svc)
         self.release_service(svc)
         self.set_status(svc, ServiceStatus.CRASHED)
@@ -1037,6 +1088,46 @@ class WorldOps:
                 retry_after_s=max(1.0, svc.backoff_until - w.now),
                 detail=error,
             )
+
+    def learn_size(self, svc: ServiceState, report: OomReport, pool: int) -> None:
+        """Note the attribution of ``svc``'s out-of-memory load; when it is its own, its
+        loads are projected at least at the size learned (less the KV ``pool`` the load
+        asked for) until it is re-tested, later with each failure in a row."""
+        w = self.world
+        self.note_oom(svc, f"{report.cause.value}: {report.evidence}")
+        if report.learned is None:
+            return
+        resident = max(0, report.learned - pool)
+        before = w.learned.sizes.get(svc.name)
+        failures = before.failures + 1 if before is not None else 1
+        w.learned.sizes[svc.name] = LearnedSize(
+            nbytes=resident,
+            evidence=report.evidence,
+            at=w.now,
+            retest_at=math.inf if report.measured else w.now + retest_after(failures),
+            failures=failures,
+        )
+        svc.calibration.set_resident_floor(resident)
+        p = svc.spec.profile
+        svc.calibration.observe_load_failure(p.weights + p.runtime, resident)
+        self._calibrated(svc)
+
+    def start_retest(self, svc: ServiceState) -> None:
+        """``svc``'s learned size is due for its re-test: the next load is projected as
+        measured before it (one admission; a failure learns it again, a success drops it)."""
+        learned = self.world.learned
+        size = learned.sizes[svc.name]
+        self._note("retest", svc)
+        learned.sizes[svc.name] = LearnedSize(
+            nbytes=size.nbytes,
+            evidence=size.evidence,
+            at=size.at,
+            retest_at=size.retest_at,
+            failures=size.failures,
+            testing=True,
+        )
+        svc.calibration.set_resident_floor(0)
+        self._calibrated(svc)
 
     def load_done(self, svc: ServiceState, measured: int | None) -> None:
         """``svc``'s load finished; ``measured``: its weights and runtime bytes as its
@@ -1058,6 +1149,14 @@ class WorldOps:
             self._calibrated(svc)
             granted = sum(le.nbytes for le in svc.resident_leases)
             svc.load_excess = max(0, measured - granted)
+        size = w.learned.sizes.get(svc.name)
+        if size is not None and (size.testing or measured is not None):
+            # Measured now, or loaded at the size it was re-tested at: what was learned
+            # from the failure has served its turn.
+            del w.learned.sizes[svc.name]
+            svc.calibration.set_resident_floor(0)
+            self._note("relearned", svc)
+            self._calibrated(svc)
 
     def unloaded(self, svc: ServiceState) -> None:
         """``svc``'s backend confirmed its unload: every byte it held comes back."""
@@ -1065,10 +1164,14 @@ class WorldOps:
         self.set_status(svc, ServiceStatus.UNLOADED)
         svc.loaded_at = None
 
-    def crashed(self, svc: ServiceState, *, reason: Reason, error: str) -> None:
+    def crashed(
+        self, svc: ServiceState, *, reason: Reason, error: str, oom: CrashOom | None = None
+    ) -> None:
         """``svc``'s backend died: its running requests fail, its paused ones end, its
-        memory and host copy are released, and it backs off before a restart."""
+        memory and host copy are released, and it backs off before a restart. ``oom``:
+        a request ran out of memory, as the shell measured it (``CrashOom``)."""
         self.note_crash(svc)
+        svc.crash_oom = oom
         for req in list(svc.inflight.values()):
             self.fail(req, reason=reason, detail=error)
         for req in [r for r in svc.queue.values() if r.paused]:

@@ -102,6 +102,14 @@ class Admission:
             return
         outside, wait = self.service_wait(svc, req.cls, rnd)
         if wait is not None:
+            dev = svc.spec.device
+            if (
+                svc.spec.steady
+                and req.cls >= ServiceClass.BATCH
+                and dev in rnd.shared
+                and dev in rnd.realtime_active
+            ):
+                self.ops.hold_for_realtime(req)  # a frame delayed (or skipped) for voice
             self.wait(req, *wait)
             return
         if self.gives_way(req, svc, rnd):
@@ -223,6 +231,9 @@ class Admission:
         if not self.room.make_room(dev, room_needed, RoomFor(cls, svc, requester=req)):
             if self.room.reachable(dev, room_needed, svc):
                 rnd.block(dev, cls)
+            elif cls is ServiceClass.REALTIME:
+                self.room.refuse(req, dev, room_needed)
+                return
             if not facts.told(req, Reason.NO_MEMORY):
                 was = req.wait_reason
                 self.wait(
@@ -286,13 +297,17 @@ class Admission:
         lease: int | None = None
         if need > limit:
             observed = svc.calibration.active.project_observed(req.estimate.active_bytes)
+            raw = req.estimate.active_bytes
             if observed + grow > limit or not self.view.knobs.switches.degrade_to_raw:
+                # Only the estimate says it can never run: what was measured refuses it
+                # for now, not as too large (what kept services hold may change).
+                too_large = raw + grow > limit or not self.view.knobs.switches.degrade_to_raw
                 self.ops.reject(
                     req,
-                    reason=Reason.TOO_LARGE,
-                    retry_after_s=0.0,
-                    detail=f"needs {need} B ({observed} B as measured so far), device can "
-                    "never free that much",
+                    reason=Reason.TOO_LARGE if too_large else Reason.NO_MEMORY,
+                    retry_after_s=0.0 if too_large else 60.0,
+                    detail=f"needs {need} B ({observed} B as measured so far, {raw} B "
+                    "estimated), device can never free that much",
                 )
                 return False
             # Only the calibration margin does not fit: degrade to the estimate scaled by

@@ -140,6 +140,7 @@ class RoundCache:
         # ---- per spec
         self.yields_to_realtime: Memo[str, None, bool] = Memo(on)
         self.sharing_devices: Memo[None, None, frozenset[str]] = Memo(on)
+        self.shared_compute: Memo[None, None, frozenset[str]] = Memo(on)
         self.pausing_devices: Memo[None, None, frozenset[str]] = Memo(on)
         self.warm: Memo[str, None, list[ServiceState]] = Memo(on)
         self.warm_in_class_order: Memo[None, None, list[ServiceState]] = Memo(on)

@@ -14,12 +14,13 @@ import math
 
 from accelmux.core.policies.accelmux.heuristics import TUNING
 from accelmux.core.policies.accelmux.records import Round
-from accelmux.core.specs import floored, ranks_below
+from accelmux.core.specs import floored, ranks_below, room_rank
 from accelmux.core.types import (
     Category,
     Reason,
     Residency,
     ServiceClass,
+    ServiceStatus,
     Tier,
 )
 from accelmux.core.world import RequestState, ServiceState, WorldOps, WorldView, reuse_rate
@@ -189,6 +190,36 @@ def unload_frees(view: WorldView, svc: ServiceState) -> int:
     return svc.resident_bytes + reserved
 
 
+def parked_stays(view: WorldView, svc: ServiceState) -> int:
+    """Bytes of ``svc``'s device an unload to its tier leaves charged: on the park device
+    (kind ``host``: the park budget is that device's RAM) weights parked or sleeping stay
+    there as ``parked`` (an unloading service: the tier it is going to)."""
+    if svc.spec.device != view.park_device or (svc.spec.weights_key and view.weights_sharers(svc)):
+        return 0
+    to = svc.tier if svc.status is ServiceStatus.UNLOADING else tier(view, svc)
+    return 0 if to is Tier.COLD else view.host_weight_bytes(svc)
+
+
+def droppable_parked(
+    view: WorldView, device: str, for_rank: int, strict: bool = False
+) -> list[ServiceState]:
+    """The services whose parked or sleeping weights on ``device`` (the park device) may be
+    dropped for room for work of rank ``for_rank`` (:func:`room_rank`): the copies of
+    services that hold no device memory, are not kept by the operator, and rank at or
+    below it (strictly below when ``strict``), as an eviction would allow."""
+    if device != view.park_device:
+        return []
+    out = []
+    for name in view.host_weights:
+        s = view.services[name]
+        if s.holds_memory or s.pinned or s.admin_wants_loaded:
+            continue
+        rank = room_rank(s.spec.cls, steady=s.spec.steady)
+        if rank > for_rank or (rank == for_rank and not strict):
+            out.append(s)
+    return out
+
+
 def regaining(exclude: ServiceState | None) -> bool:
     """Whether room is made for a steady service that is not up: its load, its memory back
     after a crash or an eviction. It stops running batch work (it ranks above batch,
@@ -282,17 +313,29 @@ def held_back(svc: ServiceState, cls: ServiceClass, blocked: ServiceClass | None
 
 
 def class_must_wait(
-    dev: str, cls: ServiceClass, rnd: Round, fair_progress: bool, steady: bool = False
+    dev: str,
+    cls: ServiceClass,
+    rnd: Round,
+    fair_progress: bool,
+    steady: bool = False,
 ) -> tuple[Reason, str] | None:
     """Why work of ``cls`` on ``dev`` waits this round, whatever its service (of a
     steady service when ``steady``, or where one may be among them).
 
     With fair progress on, whether work waits for a lower class blocked on memory
-    depends on its service (:meth:`Admission.must_wait` decides it). A steady service's work is
-    not held while realtime work runs: a frame cannot wait for a voice chain to end
-    (its deadline is a second or so), and what it takes is small.
+    depends on its service (:meth:`Admission.must_wait` decides it). A steady service's
+    work is held while realtime work runs only where they share compute
+    (``rnd.shared``: a host device, :func:`compute_is_shared`), where a frame beside a
+    voice request slows it in proportion; on a discrete accelerator a frame takes little
+    and cannot wait for a voice chain to end (its deadline is a second or so). Where
+    compute is shared, new interactive work of any kind waits too (an image or an
+    embedding request as much as a stream that cannot pause: each slows the voice
+    request beside it); on a discrete accelerator it starts beside realtime work.
     """
-    if cls >= ServiceClass.BATCH and dev in rnd.realtime_active and not steady:
+    if dev in rnd.realtime_active and (
+        (cls >= ServiceClass.BATCH and (not steady or dev in rnd.shared))
+        or (cls is ServiceClass.INTERACTIVE and dev in rnd.shared)
+    ):
         return Reason.HIGHER_CLASS_WAITING, "realtime work running"
     if cls is ServiceClass.BATCH and dev in rnd.interactive_active:
         # Batch work yields compute to interactive requests (it would slow them).

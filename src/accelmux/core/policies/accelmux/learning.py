@@ -5,6 +5,7 @@ service using it (``failure_calibration``, ``pressure_charging``, ``cache_accoun
 
 from __future__ import annotations
 
+from accelmux.core.oom import attribute
 from accelmux.core.policies.accelmux import facts
 from accelmux.core.policies.accelmux.heuristics import TUNING
 from accelmux.core.policies.accelmux.records import RoomFor, Seam
@@ -38,14 +39,18 @@ class Learning:
         """
         knobs = self.view.knobs
         learn = knobs.switches.failure_calibration
+        for name, size in list(self.view.learned.sizes.items()):
+            if not size.testing and size.retest_at <= self.view.now:
+                svc = self.view.services[name]
+                self.ops.start_retest(svc)
+                self.ops.touch(svc.spec.device)
         for svc in self.learners():
             name = svc.name
             dev = svc.spec.device
             if self.ops.see_crashes(svc):
                 self.ops.touch(dev)
                 if learn:
-                    for estimated, lease in svc.crash_held:
-                        self.ops.observe_failure(svc, estimated, lease)
+                    self.learn_from_crash(svc)
             if self.view.sampled_at.get(dev) != self.view.now:
                 if not svc.inflight and self.ops.clear_charge(svc):
                     self.ops.touch(dev)
@@ -76,6 +81,33 @@ class Learning:
             if learn:
                 estimated = sum(r.estimate.active_bytes for r in svc.inflight.values())
                 self.ops.observe_excess(svc, estimated, measured)
+
+    def learn_from_crash(self, svc: ServiceState) -> None:
+        """What a crash of ``svc`` teaches. A request that ran out of memory with what the
+        shell measured (``crash_oom``) is attributed first (:func:`attribute`): only one
+        that asked more than its lease changes the service's projection, by what it
+        asked, never past the device's usable memory; the others running beside it
+        caused nothing. A crash with nothing measured raises the calibration to at least
+        twice what each running request held (``observe_failure``)."""
+        oom = svc.crash_oom
+        if oom is None:
+            for estimated, lease in svc.crash_held:
+                self.ops.observe_failure(svc, estimated, lease)
+            return
+        if oom.held is None:
+            return  # the request that ran out is not known: nothing to attribute it to
+        estimated, lease = oom.held
+        dev = self.view.devices[svc.spec.device]
+        report = attribute(
+            asked=oom.asked,
+            granted=lease,
+            used_besides=oom.used_besides,
+            capacity=dev.capacity_bytes,
+            ceiling=dev.usable_bytes,
+        )
+        self.ops.note_oom(svc, f"{report.cause.value}: {report.evidence}")
+        if report.learned is not None:
+            self.ops.observe_request_failure(svc, estimated, report.learned)
 
     def learners(self) -> list[ServiceState]:
         """The services :meth:`Learning.learn` may learn from this round, in spec order.

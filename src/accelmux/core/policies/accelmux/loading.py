@@ -109,12 +109,7 @@ class Loading:
         knobs = self.view.knobs
         pool, need, reserve, limit = self.load_plan(req, svc)
         if need > limit:  # what _max_possible says (nothing changed since it was asked)
-            self.ops.reject(
-                req,
-                reason=Reason.TOO_LARGE,
-                retry_after_s=0.0,
-                detail=f"service needs {need} B to run, usable budget cannot hold it",
-            )
+            self.refuse_beyond_limit(req, svc, pool, need, limit)
             return
         available = self.view.ledger.available(dev)
         spare = knobs.spare_fraction * self.view.devices[dev].usable_bytes
@@ -138,13 +133,27 @@ class Loading:
             )
             return
         reason = Reason.RELOAD_AFTER_CRASH if svc.status is ServiceStatus.CRASHED else Reason.DEMAND
+        room = need + reserve - self.room.own_parked(svc)
         if self.room.make_room(
-            dev, need + reserve, RoomFor(req.cls, svc, reason, requester=req)
+            dev, room, RoomFor(req.cls, svc, reason, requester=req)
         ) and self.ops.load(svc, reason=reason, kv_pool=pool, detail=f"for {req.request_id}"):
             self.wait(req, Reason.LOADING, "cold start")
+            self.explain_learned(req, svc)
             return
+        self.wait_for_memory(req, svc, rnd, need, reserve)
+
+    def wait_for_memory(
+        self, req: RequestState, svc: ServiceState, rnd: Round, need: int, reserve: int
+    ) -> None:
+        """``req``'s load needs ``need`` bytes (and ``reserve`` left free) its device has not
+        got now: it waits (holding lower classes back where they could be freed), or a
+        realtime request no eviction could serve is refused at once."""
+        dev = svc.spec.device
         if self.room.reachable(dev, need + reserve, svc):
             rnd.block(dev, req.cls)
+        elif req.cls is ServiceClass.REALTIME:
+            self.room.refuse(req, dev, need)
+            return
         was = req.wait_reason
         self.wait(
             req,
@@ -154,6 +163,68 @@ class Loading:
             else f"load needs {need} B, {self.view.ledger.available(dev)} B available",
         )
         self.reserve.explain_reserve(req, dev, reserve, was)
+
+    def refuse_beyond_limit(
+        self, req: RequestState, svc: ServiceState, pool: int, need: int, limit: int
+    ) -> None:
+        """Refuse ``req``: its load, as projected (``need`` bytes), needs more than the
+        ``limit`` its device could ever give it, saying why.
+
+        Only the configured estimate decides that a service can never run
+        (``too_large``): what was learned from measurements and failures never refuses a
+        service whose estimate fits as too large. A size learned from an out-of-memory
+        load of its own refuses it until its re-test (``load_failed``, with the size, its
+        evidence and the re-test's time); a size measured from its loads, for now
+        (``no_memory``: the memory kept services hold, or the device's, may change)."""
+        p = svc.spec.profile
+        raw = p.weights + p.runtime + pool + req.estimate.active_bytes
+        if raw > limit:
+            self.ops.reject(
+                req,
+                reason=Reason.TOO_LARGE,
+                retry_after_s=0.0,
+                detail=f"its estimate needs {raw} B to run, usable budget cannot hold it",
+            )
+            return
+        size = self.view.learned.sizes.get(svc.name)
+        if size is not None and not size.testing:
+            self.ops.reject(
+                req,
+                reason=Reason.LOAD_FAILED,
+                retry_after_s=max(1.0, min(3600.0, size.retest_at - self.view.now)),
+                detail=(
+                    f"learned to need {size.nbytes} B at t={size.at:.0f} ({size.evidence}), "
+                    f"more than the {limit} B its device can hold for it; " + size.retest_words()
+                ),
+            )
+            return
+        self.ops.reject(
+            req,
+            reason=Reason.NO_MEMORY,
+            retry_after_s=60.0,
+            detail=(
+                f"needs {need} B as measured (its estimate {raw} B), more than the {limit} B "
+                "its device can hold for it beside the services kept loaded"
+            ),
+        )
+
+    def explain_learned(self, req: RequestState, svc: ServiceState) -> None:
+        """Say what sized the load just started for ``req`` when a size learned from an
+        out-of-memory load did (its evidence and re-test), or it re-tests one."""
+        size = self.view.learned.sizes.get(svc.name)
+        if size is None:
+            return
+        if size.testing:
+            text = (
+                f"re-tests {svc.name}'s learned size ({size.nbytes} B, {size.evidence}): "
+                "loads as measured before it"
+            )
+        else:
+            text = (
+                f"{svc.name} loads at the {size.nbytes} B it was learned to need at "
+                f"t={size.at:.0f} ({size.evidence}); {size.retest_words()}"
+            )
+        self.ops.add_explanation(req, text)
 
     def load_sizes(self, req: RequestState, svc: ServiceState) -> tuple[int, int, int, int]:
         """(KV pool, projected activation, resident size, activation as measured so far)
@@ -192,6 +263,15 @@ class Loading:
             # what was measured (the dispatch degrades the same way).
             active = observed
             need = resident + active
+        return pool, need, self.load_reserve(req, svc, need, active, limit), limit
+
+    def load_reserve(
+        self, req: RequestState, svc: ServiceState, need: int, active: int, limit: int
+    ) -> int:
+        """What a load of ``svc`` needing ``need`` bytes (``active`` of them ``req``'s
+        activations) for ``req`` leaves free, at most ``limit`` bytes being freeable for
+        it: the realtime reserve (for work below realtime) and the next frame of each
+        steady service ranked above it."""
         reserve = 0
         if req.cls > ServiceClass.REALTIME:
             # Resident memory must leave the realtime reserve free; the first request's
@@ -199,4 +279,4 @@ class Loading:
             reserve = self.reserve.fitting_reserve(svc, need, limit)
             if self.reserve.yields_to_realtime(svc):
                 reserve = max(0, reserve - active)
-        return pool, need, reserve + self.steady.steady_reserve(svc, need, limit), limit
+        return reserve + self.steady.steady_reserve(svc, need, limit)

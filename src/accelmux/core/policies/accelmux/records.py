@@ -31,6 +31,8 @@ class Round:
     realtime_active: set[str] = field(default_factory=set)
     #: Devices with realtime work running, waiting or within its grace (realtime_yield).
     realtime_work: set[str] = field(default_factory=set)
+    #: Devices whose compute every model shares (host devices): steady work yields there.
+    shared: frozenset[str] = frozenset()
     interactive_active: set[str] = field(default_factory=set)
     higher_waiting: dict[str, ServiceClass] = field(default_factory=dict)
     #: Devices where this round would repeat a round that changed nothing.
@@ -71,7 +73,9 @@ class Survey:
     shrinks: list[tuple[ServiceState, int]] = field(default_factory=list)
     preempts: list[RequestState] = field(default_factory=list)
     victims: list[ServiceState] = field(default_factory=list)
-    #: Bytes the shrinks, stops and evictions would free, beyond what is free or on its
+    #: Services whose parked weights on the park device may be dropped (not loaded).
+    drops: list[ServiceState] = field(default_factory=list)
+    #: Bytes the shrinks, drops, stops and evictions would free, beyond what is free or on its
     #: way back.
     gain: int = 0
 

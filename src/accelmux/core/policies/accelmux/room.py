@@ -61,9 +61,10 @@ class Room:
         if hit is not None and hit[0] == epoch:
             return hit[1]
         # A resize awaits its answer only while loaded or unloading (the index oracle).
-        value = sum(facts.unload_frees(view, s) for s in view.unloading_on(device)) + sum(
-            s.kv_shrinking for s in view.loaded_on(device) if s.resize_target is not None
-        )
+        value = sum(
+            facts.unload_frees(view, s) - facts.parked_stays(view, s)
+            for s in view.unloading_on(device)
+        ) + sum(s.kv_shrinking for s in view.loaded_on(device) if s.resize_target is not None)
         return self.cache.pending_free.put(device, epoch, value)
 
     @staticmethod
@@ -145,7 +146,20 @@ class Room:
             if self.evictable(svc, for_, once_preempted=cleared, yielded=yielded):
                 found.victims.append(svc)
                 found.gain += facts.unload_frees(view, svc)
+        if device == view.park_device:
+            self.survey_parked(device, for_, found)
         return found
+
+    def survey_parked(self, device: str, for_: RoomFor, found: Survey) -> None:
+        """Add to ``found`` the parked weights on ``device`` (the park device, whose RAM
+        they are) that may be dropped for ``for_``: a copy is dropped for room (its next
+        load reads from disk) where an eviction would be allowed to take its service."""
+        exclude = for_.exclude
+        for_rank = room_rank(for_.cls, steady=exclude is not None and exclude.spec.steady)
+        for svc in facts.droppable_parked(self.view, device, for_rank, for_.strict):
+            if svc is not exclude:
+                found.drops.append(svc)
+                found.gain += self.view.host_weights[svc.name]
 
     def plan(self, device: str, need: int, for_: RoomFor) -> RoomPlan | None:
         """How ``need`` bytes are found on ``device`` for ``for_``, changing nothing: a plan
@@ -200,6 +214,7 @@ class Room:
             return ledger.available(device) >= need
         # A shrink frees its memory once the backend answers: it counts as pending.
         pending = plan.pending + self.shrink_for_room(plan, found.shrinks)
+        self.drop_for_room(plan, pending, found.drops)
         stopped = self.stop_for_room(plan, pending, found.preempts)
         if stopped is None:
             return False  # the memory comes back with the unload
@@ -240,10 +255,41 @@ class Room:
         everything that may go, with what the device's foreign programs, workers' overhead
         and park hold now. A request that cannot does not hold lower classes back (fair
         progress): it waits for a foreign program to leave, which their work cannot delay."""
-        ledger = self.view.ledger
+        view = self.view
+        ledger = view.ledger
         outside = ledger.foreign(device) + ledger.overhead(device) + ledger.parked(device)
-        own = svc.resident_bytes if svc.holds_memory else 0
+        # Parked weights that may be dropped for it are within reach, and its own come
+        # back onto the device with its load.
+        rank = room_rank(svc.spec.cls, steady=svc.spec.steady)
+        droppable = facts.droppable_parked(view, device, rank)
+        outside -= sum(view.host_weights[s.name] for s in droppable if s is not svc)
+        own = svc.resident_bytes if svc.holds_memory else -self.own_parked(svc)
         return need <= self.max_possible(device, svc) - own - outside
+
+    def own_parked(self, svc: ServiceState) -> int:
+        """Weights of ``svc`` parked on its own device (the park device): its load takes
+        them back onto the device, so they need no room."""
+        view = self.view
+        if svc.holds_memory or svc.spec.device != view.park_device:
+            return 0
+        return view.host_weights.get(svc.name, 0)
+
+    def refuse(self, req: RequestState, device: str, need: int) -> None:
+        """Refuse ``req`` at once: no eviction could give it ``need`` bytes on ``device``
+        (memory outside the policy's reach holds them), so waiting out its deadline would
+        only hide why."""
+        ledger = self.view.ledger
+        self.ops.reject(
+            req,
+            reason=Reason.NO_MEMORY,
+            retry_after_s=1.0,
+            detail=(
+                f"needs {need} B ({ledger.available(device)} B free), which no eviction can "
+                "free: foreign programs hold "
+                f"{ledger.foreign(device)} B, workers' overhead {ledger.overhead(device)} B, "
+                f"parked state {ledger.parked(device)} B, kept services their floors"
+            ),
+        )
 
     def shrink_for_room(self, plan: RoomPlan, shrinks: list[tuple[ServiceState, int]]) -> int:
         """Shrink KV pools in order until the plan's need would fit in free memory; the
@@ -258,6 +304,18 @@ class Room:
             if self.ops.resize(svc, target, reason=Reason.BALLOON_SHRINK, detail=detail):
                 shrunk += svc.kv_shrinking
         return shrunk
+
+    def drop_for_room(self, plan: RoomPlan, pending: int, drops: list[ServiceState]) -> None:
+        """Drop parked weights on the park device, largest first, until the plan's need
+        would fit (what a copy held is free at once: no backend holds it for a service
+        that is not loaded)."""
+        ledger = self.view.ledger
+        device, need = plan.device, plan.need
+        host = self.view.host_weights
+        for svc in sorted(drops, key=lambda s: (-host.get(s.name, 0), s.name)):
+            if ledger.available(device) + pending >= need:
+                break
+            self.ops.drop_host_copy(svc, reason=Reason.EVICTED_FOR_MEMORY)
 
     def stop_for_room(
         self, plan: RoomPlan, pending: int, preempts: list[RequestState]
@@ -334,5 +392,12 @@ class Room:
                 break
             if not svc.idle or svc.status is not ServiceStatus.LOADED:
                 continue  # its work was not all preempted (or parked) after all
-            freed += facts.unload_frees(self.view, svc)
-            self.unload(svc, reason=Reason.EVICTED_FOR_MEMORY, detail=detail)
+            frees = facts.unload_frees(self.view, svc)
+            stays = facts.parked_stays(self.view, svc)
+            if stays and ledger.available(device) + pending + freed + frees - stays < need:
+                # Parked weights would stay on this device: the room needs them too.
+                self.ops.unload(svc, reason=Reason.EVICTED_FOR_MEMORY, detail=detail)
+            else:
+                self.unload(svc, reason=Reason.EVICTED_FOR_MEMORY, detail=detail)
+                frees -= stays
+            freed += frees

@@ -189,8 +189,10 @@ class Schedule:
 
     def service_inputs(self, svc: ServiceState, rnd: Round) -> tuple[object, ...]:
         """What deciding a request waiting for a load of ``svc`` reads of the service: its
-        status, backoff, window, calibrations and tier."""
+        status, backoff, window, calibrations, tier and the size it learned from an
+        out-of-memory load (its re-test)."""
         cal = svc.calibration
+        size = self.view.learned.sizes.get(svc.name)
         return (
             svc.status,
             self.view.now < svc.backoff_until,
@@ -198,12 +200,23 @@ class Schedule:
             cal.active.version,
             cal.resident.version,
             svc.tier,
+            None if size is None else (size.nbytes, size.testing, size.retest_at),
         )
+
+    def shared_compute(self) -> frozenset[str]:
+        """The devices whose compute every model shares (``facts.compute_is_shared``)."""
+        shared = self.cache.shared_compute.get(None, None)
+        if shared is Miss.MISS:
+            view = self.view
+            shared = self.cache.shared_compute.put(
+                None, None, frozenset(d for d in view.devices if facts.compute_is_shared(view, d))
+            )
+        return shared
 
     def _open_round(self) -> tuple[Round, set[ServiceClass]]:
         """A new round's realtime and class state, and the classes with waiting requests."""
         view = self.view
-        rnd = Round(tod=view.time_of_day())
+        rnd = Round(tod=view.time_of_day(), shared=self.shared_compute())
         knobs = view.knobs
         hold = knobs.switches.realtime_hold
         self._running_work(rnd)

@@ -111,6 +111,15 @@ class Wakeup:
             t = now + seconds_until_next_sorted(edges, self.view.time_of_day(now))
             if t > now and (best is None or t < best):
                 best = t
+        return self._earliest_learned(now, best)
+
+    def _earliest_learned(self, now: float, best: float | None) -> float | None:
+        """The earliest of ``best``, the re-tests of learned sizes and the realtime grace
+        ends after ``now``."""
+        for size in self.view.learned.sizes.values():  # a learned size's re-test
+            t = size.retest_at
+            if not size.testing and now < t < math.inf and (best is None or t < best):
+                best = t
         grace = self.view.knobs.realtime_grace_s
         if grace > 0:
             for svcs in self.view.realtime_by_device.values():
