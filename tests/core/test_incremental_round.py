@@ -56,6 +56,11 @@ def stream(work: bench_manager.Workload, cache: bool, events: int, seed: int) ->
     return lines
 
 
+#: The runs at length take minutes (a few on a quiet machine, more on a busy one): past
+#: the suite's timeout of 300 s a timeout stops an example midway, which hypothesis
+#: then reports as a flaky failure of the example, not as a decision that differs.
+LENGTHY_S = 1200
+
 workloads = st.builds(
     lambda services, devices, seed: (services, min(devices, services), seed),
     st.integers(4, 48),
@@ -106,6 +111,7 @@ def test_benchmark_workloads_decide_alike_with_the_cache_off(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(LENGTHY_S)
 @settings(SETTINGS, max_examples=150)
 @given(workload=workloads, **knobs)
 def test_benchmark_workloads_decide_alike_with_the_cache_off_at_length(
@@ -153,6 +159,7 @@ def test_windows_opening_and_closing_decide_alike_with_the_cache_off(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(LENGTHY_S)
 @settings(SETTINGS, max_examples=300)
 @given(
     spec=specs_near_an_edge(),
