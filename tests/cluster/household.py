@@ -1,0 +1,313 @@
+"""A household's cluster on two machines (:mod:`.lan`), brought up by docs/cluster.md's
+own commands: the steps of "Starting it on two machines" as typed in terminals, or the
+units of "Starting at boot" as systemd runs them.
+
+The page's commands are read from the page itself, so the tests follow what a user
+reads: each ```bash block of the steps (``# on MACHINE`` says where the lines after it
+run; ``export`` sets that terminal's environment; ``scp FILE MACHINE:PATH`` copies; the
+long-running ``accelmux node`` and ``accelmux serve`` stay in the foreground, as in a
+terminal), and each ```ini unit (``# /etc/systemd/system/NAME on MACHINE``). Only the
+page's example addresses, install path and config path are replaced by the test
+machines' own.
+
+systemd does not run in the test machines: :class:`Unit` does what it does with a unit
+(its ``ExecStart`` with its ``Environment``, in its ``WorkingDirectory``, started again
+``RestartSec`` after it ends, until the machine goes down).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import shlex
+import shutil
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from tests.cluster.lan import VENV_BIN, Lan, Machine, lan
+
+ROOT = Path(__file__).resolve().parents[2]
+DOC = ROOT / "docs" / "cluster.md"
+EXAMPLE = ROOT / "examples" / "cluster-fake.yaml"
+#: The page's example machines and their addresses.
+MACHINES = {"gpu-box": "192.168.1.10", "mini": "192.168.1.11"}
+API_KEY = "change-this-household-key"
+ADMIN_KEY = "change-this-admin-key"
+LONG_RUNNING = ("accelmux node", "accelmux serve")
+
+
+def wait_until(what: str, check: Callable[[], bool], timeout: float = 30.0) -> float:
+    """Seconds it took until ``check()`` held; an AssertionError after ``timeout``."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        if check():
+            return time.monotonic() - started
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+
+
+# ---- the page -------------------------------------------------------------------------
+
+
+def _section(text: str, title: str) -> str:
+    start = text.index(f"## {title}")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end > 0 else len(text)]
+
+
+def doc_steps(text: str | None = None) -> list[tuple[str, str]]:
+    """(machine, command) of every line of the steps' bash blocks, in order."""
+    section = _section(text or DOC.read_text(encoding="utf-8"), "Starting it on two machines")
+    out: list[tuple[str, str]] = []
+    for block in re.findall(r"```bash\n(.*?)```", section, re.S):
+        machine = None
+        for line in block.replace("\\\n", " ").splitlines():
+            line = line.strip()
+            where = re.fullmatch(r"# on ([\w-]+)", line)
+            if where:
+                machine = where.group(1)
+            elif line and not line.startswith("#"):
+                assert machine is not None, f"docs/cluster.md: no '# on MACHINE' before {line!r}"
+                out.append((machine, " ".join(line.split())))
+    return out
+
+
+@dataclass(frozen=True)
+class UnitFile:
+    name: str
+    machine: str
+    exec_start: str
+    environment: dict[str, str]
+    restart_s: float
+    workdir: str | None
+
+
+def doc_units(text: str | None = None) -> list[UnitFile]:
+    """Every unit of the "Starting at boot" section, once per machine it is for."""
+    section = _section(text or DOC.read_text(encoding="utf-8"), "Starting at boot: units")
+    out = []
+    for block in re.findall(r"```ini\n(.*?)```", section, re.S):
+        head = re.match(r"# /etc/systemd/system/(\S+) on (.+)\n", block)
+        assert head, f"docs/cluster.md: a unit without its '# /etc/... on MACHINE' line:\n{block}"
+        fields: dict[str, list[str]] = {}
+        for line in block.splitlines()[1:]:
+            key, sep, value = line.partition("=")
+            if sep and not line.startswith(("#", "[")):
+                fields.setdefault(key.strip(), []).append(value.strip())
+        env = dict(e.split("=", 1) for e in fields.get("Environment", []))
+        for machine in re.split(r"\s+and on\s+", head.group(2).strip()):
+            out.append(
+                UnitFile(
+                    name=head.group(1),
+                    machine=machine,
+                    exec_start=fields["ExecStart"][0],
+                    environment=env,
+                    restart_s=float(fields.get("RestartSec", ["0.1"])[0]),
+                    workdir=fields.get("WorkingDirectory", [None])[0],
+                )
+            )
+    return out
+
+
+# ---- the household ------------------------------------------------------------------
+
+
+@dataclass
+class Terminal:
+    """A long-running command typed in a terminal on one machine."""
+
+    machine: str
+    command: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    def output(self) -> str:
+        return self.log.read_text(encoding="utf-8", errors="replace")
+
+
+class Unit:
+    """One unit file run as systemd would: ``ExecStart`` started again ``RestartSec``
+    after it ends, until :meth:`stop` or until its machine goes down."""
+
+    def __init__(self, house: Household, unit: UnitFile) -> None:
+        self.house = house
+        self.unit = unit
+        self.machine = house.lan[unit.machine]
+        self.log = house.lan.root / f"{unit.machine}-{unit.name}.log"
+        self.starts = 0
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=unit.name, daemon=True)
+
+    def start(self) -> Unit:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        argv = shlex.split(self.house.local(self.unit.machine, self.unit.exec_start))
+        workdir = self.unit.workdir
+        cwd = Path(self.house.local(self.unit.machine, workdir)) if workdir else None
+        while not self._stop.is_set():
+            try:
+                self.proc = self.machine.spawn(
+                    argv, log=self.log, env=self.unit.environment, cwd=cwd
+                )
+            except AssertionError:  # the machine is down: so is its unit
+                return
+            self.starts += 1
+            while self.proc.poll() is None and not self._stop.is_set():
+                time.sleep(0.1)
+            self._stop.wait(self.unit.restart_s)
+
+    def stop(self) -> None:
+        """``systemctl stop``: SIGTERM, and it is not started again."""
+        self._stop.set()
+        proc = self.proc
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=60)
+        self._thread.join(timeout=5)
+
+
+@dataclass
+class Household:
+    lan: Lan
+    terminals: list[Terminal] = field(default_factory=list)
+    units: list[Unit] = field(default_factory=list)
+    envs: dict[str, dict[str, str]] = field(default_factory=dict)
+    outputs: list[tuple[str, str, str]] = field(default_factory=list)
+
+    # ---- the page's names, on the test machines --------------------------------------
+    def ip(self, name: str) -> str:
+        return self.lan[name].ip
+
+    def local(self, machine: str, text: str) -> str:
+        """``text`` with the page's addresses and paths made the test machines'."""
+        for name, address in MACHINES.items():
+            text = text.replace(address, self.ip(name))
+        home = str(self.lan[machine].home)
+        text = text.replace("/opt/accelmux/.venv/bin/", f"{VENV_BIN}/")
+        text = text.replace("/etc/accelmux/cluster.yaml", f"{home}/cluster.yaml")
+        return text.replace("/var/lib/accelmux", home)
+
+    def write_config(self, data: dict[str, Any] | None = None) -> None:
+        """The cluster's config, the same on every machine, as ``~/cluster.yaml``."""
+        text = EXAMPLE.read_text(encoding="utf-8") if data is None else yaml.safe_dump(data)
+        for name, machine in self.lan.machines.items():
+            (machine.home / "cluster.yaml").write_text(self.local(name, text), encoding="utf-8")
+
+    # ---- typing the steps ---------------------------------------------------------------
+    def type_command(self, machine: str, command: str, *, ready: str | None = None) -> None:
+        """Run one line of the page on ``machine`` as a terminal would."""
+        env = self.envs.setdefault(machine, {})
+        command = self.local(machine, command)
+        m = self.lan[machine]
+        if command.startswith("export "):
+            key, _, value = command.removeprefix("export ").partition("=")
+            env[key] = value
+        elif command.startswith("scp "):
+            _, src, dest = command.split()
+            other, _, path = dest.partition(":")
+            target = self.lan[other].home / path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(m.home / src.removeprefix("~/"), target)
+            target.chmod(0o600)
+        elif command.startswith(LONG_RUNNING):
+            log = self.lan.root / f"{machine}-terminal-{len(self.terminals)}.log"
+            proc = m.spawn(shlex.split(command), log=log, env=dict(env))
+            term = Terminal(machine, command, proc, log)
+            self.terminals.append(term)
+            if ready is not None:
+                wait_until(
+                    f"{command!r} on {machine} to say {ready!r}",
+                    lambda: ready in term.output() or proc.poll() is not None,
+                    timeout=120,
+                )
+                assert proc.poll() is None, f"{command!r} on {machine} ended:\n{term.output()}"
+        else:
+            done = m.run(shlex.split(command), env=dict(env), timeout=180)
+            self.outputs.append((machine, command, done.stdout + done.stderr))
+            assert done.returncode == 0, f"{command!r} on {machine} failed:\n{done.stderr}"
+
+    def follow_the_steps(self) -> None:
+        """Every step of docs/cluster.md, in order; each agent's registration and the
+        gateway's first line are awaited, as a user watches their terminals."""
+        for machine, command in doc_steps():
+            ready = None
+            if command.startswith("accelmux node"):
+                ready = "registered in the Ray cluster"
+            elif command.startswith("accelmux serve"):
+                ready = "gateway listening on"
+            self.type_command(machine, command, ready=ready)
+
+    def start_units(self, machine: str) -> list[Unit]:
+        """The machine's units, as at boot."""
+        started = [Unit(self, u).start() for u in doc_units() if u.machine == machine]
+        self.units.extend(started)
+        return started
+
+    def unit(self, machine: str, name: str) -> Unit:
+        return next(u for u in reversed(self.units) if (u.unit.machine, u.unit.name) == (machine, name))
+
+    # ---- a client on the LAN ------------------------------------------------------------
+    def gateway(self, machine: str) -> str:
+        return f"http://{self.ip(machine)}:8600"
+
+
+def call(
+    url: str,
+    *,
+    body: dict[str, Any] | None = None,
+    key: str | None = API_KEY,
+    timeout: float = 10,
+    method: str | None = None,
+) -> tuple[int, dict[str, str], Any]:
+    """(status, headers, JSON body or text) of one request; status 0: no answer."""
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, headers=headers, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            raw = resp.read()
+            status, got = resp.status, dict(resp.headers)
+    except urllib.error.HTTPError as exc:
+        raw, status, got = exc.read(), exc.code, dict(exc.headers)
+    except (OSError, urllib.error.URLError):
+        return 0, {}, None
+    try:
+        return status, got, json.loads(raw)
+    except ValueError:
+        return status, got, raw.decode("utf-8", "replace")
+
+
+def chat(base: str, model: str = "chat", **kw: Any) -> tuple[int, dict[str, str], Any]:
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    return call(base + "/v1/chat/completions", body=body, **kw)
+
+
+@contextlib.contextmanager
+def household(names: list[str] | None = None) -> Iterator[Household]:
+    """Machines gpu-box and mini (and ``names``) on one LAN; everything they ran ends
+    with them at the end."""
+    with lan(["gpu-box", "mini", *(names or [])]) as net:
+        house = Household(net)
+        try:
+            yield house
+        finally:
+            for unit in house.units:
+                unit._stop.set()
+            for name in net.machines:
+                with contextlib.suppress(Exception):
+                    net[name].kill()
