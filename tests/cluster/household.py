@@ -22,6 +22,7 @@ import json
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import threading
 import time
@@ -173,7 +174,7 @@ class Unit:
         self._stop.set()
         proc = self.proc
         if proc is not None and proc.poll() is None:
-            proc.terminate()
+            Machine.signal(proc, signal.SIGTERM)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=60)
         self._thread.join(timeout=5)
@@ -272,7 +273,8 @@ def call(
     timeout: float = 10,
     method: str | None = None,
 ) -> tuple[int, dict[str, str], Any]:
-    """(status, headers, JSON body or text) of one request; status 0: no answer."""
+    """(status, headers with title-cased names, JSON body or text) of one request;
+    status 0: no answer."""
     headers = {"Content-Type": "application/json"}
     if key:
         headers["Authorization"] = f"Bearer {key}"
@@ -281,9 +283,10 @@ def call(
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             raw = resp.read()
-            status, got = resp.status, dict(resp.headers)
+            status, got = resp.status, {k.title(): v for k, v in resp.headers.items()}
     except urllib.error.HTTPError as exc:
-        raw, status, got = exc.read(), exc.code, dict(exc.headers)
+        raw, status = exc.read(), exc.code
+        got = {k.title(): v for k, v in exc.headers.items()}
     except (OSError, urllib.error.URLError):
         return 0, {}, None
     try:
@@ -295,6 +298,15 @@ def call(
 def chat(base: str, model: str = "chat", **kw: Any) -> tuple[int, dict[str, str], Any]:
     body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
     return call(base + "/v1/chat/completions", body=body, **kw)
+
+
+def draw(base: str, model: str = "image", **kw: Any) -> tuple[int, dict[str, str], Any]:
+    body = {"model": model, "prompt": "a cat", "size": "256x256"}
+    return call(base + "/v1/images/generations", body=body, **kw)
+
+
+def embed(base: str, model: str = "embeddings", **kw: Any) -> tuple[int, dict[str, str], Any]:
+    return call(base + "/v1/embeddings", body={"model": model, "input": "a cat"}, **kw)
 
 
 @contextlib.contextmanager

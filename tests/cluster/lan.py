@@ -196,6 +196,18 @@ class Machine:
         self.procs.append(proc)
         return proc
 
+    @staticmethod
+    def signal(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
+        """Send ``sig`` to a command :meth:`spawn` started (nsenter forks it into the
+        machine's PID namespace and does not pass signals on: its child gets them)."""
+        try:
+            children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+        except OSError:
+            children = []
+        for pid in children or [str(proc.pid)]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), sig)
+
     def pids(self) -> list[int]:
         got = _ip("netns", "pids", self.netns, check=False)
         return [int(p) for p in got.stdout.split()]
