@@ -258,7 +258,9 @@ class Household:
         return started
 
     def unit(self, machine: str, name: str) -> Unit:
-        return next(u for u in reversed(self.units) if (u.unit.machine, u.unit.name) == (machine, name))
+        return next(
+            u for u in reversed(self.units) if (u.unit.machine, u.unit.name) == (machine, name)
+        )
 
     # ---- a client on the LAN ------------------------------------------------------------
     def gateway(self, machine: str) -> str:
