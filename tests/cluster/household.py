@@ -34,7 +34,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from tests import waiting
 from tests.cluster.lan import VENV_BIN, Lan, Machine, lan
+from tests.cluster.support import need_ray
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "cluster.md"
@@ -47,13 +49,11 @@ LONG_RUNNING = ("accelmux node", "accelmux serve")
 
 
 def wait_until(what: str, check: Callable[[], bool], timeout: float = 30.0) -> float:
-    """Seconds it took until ``check()`` held; an AssertionError after ``timeout``."""
+    """Seconds it took until ``check()`` held (:func:`tests.waiting.wait_until`, which
+    fails after ``timeout``)."""
     started = time.monotonic()
-    while time.monotonic() - started < timeout:
-        if check():
-            return time.monotonic() - started
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+    waiting.wait_until(check, timeout=timeout, message=what)
+    return time.monotonic() - started
 
 
 # ---- the page -------------------------------------------------------------------------
@@ -71,8 +71,8 @@ def doc_steps(text: str | None = None) -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
     for block in re.findall(r"```bash\n(.*?)```", section, re.S):
         machine = None
-        for line in block.replace("\\\n", " ").splitlines():
-            line = line.strip()
+        for raw in block.replace("\\\n", " ").splitlines():
+            line = raw.strip()
             where = re.fullmatch(r"# on ([\w-]+)", line)
             if where:
                 machine = where.group(1)
@@ -251,9 +251,13 @@ class Household:
                 ready = "gateway listening on"
             self.type_command(machine, command, ready=ready)
 
-    def start_units(self, machine: str) -> list[Unit]:
-        """The machine's units, as at boot."""
-        started = [Unit(self, u).start() for u in doc_units() if u.machine == machine]
+    def start_units(self, machine: str, names: tuple[str, ...] = ()) -> list[Unit]:
+        """The machine's units (those ``names``, else all), as at boot."""
+        started = [
+            Unit(self, u).start()
+            for u in doc_units()
+            if u.machine == machine and (not names or u.name in names)
+        ]
         self.units.extend(started)
         return started
 
@@ -315,6 +319,7 @@ def embed(base: str, model: str = "embeddings", **kw: Any) -> tuple[int, dict[st
 def household(names: list[str] | None = None) -> Iterator[Household]:
     """Machines gpu-box and mini (and ``names``) on one LAN; everything they ran ends
     with them at the end."""
+    need_ray()
     with lan(["gpu-box", "mini", *(names or [])]) as net:
         house = Household(net)
         try:

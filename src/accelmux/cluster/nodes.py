@@ -29,7 +29,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import aiohttp
 
@@ -40,9 +40,10 @@ from accelmux.config.cluster import ClusterConfig
 from accelmux.core.routing import NodeView, RouteIndex, build_index
 
 log = logging.getLogger("accelmux.cluster")
-T = TypeVar("T")
 #: Weight of the newest sample in a service's time per request (exponential average).
 SERVICE_S_WEIGHT = 0.2
+#: The cancel message of a request whose node was marked down.
+_LOST = "accelmux: node lost"
 
 
 class NodeLost(Exception):
@@ -149,6 +150,11 @@ class NodeTable:
         self._session: aiohttp.ClientSession | None = None
         #: Answers being read, per node: closed when their node is marked down.
         self._open: dict[str, set[aiohttp.ClientResponse]] = {}
+        #: Requests waiting for a node's answer: cancelled when it is marked down.
+        self._waiting: dict[str, set[asyncio.Task[Any]]] = {}
+        self._timeout = aiohttp.ClientTimeout(
+            total=cfg.request_timeout_s, sock_connect=cfg.snapshot_timeout_s
+        )
         self.changed = asyncio.Event()
 
     # ---- the HTTP client ---------------------------------------------------------------
@@ -324,6 +330,8 @@ class NodeTable:
             node.lost.set_result(why)
         for resp in self._open.pop(node.name, set()):
             resp.close()
+        for task in self._waiting.pop(node.name, set()):
+            task.cancel(_LOST)
         if rebuild:
             self._rebuild_views()
 
@@ -345,53 +353,49 @@ class NodeTable:
     ) -> aiohttp.ClientResponse:
         """Send a request to node ``name``'s daemon; its answer, headers read, body not
         yet (read it, then :meth:`done`). Bounded by the request timeout and by the
-        node staying up; a node that refused the connection raises :class:`NodeLost`
-        with ``sent`` false (the request never reached it: safe to send elsewhere)."""
+        node staying up (:meth:`mark_down` cancels the wait); a node that refused the
+        connection raises :class:`NodeLost` with ``sent`` false (the request never
+        reached it: safe to send elsewhere)."""
         node = self.node(name)
-        timeout = aiohttp.ClientTimeout(
-            total=self.cfg.request_timeout_s, sock_connect=self.cfg.snapshot_timeout_s
-        )
-        call = self.session().request(
-            method, node.base + path, headers=headers, data=body, timeout=timeout
-        )
+        task = asyncio.current_task()
+        waiting = self._waiting.setdefault(name, set())
+        if task is not None:
+            waiting.add(task)
         try:
-            resp = await self._bounded(node, call)
-        except aiohttp.ClientConnectorError as exc:  # never connected: nothing was sent
-            why = connection_problem(exc)
-            self.mark_down(node, why)
-            raise NodeLost(name, why, sent=False) from None
-        except TimeoutError:
-            raise NodeTimeout(name, self.cfg.request_timeout_s) from None
-        except aiohttp.ServerDisconnectedError as exc:
-            # A kept-alive connection the node had closed, or the node died reading it.
-            raise NodeLost(name, connection_problem(exc), sent=True) from None
-        except (aiohttp.ClientError, OSError) as exc:
-            why = connection_problem(exc)
-            self.mark_down(node, why)
-            raise NodeLost(name, why) from None
+            resp = await self.session().request(
+                method, node.base + path, headers=headers, data=body, timeout=self._timeout
+            )
+        except asyncio.CancelledError as exc:
+            if task is None or not exc.args or exc.args[0] != _LOST:
+                raise
+            task.uncancel()
+            raise NodeLost(name, node.lost.result() if node.lost.done() else "down") from None
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            waiting.discard(task)  # before _failed marks the node down (it cancels these)
+            raise self._failed(node, exc) from None
+        finally:
+            if task is not None:
+                waiting.discard(task)
         self._open.setdefault(name, set()).add(resp)
         return resp
+
+    def _failed(self, node: Node, exc: BaseException) -> NodeLost | NodeTimeout:
+        """What a request that could not get its answer from ``node`` raises."""
+        if isinstance(exc, TimeoutError):
+            return NodeTimeout(node.name, self.cfg.request_timeout_s)
+        why = connection_problem(exc)
+        if isinstance(exc, aiohttp.ServerDisconnectedError):
+            # A kept-alive connection the node had closed, or the node died reading it.
+            return NodeLost(node.name, why, sent=True)
+        self.mark_down(node, why)
+        # never connected: nothing was sent, safe to send elsewhere
+        return NodeLost(node.name, why, sent=not isinstance(exc, aiohttp.ClientConnectorError))
 
     def done(self, name: str, resp: aiohttp.ClientResponse) -> None:
         resp.release()
         opened = self._open.get(name)
         if opened is not None:
             opened.discard(resp)
-
-    async def _bounded(self, node: Node, call: Awaitable[T]) -> T:
-        """``call``'s result, unless the node goes down first."""
-        task = asyncio.ensure_future(call)
-        lost = node.lost
-        watched: set[asyncio.Future[Any]] = {task, lost}
-        try:
-            done, _ = await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
-        except BaseException:
-            task.cancel()
-            raise
-        if task in done:
-            return task.result()
-        task.cancel()
-        raise NodeLost(node.name, lost.result())
 
     async def read(self, name: str, resp: aiohttp.ClientResponse) -> bytes:
         """The whole body of ``resp`` (closed by :meth:`mark_down` if its node is lost)."""

@@ -113,7 +113,7 @@ def server_overrides(args: argparse.Namespace, server: Any) -> Any:
 
 def run_cluster(args: argparse.Namespace, address: str, cfg: Any) -> int:
     """``serve --cluster``: the gateway in front of the cluster's nodes."""
-    from accelmux.cluster.hosting import configured_hosts, deadlines  # noqa: PLC0415
+    from accelmux.cluster.hosting import configured_hosts, deadlines  # noqa: PLC0415  # --help stays fast
     from accelmux.cluster.ray_link import need_ray  # noqa: PLC0415  # --help stays fast
     from accelmux.config.cluster import ClusterConfig  # noqa: PLC0415  # --help stays fast
     from accelmux.config.server import ServerConfig  # noqa: PLC0415  # --help stays fast

@@ -39,11 +39,11 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from accelmux.cluster.hosting import check_node_name  # noqa: PLC0415  # --help stays fast
-    from accelmux.cluster.ray_link import local_address, need_ray  # noqa: PLC0415
-    from accelmux.cluster.secret import require_token  # noqa: PLC0415
+    from accelmux.cluster.ray_link import local_address, need_ray  # noqa: PLC0415  # --help stays fast
+    from accelmux.cluster.secret import require_token  # noqa: PLC0415  # --help stays fast
     from accelmux.config.load import load_config  # noqa: PLC0415  # --help stays fast
     from accelmux.server import node_agent  # noqa: PLC0415  # --help stays fast
-    from accelmux.server.node_daemon import node_data_dir  # noqa: PLC0415
+    from accelmux.server.node_daemon import node_data_dir  # noqa: PLC0415  # --help stays fast
 
     if not args.config:
         print("accelmux node: give the cluster's config with -c FILE", file=sys.stderr)
