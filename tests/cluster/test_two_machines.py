@@ -198,6 +198,21 @@ def test_the_gateway_explains_where_a_request_went_and_why(house: Household) -> 
     assert call(base + f"/admin/explain/{rid}", key=API_KEY)[0] == 401
 
 
+def test_an_agent_stops_cleanly_and_starts_again(house: Household) -> None:
+    gpu = house.lan["gpu-box"]
+    done = gpu.run(["accelmux", "node", "--stop", "--node", "gpu-box", "-c", "cluster.yaml"])
+    assert done.returncode == 0 and done.stdout.strip() == "node gpu-box: stopped", done.stderr
+    agent = next(t for t in house.terminals if t.command.startswith("accelmux node --node gpu"))
+    wait_until("the agent to end", lambda: agent.proc.poll() is not None, 30)
+    assert agent.proc.returncode == 0 and agent.output().strip().endswith("node gpu-box: stopped")
+    wait_until("gpu-box down", lambda: health(house)[1]["down"] == ["gpu-box"], 5)
+    again = gpu.run(["accelmux", "node", "--stop", "--node", "gpu-box", "-c", "cluster.yaml"])
+    assert again.stdout.strip() == "node gpu-box: no agent runs here"
+    command = agent.command
+    house.type_command("gpu-box", command, ready="registered in the Ray cluster")
+    wait_until("both nodes serving", lambda: all_up(house))
+
+
 def _daemon_pid(h: Household, machine: str) -> int:
     for pid in h.lan[machine].pids():
         try:

@@ -107,6 +107,8 @@ class NodeAgent:
         self._registered = False
         self._link_trouble: str | None = None
         self._daemon_up = False
+        #: The daemon has answered at least once since the agent started.
+        self._served = False
         self._services = ""
         logs = plan.data_dir
         self.daemon = Kept(
@@ -127,13 +129,16 @@ class NodeAgent:
 
     # ---- what the terminal is told -------------------------------------------------------
     def _daemon_exited(self, code: int, ran: float) -> None:
+        was_up = self._daemon_up
         self._daemon_up = False
         how = f"signal {-code}" if code < 0 else f"status {code}"
-        if code == 2 and ran < 10:  # its config or its port: starting again will not help
+        if not self._served and code > 0:
+            # It never answered: its config, its port taken... starting again will not help.
             tail = _last_line(self.plan.data_dir / "daemon.log")
             self._give_up(f"the daemon cannot start: {tail}")
             return
-        say(f"node {self.plan.node}: the daemon ended ({how}); starting it again")
+        if was_up or code != 0:
+            say(f"node {self.plan.node}: the daemon ended ({how}); starting it again")
 
     def _link_report(self, report: dict[str, Any]) -> None:
         event = report.get("event")
@@ -202,6 +207,7 @@ class NodeAgent:
                     if fresh and await self._ready(session, base):
                         seen = self.daemon.starts
                         self._daemon_up = True
+                        self._served = True
                         say(self._serving_line(seen > 1))
                         if link is None:
                             link = asyncio.create_task(self.link.run())
