@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
+import signal
 import statistics
 import threading
 import time
@@ -28,7 +30,17 @@ from typing import Any
 
 import aiohttp
 from stats import summary
-from tests.cluster.household import ADMIN_KEY, API_KEY, Household, call, wait_until
+from tests.cluster.household import (
+    API_KEY,
+    Household,
+    call,
+    chat,
+    daemon_pid,
+    draw,
+    embed,
+    registered,
+    wait_until,
+)
 
 from accelmux.cluster.secret import KEY_HEADER, listener_key
 
@@ -186,29 +198,13 @@ def _up(h: Household, node: str, gateway: str = "gpu-box") -> bool:
     return status == 200 and node in body.get("alive", [])
 
 
-def _daemon_pid(h: Household, machine: str) -> int:
-    from pathlib import Path
-
-    for pid in h.lan[machine].pids():
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if b"accelmux.server.node_daemon" in cmdline and b"child_launch" not in cmdline:
-            return pid
-    raise RuntimeError(f"no node daemon on {machine}")
-
-
 def detection(h: Household, trials: int) -> dict[str, Any]:
-    import os
-    import signal
-
     killed: list[float] = []
     restarted: list[float] = []
     silent: list[float] = []
     back: list[float] = []
     for _ in range(trials):
-        os.kill(_daemon_pid(h, "mini"), signal.SIGKILL)
+        os.kill(daemon_pid(h, "mini"), signal.SIGKILL)
         started = time.monotonic()
         killed.append(started + wait_until("mini down", lambda: _down(h, "mini"), 10) - started)
         restarted.append(wait_until("mini up", lambda: _up(h, "mini"), 60) + killed[-1])
@@ -267,15 +263,8 @@ class Load:
 
 
 def _everything(h: Household, gateway: str) -> bool:
-    from tests.cluster.household import chat, draw, embed
-
     base = h.gateway(gateway)
     return all(f(base, timeout=5)[0] == 200 for f in (chat, embed, draw))
-
-
-def _registered(h: Household, gateway: str) -> set[str]:
-    status, _, body = call(h.gateway(gateway) + "/admin/cluster", key=ADMIN_KEY, timeout=3)
-    return {n["node"] for n in body["nodes"] if n["registered"]} if status == 200 else set()
 
 
 def lose_and_return(
@@ -283,8 +272,6 @@ def lose_and_return(
 ) -> dict[str, Any]:
     """Kill ``machine`` under load through the gateway on ``via``; its units bring it
     back. Requests for chat (on both machines) are the ones that must keep succeeding."""
-    from tests.cluster.household import chat
-
     base = h.gateway(via)
     with Load(base, "chat", clients, chat) as load:
         time.sleep(3.0)
@@ -299,7 +286,7 @@ def lose_and_return(
         full = wait_until("full service", lambda: _everything(h, via), 120)
         after = load.since(booted)
     formed = wait_until(
-        "the Ray cluster re-formed", lambda: _registered(h, via) == {"gpu-box", "mini"}, 180
+        "the Ray cluster re-formed", lambda: registered(h, via) == {"gpu-box", "mini"}, 180
     )
     ok = during.count(200)
     row = {

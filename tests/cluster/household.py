@@ -330,3 +330,21 @@ def household(names: list[str] | None = None) -> Iterator[Household]:
             for name in net.machines:
                 with contextlib.suppress(Exception):
                     net[name].kill()
+
+
+def daemon_pid(h: Household, machine: str) -> int:
+    """The pid (in the host's table) of the node daemon running on ``machine``."""
+    for pid in h.lan[machine].pids():
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"accelmux.server.node_daemon" in cmdline and b"child_launch" not in cmdline:
+            return pid
+    raise AssertionError(f"no node daemon on {machine}")
+
+
+def registered(h: Household, gateway: str) -> set[str]:
+    """The nodes the gateway on ``gateway`` sees registered in Ray now."""
+    status, _, body = call(h.gateway(gateway) + "/admin/cluster", key=ADMIN_KEY, timeout=3)
+    return {n["node"] for n in body["nodes"] if n["registered"]} if status == 200 else set()

@@ -22,7 +22,6 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -32,9 +31,11 @@ from tests.cluster.household import (
     Household,
     call,
     chat,
+    daemon_pid,
     draw,
     embed,
     household,
+    registered,
     wait_until,
 )
 from tests.cluster.lan import namespaces_refused
@@ -213,24 +214,13 @@ def test_an_agent_stops_cleanly_and_starts_again(house: Household) -> None:
     wait_until("both nodes serving", lambda: all_up(house))
 
 
-def _daemon_pid(h: Household, machine: str) -> int:
-    for pid in h.lan[machine].pids():
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if b"accelmux.server.node_daemon" in cmdline and b"child_launch" not in cmdline:
-            return pid
-    raise AssertionError(f"no node daemon on {machine}")
-
-
 def test_a_killed_daemon_is_started_again_by_its_agent(house: Household) -> None:
     base = house.gateway("gpu-box")
-    before = _daemon_pid(house, "mini")
+    before = daemon_pid(house, "mini")
     os.kill(before, signal.SIGKILL)
     wait_until("mini marked down", lambda: health(house)[1]["down"] == ["mini"], timeout=5)
     took = wait_until("mini serving again", lambda: embed(base)[0] == 200, timeout=60)
-    assert _daemon_pid(house, "mini") != before
+    assert daemon_pid(house, "mini") != before
     agent = next(t for t in house.terminals if t.command.startswith("accelmux node --node mini"))
     assert "the daemon ended (signal 9); starting it again" in agent.output()
     assert took < 30
@@ -283,7 +273,7 @@ def test_a_lost_machine_leaves_the_others_serving_and_its_units_bring_it_back(
     wait_until("full service", lambda: all_up(house), timeout=60 - (time.monotonic() - booted))
     wait_until(
         "mini registered in Ray again",
-        lambda: _registered(house, "gpu-box") == {"gpu-box", "mini"},
+        lambda: registered(house, "gpu-box") == {"gpu-box", "mini"},
         timeout=90,
     )
 
@@ -294,11 +284,6 @@ def _serving(h: Household, node: str, service: str) -> bool:
         return False
     mine = next(n for n in body["nodes"] if n["node"] == node)
     return any(s["service"] == service and s["inflight"] > 0 for s in mine["services"])
-
-
-def _registered(h: Household, machine: str) -> set[str]:
-    status, _, body = call(h.gateway(machine) + "/admin/cluster", key=ADMIN_KEY)
-    return {n["node"] for n in body["nodes"] if n["registered"]} if status == 200 else set()
 
 
 def test_losing_the_head_machine_leaves_the_other_serving_and_it_re_forms(
@@ -323,7 +308,7 @@ def test_losing_the_head_machine_leaves_the_other_serving_and_it_re_forms(
     assert time.monotonic() - booted < 60
     wait_until(
         "the Ray cluster re-formed",
-        lambda: _registered(house, "mini") == {"gpu-box", "mini"},
+        lambda: registered(house, "mini") == {"gpu-box", "mini"},
         timeout=120,
     )
 
