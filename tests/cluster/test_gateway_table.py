@@ -369,3 +369,32 @@ def test_health_is_503_when_no_node_has_registered() -> None:
         assert got["status"] == "no_nodes" and "no node has registered yet" in got["message"]
 
     serve([], body)
+
+
+def test_a_node_gone_for_good_is_forgotten_only_while_ray_answers(tmp_path: Any) -> None:
+    a, b = StandIn("a"), StandIn("b")
+    now = [0.0]
+
+    async def main() -> None:
+        entries = {n.node: await n.start() for n in (a, b)}
+        table = NodeTable(ClusterConfig(snapshot_timeout_s=0.3), KEY, clock=lambda: now[0])
+        table.state_file = tmp_path / "nodes.json"
+        try:
+            table.set_entries(entries)
+            await table.refresh()
+            await b.close()
+            await table.refresh()
+            assert not table.nodes["b"].alive
+            table.set_entries({"a": entries["a"]})  # b's entry left Ray
+            now[0] = 10_000.0
+            await table.refresh()
+            assert "b" in table.nodes  # Ray's registry has not answered: b may be fine
+            table.registry_up = True
+            await table.refresh()
+            assert sorted(table.nodes) == ["a"]
+            assert sorted(json.loads(table.state_file.read_text())) == ["a"]
+        finally:
+            await table.close()
+            await a.close()
+
+    asyncio.run(main())

@@ -42,6 +42,8 @@ from accelmux.core.routing import NodeView, RouteIndex, build_index
 log = logging.getLogger("accelmux.cluster")
 #: Weight of the newest sample in a service's time per request (exponential average).
 SERVICE_S_WEIGHT = 0.2
+#: How long a node must be down and unregistered (Ray answering) to be forgotten.
+FORGET_S = 600.0
 #: The cancel message of a request whose node was marked down.
 _LOST = "accelmux: node lost"
 
@@ -156,6 +158,9 @@ class NodeTable:
             total=cfg.request_timeout_s, sock_connect=cfg.snapshot_timeout_s
         )
         self.changed = asyncio.Event()
+        #: Whether Ray's registry answers now (set by the gateway's link to Ray): only
+        #: then does a node missing from it mean anything.
+        self.registry_up = False
 
     # ---- the HTTP client ---------------------------------------------------------------
     def session(self) -> aiohttp.ClientSession:
@@ -285,10 +290,30 @@ class NodeTable:
                 await asyncio.wait_for(_first(stop.wait(), self.changed.wait()), wait)
 
     async def refresh(self) -> None:
-        """Ask every node with an address for its snapshot; mark each up or down."""
+        """Ask every node with an address for its snapshot; mark each up or down; forget
+        the nodes that are gone for good."""
         polled = [node for node in self.nodes.values() if node.address is not None]
         await asyncio.gather(*(self._poll(node) for node in polled))
+        self._forget_retired()
         self._rebuild_views()
+
+    def _forget_retired(self) -> None:
+        """A node down for ``FORGET_S`` and missing from Ray's registry while the
+        registry answers is forgotten (a machine retired, or renamed): it no longer
+        counts in ``/health``. Should it come back, it registers again."""
+        if not self.registry_up:
+            return
+        now = self.clock()
+        gone = [
+            n.name
+            for n in self.nodes.values()
+            if not n.registered and n.down_since is not None and now - n.down_since > FORGET_S
+        ]
+        for name in gone:
+            log.info("node %s forgotten: down and unregistered for %g s", name, FORGET_S)
+            del self.nodes[name]
+        if gone:
+            self.save()
 
     async def _poll(self, node: Node) -> None:
         timeout = aiohttp.ClientTimeout(total=self.cfg.snapshot_timeout_s)

@@ -76,10 +76,12 @@ class RayWatch:
             self.joined = True
             log.info("joined the Ray cluster at %s%s", self.address, again)
         elif event == "nodes":
+            self.table.registry_up = True
             self.table.set_entries(report.get("nodes", {}))
             self.first.set()
         elif event == "error":
             self.first.set()
+            self.table.registry_up = False
             message = str(report.get("message", "the Ray link failed"))
             if message != self.trouble:
                 self.trouble = message
@@ -88,6 +90,7 @@ class RayWatch:
 
     def exited(self, code: int, ran: float) -> None:
         self.first.set()
+        self.table.registry_up = False
         if self.joined:
             self.joined = False
             self.trouble = "lost the Ray cluster"
