@@ -1,8 +1,11 @@
-# Sourced by setup-models.sh and setup-llama-server.sh: one llama.cpp build tree, from the
-# sources the llama-cpp-python sdist vendors (so libllama matches its Python bindings
-# exactly), kept in $LLAMA_TREE across runs. setup-models.sh builds only the shared
-# libraries the Python bindings load (libllama, libggml*); setup-llama-server.sh builds
-# llama-server in the same tree later, so the libraries are compiled once, not twice.
+# Sourced by setup-models.sh, setup-llama-server.sh and gpu-check: one llama.cpp build
+# tree, from the sources the llama-cpp-python sdist vendors (so libllama matches its
+# Python bindings exactly), kept in $LLAMA_TREE across runs. setup-models.sh builds only
+# the shared libraries the Python bindings load (libllama, libggml*); setup-llama-server.sh
+# builds llama-server in the same tree later; gpu-check builds both in one go (one CUDA
+# compile of libggml-cuda). Either way the libraries are compiled once, not twice: the
+# bindings' wheel is packed around them (llama_pack_wheel) and llama-server is copied
+# with them (llama_install_server).
 #
 # Needs PY and LLAMA_VERSION (python-env.sh) and CACHE. Sets LLAMA_TREE, LLAMA_SRC, LLAMA_BUILD.
 #
@@ -79,3 +82,44 @@ llama_build() {
   # Build the given targets in the tree (incremental: what is built stays built).
   cmake --build "$LLAMA_BUILD" --config Release -j "$BUILD_JOBS" --target "$@" >&2
 }
+
+llama_pack_wheel() {
+  # Pack the llama-cpp-python wheel around the libraries built in the tree (no second
+  # compile: -DLLAMA_BUILD=OFF) into directory $1; prints the wheel's path.
+  local tmp wheel
+  tmp=$(mktemp -d)
+  # --no-cache-dir: pip's wheel cache is keyed by the source, not by CMAKE_ARGS.
+  CMAKE_ARGS="-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF" "$PY" -m pip wheel -q --no-cache-dir \
+    --no-deps -w "$tmp" "$LLAMA_SRC" >&2
+  wheel=$(find "$tmp" -maxdepth 1 -name 'llama_cpp_python-*.whl' | head -n 1)
+  if [ -z "$wheel" ]; then
+    echo "the llama-cpp-python build left no wheel in $tmp" >&2
+    exit 1
+  fi
+  "$PY" scripts/add-wheel-libs.py "$wheel" llama_cpp/lib "$LLAMA_BUILD/bin" >&2
+  mkdir -p "$1"
+  mv "$wheel" "$1/"
+  rm -rf "$tmp"
+  echo "$1/$(basename "$wheel")"
+}
+
+llama_install_server() {
+  # Copy the built llama-server and the shared libraries it loads (found beside it: an
+  # $ORIGIN run path) to directory $1, whole or not at all.
+  local built="$LLAMA_BUILD/bin/llama-server"
+  if [ ! -x "$built" ]; then
+    echo "the build left no llama-server binary at $built" >&2
+    exit 1
+  fi
+  "$built" --version >&2
+  rm -rf "$1.partial"
+  mkdir -p "$1.partial"
+  cp -L "$built" "$LLAMA_BUILD"/bin/lib*.so* "$1.partial/"
+  rm -rf "$1"
+  mv "$1.partial" "$1"
+}
+
+#: The CMake flags that build llama-server with its common code (no web UI: the API only,
+#: no npm build, no download of prebuilt assets).
+LLAMA_SERVER_FLAGS=(-DLLAMA_BUILD_COMMON=ON -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON
+  -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF)

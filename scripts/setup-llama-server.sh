@@ -43,21 +43,8 @@ else
   log "building llama.cpp's libraries and llama-server with '$LLAMA_CMAKE_ARGS'"
 fi
 log "on $BUILD_JOBS jobs (the server and llama.cpp's common code compile here)"
-# No web UI (the tests use the API only): no npm build, no download of prebuilt assets.
-llama_configure -DLLAMA_BUILD_COMMON=ON -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON \
-  -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF
+llama_configure "${LLAMA_SERVER_FLAGS[@]}"
 llama_build llama-server
-built="$LLAMA_BUILD/bin/llama-server"
-if [ ! -x "$built" ]; then
-  echo "setup-llama-server: the build left no llama-server binary at $built" >&2
-  exit 1
-fi
-"$built" --version >&2
-rm -rf "$DEST.partial"
-mkdir -p "$DEST.partial"
-# the binary finds its shared libraries beside it ($ORIGIN run path)
-cp -L "$built" "$LLAMA_BUILD"/bin/lib*.so* "$DEST.partial/"
-rm -rf "$DEST"
-mv "$DEST.partial" "$DEST"
+llama_install_server "$DEST"
 log "llama-server at $BIN"
 echo "$BIN"

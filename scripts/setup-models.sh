@@ -90,20 +90,7 @@ install_llama_cpp() {
     llama_configure
     llama_build llama
     log "packing the llama-cpp-python $LLAMA_VERSION wheel around them"
-    local tmp
-    tmp=$(mktemp -d)
-    # --no-cache-dir: pip's wheel cache is keyed by the source, not by CMAKE_ARGS.
-    CMAKE_ARGS="-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF" pip wheel -q --no-cache-dir --no-deps \
-      -w "$tmp" "$LLAMA_SRC"
-    wheel=$(find "$tmp" -maxdepth 1 -name 'llama_cpp_python-*.whl' | head -n 1)
-    if [ -z "$wheel" ]; then
-      echo "setup-models: the llama-cpp-python build left no wheel in $tmp" >&2
-      exit 1
-    fi
-    "$PY" scripts/add-wheel-libs.py "$wheel" llama_cpp/lib "$LLAMA_BUILD/bin"
-    mv "$wheel" "$WHEEL_CACHE/"
-    wheel="$WHEEL_CACHE/$(basename "$wheel")"
-    rm -rf "$tmp"
+    wheel=$(llama_pack_wheel "$WHEEL_CACHE" | tail -n 1)
   else
     log "reusing $wheel"
   fi

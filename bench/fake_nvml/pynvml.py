@@ -1,7 +1,8 @@
 """A fake ``pynvml`` (nvidia-ml-py's module) for ``bench/gpu_check.py --fake-nvml``: one GPU
 whose processes and their memory are read, on every call, from the JSON file named by
-``ACCELMUX_FAKE_NVML`` (``{"name", "total", "processes": {pid: bytes}}``). Used memory is
-the processes' sum. Put this folder first on ``PYTHONPATH`` to use it."""
+``ACCELMUX_FAKE_NVML`` (``{"name", "total", "processes": {pid: bytes}}``, optionally
+``"utilization": {"gpu", "memory"}`` and ``"sm": {pid: percent}``). Used memory is the
+processes' sum. Put this folder first on ``PYTHONPATH`` to use it."""
 
 from __future__ import annotations
 
@@ -61,3 +62,15 @@ def nvmlDeviceGetComputeRunningProcesses(handle: int) -> list[SimpleNamespace]:
 
 def nvmlDeviceGetGraphicsRunningProcesses(handle: int) -> list[SimpleNamespace]:
     return []
+
+
+def nvmlDeviceGetUtilizationRates(handle: int) -> SimpleNamespace:
+    rates = _state().get("utilization") or {}
+    return SimpleNamespace(gpu=int(rates.get("gpu", 0)), memory=int(rates.get("memory", 0)))
+
+
+def nvmlDeviceGetProcessUtilization(handle: int, since: int) -> list[SimpleNamespace]:
+    return [
+        SimpleNamespace(pid=int(pid), smUtil=int(n), memUtil=0, timeStamp=since)
+        for pid, n in (_state().get("sm") or {}).items()
+    ]

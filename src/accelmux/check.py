@@ -61,7 +61,11 @@ def _report_offload(path: Path, warnings: list[str]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from accelmux.config import load, machine, reference  # noqa: PLC0415  # --help stays fast
-    from accelmux.config.offload import offload_problems, offload_warnings  # noqa: PLC0415  # --help stays fast
+    from accelmux.config.offload import (  # noqa: PLC0415  # --help stays fast
+        offload_problems,
+        offload_warnings,
+        shared_model_notes,
+    )
     from accelmux.sim.baselines import register_baselines  # noqa: PLC0415  # --help stays fast
 
     register_baselines()  # policy.name may name one, run for comparison
@@ -85,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         return _report(exc)
     _report_deprecations(path, cfg.deprecations)
-    _report_offload(path, offload_warnings(cfg))
+    _report_offload(path, [*offload_warnings(cfg), *shared_model_notes(cfg)])
     print(f"{args.file}: OK ({len(cfg.devices)} device(s), {len(cfg.services)} service(s))")
     return 0
 

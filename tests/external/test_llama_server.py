@@ -73,7 +73,9 @@ def test_llama_server_is_supervised_measured_and_calibrated(tmp_path: Path) -> N
             # -c is the KV pool over KV bytes per token, shared by 2 slots (llama.cpp pads
             # each slot's context up to a multiple of 256)
             assert usage["context_per_slot_tokens"] >= _ctx_arg(pid) // 2
-            assert usage["batch_size"] == 256
+            # what the server runs, from its /slots (not its -b flag, a batch of tokens)
+            assert usage["batch_size"] == backend["server"]["slots_processing"] == 0
+            assert backend["measured"]["batch_tokens_flag"] == 256
             assert backend["server"]["slots"] == 2
             assert "requests_processing" in backend["server"]
             assert usage["cold_start_s"] > 0 and usage["switches_per_hour"] > 0

@@ -162,7 +162,9 @@ def test_status_metrics_and_explain_show_the_external_service(tmp_path: Path) ->
             await lv.runtime.sample_once()
             calibration = lv.runtime.manager.world.services["chat"].calibration
             assert calibration.resident.observations == 1  # the measured load size
-            assert calibration.active.observations == 1  # the measured request peak
+            # the measured request peak; a periodic sample that caught the request running
+            # above its lease may add one more (a busy machine makes that likely)
+            assert calibration.active.observations >= 1
             status, snap = await lv.get("/admin/status")
             assert status == 200
             chat = next(s for s in snap["services"] if s["name"] == "chat")

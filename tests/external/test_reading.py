@@ -133,8 +133,12 @@ def test_why_full_names_who_holds_the_memory() -> None:
         ],
     }  # fmt: skip
     out = why_full(snap)
-    first, second = out["lines"]
+    first, adds_up, second = out["lines"]
     assert "foreign 1024.0 MiB" in first and "headroom 256.0 MiB" in first
+    # every category, adding up to the capacity (the snapshot's own available is 0 here)
+    assert adds_up.startswith("gpu: capacity 8192.0 MiB = weights 5120.0 MiB, runtime 0.0 MiB")
+    amounts = {b["category"]: b["bytes"] for b in out["devices"]["gpu"]["breakdown"]}
+    assert sum(amounts.values()) == 8 << 30 and amounts["reserved"] == 1 << 29
     assert first.index("llm 5120.0 MiB (loaded, pinned, 1 running)") < first.index("tts")
     assert second == "gpu: 1536.0 MiB could be freed now by unloading idle services"
     assert out["devices"]["gpu"]["services"]["tts"]["reserved"] == 1 << 29

@@ -147,6 +147,6 @@ def test_worker_services_of_one_model_share_one_weights_copy() -> None:
     )
     spec = to_manager_spec(load_config_data(data, "test"))
     keys = {s.name: s.weights_key for s in spec.services}
-    assert keys["indexer"] == keys["embeddings"] == "minilm:packaged"
+    assert keys["indexer"] == keys["embeddings"] == "minilm:packaged@gpu"
     assert keys["own"] == ""  # a worker of its own shares nothing
     assert keys["chat"] != keys["completion"]

@@ -170,7 +170,8 @@ def test_parked_weights_reload_from_host_ram(tmp_path: Path) -> None:
     async def body() -> None:
         async with chat_backend(tmp_path) as backend:
             assert not backend.last_load["from_parked"]
-            size = Path(str(backend.last_load["key"]).removeprefix("llama:")).stat().st_size
+            key = str(backend.last_load["key"]).removeprefix("llama:")
+            size = Path(key.rsplit("@", 1)[0]).stat().st_size  # the model file, not the device
             await backend.unload(tier=Tier.PARKED)
             assert backend.parked and not backend.loaded
             mem = await memory(backend)

@@ -239,3 +239,21 @@ def test_admin_key_is_asked_for_and_sent(browser: Any) -> None:
         wait_until(lambda: _text(browser, "#conn") == "live", what="decision stream with the key")
         browser.execute_script("sessionStorage.clear()")
         assert script_errors(browser) == []
+
+
+def test_page_shows_objectives_met_per_service_and_class(browser: Any) -> None:
+    config = stack_config()
+    config["services"]["chat"]["slo"] = {"latency_s": 30}
+    with live_daemon(config) as d:
+        _open(browser, d.url)
+        body = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
+        for _ in range(2):
+            status, _, _ = d.call(d.post("/v1/chat/completions", json=body))
+            assert status == 200
+        wait_until(
+            lambda: _text(browser, '#services tr[data-service="chat"] td.slo') == "100%",
+            what="chat's objectives met",
+        )
+        assert _text(browser, '#services tr[data-service="asr"] td.slo') == "\u2013"  # none yet
+        assert "interactive 100%" in _text(browser, "#queues .slo-classes")
+        assert script_errors(browser) == []

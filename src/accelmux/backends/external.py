@@ -74,7 +74,12 @@ from accelmux.backends.limits import (
 from accelmux.backends.pausable import why_not_pausable
 from accelmux.backends.process_meter import PeakTracker, ProcessTreeMeter
 from accelmux.backends.server_log import ServerLog
-from accelmux.backends.server_metrics import argv_option, parse_server_metrics, parse_slots
+from accelmux.backends.server_metrics import (
+    argv_option,
+    parse_server_metrics,
+    parse_slots,
+    reported_batch_size,
+)
 from accelmux.backends.slot_park import SlotParking, slot_dir
 from accelmux.config.backends import ExternalBackendConfig
 from accelmux.core.specs import Capabilities
@@ -156,7 +161,8 @@ class ExternalBackend:
         self.resident_bytes: int | None = None
         self.load_seconds: float | None = None
         self.server_stats: dict[str, Any] = {}
-        self.batch_size = argv_option(cfg.argv, "-b", "--batch-size")
+        #: llama-server's ``-b``: its logical batch in tokens (a flag, not what runs)
+        self.batch_tokens_flag = argv_option(cfg.argv, "-b", "--batch-size")
         self.sleeping = False
         self.sleep_stats: dict[str, Any] = {"sleeps": 0, "wakes": 0, "refused": 0}
         self._argv: list[str] = []  # what the running process was started with
@@ -344,6 +350,7 @@ class ExternalBackend:
 
     async def _report(self, weights_bytes: int, kv_pool_bytes: int) -> LoadReport:
         self.resident_bytes = await asyncio.to_thread(self._measure_now)
+        self.peaks.seed(self.resident_bytes)
         if self.resident_bytes is None:
             return LoadReport()
         # What it holds once up is weights + runtime + the KV pool it was started with.
@@ -555,7 +562,8 @@ class ExternalBackend:
                 "load_seconds": (
                     round(self.load_seconds, 3) if self.load_seconds is not None else None
                 ),
-                "batch_size": self.batch_size,
+                "batch_size": reported_batch_size(self.server_stats),
+                "batch_tokens_flag": self.batch_tokens_flag,
             },
             "server": dict(self.server_stats),
             "sleep": {"sleeping": self.sleeping, **self.sleep_stats} if self.cfg.sleep else None,

@@ -84,7 +84,11 @@ def build_backends(
             if workers is None:
                 workers = WorkerPool(data_dir)
             out[spec.name] = workers.backend(
-                spec.name, svc.kind, section, gpu_index=gpu_index(cfg.devices[spec.device])
+                spec.name,
+                svc.kind,
+                section,
+                gpu_index=gpu_index(cfg.devices[spec.device]),
+                device=spec.device,
             )
     return out
 

@@ -53,6 +53,7 @@ class PeakTracker:
     highest reading while it runs. A request that starts before the tree was ever read
     takes the thread's first reading as its start; one that ends before any reading
     reports no growth (a request shorter than the sampling interval is not seen).
+    :meth:`seed` gives it the reading a load took, so that a first request has a start.
     """
 
     def __init__(self, measure: Callable[[], int | None], interval_s: float = PEAK_SAMPLE_S):
@@ -71,6 +72,16 @@ class PeakTracker:
             return self._measure()
         except Exception:  # a vanished process: no reading, never a crash
             return None
+
+    def seed(self, reading: int | None) -> None:
+        """A reading taken elsewhere (the load's own measurement of the tree): a request
+        that starts before the sampling thread has read the tree starts from it, instead
+        of from the thread's first reading, which a busy machine may delay until the
+        request has already grown the tree."""
+        if reading is None:
+            return
+        with self._lock:
+            self._last = reading
 
     def begin(self) -> int:
         with self._lock:

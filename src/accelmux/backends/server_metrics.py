@@ -70,6 +70,19 @@ def parse_slots(slots: Any) -> dict[str, int]:
     }
 
 
+def reported_batch_size(stats: dict[str, Any]) -> int | None:
+    """The requests a server computes at once, as it reports them: its slots processing
+    (llama-server's ``/slots``), else its requests processing (``/metrics``:
+    ``llamacpp:requests_processing``, vLLM's ``num_requests_running``); None when it
+    reports neither (no ``slots_path`` nor ``metrics_path``). Never its ``-b`` flag,
+    which is a batch of tokens, not of requests."""
+    for key in ("slots_processing", "requests_processing"):
+        value = stats.get(key)
+        if value is not None:
+            return int(value)
+    return None
+
+
 def argv_option(argv: list[str], *names: str) -> int | None:
     """The integer value of the first of ``names`` in ``argv`` (``-b 512``,
     ``--batch-size=512``), or None."""

@@ -85,9 +85,11 @@ class WorkerPool:
         cfg: WorkerBackendConfig,
         *,
         gpu_index: int | None = None,
+        device: str = "",
     ) -> WorkerBackend:
         """``gpu_index``: the GPU of the service's device (an nvidia one), where the
-        worker runs its model when it can (:mod:`accelmux.models.offload`)."""
+        worker runs its model when it can (:mod:`accelmux.models.offload`); ``device``:
+        the device's name, part of the key of the model copy it may share."""
         if cfg.isolated:
             client = WorkerClient(service, self.data_dir)
             self.clients[service] = client
@@ -95,6 +97,7 @@ class WorkerPool:
             client = self.shared
         backend = WorkerBackend(service, kind, cfg, client, self)
         backend.gpu_index = gpu_index
+        backend.device = device
         self.backends[service] = backend
         return backend
 
@@ -125,6 +128,8 @@ class WorkerBackend:
         self.last_pause: dict[str, Any] = {}
         #: the GPU of its device (None: the CPU)
         self.gpu_index: int | None = None
+        #: its device's name: services share a loaded model only on the same device
+        self.device = ""
         self._on_crash: CrashCallback | None = None
         self._sent: dict[str, bool] = {}  # request id -> streamed, while it runs
         self._ended: OrderedDict[str, bool] = OrderedDict()
@@ -154,6 +159,7 @@ class WorkerBackend:
             "model_path": self.cfg.model_path,
             "kv_pool_bytes": kv_pool_bytes,
             "gpu_index": self.gpu_index,
+            "device": self.device,
         }
         reply, _ = await self.client.call(header, timeout=LOAD_TIMEOUT_S)
         self.loaded, self.parked = True, False

@@ -264,9 +264,11 @@ class WorkerBackendConfig(_Backend):
         "`nvidia` (default -1: all; 0: the CPU; ignored on other devices). See docs/gpu.md.",
     )
 
-    def weights_key(self, kind: ServiceKind) -> str:
+    def weights_key(self, kind: ServiceKind, device: str) -> str:
         """What makes services share one loaded copy of a model in the shared worker (the
-        worker's ``component_key``: the model family and its file); "" when isolated."""
+        worker's ``component_key``: the model family, its file and the device it runs
+        on); "" when isolated. Services on two devices never share a copy: each device
+        holds (and is charged) its own."""
         if self.isolated:
             return ""
         family = str(self.options.get("model_type") or WORKER_FAMILIES.get(kind, kind.value))
@@ -277,7 +279,7 @@ class WorkerBackendConfig(_Backend):
             where = str(Path(self.model_path).resolve())
         else:
             where = "packaged"
-        return f"{family}:{where}"
+        return f"{family}:{where}@{device}"
 
     def capabilities(self, kind: ServiceKind | None = None) -> Capabilities:
         """A worker-hosted llama.cpp model rebuilds its context on the loaded weights (a

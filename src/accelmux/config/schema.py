@@ -89,7 +89,11 @@ class QueueConfig(StrictModel):
 
 
 class SloConfig(StrictModel):
-    """Latency objectives, used by the simulator's report and the metrics."""
+    """Latency objectives, judged per request by the daemon and the simulator; not enforced.
+
+    The daemon's share of requests that met them over the last 5 minutes, per service
+    and per class, is in /admin/status, /metrics, the dashboard and `accelmux top`; the
+    simulator's report uses the same rule. No decision reads them."""
 
     latency_s: float | None = Field(None, gt=0, description="Whole-request latency objective.")
     ttft_s: float | None = Field(None, gt=0, description="LLM time to first token objective.")

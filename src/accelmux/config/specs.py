@@ -91,7 +91,7 @@ def to_manager_spec(
             model=svc.model or name,
             capabilities=(capabilities or {}).get(name)
             or (svc.backend.capabilities(svc.kind) if svc.backend else Capabilities()),
-            weights_key=_weights_key(svc.backend, svc.kind),
+            weights_key=_weights_key(svc.backend, svc.kind, placement[name][0]),
             steady=svc.steady if svc.steady is not None else svc.kind is ServiceKind.CAMERA,
         )
         if len(placement[name]) == 1:
@@ -106,6 +106,7 @@ def to_manager_spec(
                     group=name,
                     device=device,
                     capabilities=(capabilities or {}).get(replica, spec.capabilities),
+                    weights_key=_weights_key(svc.backend, svc.kind, device),
                 )
             )
     p = cfg.policy
@@ -186,7 +187,8 @@ def gguf_memory_profile(mem: MemoryConfig) -> MemoryProfile:
     )
 
 
-def _weights_key(backend: object, kind: ServiceKind) -> str:
-    """Services of the shared inference worker that load the same model share one copy."""
+def _weights_key(backend: object, kind: ServiceKind, device: str) -> str:
+    """Services of the shared inference worker that load the same model on the same
+    device share one copy."""
     key = getattr(backend, "weights_key", None)
-    return str(key(kind)) if callable(key) else ""
+    return str(key(kind, device)) if callable(key) else ""

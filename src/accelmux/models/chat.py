@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from accelmux.errors import BackendError, RequestError
-from accelmux.models import llama_adapter
+from accelmux.models import llama_adapter, llama_buffers
 from accelmux.models.assets import gemma3_gguf_path, smollm2_gguf_path
 from accelmux.models.gguf_profile import (
     GgufProfile,
@@ -125,6 +125,9 @@ class LlamaTextModel:
         #: (no model, no context: see :meth:`unload`), and the file it was loaded from
         self._resting: Any = None
         self._file_id: tuple[int, int] | None = None
+        #: the buffers llama.cpp logged it allocated for the weights and the context in
+        #: use (:mod:`accelmux.models.llama_buffers`; empty before a load)
+        self.buffers: llama_buffers.Buffers = {}
 
     # -- constructors for the packaged models -------------------------------------------------
 
@@ -184,7 +187,9 @@ class LlamaTextModel:
         meanwhile, they end."""
         if self._llm is not None:
             return
-        fresh = self._new_llama(self._requested_n_ctx)
+        with llama_buffers.capture(llama_adapter.runtime()) as lines:
+            fresh = self._new_llama(self._requested_n_ctx)
+        self.buffers = llama_buffers.parse_buffers("".join(lines))
         file_id = _file_id(self.model_path)
         shell, self._resting = self._resting, None
         if shell is not None and (
@@ -220,6 +225,7 @@ class LlamaTextModel:
             why = f"{self.name} is not loaded: a paused stream resumes once it loads again"
             kept = self._gate.rest(llm, why)
             llm.close()  # frees the context and the model
+            self.buffers = {}
             if kept:
                 llama_adapter.strip(llm)
                 self._resting = llm
@@ -532,7 +538,10 @@ class LlamaTextModel:
             old = int(llm.n_ctx())
             start = time.perf_counter()
             try:
-                llama_adapter.swap_context(llm, new, self._n_batch, self._n_ubatch)
+                with llama_buffers.capture(llama_adapter.runtime()) as lines:
+                    llama_adapter.swap_context(llm, new, self._n_batch, self._n_ubatch)
+                context = llama_buffers.parse_buffers("".join(lines))
+                self.buffers = llama_buffers.with_new_context(self.buffers, context)
             except (AttributeError, TypeError) as exc:
                 # The internals this relies on are missing: reload instead.
                 self._gate.end_all(f"{self.name} was reloaded while this stream was paused")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from typing import Any
 
 from accelmux.core.events import MemorySampled
@@ -70,6 +71,29 @@ def nvml_process_memory(nv: Any, handle: Any) -> dict[int, int]:
     return out
 
 
+def nvml_utilization(nv: Any, handle: Any, since_us: int) -> dict[str, Any]:
+    """Compute use: the GPU's busy percentages over NVML's last sample period
+    (``gpu_percent``: kernels running, ``memory_percent``: memory being read or written)
+    and each process's SM percentage since ``since_us`` (NVML's timestamp, microseconds;
+    ``per_process_sm_percent``: pid -> %, its highest sample). A GPU or driver without
+    these readings leaves them out (None)."""
+    out: dict[str, Any] = {"gpu_percent": None, "memory_percent": None}
+    try:
+        rates = nv.nvmlDeviceGetUtilizationRates(handle)
+        out["gpu_percent"], out["memory_percent"] = int(rates.gpu), int(rates.memory)
+    except Exception:
+        pass
+    per_process: dict[str, int] = {}
+    try:
+        for sample in nv.nvmlDeviceGetProcessUtilization(handle, since_us):
+            key = str(int(sample.pid))
+            per_process[key] = max(per_process.get(key, 0), int(sample.smUtil))
+    except Exception:  # NVML_ERROR_NOT_FOUND (no sample yet), NOT_SUPPORTED
+        pass
+    out["per_process_sm_percent"] = per_process
+    return out
+
+
 def gpu_total(index: int) -> int | None:
     """Total memory of GPU ``index``, or None when there is no NVML/GPU."""
     try:
@@ -113,6 +137,7 @@ class NvidiaSampler:
         self.error: str | None = None
         self._nv: Any = None
         self._handle: Any = None
+        self._utilization_since_us = 0
         try:
             self._nv = _init()
             self._handle = self._nv.nvmlDeviceGetHandleByIndex(index)
@@ -161,6 +186,8 @@ class NvidiaSampler:
                     "overhead_bytes": extra,
                 }
             )
+        utilization = nvml_utilization(self._nv, self._handle, self._utilization_since_us)
+        self._utilization_since_us = int(time.time() * 1_000_000)
         own = per_pid.get(os.getpid(), 0)
         baseline = max(0, own - inprocess) + self.slack
         used = int(info.used)
@@ -184,6 +211,7 @@ class NvidiaSampler:
                 "workers": workers,
                 "per_process_bytes": {str(pid): n for pid, n in sorted(per_pid.items())},
                 "foreign_bytes": max(0, used - managed - baseline - overhead),
+                "utilization": utilization,
             },
         )
 

@@ -20,17 +20,18 @@ class VirtualSampler:
         self.capacity = capacity
         self.foreign_pid_dir = Path(foreign_pid_dir) if foreign_pid_dir else None
 
-    def _foreign(self) -> int:
+    def _foreign(self) -> dict[int, int]:
+        """Bytes of each foreign process named in ``foreign_pid_dir`` (with its children)."""
         if self.foreign_pid_dir is None or not self.foreign_pid_dir.is_dir():
-            return 0
-        total = 0
+            return {}
+        out: dict[int, int] = {}
         for path in sorted(self.foreign_pid_dir.glob("*.pid")):
             try:
                 pid = int(path.read_text().split()[0])
             except (OSError, ValueError, IndexError):
                 continue
-            total += tree_memory(pid)
-        return total
+            out[pid] = tree_memory(pid)
+        return out
 
     def sample(self, services: list[ServiceProcesses]) -> DeviceSample:
         per_service = {
@@ -39,12 +40,18 @@ class VirtualSampler:
             + sum(tree_memory(p) for p in s.pids)
             for s in services
         }
-        foreign = self._foreign()
+        per_pid = self._foreign()
+        foreign = sum(per_pid.values())
         used = sum(per_service.values()) + foreign
         return DeviceSample(
             event=MemorySampled(device=self.device, used_bytes=used, per_service=per_service),
             total_bytes=self.capacity,
-            details={"source": "virtual", "used_bytes": used, "foreign_bytes": foreign},
+            details={
+                "source": "virtual",
+                "used_bytes": used,
+                "foreign_bytes": foreign,
+                "per_process_bytes": {str(pid): n for pid, n in sorted(per_pid.items())},
+            },
         )
 
     def close(self) -> None:

@@ -42,6 +42,7 @@ from accelmux.core.manager import Manager
 from accelmux.core.placement import first_up
 from accelmux.core.specs import ServiceSpec
 from accelmux.core.state import ServiceState
+from accelmux.errors import BackendError
 from accelmux.monitors.base import DeviceSample, DeviceSampler
 from accelmux.runtime.activity import ServiceActivity
 from accelmux.runtime.bus import DecisionBus
@@ -51,11 +52,13 @@ from accelmux.runtime.devices import build_samplers, detect_devices
 from accelmux.runtime.driver import Driver
 from accelmux.runtime.executor import ActionExecutor
 from accelmux.runtime.explain import why_full
+from accelmux.runtime.explain_live import ProcessCpu, enrich
 from accelmux.runtime.live_latency import LiveLatency
+from accelmux.runtime.live_slo import LiveSlo, Objective
 from accelmux.runtime.metrics import Metrics
 from accelmux.runtime.policy_choice import daemon_policy
 from accelmux.runtime.request_runner import Attempt, RequestRunner
-from accelmux.runtime.requests import Ticket
+from accelmux.runtime.requests import Refused, Ticket
 from accelmux.runtime.sampler import SamplerLoop
 from accelmux.runtime.status import build_status
 from accelmux.sim.baselines import is_baseline
@@ -115,6 +118,14 @@ class Runtime:
         }
         #: TTFT, TBT and context in use per service, measured by the gateway
         self.live = LiveLatency()
+        #: each service's objectives, judged per request (attainment per service, class)
+        self.slo = LiveSlo(
+            {
+                name: Objective(svc.slo.latency_s, svc.slo.ttft_s, svc.slo.tbt_s, svc.kind.is_llm)
+                for name, svc in cfg.services.items()
+            },
+            {name: svc.service_class for name, svc in cfg.services.items()},
+        )
         self.metrics = Metrics(self.status)
         self.request_runner = RequestRunner(self.submit, closed=lambda: self.driver.closed)
         self.executor = ActionExecutor(
@@ -142,6 +153,7 @@ class Runtime:
         )
         self.started_at = time.time()
         self._sampler_task: asyncio.Task[None] | None = None
+        self._cpu: ProcessCpu | None = None  # CPU time of our processes, for explain
 
     # ---- what the parts keep, under the names the gateway and the tests use -----------
     @property
@@ -272,15 +284,24 @@ class Runtime:
         """Admit, wait, run and account one request (:meth:`RequestRunner.run`); raises
         :class:`~accelmux.runtime.requests.Refused` when the Manager rejected or failed it,
         BackendError when its backend failed."""
-        return await self.request_runner.run(
-            service,
-            demand,
-            attempt,
-            request_id=request_id,
-            on_dispatch=on_dispatch,
-            keep_alive_s=keep_alive_s,
-            pausable=pausable,
-        )
+        with self.slo.track(service) as judge:  # its objectives, judged as it ends
+            try:
+                result = await self.request_runner.run(
+                    service,
+                    demand,
+                    attempt,
+                    request_id=request_id,
+                    on_dispatch=on_dispatch,
+                    keep_alive_s=keep_alive_s,
+                    pausable=pausable,
+                )
+            except (Refused, BackendError):
+                judge(False)
+                raise
+            status = getattr(result, "status", 200)
+            if not isinstance(status, int) or not 400 <= status < 500:  # 4xx: the client's
+                judge(not isinstance(status, int) or status < 400)
+            return result
 
     def submit(self, event: Event) -> None:
         self.driver.submit(event)
@@ -300,6 +321,7 @@ class Runtime:
             last_errors=self.last_errors,
             activity=self.activity,
             live=self.live,
+            slo=self.slo,
             server={
                 "version": __version__,
                 "policy": self.manager.policy.name,
@@ -319,4 +341,15 @@ class Runtime:
         return self.decisions.ledgers.get(request_id)
 
     def why_full(self) -> dict[str, Any]:
-        return why_full(self.manager.snapshot().as_dict())
+        """``/admin/explain``: the ledger's picture, every category adding up to each
+        device's capacity, with what the daemon measures (explain_live)."""
+        if self._cpu is None:
+            self._cpu = ProcessCpu()
+        return enrich(
+            why_full(self.manager.snapshot().as_dict()),
+            kinds={d.name: d.kind for d in self.manager.spec.devices},
+            last_samples=self.last_samples,
+            backends=self.backends,
+            last_unloads=self.decisions.last_unloads,
+            cpu=self._cpu,
+        )

@@ -5,6 +5,13 @@ decision: each service's bytes by category, foreign and headroom per device, and
 policy would have had to evict to fit the request. The eviction answer is arithmetic on
 the ledger (idle, unpinned, loaded services on the device, largest first), not the
 policy's own choice: it says how much could have been freed, and by whom.
+
+Every device's ``breakdown`` lists every category the ledger uses, and they add up to
+the device's capacity to the byte (:func:`breakdown`): the services' categories
+(weights, runtime, kv, active, reserved, leftover, each summed over the device's
+services), the workers' ``overhead``, ``foreign``, ``parked``, ``headroom``,
+``outside_budget`` (capacity less the budget) and ``available`` (what is left; negative
+when the ledger holds more than the budget: it says by how much).
 """
 
 from __future__ import annotations
@@ -13,6 +20,29 @@ from typing import Any
 
 #: Categories a service holds in the ledger, as the snapshot names them.
 LEDGER_CATEGORIES = ("weights", "runtime", "kv", "active", "reserved", "leftover")
+#: Per-device categories, after the services' own, in the order a breakdown lists them.
+DEVICE_CATEGORIES = ("overhead", "foreign", "parked", "headroom", "outside_budget", "available")
+
+
+def breakdown(dev: dict[str, Any], services: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every ledger category of one device (``dev``: its snapshot view; ``services``: the
+    snapshot's services on it) with its bytes; they add up to ``capacity_bytes``."""
+    held = {cat: sum(int(s["ledger"].get(cat, 0)) for s in services) for cat in LEDGER_CATEGORIES}
+    capacity, budget = int(dev["capacity_bytes"]), int(dev["budget_bytes"])
+    rest = {
+        "overhead": int(dev.get("overhead_bytes", 0)),
+        "foreign": int(dev.get("foreign_bytes", 0)),
+        "parked": int(dev.get("parked_bytes", 0)),
+        "headroom": int(dev.get("headroom_bytes", 0)),
+        "outside_budget": capacity - budget,
+    }
+    # what the ledger has left: the budget less everything it holds (as Ledger.available)
+    rest["available"] = (
+        budget
+        - sum(held.values())
+        - sum(rest[k] for k in ("overhead", "foreign", "parked", "headroom"))
+    )
+    return [{"category": c, "bytes": n} for c, n in (*held.items(), *rest.items())]
 
 
 def ledger_picture(snap: dict[str, Any]) -> dict[str, Any]:
@@ -26,11 +56,14 @@ def ledger_picture(snap: dict[str, Any]) -> dict[str, Any]:
                 "budget",
                 "headroom",
                 "foreign",
+                "overhead",
                 "parked",
                 "committed",
                 "available",
             )
         }
+        on_device = [s for s in snap["services"] if s["device"] == dev["name"]]
+        devices[dev["name"]]["breakdown"] = breakdown(dev, on_device)
         devices[dev["name"]]["services"] = {}
     for svc in snap["services"]:
         held = {cat: int(svc["ledger"].get(cat, 0)) for cat in LEDGER_CATEGORIES}
@@ -96,8 +129,11 @@ def why_full(snap: dict[str, Any]) -> dict[str, Any]:
         lines.append(
             f"{name}: budget {_mib(dev['budget'])}, committed {_mib(dev['committed'])}, "
             f"available {_mib(dev['available'])}, foreign {_mib(dev['foreign'])}, "
-            f"headroom {_mib(dev['headroom'])}; held by: {shown or 'nobody'}"
+            f"overhead {_mib(dev['overhead'])}, headroom {_mib(dev['headroom'])}; "
+            f"held by: {shown or 'nobody'}"
         )
+        parts = ", ".join(f"{b['category']} {_mib(b['bytes'])}" for b in dev["breakdown"])
+        lines.append(f"{name}: capacity {_mib(dev['capacity'])} = {parts}")
         free_now = sum(b for _, b in evictable(dev))
         lines.append(f"{name}: {_mib(free_now)} could be freed now by unloading idle services")
     return {"lines": lines, "devices": picture}

@@ -27,6 +27,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from accelmux.runtime import live_slo
+
 #: The sliding window of the percentiles, seconds.
 WINDOW_S = 300.0
 #: Samples kept per series and service (the oldest go first).
@@ -79,6 +81,9 @@ class StreamTimer:
 
     def chunk(self, data: bytes) -> None:
         now = self._live.clock()
+        timing = live_slo.CURRENT.get()  # the request's own, judged against its objectives
+        if timing is not None:
+            timing.chunk(now)
         if self._last is None:
             self._live.series(self._service, "ttft").add(now, now - self._started)
         else:

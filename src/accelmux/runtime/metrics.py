@@ -107,6 +107,7 @@ class _SnapshotCollector(Collector):
         yield from (est, measured, state, inflight, waiting, cold, loads, evictions, crashes)
         yield usage
         yield from _live_families(by_group(snap["services"]))
+        yield from _slo_families(snap)
 
         dev_g = GaugeMetricFamily(
             "accelmux_device_bytes",
@@ -167,6 +168,33 @@ def _live_families(groups: dict[str, dict[str, Any]]) -> Iterable[Metric]:
             if value is not None:
                 gauge.add_metric([service], float(value))
         yield gauge
+
+
+def _slo_families(snap: dict[str, Any]) -> Iterable[Metric]:
+    """Attainment of the objectives over the last minutes (runtime/live_slo.py): per
+    service and per class, with the requests judged in the window."""
+    for label, doc, entries in (
+        ("service", "per service", {s["group"]: s.get("slo") for s in snap["services"]}),
+        ("class", "per class", snap.get("slo_classes") or {}),
+    ):
+        attainment = GaugeMetricFamily(
+            f"accelmux_{label}_slo_attainment",
+            f"Share of requests that met their objectives, {doc}, over the last minutes.",
+            labels=[label],
+        )
+        requests = GaugeMetricFamily(
+            f"accelmux_{label}_slo_requests",
+            f"Requests judged against their objectives, {doc}, over the last minutes.",
+            labels=[label],
+        )
+        for name, entry in sorted(entries.items()):
+            if not entry:
+                continue
+            requests.add_metric([name], float(entry["requests"]))
+            if entry["attainment"] is not None:
+                attainment.add_metric([name], float(entry["attainment"]))
+        yield attainment
+        yield requests
 
 
 def by_group(services: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:

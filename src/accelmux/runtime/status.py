@@ -6,7 +6,8 @@ limit and its usage figures in one place (:func:`service_usage`, which ``/metric
 exports too: live TTFT and TBT percentiles, context in use and batch size among them,
 see :mod:`accelmux.runtime.live_latency`); where its model runs (``accelerator``:
 ``cuda:0``, ``cpu``, or ``cpu (fallback: WHY)``, for worker services once loaded);
-and the server's own state.
+each service's objectives and their attainment over the last minutes (``slo``, and
+``slo_classes`` per class: :mod:`accelmux.runtime.live_slo`); and the server's own state.
 
 A service that runs on several devices shows as one entry per replica (``chat@gpu1``,
 each with its own device, state and backend); every entry's ``group`` names the service
@@ -24,6 +25,7 @@ from accelmux.backends.base import Backend
 from accelmux.core.manager import Manager
 from accelmux.runtime.activity import ServiceActivity
 from accelmux.runtime.live_latency import LiveLatency
+from accelmux.runtime.live_slo import LiveSlo
 from accelmux.runtime.sampler import SamplerLoop
 
 
@@ -36,6 +38,7 @@ def build_status(
     activity: Mapping[str, ServiceActivity],
     server: dict[str, Any],
     live: LiveLatency | None = None,
+    slo: LiveSlo | None = None,
 ) -> dict[str, Any]:
     snap = manager.snapshot().as_dict()
     monitors = {}
@@ -66,6 +69,8 @@ def build_status(
         svc["accelerator"] = (described or {}).get("accelerator")
         figures = live.figures(svc["group"]) if live is not None else {}
         svc["usage"] = service_usage(svc, described or {}, used, figures)
+        svc["slo"] = slo.service(svc["group"]) if slo is not None else None
+    snap["slo_classes"] = slo.by_class() if slo is not None else {}
     snap["groups"] = {g: [r.name for r in reps] for g, reps in world.groups.items()}
     snap["server"] = server
     return snap

@@ -201,6 +201,13 @@ def frame(view: View, width: int, height: int) -> list[Line]:
         return [_clip(line, width) for line in lines[:height]]
     queues = "  ".join(f"{k} {v}" for k, v in st.get("queues", {}).items())
     lines.append([("queued: ", "dim"), (queues, "plain")])
+    met = "  ".join(
+        f"{cls} {_percent(entry.get('attainment'))}"
+        for cls, entry in (st.get("slo_classes") or {}).items()
+    )
+    if met:
+        window = next(iter(st["slo_classes"].values())).get("window_s", 0)
+        lines.append([(f"objectives met (last {window / 60:g} min): ", "dim"), (met, "plain")])
     lines.append([])
     services_all = st["services"]
     index = {s["name"]: i for i, s in enumerate(services_all)}
@@ -248,6 +255,7 @@ def frame(view: View, width: int, height: int) -> list[Line]:
         ("THRASH", 7),
         ("COLD", 5),
         ("SERVED", 7),
+        ("SLO", 6),
     )
     lines.append([("".join(_pad(h, w) for h, w in cols), "title")])
     for s in services_all:
@@ -273,6 +281,7 @@ def frame(view: View, width: int, height: int) -> list[Line]:
             (_pad(str(s["thrash"]), 7), "warn" if s["thrash"] else "plain"),
             (_pad(str(s["cold_starts"]), 5), "plain"),
             (_pad(str(s["served"]), 7), "plain"),
+            (_pad(_percent((s.get("slo") or {}).get("attainment")), 6), _slo_style(s)),
         ]
         lines.append(cells)
     windowed = [s for s in services_all if s.get("windows")]
@@ -324,6 +333,17 @@ def frame(view: View, width: int, height: int) -> list[Line]:
                 ]
             )
     return [_clip(line, width) for line in lines[:height]]
+
+
+def _percent(share: float | None) -> str:
+    return "-" if share is None else f"{100 * share:.0f}%"
+
+
+def _slo_style(svc: dict[str, Any]) -> str:
+    share = (svc.get("slo") or {}).get("attainment")
+    if share is None:
+        return "plain"
+    return "ok" if share >= 0.99 else "warn" if share >= 0.9 else "bad"
 
 
 def _svc_style(index: dict[str, int], svc: dict[str, Any]) -> str:

@@ -14,10 +14,13 @@ Memory per component, reported to the daemon:
 * the others: ``runtime`` = RSS the runtime's first import added (libraries: zero when
   another component already imported them), ``weights`` = RSS the load added.
 
-On a GPU (:mod:`accelmux.models.offload`): ``gpu`` = the bytes the component put on its
-GPU by its own account (llama.cpp: weights, KV, compute and output buffers of the
-offloaded layers; ONNX Runtime: what NVML saw this process gain over the load). The
-daemon's NVIDIA monitor reconciles these with NVML's total for the worker process.
+On a GPU (:mod:`accelmux.models.offload`): ``gpu`` = the bytes the component holds on
+its GPU by its runtime's own account (llama.cpp: the buffers it logged for the weights,
+KV cache, compute and output on that GPU; ONNX Runtime: what NVML saw this process gain
+over the load, after the worker opened the GPU) plus the growth its requests left there
+(``gpu_growth``). :mod:`accelmux.worker.gpu_account` opens the GPU before the first model
+(the worker's overhead) and settles the growth; the daemon's NVIDIA monitor reconciles
+the figures with NVML's total for the worker process.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from accelmux.core.types import ServiceKind
 from accelmux.errors import BackendError, RequestError
 from accelmux.models.llama_sequences import SequenceReport, TextStream
 from accelmux.models.offload import Placement, own_gpu_bytes, placement
+from accelmux.worker.gpu_account import GpuAccount
 
 #: Modules each kind of component imports (their first import is the "runtime" cost).
 RUNTIME_MODULES: dict[str, tuple[str, ...]] = {
@@ -114,8 +118,12 @@ class Component:
         #: the GPU its service's device is (None: a host or virtual device: the CPU)
         self.gpu_index: int | None = None
         self.placement = Placement(accelerator="cpu")
-        #: bytes it holds on its GPU by its own account (0 on the CPU)
+        #: bytes its load added on its GPU, as NVML saw this process (0 on the CPU)
         self.gpu_bytes = 0
+        #: what its requests left on its GPU since the load (allocator growth)
+        self.gpu_growth = 0
+        #: the worker's GPU account: opens a GPU before the first model there
+        self.gpu_account: GpuAccount | None = None
 
     # -- lifecycle ----------------------------------------------------------------------
     def load(self, slot: Slot) -> None:
@@ -124,6 +132,9 @@ class Component:
         except ValueError as exc:
             raise BackendError(f"{self.key}: {exc}") from None
         gpu = self.placement.gpu_index
+        self.gpu_growth = 0
+        if gpu is not None and self.gpu_account is not None:
+            self.gpu_account.open(gpu)  # the worker's overhead, not this model's
         gpu_before = own_gpu_bytes(gpu) if gpu is not None else None
         before = rss_bytes()
         for module in RUNTIME_MODULES.get(self.ctype, ()):
@@ -147,9 +158,18 @@ class Component:
     def accelerator(self) -> str:
         return self.placement.accelerator
 
-    def gpu_bytes_now(self) -> int:
-        """What it holds on its GPU now, by its own account."""
+    def gpu_index_now(self) -> int | None:
+        """The GPU it runs on (None: the CPU)."""
+        return self.placement.gpu_index
+
+    def runtime_gpu_bytes(self) -> int:
+        """What its runtime says it holds on its GPU (the load's figure here; llama.cpp
+        reads its buffers)."""
         return self.gpu_bytes if self.placement.on_gpu else 0
+
+    def gpu_bytes_now(self) -> int:
+        """What it holds on its GPU now: its runtime's figure and its requests' growth."""
+        return self.runtime_gpu_bytes() + self.gpu_growth if self.placement.on_gpu else 0
 
     def live(self) -> dict[str, Any]:
         """Live figures for the status page (an LLM: its context size)."""

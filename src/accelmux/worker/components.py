@@ -41,14 +41,19 @@ def component_type(kind: ServiceKind, options: dict[str, Any]) -> str:
     }.get(kind, kind.value)
 
 
-def component_key(kind: ServiceKind, options: dict[str, Any], model_path: str | None) -> str:
-    """Services with equal keys share one loaded copy of the model."""
+def component_key(
+    kind: ServiceKind, options: dict[str, Any], model_path: str | None, device: str
+) -> str:
+    """Services with equal keys share one loaded copy of the model: the same model on
+    the same ``device`` (the daemon's device name). Two services with one model file on
+    two devices get a copy each, each where its own device is (and each device is
+    charged its own copy, as the ledger does: ``WorkerBackendConfig.weights_key``)."""
     ctype = component_type(kind, options)
     if ctype == "llama":
-        return f"llama:{llm_path(kind, options, model_path).resolve()}"
+        return f"llama:{llm_path(kind, options, model_path).resolve()}@{device}"
     if model_path:
-        return f"{ctype}:{Path(model_path).resolve()}"
-    return f"{ctype}:packaged"
+        return f"{ctype}:{Path(model_path).resolve()}@{device}"
+    return f"{ctype}:packaged@{device}"
 
 
 class _ModelComponent(Component):
@@ -276,14 +281,15 @@ def make_component(
     model_path: str | None,
     data_dir: Path,
     gpu_index: int | None = None,
+    device: str = "",
 ) -> Component:
-    """``gpu_index``: the GPU of the loading service's device (None: the CPU); services
-    sharing the component share where it runs."""
+    """``gpu_index``: the GPU of the loading service's device (None: the CPU);
+    ``device``: that device's name (services share a component only on one device)."""
     ctype = component_type(kind, options)
     cls = COMPONENTS.get(ctype)
     if cls is None:
         raise BackendError(f"no hosted model type {ctype!r} (known: {', '.join(COMPONENTS)})")
-    component = cls(component_key(kind, options, model_path), model_path, options)
+    component = cls(component_key(kind, options, model_path, device), model_path, options)
     component.gpu_index = gpu_index
     if isinstance(component, OpenCvComponent):
         component.data_dir = data_dir

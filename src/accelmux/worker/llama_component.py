@@ -10,7 +10,7 @@ from typing import Any
 from accelmux import openai_shapes as shapes
 from accelmux.core.types import ServiceKind
 from accelmux.errors import BackendError, RequestError
-from accelmux.models import structured
+from accelmux.models import llama_buffers, structured
 from accelmux.models.assets import gemma3_gguf_path, smollm2_gguf_path
 from accelmux.models.chat import LlamaTextModel
 from accelmux.models.gguf_profile import gguf_profile, llama_memory_estimate, pad_context
@@ -114,12 +114,16 @@ class LlamaComponent(Component):
         self.weights_bytes = int(profile.weights_bytes)
         self.runtime_bytes = max(0, self.load_rss_bytes - self.weights_bytes - self.kv_bytes())
 
-    def gpu_bytes_now(self) -> int:
-        """llama.cpp's own buffers on the GPU: the offloaded share of the weights and KV
-        cache (its layers' share; all with ``n_gpu_layers: -1``), the compute and output
-        buffers (estimated from the GGUF header, :func:`llama_memory_estimate`)."""
+    def runtime_gpu_bytes(self) -> int:
+        """llama.cpp's own buffers on the GPU, as it logged them at the load and at the
+        last resize (:mod:`accelmux.models.llama_buffers`); when it logged none (another
+        llama.cpp), the estimate from the GGUF header: the offloaded share of the
+        weights and KV cache (its layers' share; all with ``n_gpu_layers: -1``), the
+        compute and output buffers (:func:`llama_memory_estimate`)."""
         if self.model is None or self.model.n_gpu_layers == 0:
             return 0
+        if self.model.buffers:
+            return llama_buffers.on_gpu(self.model.buffers, self.placement.gpu_index or 0)
         profile = self.model.profile
         estimate = llama_memory_estimate(profile, int(self.model.n_ctx))
         layers = self.model.n_gpu_layers

@@ -33,9 +33,12 @@ from typing import Any
 
 from accelmux.core.types import ServiceKind
 from accelmux.errors import BackendError, RequestError
+from accelmux.models.offload import own_gpu_bytes
 from accelmux.worker import protocol
 from accelmux.worker.component_base import Component, Slot, rss_bytes
 from accelmux.worker.components import component_key, make_component
+from accelmux.worker.cuda_context import open_gpu
+from accelmux.worker.gpu_account import GpuAccount
 from accelmux.worker.parked import ParkedWeights
 from accelmux.worker.streams import RunState, StreamRun, Streams
 
@@ -160,6 +163,10 @@ class Worker:
         self.parked = ParkedWeights()
         #: unloaded components that keep paused streams, by key (reused by the next load)
         self.resting: dict[str, Component] = {}
+        #: its GPU overhead and the growth requests leave (gpu_account)
+        self.gpu = GpuAccount(own_gpu_bytes, open_gpu)
+        #: request id -> the component on a GPU it runs on, while it runs
+        self.on_gpu: dict[int, Component] = {}
 
     # -- wire -------------------------------------------------------------------------
     def send(self, header: dict[str, Any], blob: bytes = b"") -> None:
@@ -242,7 +249,9 @@ class Worker:
         options = dict(h.get("options") or {})
         model_path = h.get("model_path")
         slot = Slot(service, kind, options, kv_pool_bytes=int(h.get("kv_pool_bytes", 0)))
-        key = component_key(kind, options, model_path)
+        gpu = h.get("gpu_index")
+        device = str(h.get("device") or (f"gpu{gpu}" if gpu is not None else "cpu"))
+        key = component_key(kind, options, model_path, device)
         self._end_elsewhere(service, key)
         held = self.held.get(key)
         shared = held is not None
@@ -250,10 +259,15 @@ class Worker:
         if held is None:
             component = self.resting.pop(key, None)  # its paused streams continue
             if component is None:
-                gpu = h.get("gpu_index")
                 component = make_component(
-                    kind, options, model_path, self.data_dir, None if gpu is None else int(gpu)
+                    kind,
+                    options,
+                    model_path,
+                    self.data_dir,
+                    None if gpu is None else int(gpu),
+                    device,
                 )
+                component.gpu_account = self.gpu
             kept = component.kept_streams()
             held = Held(component)
             try:
@@ -443,9 +457,11 @@ class Worker:
     # -- what the streams need (streams.Host) -------------------------------------------
     def begin_request(self, rid: int, service: str) -> None:
         self.active[rid] = (service, self.sampler.begin())
+        self._gpu_begin(rid, service)
 
     def end_request(self, rid: int) -> int:
         self.cancels.pop(rid, None)
+        self._gpu_end(rid)
         entry = self.active.pop(rid, None)
         return self.sampler.end(entry[1]) if entry is not None else 0
 
@@ -453,11 +469,28 @@ class Worker:
         entry = self.active.get(rid)
         if entry is not None:
             self.sampler.suspend(entry[1])
+            self._gpu_end(rid)  # a paused request runs nothing on its GPU
 
     def resume_request(self, rid: int) -> None:
         entry = self.active.get(rid)
         if entry is not None:
             self.sampler.resume(entry[1])
+            self._gpu_begin(rid, entry[0])
+
+    def _gpu_begin(self, rid: int, service: str) -> None:
+        entry = self.slots.get(service)
+        if entry is None or rid in self.on_gpu:
+            return
+        component = entry[1].component
+        if component.gpu_index_now() is not None:
+            self.on_gpu[rid] = component
+            self.gpu.begin(component)
+
+    def _gpu_end(self, rid: int) -> None:
+        """When it was the last request on its GPU, the growth is settled (gpu_account)."""
+        component = self.on_gpu.pop(rid, None)
+        if component is not None:
+            self.gpu.end(component, lambda: [h.component for h in list(self.held.values())])
 
     def component_of(self, service: str) -> tuple[Slot, Component, Executor] | None:
         entry = self.slots.get(service)
@@ -487,6 +520,7 @@ class Worker:
                 "kv": c.kv_bytes() if owner else 0,
                 "active": active.get(service, 0),
                 "gpu": c.gpu_bytes_now() if owner else 0,
+                "gpu_growth": c.gpu_growth if owner else 0,
                 "accelerator": c.accelerator,
                 "batch_size": running.get(service, 0),
                 **c.live(),
@@ -506,6 +540,7 @@ class Worker:
             "services": services,
             "parked_streams": kept,
             "parked_streams_bytes": sum(r["parked_kv"] for r in kept.values()),
+            "gpu_overhead": self.gpu.report(),
             **self.parked.report(loaded=self._loaded_files()),
         }
 

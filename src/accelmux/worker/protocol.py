@@ -9,7 +9,7 @@ Requests (daemon -> worker) carry ``id`` (unique per connection) and ``op``:
 =========  ==================================================================
 op         header fields (blob)
 =========  ==================================================================
-load       service, kind, options, model_path, kv_pool_bytes
+load       service, kind, options, model_path, kv_pool_bytes, gpu_index, device
 unload     service, tier (``cold`` or ``parked``), end_paused (its paused requests end)
 resize     service, kv_pool_bytes
 infer      service, endpoint, body, stream, files (name -> [offset, length]),

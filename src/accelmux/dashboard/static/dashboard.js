@@ -185,7 +185,15 @@ function renderServer(st) {
   setHTML($("#server"), parts.join(" · "));
   const q = Object.entries(st.queues || {}).map(([cls, n]) =>
     '<span class="chip' + (n > 0 ? " hot" : "") + '">' + esc(cls) + " <b>" + n + "</b></span>");
-  setHTML($("#queues"), q.length ? '<span class="muted">queued</span> ' + q.join(" ") : "");
+  const met = Object.entries(st.slo_classes || {}).map(([cls, m]) =>
+    '<span class="chip' + (m.attainment !== null && m.attainment < 0.9 ? " hot" : "") + '" title="' +
+    m.met + " of " + m.requests + ' requests met their objectives">' + esc(cls) + " <b>" + percent(m.attainment) + "</b></span>");
+  setHTML($("#queues"), (q.length ? '<span class="muted">queued</span> ' + q.join(" ") : "") +
+    (met.length ? ' <span class="muted">objectives met</span> <span class="slo-classes">' + met.join(" ") + "</span>" : ""));
+}
+
+function percent(share) {
+  return share === null || share === undefined ? "–" : Math.round(100 * share) + "%";
 }
 
 function renderDevices(st) {
@@ -318,6 +326,9 @@ function renderServices(st) {
       '<td class="num">' + s.cold_starts + "</td>" +
       '<td class="num' + (s.crashes ? " hot" : "") + '">' + s.crashes + "</td>" +
       '<td class="num served">' + s.served + "</td>" +
+      '<td class="num slo' + (s.slo && s.slo.attainment !== null && s.slo.attainment < 0.9 ? " hot" : "") +
+      '" title="' + (s.slo ? s.slo.met + " of " + s.slo.requests + " requests" : "") + '">' +
+      percent(s.slo ? s.slo.attainment : null) + "</td>" +
       '<td><div class="actions">' + ops.join("") + "</div></td></tr>";
   });
   setHTML(body, rows.join(""));
