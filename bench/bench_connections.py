@@ -7,9 +7,10 @@ connection, one at a time:
 * ``room``: ``server.max_connections`` 4096 and long timeouts; first with no other
   connection, then while 2,000 idle connections (opened, silent) are held. How many of
   the 2,000 were still open at the end is recorded.
-* ``capped``: the defaults (``max_connections`` 1000, ``header_timeout_s`` 15) while the
-  client tries to hold 2,000 idle connections: what each idle connection got (held, a
-  503, or closed to make room) and what the measured requests got (answered or 503).
+* ``capped``: the defaults (``max_connections`` 1000, ``connections_per_address`` 64,
+  ``header_timeout_s`` 15) while the client tries to hold 2,000 idle connections from
+  one address: what each idle connection got (held, a 429 for the address's share, a
+  503, or closed to make room) and what the measured requests got (answered or refused).
 
 The client raises its own open-files limit (RLIMIT_NOFILE) for the 2,000 sockets; the
 daemon raises its own to ``max_connections`` + 256.
@@ -154,17 +155,26 @@ class IdleConnections:
             await asyncio.gather(*(one() for _ in range(min(100, count - start))))
 
     def census(self) -> dict[str, int]:
-        """What each connection got so far: nothing (held), a 503, or a silent close."""
-        held = refused = closed = 0
+        """What each connection got so far: nothing (held), a 503 (the cap), a 429 (the
+        client's share of connections), or a silent close."""
+        held = refused = over_share = closed = 0
         for reader, _ in self.streams:
             data = bytes(reader._buffer)  # what arrived, unread
             if data.startswith(b"HTTP/1.1 503 "):
                 refused += 1
+            elif data.startswith(b"HTTP/1.1 429 "):
+                over_share += 1
             elif reader.at_eof() or data:
                 closed += 1
             else:
                 held += 1
-        return {"held": held, "refused_503": refused, "closed": closed, "failed": self.failed}
+        return {
+            "held": held,
+            "refused_503": refused,
+            "refused_429": over_share,
+            "closed": closed,
+            "failed": self.failed,
+        }
 
     def close(self) -> None:
         for _, writer in self.streams:
@@ -202,7 +212,12 @@ def main() -> None:
     }
     with tempfile.TemporaryDirectory(prefix="accelmux-bench-conn-") as tmp_dir:
         tmp = Path(tmp_dir)
-        roomy = {"max_connections": 4096, "header_timeout_s": 600, "keepalive_timeout_s": 600}
+        roomy = {
+            "max_connections": 4096,
+            "connections_per_address": 4096,
+            "header_timeout_s": 600,
+            "keepalive_timeout_s": 600,
+        }
         proc, url = start(tmp, "room", roomy)
         try:
             alone = asyncio.run(measure(url, args.n))

@@ -10,8 +10,19 @@ driver calls them after every event.
     python bench/bench_manager.py --quick    # one repeat, fewer events
     python bench/bench_manager.py --profile 1000   # cProfile of one run
     # also compare with another checkout of the core, side by side: one process per
-    # run, alternating that checkout's src and this one's (same workloads, same seeds)
+    # run, alternating that checkout's src and this one's (same workloads, same seeds),
+    # with the instructions per event each executes (valgrind's callgrind: a figure the
+    # machine's load does not move) and the busy week below
     python bench/bench_manager.py --against /path/to/old/checkout
+    # the busy week alone: WEEK_HOURS simulated hours of the busy home, timed whole
+    python bench/bench_manager.py --week [--week-hours 168]
+
+The busy week is a simulated week of one home (bench target: under 60 s): the first
+generated home (``accelmux.sim.generate.generate_home``, by seed) that has 8 to 12
+services and every class, replayed by the simulator with the accelmux policy, the whole
+replay timed (simulator and Manager). ``--against`` times ``WEEK_HOURS`` of it per round
+and projects the week in proportion (``projected_week_s``); ``--week-hours 168`` runs it
+all.
 """
 
 from __future__ import annotations
@@ -22,9 +33,11 @@ import json
 import os
 import platform
 import random
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,6 +76,14 @@ TICK_PERIOD_S = 5.0
 #: Cases (services) and alternating rounds of ``--against``.
 COMPARED = (10, 100, 1000)
 COMPARE_ROUNDS = 9
+#: The busy week: simulated hours per timed round of ``--against`` (projected to a week),
+#: rounds, and the generated homes searched for the first with 8-12 services of every class.
+WEEK_HOURS = 2.0
+WEEK_ROUNDS = 3
+WEEK_SEEDS = range(100)
+#: Events of the two runs whose difference gives the instructions per event (startup and
+#: imports cancel out), under valgrind's callgrind.
+INSTRUCTION_EVENTS = (200, 1200)
 
 
 @dataclass(frozen=True)
@@ -278,24 +299,121 @@ def bench(quick: bool) -> dict[str, object]:
     }
 
 
-def one_run(n_services: int) -> dict[str, float]:
-    """One full-length run of a case (the first repeat's seed), as ``--one`` prints it."""
+def one_run(n_services: int, events: int | None = None) -> dict[str, float]:
+    """One full-length run of a case (the first repeat's seed), as ``--one`` prints it
+    (``events``: that many instead)."""
     n_devices, n_events = next((d, e) for s, d, e in CASES if s == n_services)
     work = build_workload(n_services, n_devices, seed=n_services)
-    return run_once(work, n_events, seed=1000)
+    return run_once(work, events or n_events, seed=1000)
 
 
-def _run_in(src: Path, n_services: int) -> float:
-    """events/s of :func:`one_run` in a process of its own, importing the core from ``src``."""
+def week_home() -> tuple[int, dict[str, object]]:
+    """The busy week's home: (seed, scenario data) of the first generated home with 8-12
+    services and every class (the same for any version of the core)."""
+    from accelmux.sim.generate import generate_home
+
+    for seed in WEEK_SEEDS:
+        data = generate_home(seed).data
+        services = data["services"]
+        assert isinstance(services, dict)
+        classes = {svc.get("class") for svc in services.values()}
+        if 8 <= len(services) <= 12 and classes >= {
+            "realtime",
+            "interactive",
+            "batch",
+            "background",
+        }:
+            return seed, data
+    raise SystemExit("no generated home has 8-12 services of every class")
+
+
+def week_run(hours: float) -> dict[str, float]:
+    """``hours`` of the busy week's home, simulated with the accelmux policy: the wall
+    seconds of the whole replay, the Manager events it took, the projected week."""
+    from accelmux.sim.executor import Simulation
+    from accelmux.sim.generate import generate_home
+    from accelmux.sim.scenario import load_scenario_data
+
+    seed, _ = week_home()
+    home = generate_home(seed, duration_s=hours * 3600.0)
+    scenario = load_scenario_data(home.data, home.name, Path("."))
+    t0 = time.perf_counter()
+    sim = Simulation(scenario, "accelmux", 0, duration_s=hours * 3600.0)
+    handled = [0]
+    handle = sim.manager.handle
+
+    def counting(event: Event, now: float) -> list[Action]:
+        handled[0] += 1
+        return handle(event, now)
+
+    sim.manager.handle = counting  # type: ignore[method-assign]
+    sim.run()
+    wall = time.perf_counter() - t0
+    return {
+        "seed": seed,
+        "hours": hours,
+        "events": handled[0],
+        "wall_s": wall,
+        "events_per_s": handled[0] / wall,
+        "projected_week_s": wall * 168.0 / hours,
+    }
+
+
+def _child(src: Path, *args: str) -> dict[str, float]:
+    """What this script prints for ``args`` in a process of its own, importing the core
+    from ``src``."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(src), str(Path(__file__).parent)]))
     out = subprocess.run(
-        [sys.executable, __file__, "--one", str(n_services)],
+        [sys.executable, __file__, *args],
         env=env,
         capture_output=True,
         text=True,
         check=True,
     )
-    return float(json.loads(out.stdout)["events_per_s"])
+    return json.loads(out.stdout)  # type: ignore[no-any-return]
+
+
+def _run_in(src: Path, n_services: int) -> float:
+    """events/s of :func:`one_run` in a process of its own, importing the core from ``src``."""
+    return float(_child(src, "--one", str(n_services))["events_per_s"])
+
+
+def instructions_per_event(src: Path, n_services: int) -> float | None:
+    """Instructions the core from ``src`` executes per event of the ``n_services`` case
+    (callgrind; the difference of two runs, so startup cancels), or None without
+    valgrind."""
+    if shutil.which("valgrind") is None:
+        return None
+    counts = []
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(src), str(Path(__file__).parent)]))
+    for events in INSTRUCTION_EVENTS:
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "callgrind.out"
+            subprocess.run(
+                [
+                    "valgrind",
+                    "--tool=callgrind",
+                    f"--callgrind-out-file={out}",
+                    sys.executable,
+                    __file__,
+                    "--one",
+                    str(n_services),
+                    "--events",
+                    str(events),
+                ],
+                env=env,
+                capture_output=True,
+                check=True,
+            )
+            counts.append(_callgrind_total(out))
+    return (counts[1] - counts[0]) / (INSTRUCTION_EVENTS[1] - INSTRUCTION_EVENTS[0])
+
+
+def _callgrind_total(path: Path) -> int:
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        if line.startswith(("summary:", "totals:")):
+            return int(line.split()[1])
+    raise ValueError(f"{path}: no callgrind summary")
 
 
 def _commit_of(checkout: Path) -> str:
@@ -319,6 +437,8 @@ def compare(against: Path) -> dict[str, object]:
         for _ in range(COMPARE_ROUNDS):
             old.append(_run_in(against / "src", n_services))
             new.append(_run_in(here, n_services))
+        old_ir = instructions_per_event(against / "src", n_services)
+        new_ir = instructions_per_event(here, n_services)
         cases.append(
             {
                 "services": n_services,
@@ -327,15 +447,42 @@ def compare(against: Path) -> dict[str, object]:
                 "old_median": statistics.median(old),
                 "new_median": statistics.median(new),
                 "speedup": statistics.median(new) / statistics.median(old),
+                "old_instructions_per_event": old_ir,
+                "new_instructions_per_event": new_ir,
             }
         )
         c = cases[-1]
         print(
             f"{n_services:>8} services: {c['old_median']:>10,.0f} -> "
-            f"{c['new_median']:>10,.0f} events/s ({c['speedup']:.2f}x)",
+            f"{c['new_median']:>10,.0f} events/s ({c['speedup']:.2f}x); "
+            f"instructions/event {old_ir} -> {new_ir}",
             flush=True,
         )
-    return {"against": _commit_of(against), "rounds": COMPARE_ROUNDS, "cases": cases}
+    week_old: list[dict[str, float]] = []
+    week_new: list[dict[str, float]] = []
+    for _ in range(WEEK_ROUNDS):
+        week_old.append(_child(against / "src", "--week", "--week-hours", str(WEEK_HOURS)))
+        week_new.append(_child(here, "--week", "--week-hours", str(WEEK_HOURS)))
+    week = {
+        "seed": week_new[0]["seed"],
+        "hours": WEEK_HOURS,
+        "events": week_new[0]["events"],
+        "old_runs": week_old,
+        "new_runs": week_new,
+        "old_projected_week_s": statistics.median(r["projected_week_s"] for r in week_old),
+        "new_projected_week_s": statistics.median(r["projected_week_s"] for r in week_new),
+    }
+    print(
+        f"busy week (home seed {week['seed']}, {WEEK_HOURS} h timed): "
+        f"{week['old_projected_week_s']:,.0f} s -> {week['new_projected_week_s']:,.0f} s",
+        flush=True,
+    )
+    return {
+        "against": _commit_of(against),
+        "rounds": COMPARE_ROUNDS,
+        "cases": cases,
+        "week": week,
+    }
 
 
 def profile(n_services: int) -> None:
@@ -359,10 +506,16 @@ def main() -> None:
     parser.add_argument(
         "--against", type=Path, metavar="CHECKOUT", help="also compare with that core"
     )
+    parser.add_argument("--week", action="store_true", help="time the busy week alone")
+    parser.add_argument("--week-hours", type=float, default=168.0, metavar="H")
     parser.add_argument("--one", type=int, metavar="N", help=argparse.SUPPRESS)
+    parser.add_argument("--events", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(one_run(args.one)))
+        print(json.dumps(one_run(args.one, args.events)))
+        return
+    if args.week:
+        print(json.dumps(week_run(args.week_hours)))
         return
     if args.profile:
         profile(args.profile)

@@ -32,7 +32,11 @@ def connections() -> str:
     phases = [
         ("no other connection (max_connections 4096)", room["alone"]),
         (f"{idle} idle connections held (max_connections 4096)", room["with_idle"]["latency"]),
-        (f"{idle} idle connections tried (defaults: max_connections 1000)", capped["latency"]),
+        (
+            f"{idle} idle connections tried from one address (defaults: max_connections "
+            "1000, 256 per address)",
+            capped["latency"],
+        ),
     ]
     lines = [
         "| while | /health p50 ms | /health p95 ms | TTS p50 ms | TTS p95 ms | answered 200 |",
@@ -52,7 +56,8 @@ def connections() -> str:
         f"With room for them, {held['held']} of the {idle} idle connections were still open "
         "at the end. At the default cap: "
         f"{census['held']} held, {census['closed']} closed to make room for newer ones, "
-        f"{census['refused_503']} answered 503 `too_many_connections`, "
+        f"{census.get('refused_429', 0)} answered 429 `per_client_limit` (one address's "
+        f"share), {census['refused_503']} answered 503 `too_many_connections`, "
         f"{census['failed']} failed to connect.",
         "",
         f"{report['meta']['settings']['requests_per_kind']} requests per kind and row, each on "

@@ -13,31 +13,7 @@ from collections.abc import Callable
 
 import import_graph as ig
 
-
-def layers(graph: ig.Graph) -> list[list[str]]:
-    """The packages by layer, bottom (imports nothing of accelmux) first.
-
-    Raises on a cycle: then there is no picture to draw (tests/docs names the cycle)."""
-    level: dict[str, int] = {}
-    visiting: set[str] = set()
-
-    def depth(node: str) -> int:
-        if node in level:
-            return level[node]
-        if node in visiting:
-            raise ValueError(f"import cycle through {node!r}")
-        visiting.add(node)
-        below = [depth(dep) for dep in graph.get(node, ())]
-        visiting.discard(node)
-        level[node] = 1 + max(below, default=-1)
-        return level[node]
-
-    for node in graph:
-        depth(node)
-    out: list[list[str]] = [[] for _ in range(1 + max(level.values(), default=-1))]
-    for node, n in level.items():
-        out[n].append(node)
-    return [sorted(names) for names in out]
+from accelmux.core.policies.accelmux.graph import layers
 
 
 def _shown(package: str, packages: set[str]) -> str:

@@ -7,8 +7,10 @@ request schemas of the OpenAPI document. Their errors stay as precise as hand-wr
 checks by four rules:
 
 * a model is strict (:class:`RequestModel`): a JSON value is taken as it is, never
-  converted (``"yes"`` is not ``true``, ``2.0`` is not an integer); fields not declared
-  are ignored, so the many optional fields OpenAI clients send pass through unchanged;
+  converted (``"yes"`` is not ``true``, ``"2"`` is not an integer), except that an
+  integer may be written ``2.0``, as JSON Schema's ``integer`` allows (:data:`JsonInt`);
+  fields not declared are ignored, so the many optional fields OpenAI clients send pass
+  through unchanged;
 * an error's location becomes a param the way OpenAI writes it:
   ``("messages", 0, "role")`` -> ``messages[0].role`` (:func:`param_of`);
 * a union other than ``X | None`` is wrapped by :func:`one_error`, so that it fails once,
@@ -26,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal, cast
 
 from pydantic import (
     BaseModel,
@@ -36,7 +38,15 @@ from pydantic import (
     StrictInt,
     ValidationError,
 )
-from pydantic_core import ErrorDetails, PydanticCustomError, core_schema
+from pydantic.json_schema import (
+    DEFAULT_REF_TEMPLATE,
+    DefsRef,
+    GenerateJsonSchema,
+    JsonSchemaKeyT,
+    JsonSchemaMode,
+    JsonSchemaValue,
+)
+from pydantic_core import CoreSchema, ErrorDetails, PydanticCustomError, core_schema
 
 #: The kind of every error a request model raises itself (the gateway's ``error.code``).
 INVALID = "invalid_value"
@@ -63,10 +73,59 @@ _PHRASES = {
 }
 
 
+#: pydantic's names of the bounds it could not put on a type of its own (a constrained
+#: type behind a validator), and JSON Schema's names of them.
+_BOUNDS = {"ge": "minimum", "le": "maximum", "gt": "exclusiveMinimum", "lt": "exclusiveMaximum"}
+
+
+def _json_schema_bounds(node: Any) -> Any:
+    if isinstance(node, list):
+        return [_json_schema_bounds(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    out: dict[str, Any] = {}
+    numeric = node.get("type") in ("integer", "number")
+    for key, value in node.items():
+        if numeric and key in _BOUNDS:
+            out[_BOUNDS[key]] = value
+        elif key in ("properties", "$defs", "patternProperties"):
+            out[key] = {name: _json_schema_bounds(sub) for name, sub in value.items()}
+        else:
+            out[key] = _json_schema_bounds(value)
+    return out
+
+
+class RequestSchema(GenerateJsonSchema):
+    """The JSON schema of a request model, its bounds in JSON Schema's words."""
+
+    def generate(self, schema: CoreSchema, mode: JsonSchemaMode = "validation") -> JsonSchemaValue:
+        return cast(JsonSchemaValue, _json_schema_bounds(super().generate(schema, mode)))
+
+    def generate_definitions(
+        self, inputs: Sequence[tuple[JsonSchemaKeyT, JsonSchemaMode, CoreSchema]]
+    ) -> tuple[dict[tuple[JsonSchemaKeyT, JsonSchemaMode], JsonSchemaValue], dict[DefsRef, Any]]:
+        keys, defs = super().generate_definitions(inputs)
+        return keys, cast(dict[DefsRef, Any], _json_schema_bounds(defs))
+
+
 class RequestModel(BaseModel):
     """The base of every request model: strict, undeclared fields ignored."""
 
     model_config = ConfigDict(strict=True, extra="ignore")
+
+    @classmethod
+    def model_json_schema(
+        cls,
+        by_alias: bool | None = None,
+        ref_template: str = DEFAULT_REF_TEMPLATE,
+        schema_generator: type[GenerateJsonSchema] = RequestSchema,
+        mode: JsonSchemaMode = "validation",
+        *,
+        union_format: Literal["any_of", "primitive_type_array"] = "any_of",
+    ) -> dict[str, Any]:
+        return super().model_json_schema(
+            by_alias, ref_template, schema_generator, mode, union_format=union_format
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,3 +212,14 @@ def _digits_as_int(value: Any) -> Any:
 #: An integer, also given as a string of digits (``"16"``), as clients of form-encoded
 #: APIs send it; never a boolean or a float.
 LenientInt = Annotated[StrictInt, BeforeValidator(_digits_as_int)]
+
+
+def _integral(value: Any) -> Any:
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+#: A JSON integer as JSON Schema has it: ``16`` or ``16.0`` (a number without a fraction),
+#: never ``16.5``, ``"16"`` nor a boolean (what the document's ``"type": "integer"`` says).
+JsonInt = Annotated[StrictInt, BeforeValidator(_integral)]

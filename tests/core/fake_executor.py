@@ -40,6 +40,8 @@ from accelmux.core.manager import Manager
 from accelmux.core.policies.accelmux import MAX_PAUSES
 from accelmux.core.types import Category, Reason, ResizeSupport, ServiceStatus, Tier
 
+from .world_oracle import check_indexes
+
 DOWN, LOADING, LOADED, UNLOADING = "down", "loading", "loaded", "unloading"
 _VIEW = {
     ServiceStatus.UNLOADED: DOWN,
@@ -341,4 +343,9 @@ class FakeExecutor:
         assert all(r.pauses <= MAX_PAUSES for r in world.waiting.values())
         assert all(r.pauses <= MAX_PAUSES for r in world.inflight.values())
         assert world.host_used <= world.spec.host_budget_bytes
-        world.check_indexes()
+        # The copy of the old round (tests/core/old_round) keeps its own index check.
+        old_check = getattr(world, "check_indexes", None)
+        if old_check is not None:
+            old_check()
+        else:
+            check_indexes(world)

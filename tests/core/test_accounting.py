@@ -56,6 +56,7 @@ from accelmux.core.types import (
 from .fake_executor import FakeExecutor
 from .support import EXACT, device, done, llm_profile, loaded, of, service
 from .test_properties import SETTINGS, Op, apply_op, manager_specs, ops_strategy
+from .world_oracle import check_indexes
 
 PAUSABLE = Capabilities(pause=True, park=True, host_cache=True)
 
@@ -145,7 +146,7 @@ def test_a_stale_or_unknown_answer_changes_nothing() -> None:
     m.handle(PauseFinished(request_id="nobody", attempt=1), t)
     m.handle(PauseRefused(request_id="b1", attempt=1), t)  # b1 is not running
     assert m.world.inflight["a1"].pausing is True
-    m.world.check_indexes()
+    check_indexes(m.world)
 
 
 def test_slot_files_on_disk_are_not_charged_to_host_ram() -> None:
@@ -157,7 +158,7 @@ def test_slot_files_on_disk_are_not_charged_to_host_ram() -> None:
     a1 = m.world.waiting["a1"]
     assert a1.paused and a1.parked and a1.parked_kv > 0
     assert m.world.host_kv == 0  # its KV is a file on disk
-    m.world.check_indexes()
+    check_indexes(m.world)
 
 
 # ---- leftover, parked and shared memory ------------------------------------------------
@@ -201,8 +202,8 @@ def test_parked_weights_on_the_host_device_count_against_its_budget() -> None:
     ledger = m.world.ledger
     before = ledger.available("gpu")
     resident = m.world.services["a"].resident_bytes
-    m.world.unload(m.world.services["a"], reason=Reason.EVICTED_FOR_MEMORY, tier=Tier.PARKED)
-    (unload,) = of(Unload, m.world.drain())
+    m.ops.unload(m.world.services["a"], reason=Reason.EVICTED_FOR_MEMORY, tier=Tier.PARKED)
+    (unload,) = of(Unload, m.ops.drain())
     assert unload.tier is Tier.PARKED
     assert ledger.parked("gpu") == 0  # still device memory while it unloads
     m.handle(Unloaded(service="a"), 3.0)
@@ -241,7 +242,7 @@ def test_weights_shared_by_two_services_are_charged_once_and_handed_over() -> No
     assert ledger.amount("gpu", "indexer", Category.WEIGHTS) == GIB
     assert ledger.decided("gpu") >= GIB
     assert m.world.services["indexer"].weights_shared_by is None
-    m.world.check_indexes()
+    check_indexes(m.world)
 
 
 # ---- one slot's share of the context ---------------------------------------------------

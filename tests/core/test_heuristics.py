@@ -47,8 +47,8 @@ def test_disable_reaches_the_world_knobs() -> None:
     cfg = load_config_text(CONFIG.format(disable="[preemption, ballooning]"))
     spec = to_manager_spec(cfg)
     assert spec.knobs.disabled == frozenset({"preemption", "ballooning"})
-    assert not spec.knobs.enabled("preemption")
-    assert spec.knobs.enabled("calibration")
+    assert not spec.knobs.switches.preemption
+    assert spec.knobs.switches.calibration
 
 
 def test_an_unknown_heuristic_is_an_error_that_lists_the_known_ones() -> None:

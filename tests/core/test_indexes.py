@@ -16,24 +16,22 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from accelmux.core.manager import Manager
-from accelmux.core.policies.accelmux import HEURISTICS, AccelmuxPolicy, _Round
+from accelmux.core.policies.accelmux import HEURISTICS, AccelmuxPolicy
 from accelmux.core.policy import Policy
 from accelmux.core.specs import DeviceSpec, ManagerSpec
-from accelmux.core.state import RequestState, World
-from accelmux.core.types import ServiceClass
 from accelmux.sim.baselines import make_policy
 
 from .fake_executor import FakeExecutor
 from .test_properties import SETTINGS, Op, apply_op, manager_specs, ops_strategy
+from .world_oracle import check_indexes
 
 POLICIES = ("accelmux", "independent", "static", "ollama+containers", "llama-swap", "oracle")
 
 
-class ExhaustiveAccelmux(AccelmuxPolicy):
-    """Test double: the accelmux policy without any skipping, every request every round."""
-
-    def _unsettled(self, world: World, cls: ServiceClass, rnd: _Round) -> list[RequestState]:
-        return [r for r in world.waiting.values() if r.cls is cls]
+def ExhaustiveAccelmux() -> AccelmuxPolicy:
+    """The accelmux policy without any skipping, every request every round (its round
+    cache off)."""
+    return AccelmuxPolicy(cache=False)
 
 
 @st.composite
@@ -65,7 +63,7 @@ def drive(spec: ManagerSpec, policy: Policy, ops: list[Op], check: bool) -> Fake
 
 def assert_indexes_match(ex: FakeExecutor) -> None:
     world = ex.manager.world
-    world.check_indexes()
+    check_indexes(world)
     deadlines = [r.deadline_at for r in world.waiting.values() if r.deadline_at > ex.now]
     expected = min(deadlines) if deadlines else None
     assert world.next_deadline(ex.now) == expected

@@ -19,8 +19,8 @@ from accelmux.core.events import (
 )
 from accelmux.core.manager import Decision, Manager
 from accelmux.core.specs import ManagerSpec, PolicyKnobs
-from accelmux.core.state import World
 from accelmux.core.types import GIB, MIB, Category, Reason, Residency, ServiceClass, ServiceStatus
+from accelmux.core.world import WorldOps, WorldView
 from accelmux.errors import InvariantError
 
 from .support import (
@@ -497,13 +497,13 @@ class _Overcommitting:
     infinite_memory = False
     enforces_budget = True
 
-    def start(self, world: World, now: float) -> None:
-        world.load(world.services["img"], reason=Reason.DEMAND, enforce=False)
+    def start(self, world: WorldView, ops: WorldOps, now: float) -> None:
+        ops.load(world.services["img"], reason=Reason.DEMAND, enforce=False)
 
-    def decide(self, world: World, now: float) -> None:
+    def decide(self, world: WorldView, ops: WorldOps, now: float) -> None:
         return None
 
-    def next_wakeup(self, world: World, now: float) -> float | None:
+    def next_wakeup(self, world: WorldView, now: float) -> float | None:
         return None
 
 

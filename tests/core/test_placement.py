@@ -22,6 +22,7 @@ from accelmux.errors import ConfigError, InvariantError
 from .fake_executor import FakeExecutor
 from .support import arrive, device, done, loaded, of, plain_profile, service
 from .test_properties import SETTINGS, apply_op, manager_specs, ops_strategy
+from .world_oracle import check_indexes
 
 POLICIES = ("accelmux", "independent", "static", "ollama+containers", "llama-swap", "oracle")
 
@@ -254,11 +255,11 @@ def test_routed_requests_stay_in_their_group_and_the_indexes_hold(
     for op in ops:
         apply_op(ex, spec, op, counter)
         world = ex.manager.world
-        world.check_indexes()
+        check_indexes(world)
         for req in (*world.waiting.values(), *world.inflight.values()):
             assert world.services[req.service].spec.addressed_as == ex.addressed[req.request_id]
     ex.settle()
-    ex.manager.world.check_indexes()
+    check_indexes(ex.manager.world)
 
 
 @pytest.mark.slow

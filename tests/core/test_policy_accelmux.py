@@ -1032,7 +1032,7 @@ def _voice_chain_beside_idle_chat(knobs: PolicyKnobs) -> Manager:
         knobs=knobs,
     )
     up(m, "pin", "chat", "asr", "tts")
-    m.world.observe_load_seconds(m.world.services["chat"], 60.0)  # a slow reload
+    m.ops.observe_load_seconds(m.world.services["chat"], 60.0)  # a slow reload
     return m
 
 

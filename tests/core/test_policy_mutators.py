@@ -1,17 +1,20 @@
-"""Policies change the World only through its methods (an AST check of core/policies).
+"""Only the World's operations change it (an AST check of the policies and the Manager).
 
-The World's mutators (``dispatch``, ``load``, ``mark_announced``, ``observe_failure``...)
-keep the ledger, the states and the indexes consistent and record every action; a policy
+The operations of :class:`~accelmux.core.world.WorldOps` (``dispatch``, ``load``,
+``mark_announced``, ``observe_failure``, ``crashed``, ``reconcile``...) keep the ledger,
+the states and the indexes consistent and record every action; a policy or the Manager
 that wrote a field itself (``req.announced = True``) or changed a collection the World
 owns (``world.admin_unload.discard(name)``, ``svc.calibration.observe_excess(...)``)
-would step around them. In a policy module this test therefore fails on:
+would step around them. In a policy module (core's and the simulator's baselines) and in
+``core/manager.py`` this test therefore fails on:
 
 * an assignment, augmented assignment or ``del`` of an attribute named like a field of
   the World, a service state, a request state, the ledger or a calibration (unless it
   is the policy's own: ``self.x``), or of an item of one of them;
 * a method call on such an attribute (``world.ledger.reserve(...)``), or on a local name
   bound to one (``ledger = world.ledger``), unless the method only reads;
-* a call of one of the World methods the Manager alone uses (``set_status``, ``drain``...).
+* in a policy, a call of one of the operations the Manager alone uses (``set_status``,
+  ``drain``, ``crashed``...).
 """
 
 from __future__ import annotations
@@ -21,14 +24,18 @@ import dataclasses
 from pathlib import Path
 
 import accelmux.core.policies
+import accelmux.sim.baselines
 from accelmux.core.ledger import Ledger
 from accelmux.core.profiles import RatioCalibrator, ServiceCalibration
 from accelmux.core.specs import ManagerSpec
-from accelmux.core.state import RequestState, ServiceSet, ServiceState, World
+from accelmux.core.world import RequestState, ServiceSet, ServiceState, World
+from accelmux.core.world.data import RequestPhase
 
 from .support import device, service
 
 POLICIES = Path(accelmux.core.policies.__file__).parent
+BASELINES = Path(accelmux.sim.baselines.__file__).parent
+CORE = POLICIES.parent
 
 
 def _owned_names() -> frozenset[str]:
@@ -83,18 +90,30 @@ READ_METHODS = frozenset(
         "project_observed",
         "project_resident",
         # the frozen specs and knobs
-        "enabled",
         "in_window",
         "seconds_until_edge",
         "as_dict",
     }
 )
+#: What a part calls the world it reads and the writer it holds (``self.view``...).
+WORLD_HANDLES = frozenset({"view", "ops", "world"})
 #: World methods only the Manager calls (its bookkeeping of events).
 MANAGER_ONLY = frozenset(
     {
         "add_waiting",
-        "check_indexes",
+        "advance",
+        "arrive",
+        "back_off",
+        "crashed",
         "drain",
+        "expired_requests",
+        "load_done",
+        "load_failed",
+        "reconcile",
+        "request_done",
+        "shut_down",
+        "take_changes",
+        "unloaded",
         "finish",
         "next_seq",
         "record",
@@ -113,11 +132,23 @@ def _root(node: ast.expr) -> str | None:
     return node.id if isinstance(node, ast.Name) else None
 
 
+def _own_state(node: ast.expr) -> bool:
+    """``node`` is reached from ``self`` other than through the world a part holds
+    (``self.view``, ``self.ops``): the policy's (or part's) own state."""
+    first: ast.expr | None = None
+    while isinstance(node, (ast.Attribute, ast.Subscript, ast.Call)):
+        first = node
+        node = node.func if isinstance(node, ast.Call) else node.value
+    if not (isinstance(node, ast.Name) and node.id == "self"):
+        return False
+    return not (isinstance(first, ast.Attribute) and first.attr in WORLD_HANDLES)
+
+
 def _owned(node: ast.expr, aliases: set[str]) -> bool:
     """``node`` is something the World owns: ``x.<owned name>``, or a local alias of one."""
     if isinstance(node, ast.Name):
         return node.id in aliases
-    return isinstance(node, ast.Attribute) and node.attr in OWNED and _root(node) != "self"
+    return isinstance(node, ast.Attribute) and node.attr in OWNED and not _own_state(node)
 
 
 def _targets(node: ast.AST) -> list[ast.expr]:
@@ -141,7 +172,7 @@ def _targets(node: ast.AST) -> list[ast.expr]:
     return out
 
 
-def _function_problems(func: ast.AST) -> list[tuple[int, str]]:
+def _function_problems(func: ast.AST, policy: bool) -> list[tuple[int, str]]:
     aliases: set[str] = set()
     problems: list[tuple[int, str]] = []
     nodes = sorted(
@@ -170,26 +201,30 @@ def _function_problems(func: ast.AST) -> list[tuple[int, str]]:
             method, receiver = node.func.attr, node.func.value
             if _owned(receiver, aliases) and method not in READ_METHODS:
                 problems.append((node.lineno, f"calls {ast.unparse(node.func)}"))
-            elif method in MANAGER_ONLY and _root(receiver) != "self":
+            elif policy and method in MANAGER_ONLY and _root(receiver) != "self":
                 problems.append((node.lineno, f"calls {ast.unparse(node.func)} (the Manager's)"))
     return problems
 
 
-def violations(source: str) -> list[str]:
+def violations(source: str, policy: bool = True) -> list[str]:
     problems: set[tuple[int, str]] = set()
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            problems.update(_function_problems(node))
+            problems.update(_function_problems(node, policy))
     return [f"line {line}: {what}" for line, what in sorted(problems)]
 
 
-def test_policies_change_the_world_only_through_its_methods() -> None:
-    found = {
-        str(path.relative_to(POLICIES)): v
-        for path in sorted(POLICIES.rglob("*.py"))
-        if (v := violations(path.read_text(encoding="utf-8")))
-    }
-    assert found == {}, "use (or add) a World method instead"
+def test_policies_change_the_world_only_through_its_operations() -> None:
+    paths = [*sorted(POLICIES.rglob("*.py")), BASELINES / "policies.py"]
+    found = {str(path): v for path in paths if (v := violations(path.read_text(encoding="utf-8")))}
+    assert found == {}, "use (or add) a WorldOps operation instead"
+
+
+def test_the_manager_writes_no_field_itself() -> None:
+    """The Manager's bookkeeping of events is named operations too (``request_done``,
+    ``load_done``, ``crashed``, ``reconcile``...): it writes nothing of the World."""
+    found = violations((CORE / "manager.py").read_text(encoding="utf-8"), policy=False)
+    assert found == [], "use (or add) a WorldOps operation instead"
 
 
 def test_the_checker_catches_direct_writes() -> None:
@@ -204,15 +239,18 @@ def decide(self, world, now):
     svc.queue[rid] = req
     del world.waiting[rid]
     world.services["a"].pinned, x = True, 1
-    world.set_status(svc, status)
+    ops.set_status(svc, status)
     world.ledger.available("gpu")
-    world.dispatch(req, reason=r)
-    world.mark_announced(req)
+    ops.dispatch(req, reason=r)
+    ops.mark_announced(req)
     self._charged[name] = 1
     self.settings = None
     times.append(now)
     rnd.quiet = set()
     sorted(world.admin_unload)
+    self.view.waiting[rid] = req
+    self.view.services["a"].pinned = True
+    self.yielded_to[rid] = other
 """
     assert violations(source) == [
         "line 2: writes req.announced",
@@ -223,10 +261,13 @@ def decide(self, world, now):
         "line 8: writes svc.queue[rid]",
         "line 9: writes world.waiting[rid]",
         "line 10: writes world.services['a'].pinned",
-        "line 11: calls world.set_status (the Manager's)",
+        "line 11: calls ops.set_status (the Manager's)",
+        "line 20: writes self.view.waiting[rid]",
+        "line 21: writes self.view.services['a'].pinned",
     ]
 
 
 def test_the_owned_names_cover_the_world_and_its_states() -> None:
     assert {"announced", "admin_unload", "last_evicted_at", "calibration", "queue"} <= OWNED
+    assert "phase" in OWNED and RequestPhase.WAITING.value == "waiting"
     assert {"waiting", "inflight", "ledger", "services", "loaded", "learned"} <= OWNED

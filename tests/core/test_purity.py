@@ -85,7 +85,7 @@ def core_files() -> list[Path]:
 
 def test_core_has_the_expected_modules() -> None:
     names = {p.name for p in core_files()}
-    assert {"manager.py", "ledger.py", "state.py", "policy.py", "room.py"} <= names
+    assert {"manager.py", "ledger.py", "ops.py", "view.py", "policy.py", "room.py"} <= names
     assert package_of(CORE / "policies" / "accelmux" / "room.py") == (
         "accelmux.core.policies.accelmux"
     )

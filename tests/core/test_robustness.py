@@ -32,8 +32,8 @@ from accelmux.core.manager import Manager
 from accelmux.core.policies import make_policy
 from accelmux.core.policies.accelmux import MAX_PREEMPTIONS
 from accelmux.core.specs import ManagerSpec, MemoryProfile, PolicyKnobs
-from accelmux.core.state import World
 from accelmux.core.types import GIB, MIB, Category, Reason, ServiceClass, ServiceStatus
+from accelmux.core.world import World
 
 from .fake_executor import FakeExecutor
 from .support import EXACT, arrive, done, manager, of, plain_profile, service, unloads, up

@@ -1,15 +1,21 @@
-"""The ablation switches are one typed set of names: an unknown one is refused."""
+"""The ablation switches are one typed set of names (an unknown one is refused), read as a
+frozen record of booleans."""
 
 from __future__ import annotations
+
+from dataclasses import fields
+from pathlib import Path
 
 import pytest
 
 from accelmux.config.load import load_config_text
 from accelmux.core.policies.accelmux import HEURISTICS
 from accelmux.core.specs import PolicyKnobs
-from accelmux.core.switches import DESCRIPTIONS, SWITCH_NAMES, Switch
+from accelmux.core.switches import DESCRIPTIONS, SWITCH_NAMES, Switch, Switches
 from accelmux.errors import ConfigError
 from accelmux.sim.baselines import apply_variant
+
+SRC = Path(__file__).resolve().parents[2] / "src"
 
 CONFIG = """
 devices:
@@ -32,17 +38,25 @@ def test_knobs_refuse_an_unknown_switch_at_construction() -> None:
     assert "known: " in str(err.value) and "preemption" in str(err.value)
 
 
-def test_enabled_refuses_an_unknown_switch() -> None:
+def test_a_misspelt_switch_is_no_attribute() -> None:
     knobs = PolicyKnobs()
-    with pytest.raises(ValueError, match="'ballooning_typo'"):
-        knobs.enabled("ballooning_typo")
+    with pytest.raises(AttributeError, match="ballooning_typo"):
+        knobs.switches.ballooning_typo  # type: ignore[attr-defined]  # noqa: B018
 
 
-def test_enabled_reads_a_switch_and_its_name_alike() -> None:
+def test_the_record_has_one_boolean_per_switch() -> None:
+    assert [f.name for f in fields(Switches)] == [s.value for s in Switch]
     knobs = PolicyKnobs(disabled=frozenset({"preemption"}))
-    assert not knobs.enabled(Switch.PREEMPTION)
-    assert not knobs.enabled("preemption")
-    assert knobs.enabled(Switch.CALIBRATION)
+    assert not knobs.switches.preemption
+    assert knobs.switches.calibration
+    assert knobs.switches == Switches.from_disabled(["preemption"])
+    assert not hasattr(knobs, "enabled")  # no lookup by string is left
+
+
+def test_no_switch_is_read_by_its_name_as_a_string() -> None:
+    """Every heuristic is read as ``switches.<name>``: no ``enabled("...")`` is left."""
+    for path in SRC.rglob("*.py"):
+        assert ".enabled(" not in path.read_text(encoding="utf-8"), path
 
 
 def test_config_refuses_an_unknown_switch() -> None:

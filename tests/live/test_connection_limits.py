@@ -104,7 +104,8 @@ def _post_head(url: str, length: int) -> bytes:
 
 
 def test_silent_and_slow_header_connections_are_closed(tmp_path: Path) -> None:
-    path = write_config(_config(header_timeout_s=0.5), tmp_path)
+    # 120 connections from one address: more than its share (tested on its own below)
+    path = write_config(_config(header_timeout_s=0.5, connections_per_address=1000), tmp_path)
     with running(path) as d:
         with (
             _sockets(d.url, 100) as silent,
@@ -158,7 +159,10 @@ def test_stalled_body_is_cut_but_steady_upload_and_long_stream_are_not(tmp_path:
 
 
 def test_connection_cap_makes_room_or_refuses_clearly(tmp_path: Path) -> None:
-    cfg = _config(max_connections=10, header_timeout_s=60, body_timeout_s=60)
+    # no reserve and no share per client here: the cap alone (the others are tested below)
+    cfg = _config(
+        max_connections=10, header_timeout_s=60, body_timeout_s=60, reserved_connections=0
+    )
     path = write_config(cfg, tmp_path)
     with running(path) as d:
         # the cap full of silent connections: a real request closes the oldest and is served

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from tests.live.support import base_config, fake, live, run, settle
 
-from accelmux.core.state import World
 from accelmux.core.types import Reason, ServiceStatus
+from accelmux.core.world import WorldOps, WorldView
 
 
 class Overcommitting:
@@ -21,19 +21,19 @@ class Overcommitting:
     infinite_memory = False
     enforces_budget = True
 
-    def start(self, world: World, now: float) -> None:
+    def start(self, world: WorldView, ops: WorldOps, now: float) -> None:
         return None
 
-    def decide(self, world: World, now: float) -> None:
+    def decide(self, world: WorldView, ops: WorldOps, now: float) -> None:
         for req in list(world.waiting.values()):
             svc = world.services[req.service]
             usable = world.devices[svc.spec.device].usable_bytes
             if svc.is_up:
-                world.dispatch(req, reason=Reason.FITS, active_bytes=10 * usable, enforce=False)
+                ops.dispatch(req, reason=Reason.FITS, active_bytes=10 * usable, enforce=False)
             elif svc.status in (ServiceStatus.UNLOADED, ServiceStatus.CRASHED):
-                world.load(svc, reason=Reason.DEMAND)
+                ops.load(svc, reason=Reason.DEMAND)
 
-    def next_wakeup(self, world: World, now: float) -> float | None:
+    def next_wakeup(self, world: WorldView, now: float) -> float | None:
         return None
 
 

@@ -46,7 +46,7 @@ REFUSED: list[tuple[str, Any, str]] = [
     (CHAT, {"model": "chat", "messages": [{"role": "u", "content": ["x"]}]}, "messages[0].content"),
     (CHAT, chat(max_tokens=0), "max_tokens"),
     (CHAT, chat(max_tokens="x"), "max_tokens"),
-    (CHAT, chat(max_tokens=2.0), "max_tokens"),
+    (CHAT, chat(max_tokens=2.5), "max_tokens"),
     (CHAT, chat(max_tokens=True), "max_tokens"),
     (CHAT, chat(max_tokens="²"), "max_tokens"),
     (CHAT, chat(max_completion_tokens=0), "max_completion_tokens"),
@@ -133,6 +133,8 @@ ACCEPTED: list[tuple[str, Any]] = [
     ),
     (CHAT, {"model": "chat", "messages": [{"role": "user", "content": None, "name": "ann"}]}),
     (CHAT, chat(max_tokens=7, n=2)),
+    # 2.0 is an integer to JSON Schema (the document's "type": "integer"), so here too
+    (CHAT, chat(max_tokens=2.0, n=1.0)),
     (CHAT, chat(stream=None, stop="x")),
     (CHAT, chat(stop=["a", "b"], temperature=0.2, user="u1", seed=3, logit_bias={})),
     (CHAT, chat(tools=T, tool_choice={"type": "function", "function": {"name": "f"}})),

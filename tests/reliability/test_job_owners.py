@@ -129,7 +129,9 @@ def test_each_key_sees_only_its_own_jobs_and_the_admin_key_sees_all(tmp_path: Pa
             assert "secret" not in str(body)
         # paging past another key's job is refused like paging past a job that never was
         status, body, _ = http("GET", f"{d.url}/v1/jobs?after={job_a}", headers=_as(KEY_B))
-        assert status == 400, body
+        never = http("GET", f"{d.url}/v1/jobs?after=job_{'0' * 24}", headers=_as(KEY_B))
+        assert (status, body["error"]["code"]) == (404, "job_not_found"), body
+        assert never[0] == status and never[1]["error"]["code"] == "job_not_found"
 
         status, page, _ = http("GET", f"{d.url}/v1/jobs/{job_a}/results", headers=_as(KEY_A))
         assert status == 200 and page["total"] == 1, page

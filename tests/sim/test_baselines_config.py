@@ -164,3 +164,36 @@ def test_a_scenario_may_set_the_baselines_knobs(tmp_path: Path) -> None:
     data["policy"] = {"ollama": {"max_loaded_modls": 1}}
     with pytest.raises(ConfigError, match="max_loaded_modls"):
         scenario(tmp_path, data)
+
+
+def test_the_names_a_config_accepts_are_the_registrys() -> None:
+    from accelmux.config.schema import POLICY_NAMES
+    from accelmux.core.policies import policy_names
+
+    assert set(POLICY_NAMES) == set(policy_names())  # the baselines are registered here
+
+
+def test_a_config_naming_a_baseline_loads_whatever_was_imported_before() -> None:
+    """``load_config`` accepts a baseline's name in a process that never imported the
+    baselines (what it accepts does not depend on import order)."""
+    code = (
+        "import sys\n"
+        "from accelmux.config.load import load_config_text\n"
+        "cfg = load_config_text(sys.stdin.read())\n"
+        "assert 'accelmux.sim.baselines' not in sys.modules, 'imported the baselines'\n"
+        "print(cfg.policy.name)\n"
+    )
+    text = (
+        "devices:\n  gpu: {kind: virtual, capacity: 12GiB, budget: 12GiB, headroom: 512MiB}\n"
+        "services: {}\npolicy:\n  name: llama-swap\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        input=text,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "llama-swap"

@@ -51,7 +51,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +81,7 @@ from accelmux.backends.server_metrics import (
     reported_batch_size,
 )
 from accelmux.backends.slot_park import SlotParking, slot_dir
+from accelmux.backends.upstream import UpstreamError, UpstreamPool
 from accelmux.config.backends import ExternalBackendConfig
 from accelmux.core.specs import Capabilities
 from accelmux.core.types import Tier
@@ -146,6 +147,7 @@ class ExternalBackend:
         self._proc: asyncio.subprocess.Process | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._session: aiohttp.ClientSession | None = None
+        self._upstream: UpstreamPool | None = None
         self._on_crash: CrashCallback | None = None
         self._stopping = False
         self._loaded = False
@@ -572,6 +574,9 @@ class ExternalBackend:
 
     async def close(self) -> None:
         await self._stop_process()
+        if self._upstream is not None:
+            self._upstream.close()
+            self._upstream = None
         if self.parking is not None:
             self.parking.close()
         self.peaks.close()
@@ -616,6 +621,8 @@ class ExternalBackend:
             # llama-server closes a stream's connection right after it (though it says
             # keep-alive): one reused at that moment fails the next request.
             headers["Connection"] = "close"
+        if isinstance(data, bytes):
+            return await self._pooled(request, data, headers)
         session = self._session_get()
         token = self.peaks.begin()
         try:
@@ -631,7 +638,9 @@ class ExternalBackend:
             response = BackendResponse(
                 status=resp.status, content_type=content_type, release=resp.release
             )
-            response.stream = self._relay(resp, request, token, response)
+            response.stream = self._relay(
+                resp.content.iter_any(), resp.release, request, token, response
+            )
             return response
         try:
             body = await resp.read()
@@ -647,6 +656,53 @@ class ExternalBackend:
             status=resp.status, content_type=content_type, body=body, peak_bytes=peak
         )
 
+    def _pool(self) -> UpstreamPool:
+        """The keep-alive connections to the server's current port."""
+        assert self.port is not None
+        pool = self._upstream
+        if pool is None or pool.port != self.port:
+            if pool is not None:
+                pool.close()
+            pool = self._upstream = UpstreamPool(self.cfg.host, self.port)
+        return pool
+
+    async def _pooled(
+        self, request: BackendRequest, data: bytes, headers: dict[str, str]
+    ) -> BackendResponse:
+        """A JSON request over the pooled keep-alive client (backends/upstream.py): the
+        body's bytes as they are, the answer read whole or relayed as it comes."""
+        token = self.peaks.begin()
+        timeout = self.cfg.request_timeout_s
+        try:
+            async with asyncio.timeout(timeout):
+                answer = await self._pool().post(
+                    request.endpoint, data, headers, stream=request.stream
+                )
+        except (UpstreamError, OSError) as exc:
+            self._ended(request, token)
+            raise BackendCrashedError(f"{self.service}: upstream unreachable: {exc}") from None
+        except TimeoutError:
+            self._ended(request, token)
+            raise BackendTimeoutError(f"{self.service}: upstream timed out") from None
+        if request.stream and answer.status == 200:
+            response = BackendResponse(
+                status=answer.status, content_type=answer.content_type, release=answer.release
+            )
+            response.stream = self._relay(answer.chunks(), answer.release, request, token, response)
+            return response
+        growth = self._ended(request, token)
+        body = answer.body
+        if request.stream:  # an error instead of a stream: read whole
+            try:
+                async with asyncio.timeout(timeout):
+                    body = b"".join([chunk async for chunk in answer.chunks()])
+            except (UpstreamError, OSError) as exc:
+                raise BackendCrashedError(f"{self.service}: upstream broke off: {exc}") from None
+        peak = self._peak_bytes(growth, body[-USAGE_TAIL_BYTES:]) if answer.status == 200 else None
+        return BackendResponse(
+            status=answer.status, content_type=answer.content_type, body=body, peak_bytes=peak
+        )
+
     def _ended(self, request: BackendRequest, token: int) -> int:
         if self.parking is not None:
             self.parking.unpausable_ended(request.request_id)
@@ -654,19 +710,22 @@ class ExternalBackend:
 
     async def _relay(
         self,
-        resp: aiohttp.ClientResponse,
+        chunks: AsyncIterator[bytes],
+        release: Callable[[], None],
         request: BackendRequest,
         token: int,
         response: BackendResponse,
     ) -> AsyncIterator[bytes]:
+        """A streamed answer's bytes as they come (from aiohttp's client or the pooled
+        one), its end accounted and its usage read from its tail."""
         tail = b""
         try:
-            async for chunk in resp.content.iter_any():
+            async for chunk in chunks:
                 tail = (tail + chunk)[-USAGE_TAIL_BYTES:]
                 yield chunk
-        except (aiohttp.ClientError, OSError) as exc:
+        except (aiohttp.ClientError, UpstreamError, OSError) as exc:
             raise BackendCrashedError(f"{self.service}: stream broke off: {exc}") from None
         finally:
-            resp.release()
+            release()
             growth = self._ended(request, token)
         response.peak_bytes = self._peak_bytes(growth, tail)

@@ -10,14 +10,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from accelmux.backends.base import BackendRequest, BackendResponse
 from accelmux.cameras.store import EventStore
 from accelmux.config.backends import WorkerBackendConfig
-from accelmux.core.actions import Dispatch
 from accelmux.core.events import Demand
 from accelmux.core.types import Reason, ServiceKind
 from accelmux.errors import BackendError
 from accelmux.redact import redact
+from accelmux.runtime.call import Call
 from accelmux.runtime.daemon import Runtime
 from accelmux.runtime.requests import Refused
 
@@ -102,24 +101,11 @@ class CameraRunner:
         """Read and analyse one frame through the Manager; returns the frame's result."""
         runtime = self.runtime
         body = {"model": state.name, "source": state.source, "fps": state.fps}
-
-        async def attempt(d: Dispatch) -> tuple[BackendResponse, int | None]:
-            answer = await runtime.backends[d.service].handle(
-                BackendRequest(
-                    request_id=rid,
-                    service=d.service,
-                    kind=ServiceKind.CAMERA,
-                    endpoint=FRAME_ENDPOINT,
-                    body=body,
-                    lease_bytes=d.lease_bytes,
-                )
-            )
-            return answer, answer.peak_bytes
-
+        call = Call(kind=ServiceKind.CAMERA, endpoint=FRAME_ENDPOINT, body=body)
         rid = runtime.new_request_id().replace("req-", "cam-", 1)
         started = time.monotonic()
-        answer = await runtime.run_request(
-            state.name, Demand(units=state.megapixels), attempt, request_id=rid
+        answer = await runtime.call(
+            state.name, Demand(units=state.megapixels), call, request_id=rid
         )
         if answer.status >= 400:
             raise BackendError(f"camera frame answered {answer.status}: {answer.body[:200]!r}")

@@ -46,11 +46,16 @@ from accelmux.cluster.secret import KEY_HEADER
 from accelmux.cluster.snapshots import model_entries
 from accelmux.config.server import ServerConfig
 from accelmux.core.routing import NoRoute, NoRouteReason, live_models, route_indexed
-from accelmux.gateway.connections import activity_middleware
+from accelmux.gateway.connections import activity_middleware, claim_middleware
 from accelmux.gateway.drain import drain_middleware
 from accelmux.gateway.errors import ApiError
 from accelmux.gateway.guard import add_cors, guard_middleware
-from accelmux.gateway.middleware import auth_middleware, error_middleware, rate_limit_middleware
+from accelmux.gateway.middleware import (
+    TokenBuckets,
+    auth_middleware,
+    error_middleware,
+    rate_limit_middleware,
+)
 from accelmux.gateway.openapi import document
 
 TABLE = web.AppKey("cluster_nodes", NodeTable)
@@ -554,9 +559,10 @@ def build_cluster_app(
         error_middleware(max_body),
         guard_middleware(server, server.host),
         auth_middleware(server, server.host),
+        claim_middleware,
     ]
     if server.rate_limit is not None:
-        middlewares.append(rate_limit_middleware(server.rate_limit))
+        middlewares.append(rate_limit_middleware(TokenBuckets(server.rate_limit)))
     app = web.Application(client_max_size=max_body, middlewares=middlewares)
     add_cors(app, server)
     app[TABLE] = table

@@ -15,9 +15,8 @@ from accelmux.config.backends import (
     external_problems,
 )
 from accelmux.config.deprecated import modernize
-from accelmux.config.schema import AccelmuxConfig
+from accelmux.config.schema import POLICY_NAMES, AccelmuxConfig
 from accelmux.core.placement import place_pinned
-from accelmux.core.policies import policy_names
 from accelmux.errors import ConfigError
 
 MAX_CONFIG_BYTES = 1024 * 1024
@@ -249,10 +248,10 @@ def semantic_problems(cfg: AccelmuxConfig, base_dir: Path | None = None) -> list
 
     problems += wyoming_problems(cfg)
     problems += cluster_problems(cfg)
-    if cfg.policy.name not in policy_names():
+    if cfg.policy.name not in POLICY_NAMES:
         problems.append(
             f"policy.name: unknown policy (got {cfg.policy.name!r}; known: "
-            f"{', '.join(sorted(policy_names()))})"
+            f"{', '.join(sorted(POLICY_NAMES))})"
         )
     return problems
 

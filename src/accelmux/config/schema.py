@@ -175,6 +175,13 @@ class ServiceConfig(StrictModel):
         return ServiceClass.parse(self.service_class)
 
 
+#: Every policy ``policy.name`` may name: accelmux and the simulator's baselines. A list
+#: here, not the policy registry: the baselines join that registry when their package is
+#: imported, and what a config accepts must not depend on what was imported before it
+#: (``tests/sim/test_baselines_config.py`` keeps the list and the registry in step).
+POLICY_NAMES = ("accelmux", "independent", "static", "ollama+containers", "llama-swap", "oracle")
+
+
 class PolicyConfig(StrictModel):
     name: str = Field(
         "accelmux",

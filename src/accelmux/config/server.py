@@ -56,6 +56,12 @@ class ServerConfig(BaseModel):
     event_loop: Literal["auto", "asyncio", "uvloop"] = Field(
         "auto", description="auto: uvloop when installed (faster), else asyncio."
     )
+    hot_path: bool = Field(
+        True,
+        description="Serve plain chat, completion and embeddings requests on the hot path "
+        "(httptools on uvloop, the same checks); false: every request through aiohttp "
+        "(docs/architecture.md).",
+    )
     allowed_hosts: list[str] | None = Field(
         None,
         description="Host header names the daemon answers to (any port), against DNS "
@@ -99,6 +105,45 @@ class ServerConfig(BaseModel):
         description="Simultaneous HTTP connections; at the cap the oldest one without a "
         "request in progress is closed for a newcomer, and when every one is busy the "
         "newcomer gets 503 too_many_connections and Connection: close.",
+    )
+    connections_per_address: int = Field(
+        256,
+        ge=1,
+        le=1_000_000,
+        description="Connections one client address (an IPv6 /64) may hold; one more closes "
+        "that client's oldest idle connection, or gets 429 per_client_limit and "
+        "Connection: close. Behind a reverse proxy every client is the proxy's address: "
+        "raise it and give each client its own API key.",
+    )
+    connections_per_key: int = Field(
+        256,
+        ge=1,
+        le=1_000_000,
+        description="Connections whose request authenticated with one API key (or the admin "
+        "key); one more closes that key's oldest idle connection, or gets 429 "
+        "per_client_limit and Connection: close.",
+    )
+    reserved_connections: int = Field(
+        32,
+        ge=0,
+        le=1_000_000,
+        description="Of server.max_connections (at most a quarter of it), kept for /health "
+        "and requests to realtime services: once the others are taken, a newcomer asking "
+        "anything else gets 503 too_many_connections.",
+    )
+    min_body_rate: ByteSize = Field(
+        ByteSize(1024),
+        ge=0,
+        description="Bytes a second a request body must arrive at, counted over "
+        "server.body_rate_window_s while the daemon reads it; a slower upload is cut with "
+        "408 body_too_slow (0: no minimum).",
+    )
+    body_rate_window_s: float = Field(
+        10.0,
+        gt=0,
+        le=3600,
+        description="The window server.min_body_rate is counted over (a body that arrives "
+        "whole within it is never cut).",
     )
     wyoming: WyomingConfig | None = Field(
         None,

@@ -1,6 +1,8 @@
 """The Manager: ``handle(event, now) -> list[Action]`` and ``snapshot()``.
 
-It owns the :class:`World`, applies each event's bookkeeping, lets the policy decide,
+It owns the :class:`World` and its one writer (:class:`WorldOps`), applies each event's
+bookkeeping through named operations, lets the policy decide (it reads the world and
+writes only through the operations too),
 checks the invariants before the round's actions leave it, and keeps a bounded decision
 log. It reads no clock: ``now`` comes with every call, so the simulator and the live
 daemon drive it identically.
@@ -20,7 +22,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from accelmux.core.actions import Action, Fail, action_kind
+from accelmux.core.actions import Action, action_kind
 from accelmux.core.events import (
     AdminCommand,
     BackendCrashed,
@@ -43,8 +45,8 @@ from accelmux.core.placement import first_up
 from accelmux.core.policy import Policy
 from accelmux.core.snapshot import Snapshot, build_snapshot
 from accelmux.core.specs import ManagerSpec
-from accelmux.core.state import RequestState, ServiceState, World
-from accelmux.core.types import Category, Reason, ServiceStatus
+from accelmux.core.types import Reason, ServiceStatus
+from accelmux.core.world import Change, RequestState, ServiceState, World, WorldOps, WorldView
 from accelmux.errors import InvariantError
 
 
@@ -125,6 +127,8 @@ class Manager:
         self.policy = policy
         self.strict = strict
         self.world = World(spec)
+        self.ops = WorldOps(self.world)
+        self.last_changes: list[Change] = []
         self.log: deque[Decision | InvariantBroken] = deque(maxlen=spec.knobs.max_decision_log)
         self.counts: dict[tuple[str, str], int] = {}
         self._started = False
@@ -141,18 +145,21 @@ class Manager:
             return []
         self._started = True
         self._advance(now)
-        self.policy.start(self.world, now)
-        self.policy.decide(self.world, now)
+        self.policy.start(self.world, self.ops, now)
+        self.policy.decide(self.world, self.ops, now)
         return self._finish(now)
 
     def handle(self, event: Event, now: float) -> list[Action]:
         pre = self.start(now) if not self._started else []
         self._advance(now)
+        # An arrival changes its device's memory state only if its service holds memory
+        # (``WorldOps.add_waiting`` says so then).
+        memory = not isinstance(event, RequestArrived)
         for device in self._devices_of(event):
-            self.world.touch(device)
+            self.ops.touch(device, memory=memory)
         self._apply(event)
         self._expire_deadlines()
-        self.policy.decide(self.world, now)
+        self.policy.decide(self.world, self.ops, now)
         return pre + self._finish(now)
 
     def next_wakeup(self, now: float) -> float | None:
@@ -166,7 +173,7 @@ class Manager:
         if now < self._last_now:
             raise InvariantError(f"time went backwards: {now} < {self._last_now}")
         self._last_now = now
-        self.world.now = now
+        self.ops.advance(now)
 
     def _finish(self, now: float) -> list[Action]:
         """Check the invariants, then hand out the round's actions (and log them)."""
@@ -174,7 +181,9 @@ class Manager:
         if broken and self.strict:
             raise InvariantError("; ".join(broken))
         recent = tuple(d.as_dict() for d in list(self.log)[-REPORTED_DECISIONS:]) if broken else ()
-        actions = self.world.drain()
+        actions = self.ops.drain()
+        #: What the operations changed in the call that ends here (event and round).
+        self.last_changes = self.ops.take_changes()
         for a in actions:
             self.log.append(Decision(now, a))
             key = (action_kind(a), a.reason.value)
@@ -241,19 +250,19 @@ class Manager:
         self._cancel(event.request_id)
 
     def _shutdown_requested(self, event: ShutdownRequested) -> None:
-        self._shutdown()
+        self.ops.shut_down()
 
     def _tick(self, event: Tick) -> None:
         """A tick brings no bookkeeping: time has moved (``_advance``)."""
 
     def _request_finished(self, event: RequestFinished) -> None:
-        w = self.world
+        w, ops = self.world, self.ops
         req = w.inflight.get(event.request_id)
         if req is None:
             paused = w.waiting.get(event.request_id)
             if paused is not None and paused.paused and paused.attempt == event.attempt:
                 # It ended just as it was paused: nothing is left to resume.
-                w.end_paused(
+                ops.end_paused(
                     paused,
                     ok=event.ok,
                     reason=Reason.BACKEND_CRASHED,
@@ -262,105 +271,41 @@ class Manager:
             return
         if req.attempt != event.attempt:
             return  # stale: preempted, failed or cancelled already
-        svc = w.services[req.service]
-        if event.peak_bytes is not None and svc.spec.capabilities.request_peaks:
-            svc.calibration.observe_request(req.estimate, event.peak_bytes)
-        if req.dispatched_at is not None:
-            took = max(0.0, w.now - req.dispatched_at)
-            svc.mean_service_s = 0.8 * svc.mean_service_s + 0.2 * took
-        svc.served += 1
-        svc.last_used = w.now
-        w.finish(req)
-        if not event.ok:
-            w.record(
-                Fail(
-                    request_id=req.request_id,
-                    service=req.service,
-                    reason=Reason.BACKEND_CRASHED,
-                    detail=event.error or "failed",
-                )
-            )
+        ops.request_done(req, event.peak_bytes, None if event.ok else event.error or "failed")
 
     def _load_failed(self, event: LoadFailed) -> None:
-        w = self.world
-        svc = w.services[event.service]
-        if svc.status is not ServiceStatus.LOADING:
-            return
-        if event.out_of_memory:
-            w.load_oom_devices.add(svc.spec.device)
-        if event.out_of_memory and w.knobs.enabled("failure_calibration"):
-            p = svc.spec.profile
-            granted = sum(le.nbytes for le in svc.resident_leases)
-            svc.calibration.observe_load_failure(p.weights + p.runtime, granted)
-        w.release_service(svc)
-        w.set_status(svc, ServiceStatus.CRASHED)
-        self._backoff(svc)
-        for req in list(svc.queue.values()):
-            w.reject(
-                req,
-                reason=Reason.LOAD_FAILED,
-                retry_after_s=max(1.0, svc.backoff_until - w.now),
-                detail=event.error,
-            )
+        svc = self.world.services[event.service]
+        if svc.status is ServiceStatus.LOADING:
+            self.ops.load_failed(svc, out_of_memory=event.out_of_memory, error=event.error)
 
     def _resize_finished(self, event: ResizeFinished) -> None:
-        w = self.world
-        svc = w.services[event.service]
+        svc = self.world.services[event.service]
         if svc.resize_target == event.kv_pool_bytes:
-            w.resize_done(svc, ok=event.ok)
+            self.ops.resize_done(svc, ok=event.ok)
 
     def _pause_finished(self, event: PauseFinished) -> None:
-        w = self.world
-        req = w.inflight.get(event.request_id)
+        req = self.world.inflight.get(event.request_id)
         if req is not None and req.attempt == event.attempt and req.pausing is not None:
-            w.pause_done(req)
+            self.ops.pause_done(req)
 
     def _pause_refused(self, event: PauseRefused) -> None:
-        w = self.world
-        req = w.inflight.get(event.request_id)
+        req = self.world.inflight.get(event.request_id)
         if req is not None and req.attempt == event.attempt and req.pausing is not None:
-            w.pause_refused(req, error=event.error)
+            self.ops.pause_refused(req, error=event.error)
 
     def _unloaded(self, event: Unloaded) -> None:
-        w = self.world
-        svc = w.services[event.service]
+        svc = self.world.services[event.service]
         if svc.status is ServiceStatus.UNLOADING or (
             svc.status is ServiceStatus.LOADED and not svc.inflight
         ):
-            w.release_service(svc)
-            w.set_status(svc, ServiceStatus.UNLOADED)
-            svc.loaded_at = None
+            self.ops.unloaded(svc)
 
     def _backend_crashed(self, event: BackendCrashed) -> None:
-        w = self.world
-        svc = w.services[event.service]
-        w.note_crash(svc)
-        for req in list(svc.inflight.values()):
-            w.fail(req, reason=event.reason, detail=event.error)
-        for req in [r for r in svc.queue.values() if r.paused]:
-            # Its saved state lived in the backend that died.
-            w.end_paused(req, ok=False, reason=event.reason, detail=event.error)
-        w.drop_host_copy(svc, reason=event.reason)
-        if svc.holds_memory:
-            w.release_service(svc)
-        w.set_status(svc, ServiceStatus.CRASHED)
-        svc.crashes += 1
-        svc.loaded_at = None
-        self._backoff(svc)
-
-    def _shutdown(self) -> None:
-        w = self.world
-        w.shutting_down = True
-        for req in list(w.waiting.values()):
-            w.reject(
-                req,
-                reason=Reason.SHUTTING_DOWN,
-                retry_after_s=30.0,
-                detail="accelmux is shutting down",
-            )
+        svc = self.world.services[event.service]
+        self.ops.crashed(svc, reason=event.reason, error=event.error)
 
     def _arrive(self, event: RequestArrived) -> None:
-        w = self.world
+        w, ops = self.world, self.ops
         if event.request_id in w.waiting or event.request_id in w.inflight:
             raise InvariantError(f"duplicate request id {event.request_id}")
         svc = w.services.get(event.service) or self._route(event)
@@ -373,25 +318,11 @@ class Manager:
             estimate=estimate,
             arrived_at=w.now,
             deadline_at=w.now + svc.spec.deadline_s,
-            seq=w.next_seq(),
+            seq=ops.next_seq(),
             job_id=event.job_id,
             pausable=event.pausable,
         )
-        w.add_waiting(req)
-        # The operator's pin (or load) wins over a client's keep_alive, which is not kept
-        # for after the unpin either: then the service's ttl_s applies again.
-        kept = svc.pinned or svc.admin_wants_loaded
-        svc.keep_alive_s = None if kept else event.keep_alive_s
-        horizon = w.knobs.reuse_horizon_s
-        svc.rate = svc.rate * math.exp(-max(0.0, w.now - svc.rate_at) / horizon) + 1.0 / horizon
-        svc.rate_at = w.now
-        if w.shutting_down:
-            w.reject(
-                req,
-                reason=Reason.SHUTTING_DOWN,
-                retry_after_s=30.0,
-                detail="accelmux is shutting down",
-            )
+        ops.arrive(req, event.keep_alive_s)
 
     def _route(self, event: RequestArrived) -> ServiceState:
         """The replica a request for a service with replicas waits on (the policy's
@@ -408,98 +339,31 @@ class Manager:
         return chosen
 
     def _cancel(self, request_id: str) -> None:
-        w = self.world
+        w, ops = self.world, self.ops
         if request_id in w.waiting:
-            w.reject(
+            ops.reject(
                 w.waiting[request_id],
                 reason=Reason.CANCELLED,
                 retry_after_s=0.0,
                 detail="client went away",
             )
         elif request_id in w.inflight:
-            w.fail(w.inflight[request_id], reason=Reason.CANCELLED, detail="client went away")
+            ops.fail(w.inflight[request_id], reason=Reason.CANCELLED, detail="client went away")
 
     def _load_finished(self, event: LoadFinished) -> None:
-        w = self.world
-        svc = w.services[event.service]
+        svc = self.world.services[event.service]
         if svc.status is not ServiceStatus.LOADING:
             return
-        w.set_status(svc, ServiceStatus.LOADED)
-        svc.loaded_at = w.now
-        if svc.loading_since is not None:
-            w.observe_load_seconds(svc, w.now - svc.loading_since)
-        svc.consecutive_failures = 0
-        svc.resize_refused = False  # a refusal was about the previous load
-        if svc.load_reason is Reason.DEMAND or svc.load_reason is Reason.RELOAD_AFTER_CRASH:
-            svc.cold_starts += 1
-        svc.last_used = max(svc.last_used, w.now)
+        measured: int | None = None
         if event.weights_bytes is not None or event.runtime_bytes is not None:
             p = svc.spec.profile
             measured = (event.weights_bytes if event.weights_bytes is not None else p.weights) + (
                 event.runtime_bytes if event.runtime_bytes is not None else p.runtime
             )
-            svc.calibration.observe_load(p.weights + p.runtime, measured)
-            granted = sum(le.nbytes for le in svc.resident_leases)
-            svc.load_excess = max(0, measured - granted)
-
-    def _backoff(self, svc_state: ServiceState) -> None:
-        w = self.world
-        svc_state.consecutive_failures += 1
-        delay = min(
-            w.knobs.crash_backoff_max_s,
-            w.knobs.crash_backoff_s * (2 ** (svc_state.consecutive_failures - 1)),
-        )
-        svc_state.backoff_until = w.now + delay
+        self.ops.load_done(svc, measured)
 
     def _reconcile(self, event: MemorySampled) -> None:
-        """Measured memory replaces guesses: foreign usage, per-service reserved, and
-        the leftover of services that are not loaded.
-
-        Every measured byte is charged somewhere: a loaded service's bytes to its
-        leases, the rest of them to its ``reserved``; a service that is not loaded to
-        what the park budget holds of it (on the host device), the rest to its
-        ``leftover`` until a sample shows it gone; whatever no service accounts for
-        (less the device's baseline) to ``foreign``."""
-        w = self.world
-        device = event.device
-        if device not in w.devices:
-            return
-        ledger = w.ledger
-        on_host = device == w.park_device
-        managed = 0
-        seen: set[str] = set()
-        for name, measured in event.per_service.items():
-            svc = w.services.get(name)
-            if svc is None or svc.spec.device != device:
-                continue
-            managed += measured
-            seen.add(name)
-            svc.measured_bytes = measured
-            parked = w.parked_of(svc) if on_host else 0
-            if not svc.holds_memory:
-                ledger.set_leftover(device, name, measured - parked)
-                continue
-            accounted = sum(
-                ledger.amount(device, name, c)
-                for c in (Category.WEIGHTS, Category.RUNTIME, Category.KV, Category.ACTIVE)
-            )
-            ledger.set_reserved(device, name, measured - parked - accounted)
-            p = svc.spec.profile
-            per_request = max(p.workspace, svc.peak_active_bytes)
-            ceiling = p.weights + p.runtime + p.kv_ceiling + svc.spec.concurrency * per_request
-            svc.over_limit = measured > max(accounted, ceiling) * 1.5
-            if svc.over_limit and svc.idle and svc.is_up:
-                # Idle, what it holds is its resident size: the next load is sized by it.
-                svc.calibration.observe_load(p.weights + p.runtime, measured - svc.kv_pool)
-        for name in ledger.leftovers(device):
-            if name not in seen:  # not measured any more: gone
-                ledger.set_leftover(device, name, 0)
-        ledger.set_overhead(device, event.overhead_bytes)
-        ledger.set_foreign(
-            device,
-            event.used_bytes - managed - event.baseline_bytes - event.overhead_bytes,
-        )
-        w.sampled_at[device] = w.now
+        self.ops.reconcile(event)
 
     def _admin(self, event: AdminCommand) -> None:
         w = self.world
@@ -514,23 +378,24 @@ class Manager:
             return
         if svc is None:
             raise InvariantError(f"admin command for unknown service {event.service!r}")
+        ops = self.ops
         if event.op == "pin":
-            w.set_kept(svc, pinned=True, admin_wants_loaded=svc.admin_wants_loaded)
-            w.clear_admin_unload(svc.name)
+            ops.set_kept(svc, pinned=True, admin_wants_loaded=svc.admin_wants_loaded)
+            ops.clear_admin_unload(svc.name)
         elif event.op == "unpin":
-            w.set_kept(svc, pinned=False, admin_wants_loaded=svc.admin_wants_loaded)
+            ops.set_kept(svc, pinned=False, admin_wants_loaded=svc.admin_wants_loaded)
         elif event.op == "load":
-            w.set_kept(svc, pinned=svc.pinned, admin_wants_loaded=True)
-            w.clear_admin_unload(svc.name)
+            ops.set_kept(svc, pinned=svc.pinned, admin_wants_loaded=True)
+            ops.clear_admin_unload(svc.name)
         elif event.op == "unload":
-            w.set_kept(svc, pinned=False, admin_wants_loaded=False)
-            w.request_admin_unload(svc.name)
+            ops.set_kept(svc, pinned=False, admin_wants_loaded=False)
+            ops.request_admin_unload(svc.name)
 
     def _expire_deadlines(self) -> None:
         w = self.world
-        for req in w.expired_requests():
+        for req in self.ops.expired_requests():
             svc = w.services[req.service]
-            w.reject(
+            self.ops.reject(
                 req,
                 reason=Reason.DEADLINE_EXCEEDED,
                 retry_after_s=max(1.0, math.ceil(svc.mean_service_s)),
@@ -539,6 +404,11 @@ class Manager:
             )
 
     # ---- reading ----------------------------------------------------------------
+    @property
+    def view(self) -> WorldView:
+        """The world, read-only: what the shell reads (it writes nothing of it)."""
+        return self.world
+
     def snapshot(self) -> Snapshot:
         return build_snapshot(self.world, self.log, self.counts)
 

@@ -19,8 +19,8 @@ import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 
 from accelmux.core.specs import ManagerSpec, ServiceSpec
-from accelmux.core.state import ServiceState
 from accelmux.core.types import ServiceStatus
+from accelmux.core.world import ServiceState
 
 REPLICA_SEPARATOR = "@"
 

@@ -1,10 +1,12 @@
 """The policy Protocol: the accelmux policy and every baseline implement it.
 
-The Manager applies an event's bookkeeping to the :class:`~accelmux.core.state.World`
+The Manager applies an event's bookkeeping to the :class:`~accelmux.core.world.World`
 first (releasing leases, marking loads done, reconciling measurements), then calls
-``policy.decide(world, now)``. The policy acts only through the World's mutators, so
-every action is recorded and the ledger stays consistent; ``tests/core/
-test_policy_mutators.py`` fails on a policy that writes the World's state itself.
+``policy.decide(view, ops, now)``. The policy reads the world through ``view`` (a
+:class:`~accelmux.core.world.WorldView`) and changes it only through ``ops`` (the
+:class:`~accelmux.core.world.WorldOps`), so every action is recorded and the ledger stays
+consistent; ``tests/core/test_policy_mutators.py`` fails on a policy that writes the
+World's state itself. ``next_wakeup`` and ``route`` only read.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from accelmux.core.events import Demand
-from accelmux.core.state import ServiceState, World
+from accelmux.core.world import ServiceState, WorldOps, WorldView
 
 
 class Policy(Protocol):
@@ -25,15 +27,15 @@ class Policy(Protocol):
     #: True when the policy keeps committed <= budget - headroom (checked by the Manager).
     enforces_budget: bool
 
-    def start(self, world: World, now: float) -> None:
+    def start(self, view: WorldView, ops: WorldOps, now: float) -> None:
         """Called once before the first event: preload what the policy wants resident."""
         ...
 
-    def decide(self, world: World, now: float) -> None:
+    def decide(self, view: WorldView, ops: WorldOps, now: float) -> None:
         """React to the world as it is now: dispatch, queue, load, evict, resize, reject."""
         ...
 
-    def next_wakeup(self, world: World, now: float) -> float | None:
+    def next_wakeup(self, view: WorldView, now: float) -> float | None:
         """The next time a Tick is needed (a TTL, window edge or backoff), or None."""
         ...
 
@@ -43,6 +45,8 @@ class PlacingPolicy(Policy, Protocol):
     several devices (:mod:`accelmux.core.placement`). A policy without ``route`` gets
     :func:`~accelmux.core.placement.first_up`: one replica, never two."""
 
-    def route(self, world: World, replicas: Sequence[ServiceState], demand: Demand) -> ServiceState:
+    def route(
+        self, view: WorldView, replicas: Sequence[ServiceState], demand: Demand
+    ) -> ServiceState:
         """The replica a new request of ``demand`` waits on."""
         ...

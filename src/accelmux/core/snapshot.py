@@ -8,8 +8,8 @@ from typing import Any, Protocol
 
 from accelmux.core.ledger import DECIDED
 from accelmux.core.specs import DeviceSpec
-from accelmux.core.state import ServiceState, World
 from accelmux.core.types import SERVICE_CATEGORIES, ServiceClass
+from accelmux.core.world import ServiceState, World
 
 RECENT_DECISIONS = 50
 

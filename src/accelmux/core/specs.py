@@ -9,7 +9,7 @@ import bisect
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from accelmux.core.switches import SWITCH_NAMES, unknown_switch_message, unknown_switches
+from accelmux.core.switches import Switches, unknown_switch_message, unknown_switches
 from accelmux.core.types import Residency, ResizeSupport, ServiceClass, ServiceKind
 
 DAY_S = 86_400.0
@@ -239,9 +239,19 @@ def room_rank(cls: ServiceClass, *, steady: bool) -> int:
     out-of-memory crash or an eviction, comes back from batch work (idle batch services
     are evicted, running batch work stopped), as batch work may not take a steady
     service's (:func:`floored`). Without steady services the order is the classes'."""
+    return _RANKS[cls, steady]
+
+
+def _rank(cls: ServiceClass, steady: bool) -> int:
     if steady and cls >= ServiceClass.BATCH:
         return 2
     return int(cls) if cls < ServiceClass.BATCH else int(cls) + 1
+
+
+#: :func:`room_rank` of every class, steady or not (asked for every service surveyed).
+_RANKS: dict[tuple[ServiceClass, bool], int] = {
+    (c, s): _rank(c, s) for c in ServiceClass for s in (False, True)
+}
 
 
 def ranks_below(spec: ServiceSpec, cls: ServiceClass, *, steady: bool) -> bool:
@@ -271,6 +281,8 @@ class PolicyKnobs:
     #: Names of accelmux policy heuristics turned off (ablation): each one a
     #: :class:`~accelmux.core.switches.Switch`. Baselines ignore it.
     disabled: frozenset[str] = frozenset()
+    #: ``disabled`` as a record of booleans, one per switch (built once, here).
+    switches: Switches = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         _require(self.safety_factor >= 1.0, "safety_factor must be >= 1")
@@ -279,14 +291,7 @@ class PolicyKnobs:
         _require(self.realtime_grace_s >= 0, "realtime_grace_s must be >= 0")
         unknown = unknown_switches(sorted(self.disabled))
         _require(not unknown, f"disabled: {unknown_switch_message(unknown)}")
-
-    def enabled(self, heuristic: str) -> bool:
-        """Whether the named policy heuristic (a :class:`~accelmux.core.switches.Switch`)
-        is on: not listed in ``disabled``. A name that is no switch is an error, never
-        "on"."""
-        if heuristic not in SWITCH_NAMES:
-            raise ValueError(f"PolicyKnobs.enabled: {unknown_switch_message([heuristic])}")
-        return heuristic not in self.disabled
+        object.__setattr__(self, "switches", Switches.from_disabled(self.disabled))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

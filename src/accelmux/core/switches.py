@@ -1,14 +1,16 @@
 """The names of the accelmux policy's heuristics that can be turned off (ablation).
 
 One definition, checked wherever a name comes in: ``policy.disable`` in the
-configuration, ``accelmux[disable=[...]]`` variants, :class:`~accelmux.core.specs.PolicyKnobs`
-at construction, and :meth:`~accelmux.core.specs.PolicyKnobs.enabled` (an unknown name
-there is a mistake in the code, never "on").
+configuration, ``accelmux[disable=[...]]`` variants and
+:class:`~accelmux.core.specs.PolicyKnobs` at construction. The policy reads them as
+:class:`Switches`, a frozen record of booleans built once per spec: a misspelt switch is
+an attribute error mypy reports, never a string that silently reads "on".
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass, fields
 from enum import StrEnum
 
 
@@ -137,3 +139,50 @@ def unknown_switch_message(unknown: Iterable[str]) -> str:
         f"unknown heuristic(s) {', '.join(repr(n) for n in unknown)}; "
         f"known: {', '.join(sorted(SWITCH_NAMES))}"
     )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Switches:
+    """Which heuristics are on: one boolean per :class:`Switch`, by its name (built once
+    per spec by :meth:`from_disabled`; ``tests/core/test_switches.py`` keeps the two in
+    step)."""
+
+    realtime_reserve: bool = True
+    realtime_hold: bool = True
+    batch_yield: bool = True
+    preemption: bool = True
+    preemption_bound: bool = True
+    evict_after_preemption: bool = True
+    ballooning: bool = True
+    victim_scoring: bool = True
+    single_victim: bool = True
+    lower_class_first: bool = True
+    cache_reuse: bool = True
+    cache_accounting: bool = True
+    degrade_to_raw: bool = True
+    calibration: bool = True
+    failure_calibration: bool = True
+    pressure_charging: bool = True
+    fair_progress: bool = True
+    on_demand_keep: bool = True
+    idle_keep: bool = True
+    restore: bool = True
+    prewarm: bool = True
+    pause: bool = True
+    time_share: bool = True
+    first_token_pause: bool = True
+    realtime_yield: bool = True
+    reserve_fallback: bool = True
+    reserve_lending: bool = True
+    serial_loads: bool = True
+    placement: bool = True
+    park_weights: bool = True
+
+    @classmethod
+    def from_disabled(cls, disabled: Iterable[str]) -> Switches:
+        """Every switch on but those named in ``disabled`` (each a :class:`Switch`)."""
+        off = frozenset(disabled)
+        unknown = unknown_switches(sorted(off))
+        if unknown:
+            raise ValueError(unknown_switch_message(unknown))
+        return cls(**{f.name: f.name not in off for f in fields(cls)})

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -71,9 +72,11 @@ async def history_handler(request: web.Request) -> web.Response:
     history = request.app[HISTORY_KEY]
     raw = request.query.get("since")
     since: float | None = None
-    if raw:
+    if raw is not None:
         try:
             since = float(raw)
+            if not math.isfinite(since):
+                raise ValueError(raw)
         except ValueError:
             return web.json_response(
                 {

@@ -21,7 +21,7 @@ from typing import Any
 
 from aiohttp import web
 
-from accelmux.core.state import ServiceState
+from accelmux.core.world import ServiceState
 from accelmux.gateway.errors import ApiError
 from accelmux.gateway.keys import RUNTIME
 

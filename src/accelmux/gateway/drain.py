@@ -21,6 +21,8 @@ from collections.abc import Awaitable, Callable
 from aiohttp import StreamReader, web
 from aiohttp.typedefs import Middleware
 
+from accelmux.gateway.connections import MAX_LINGERING_REFUSALS, REFUSAL_LINGER_S, guarded
+
 #: Bytes a second all refused bodies together are read at.
 DRAIN_RATE = 32 * 1024**2
 #: Longest time one refused body is read before its connection is closed.
@@ -70,17 +72,46 @@ async def drain(content: StreamReader, budget: ReadPace, limit_s: float) -> bool
     return True
 
 
+async def answer_first(request: web.Request, response: web.StreamResponse) -> None:
+    """Send ``response`` now, before the rest of the body is read (aiohttp then finds it
+    sent): a refusal reaches the client when it is decided, not after the drain."""
+    if not response.prepared:
+        await response.prepare(request)
+        await response.write_eof()
+
+
 def drain_middleware(budget: ReadPace | None = None, limit_s: float = DRAIN_TIME_S) -> Middleware:
-    """After the handler, read what it left of the body (see the module's docstring); the
-    runner's own lingering is off (``lingering_time=0``), so this is the only reader."""
+    """After the handler, answer, then read what it left of the body (see the module's
+    docstring); the runner's own lingering is off (``lingering_time=0``), so this is the
+    only reader. A refusal at the door (an answer that closes the connection: a missing
+    key, a share or the reserve exceeded) no longer counts against any share while the
+    client reads it, and is read for at most ``REFUSAL_LINGER_S`` (at most
+    ``MAX_LINGERING_REFUSALS`` at once; beyond, it closes at once)."""
     shared = budget or ReadPace()
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         response = await handler(request)
         content = request.content
-        unread = request.body_exists and not content.is_eof()
-        if unread and not await drain(content, shared, limit_s):
+        if not request.body_exists or content.is_eof():
+            return response
+        if response.keep_alive is False:
+            found = guarded(request)
+            if found is None:
+                return response
+            guard, conn = found
+            guard.release(conn)
+            if guard.lingering >= MAX_LINGERING_REFUSALS:
+                return response
+            guard.lingering += 1
+            try:
+                await answer_first(request, response)
+                await drain(content, shared, REFUSAL_LINGER_S)
+            finally:
+                guard.lingered()
+            return response
+        await answer_first(request, response)
+        if not await drain(content, shared, limit_s):
             response.force_close()
         return response
 

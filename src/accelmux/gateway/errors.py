@@ -33,6 +33,7 @@ class ApiError(Exception):
         param: str | None = None,
         code: str | None = None,
         retry_after_s: float | None = None,
+        close: bool = False,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -41,6 +42,9 @@ class ApiError(Exception):
         self.param = param
         self.code = code
         self.retry_after_s = retry_after_s
+        #: Whether the connection is closed after the answer (a refusal at the door: the
+        #: request's body, if any, is not read).
+        self.close = close
 
     def body(self) -> dict[str, object]:
         return {
@@ -52,16 +56,22 @@ class ApiError(Exception):
             }
         }
 
+    def body_bytes(self) -> bytes:
+        return json.dumps(self.body()).encode()
+
     def response(self) -> web.Response:
         headers = {}
         if self.retry_after_s is not None:
             headers["Retry-After"] = str(max(1, math.ceil(self.retry_after_s)))
-        return web.Response(
+        resp = web.Response(
             status=self.status,
-            body=json.dumps(self.body()).encode(),
+            body=self.body_bytes(),
             content_type="application/json",
             headers=headers,
         )
+        if self.close:
+            resp.force_close()
+        return resp
 
 
 def bad_field(param: str, message: str) -> ApiError:

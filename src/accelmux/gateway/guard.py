@@ -11,8 +11,8 @@ front of the key checks:
   ``/health`` is exempt (a load balancer may probe it by any name); ``["*"]`` turns the
   check off. Refused: 403 ``host_not_allowed``.
 - A state-changing request (POST, PUT, PATCH, DELETE) that carries an ``Origin`` must come
-  from the daemon's own origin (``Origin`` equal to ``Host``) or one of
-  ``server.cors_origins``; without ``Origin``, ``Sec-Fetch-Site: cross-site`` is refused.
+  from the daemon's own origin (scheme ``http``, host and port those of ``Host``) or one
+  of ``server.cors_origins``; without ``Origin``, ``Sec-Fetch-Site: cross-site`` is refused.
   Refused: 403 ``origin_not_allowed``. Clients that are not browsers send neither header.
 - A body in a content type a browser sends cross-site without a preflight
   (``text/plain``, ``application/x-www-form-urlencoded``, ``multipart/form-data``) is
@@ -26,7 +26,7 @@ answered and their answers carry ``Access-Control-Allow-Origin``; no other origi
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -117,39 +117,114 @@ def _origin(value: str) -> str:
     return value.strip().lower().rstrip("/")
 
 
-def _origin_authority(origin: str) -> str | None:
-    """``host[:port]`` of an origin as a browser writes it in ``Host``."""
+#: The scheme the daemon speaks on its own port (a TLS proxy in front speaks https: its
+#: public origin is listed in ``server.cors_origins``).
+OWN_SCHEME = "http"
+DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def origin_parts(origin: str) -> tuple[str, str, int] | None:
+    """``(scheme, host, port)`` of an origin, the port made explicit (``http://a`` ->
+    ``("http", "a", 80)``); None when it is not an origin (``null``, no host)."""
     try:
-        url = URL(origin)
+        url = URL(origin.strip())
     except ValueError:
         return None
-    if not url.scheme or not url.raw_host:
+    scheme = url.scheme.lower()
+    if not scheme or not url.raw_host:
         return None
-    return url.raw_authority.lower()
+    try:
+        port = url.explicit_port or DEFAULT_PORTS.get(scheme)
+    except ValueError:  # a port out of range
+        return None
+    if port is None:
+        return None
+    return scheme, url.raw_host.lower().rstrip("."), port
 
 
-def guard_middleware(cfg: ServerConfig, listen: str) -> Middleware:
-    hosts = HostRule.of(cfg.allowed_hosts, listen)
-    cors = frozenset(_origin(o) for o in cfg.cors_origins)
+def own_origin(host: str) -> tuple[str, str, int] | None:
+    """The origin of a page served by the daemon under ``Host`` (plain HTTP)."""
+    return origin_parts(f"{OWN_SCHEME}://{host.strip()}")
 
-    @web.middleware
-    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        path = request.path
-        host = request.headers.get("Host")
-        if host is not None and path not in EXEMPT_PATHS and not hosts.allows(host):
-            raise ApiError(
+
+def same_origin(origin: str, host: str | None) -> bool:
+    """Whether ``origin`` is the daemon's own origin for ``Host: host``: scheme, host
+    and port all equal (an ``https://`` page is not served by the daemon's plain HTTP
+    port, and neither is another port's)."""
+    if host is None:
+        return False
+    ours = own_origin(host)
+    return ours is not None and origin_parts(origin) == ours
+
+
+@dataclass(frozen=True, slots=True)
+class BrowserGuard:
+    """The three checks on a request's method, path and headers, whichever HTTP stack
+    read them (``headers``: a case-insensitive mapping, or one with lower-case names)."""
+
+    hosts: HostRule
+    cors: frozenset[str]
+
+    @classmethod
+    def of(cls, cfg: ServerConfig, listen: str) -> BrowserGuard:
+        return cls(
+            HostRule.of(cfg.allowed_hosts, listen), frozenset(_origin(o) for o in cfg.cors_origins)
+        )
+
+    def check(
+        self, method: str, path: str, headers: Mapping[str, str], *, has_body: bool
+    ) -> ApiError | None:
+        """The refusal, or None when the request passes (a CORS preflight is answered
+        by :func:`guard_middleware`, before this)."""
+        host = _header(headers, "host")
+        if host is not None and path not in EXEMPT_PATHS and not self.hosts.allows(host):
+            return ApiError(
                 403,
                 f"Host {host!r} is not a name of this server (a request from a web page "
                 "under another name, as in DNS rebinding); add it to server.allowed_hosts",
                 code="host_not_allowed",
             )
+        if method in STATE_CHANGING:
+            origin = _header(headers, "origin")
+            err = _check_origin(method, headers, origin, host, self.cors)
+            if err is None and has_body:
+                content_type = (_header(headers, "content-type") or "").partition(";")[0]
+                err = _check_content_type(content_type.strip().lower(), path)
+            return err
+        return None
+
+
+def _header(headers: Mapping[str, str], name: str) -> str | None:
+    value = headers.get(name)
+    if value is None and name != name.title():
+        value = headers.get(name.title())
+    return value
+
+
+def guard_middleware(
+    cfg: ServerConfig, listen: str, browser: BrowserGuard | None = None
+) -> Middleware:
+    guard = browser or BrowserGuard.of(cfg, listen)
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         origin = request.headers.get("Origin")
         if request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers:
-            return _preflight(request, origin, cors)
-        if request.method in STATE_CHANGING:
-            _check_origin(request, origin, host, cors)
-            if request.body_exists:
-                _check_content_type(request, path)
+            host = request.headers.get("Host")
+            if (
+                host is not None
+                and request.path not in EXEMPT_PATHS
+                and not guard.hosts.allows(host)
+            ):
+                err = guard.check("GET", request.path, request.headers, has_body=False)
+                if err is not None:
+                    raise err
+            return _preflight(request, origin, guard.cors)
+        err = guard.check(
+            request.method, request.path, request.headers, has_body=request.body_exists
+        )
+        if err is not None:
+            raise err
         return await handler(request)
 
     return middleware
@@ -176,43 +251,44 @@ def _preflight(request: web.Request, origin: str | None, cors: frozenset[str]) -
 
 
 def _check_origin(
-    request: web.Request, origin: str | None, host: str | None, cors: frozenset[str]
-) -> None:
+    method: str,
+    headers: Mapping[str, str],
+    origin: str | None,
+    host: str | None,
+    cors: frozenset[str],
+) -> ApiError | None:
     if origin is None:
-        if request.headers.get("Sec-Fetch-Site", "").lower() == "cross-site":
-            raise ApiError(
+        if (_header(headers, "sec-fetch-site") or "").lower() == "cross-site":
+            return ApiError(
                 403,
                 "a cross-site browser request may not change anything here; "
                 "list the page's origin in server.cors_origins to allow it",
                 code="origin_not_allowed",
             )
-        return
-    if _origin(origin) in cors:
-        return
-    authority = _origin_authority(origin)
-    if authority is not None and host is not None and authority == host.strip().lower():
-        return
-    raise ApiError(
+        return None
+    if _origin(origin) in cors or same_origin(origin, host):
+        return None
+    return ApiError(
         403,
-        f"Origin {origin!r} may not send {request.method} requests here (a page of another "
+        f"Origin {origin!r} may not send {method} requests here (a page of another "
         "site); list it in server.cors_origins to allow it",
         code="origin_not_allowed",
     )
 
 
-def _check_content_type(request: web.Request, path: str) -> None:
-    if request.content_type not in SIMPLE_TYPES:
-        return
+def _check_content_type(content_type: str, path: str) -> ApiError | None:
+    if content_type not in SIMPLE_TYPES:
+        return None
     expected = "application/json"
     if path in FORM_PATHS:
-        if request.content_type == "multipart/form-data":
-            return
+        if content_type == "multipart/form-data":
+            return None
         expected = "multipart/form-data or application/json"
     elif path in JSONLINES_PATHS:
         expected = "application/json or application/jsonlines"
-    raise ApiError(
+    return ApiError(
         415,
-        f"Content-Type {request.content_type} is not accepted here (a browser sends it from "
+        f"Content-Type {content_type} is not accepted here (a browser sends it from "
         f"any site without asking); send {expected}",
         code="unsupported_media_type",
     )

@@ -32,6 +32,7 @@ from aiohttp.typedefs import Middleware
 
 from accelmux.config.hosts import is_loopback
 from accelmux.config.server import RateLimitConfig, ServerConfig
+from accelmux.gateway.connections import CALLER_KEY, guarded
 from accelmux.gateway.errors import ApiError
 from accelmux.gateway.ollama_relay import error_response as ollama_error
 
@@ -57,7 +58,10 @@ INFERENCE = ("/v1/", "/api/")
 
 
 def _bearer(request: web.Request) -> bytes | None:
-    header = request.headers.get("Authorization", "")
+    return _bearer_of(request.headers.get("Authorization", ""))
+
+
+def _bearer_of(header: str) -> bytes | None:
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token:
         return None
@@ -98,6 +102,21 @@ def _matches(token: bytes | None, keys: list[bytes]) -> bool:
     return ok
 
 
+def key_digest(token: bytes) -> str:
+    """How a key is named in the door's books and the rate limits (never the key)."""
+    return hashlib.sha256(token).hexdigest()[:32]
+
+
+def _authenticated(request: web.Request, token: bytes | None, keys: list[bytes]) -> bool:
+    """Whether ``token`` is one of ``keys``; when it is, the request is known by its
+    digest (the door counts each key's connections)."""
+    if not _matches(token, keys):
+        return False
+    assert token is not None
+    request[CALLER_KEY] = key_digest(token)
+    return True
+
+
 def _shaped(request: web.Request, err: ApiError) -> web.Response:
     """``err`` in the shape of the API the path belongs to (Ollama's on ``/api/``)."""
     if request.path.startswith("/api/"):
@@ -128,6 +147,18 @@ def error_middleware(max_body: int) -> Middleware:
                     code="body_too_large",
                 ),
             )
+        except web.HTTPMethodNotAllowed as exc:
+            allowed = ", ".join(sorted(exc.allowed_methods))
+            resp = _shaped(
+                request,
+                ApiError(
+                    405,
+                    f"{request.method} is not allowed on {request.path}; allowed: {allowed}",
+                    code="method_not_allowed",
+                ),
+            )
+            resp.headers["Allow"] = allowed
+            return resp
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise
@@ -151,44 +182,77 @@ def error_middleware(max_body: int) -> Middleware:
     return middleware
 
 
+class InferenceKeys:
+    """The key check of ``/v1/*`` and ``/api/*``, whichever HTTP stack read the header."""
+
+    def __init__(self, cfg: ServerConfig) -> None:
+        self.api_keys = [k.encode() for k in cfg.api_keys]
+        self.admin_keys = [cfg.admin_key.encode()] if cfg.admin_key else []
+
+    def check(self, path: str, authorization: str | None) -> tuple[str | None, ApiError | None]:
+        """(the digest of the key the request authenticated with, or None; the refusal,
+        or None). No keys configured: every request passes, known by no key."""
+        if not self.api_keys:
+            return None, None
+        token = _bearer_of(authorization or "")
+        if _matches(token, self.api_keys + _admin_also(path, self.admin_keys)):
+            assert token is not None
+            return key_digest(token), None
+        return None, ApiError(
+            401,
+            "missing or invalid API key (Authorization: Bearer ...)",
+            code="invalid_api_key",
+            close=True,
+        )
+
+
 def auth_middleware(cfg: ServerConfig, host: str) -> Middleware:
-    api_keys = [k.encode() for k in cfg.api_keys]
-    admin_keys = [cfg.admin_key.encode()] if cfg.admin_key else []
+    """The key checks, as soon as the headers are in: a refusal closes the connection
+    without reading the body (a client without a valid key holds no connection while
+    its body trickles in)."""
+    inference = InferenceKeys(cfg)
+    admin_keys = inference.admin_keys
     admin_open = not admin_keys and is_loopback(host)
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         path = request.path
         if path.startswith(INFERENCE):
-            if api_keys and not _matches(
-                _bearer(request), api_keys + _admin_also(path, admin_keys)
-            ):
-                raise ApiError(
-                    401,
-                    "missing or invalid API key (Authorization: Bearer ...)",
-                    code="invalid_api_key",
-                )
+            key, err = inference.check(path, request.headers.get("Authorization"))
+            if err is not None:
+                found = guarded(request)
+                if found is not None:
+                    found[0].key_refused(found[1])
+                raise err
+            if key is not None:
+                request[CALLER_KEY] = key
         elif _is_dashboard(path) and not is_loopback(host):
             if not admin_keys:
                 raise ApiError(
                     403,
                     "the dashboard needs server.admin_key when listening on a non-loopback address",
                     code="admin_key_required",
+                    close=True,
                 )
-            if not _matches(_admin_token(request), admin_keys):
-                resp = ApiError(401, "missing or invalid admin key", code="invalid_admin_key")
+            if not _authenticated(request, _admin_token(request), admin_keys):
+                resp = ApiError(
+                    401, "missing or invalid admin key", code="invalid_admin_key", close=True
+                )
                 out = resp.response()
                 out.headers["WWW-Authenticate"] = 'Basic realm="accelmux admin"'
                 return out
         elif path.startswith("/admin") or path == "/metrics":
             if admin_keys:
-                if not _matches(_admin_token(request), admin_keys):
-                    raise ApiError(401, "missing or invalid admin key", code="invalid_admin_key")
+                if not _authenticated(request, _admin_token(request), admin_keys):
+                    raise ApiError(
+                        401, "missing or invalid admin key", code="invalid_admin_key", close=True
+                    )
             elif not admin_open:
                 raise ApiError(
                     403,
                     "the admin API needs server.admin_key when listening on a non-loopback address",
                     code="admin_key_required",
+                    close=True,
                 )
         return await handler(request)
 
@@ -254,29 +318,40 @@ class TokenBuckets:
         return wait
 
 
-def _caller(request: web.Request) -> str:
-    token = _bearer(request)
+def rate_limited(buckets: TokenBuckets, caller: str) -> ApiError | None:
+    """The refusal when ``caller``'s bucket is empty (a token is taken otherwise)."""
+    wait = buckets.take(caller)
+    if wait <= 0:
+        return None
+    return ApiError(
+        429,
+        f"rate limit of {buckets.rate:g} requests/s (burst {buckets.burst:g}) "
+        "exceeded for this key",
+        type="rate_limit_error",
+        code="rate_limited",
+        retry_after_s=max(1.0, math.ceil(wait)),
+    )
+
+
+def caller_of(authorization: str | None, remote: str | None) -> str:
+    """Whom a rate limit counts: the bearer key's digest, else the client address."""
+    token = _bearer_of(authorization or "")
     if token is not None:
-        return "key:" + hashlib.sha256(token).hexdigest()[:32]
-    return "addr:" + (request.remote or "")
+        return "key:" + key_digest(token)
+    return "addr:" + (remote or "")
 
 
-def rate_limit_middleware(cfg: RateLimitConfig) -> Middleware:
-    buckets = TokenBuckets(cfg)
+def rate_limit_middleware(buckets: TokenBuckets) -> Middleware:
+    """``buckets`` are shared with every HTTP stack of the daemon."""
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.path.startswith(INFERENCE):
-            wait = buckets.take(_caller(request))
-            if wait > 0:
-                raise ApiError(
-                    429,
-                    f"rate limit of {cfg.requests_per_s:g} requests/s (burst {cfg.burst}) "
-                    "exceeded for this key",
-                    type="rate_limit_error",
-                    code="rate_limited",
-                    retry_after_s=max(1.0, math.ceil(wait)),
-                )
+            err = rate_limited(
+                buckets, caller_of(request.headers.get("Authorization"), request.remote)
+            )
+            if err is not None:
+                raise err
         return await handler(request)
 
     return middleware

@@ -36,10 +36,8 @@ from aiohttp import web
 
 from accelmux import __version__
 from accelmux.config.limits import LimitsConfig
-from accelmux.core.actions import Dispatch
-from accelmux.core.events import Demand
-from accelmux.core.state import ServiceState
 from accelmux.core.types import Residency, ServiceKind, ServiceStatus
+from accelmux.core.world import ServiceState
 from accelmux.gateway import parse
 from accelmux.gateway.errors import ApiError, bad_field, refusal
 from accelmux.gateway.keys import RUNTIME
@@ -218,12 +216,8 @@ async def _warm(
             code="service_pinned",
         )
     if not (unload and state.status in (ServiceStatus.UNLOADED, ServiceStatus.CRASHED)):
-
-        async def attempt(d: Dispatch) -> tuple[bool, int | None]:
-            return True, None  # nothing ran: no peak to calibrate with
-
         try:
-            await rt.run_request(service, Demand(), attempt, keep_alive_s=keep_alive_s)
+            await rt.load(service, keep_alive_s=keep_alive_s)
         except Refused as exc:
             raise refusal(exc) from None
     obj: dict[str, Any] = {"model": model, "created_at": now_iso(), "done": True}
@@ -404,7 +398,7 @@ def _expires_at(rt: Runtime, svc: ServiceState) -> datetime:
         return NEVER
     ttl = svc.ttl_s
     if svc.spec.residency is Residency.ON_DEMAND:
-        ttl = min(ttl, rt.manager.world.knobs.on_demand_ttl_s)
+        ttl = min(ttl, rt.knobs.on_demand_ttl_s)
     if not ttl < LONGEST_S:
         return NEVER
     if svc.inflight:  # busy: its idle time starts when the last request ends

@@ -28,7 +28,10 @@ def error_response(err: ApiError) -> web.Response:
     headers = {}
     if err.retry_after_s is not None:
         headers["Retry-After"] = str(max(1, math.ceil(err.retry_after_s)))
-    return web.json_response({"error": err.message}, status=err.status, headers=headers)
+    resp = web.json_response({"error": err.message}, status=err.status, headers=headers)
+    if err.close:
+        resp.force_close()
+    return resp
 
 
 def _timings(usage: dict[str, Any] | None, started: float) -> dict[str, Any]:

@@ -15,7 +15,7 @@ import math
 import re
 from typing import Annotated, Any, Literal, Self
 
-from pydantic import ConfigDict, Field, PlainValidator, StrictInt, model_validator
+from pydantic import ConfigDict, Field, PlainValidator, model_validator
 
 from accelmux.gateway.openai_requests import (
     Content,
@@ -27,9 +27,13 @@ from accelmux.gateway.openai_requests import (
     Tool,
     TopP,
 )
-from accelmux.request_validation import RequestModel, field_error, one_error
+from accelmux.request_validation import JsonInt, RequestModel, field_error, one_error
 
 _DURATION = re.compile(r"(-?\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
+#: A ``keep_alive`` string: seconds (``"300"``, ``"-1"``) or a duration (``"5m"``,
+#: ``"1h30m"``); the document's pattern and the check are this one expression.
+KEEP_ALIVE_TEXT = r"^(-?[0-9]+(\.[0-9]+)?|(-?[0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+)$"
+_KEEP_ALIVE_TEXT = re.compile(KEEP_ALIVE_TEXT)
 _UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
@@ -42,14 +46,12 @@ def keep_alive_seconds(value: Any) -> float | None:
     if isinstance(value, (int, float)):
         seconds = float(value)
     elif isinstance(value, str):
-        text = value.strip()
+        if not _KEEP_ALIVE_TEXT.fullmatch(value):
+            raise field_error(f"{value!r} is not a duration like '5m' or '1h'")
         try:
-            seconds = float(text)
+            seconds = float(value)
         except ValueError:
-            parts = _DURATION.findall(text)
-            if not parts or "".join(n + u for n, u in parts) != text.replace(" ", ""):
-                raise field_error(f"{value!r} is not a duration like '5m' or '1h'") from None
-            seconds = sum(float(n) * _UNIT_S[u] for n, u in parts)
+            seconds = sum(float(n) * _UNIT_S[u] for n, u in _DURATION.findall(value))
     else:
         raise field_error("must be a number of seconds or a duration")
     if not math.isfinite(seconds):  # "inf", "nan": negative means forever
@@ -60,7 +62,10 @@ def keep_alive_seconds(value: Any) -> float | None:
 #: Validated into seconds (``inf``: until memory is needed).
 KeepAlive = Annotated[
     float | None,
-    PlainValidator(keep_alive_seconds, json_schema_input_type=float | str | None),
+    PlainValidator(
+        keep_alive_seconds,
+        json_schema_input_type=float | Annotated[str, Field(pattern=KEEP_ALIVE_TEXT)] | None,
+    ),
     Field(
         description="Idle time the service stays loaded: seconds or a duration ('5m', '1h'); "
         "0 unloads when idle, negative keeps it until memory is needed."
@@ -80,16 +85,16 @@ class OllamaOptions(RequestModel):
     know); each is checked by type and range under its own name (``options.num_ctx``)."""
 
     num_predict: Annotated[
-        StrictInt | None, Field(ge=-2, description="Tokens to generate (-1, -2: no limit).")
+        JsonInt | None, Field(ge=-2, description="Tokens to generate (-1, -2: no limit).")
     ] = None
     num_ctx: Annotated[
-        StrictInt | None,
+        JsonInt | None,
         Field(ge=1, le=MAX_NUM_CTX, description="Context window (the service's own is used)."),
     ] = None
     temperature: Temperature | None = None
     top_p: TopP | None = None
-    top_k: Annotated[StrictInt | None, Field(ge=0)] = None
-    seed: StrictInt | None = None
+    top_k: Annotated[JsonInt | None, Field(ge=0)] = None
+    seed: JsonInt | None = None
     stop: Stop = None
     frequency_penalty: Penalty | None = None
     presence_penalty: Penalty | None = None
@@ -115,7 +120,7 @@ UnsupportedText = Annotated[
     one_error("is not supported here"),
 ]
 UnsupportedTokens = Annotated[
-    list[int] | None,
+    list[JsonInt] | None,
     Field(max_length=0, description="Not supported: absent or empty."),
     one_error("is not supported here"),
 ]
@@ -201,8 +206,17 @@ class OllamaEmbeddingsRequest(RequestModel):
     keep_alive: KeepAlive = None
 
 
+#: ``model`` or ``name``, a non-empty string (what ``OllamaShowRequest._named`` checks).
+_NAMED: dict[str, Any] = {
+    "anyOf": [
+        {"required": [field], "properties": {field: {"type": "string", "minLength": 1}}}
+        for field in ("model", "name")
+    ]
+}
+
+
 class OllamaShowRequest(RequestModel):
-    model_config = _example({"model": "chat"})
+    model_config = ConfigDict(json_schema_extra={"examples": [{"model": "chat"}], **_NAMED})
 
     model: Annotated[str | None, Field(description="The model (or give it as name).")] = None
     name: str | None = None

@@ -9,20 +9,22 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import time
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from aiohttp import web
 
-from accelmux.backends.base import BackendRequest, BackendResponse
-from accelmux.core.actions import Dispatch
+from accelmux.backends.base import BackendResponse
+from accelmux.core.types import ServiceClass
 from accelmux.errors import BackendError
 from accelmux.gateway import parse
+from accelmux.gateway.connections import reserve_refusal, reserved
 from accelmux.gateway.errors import ApiError, backend_failure, refusal
 from accelmux.gateway.keys import RUNTIME, request_id
 from accelmux.gateway.relay import Relay
+from accelmux.runtime.call import Call
 from accelmux.runtime.daemon import Runtime
-from accelmux.runtime.requests import Refused, Ticket
+from accelmux.runtime.requests import Refused
 
 log = logging.getLogger("accelmux.gateway")
 
@@ -53,156 +55,198 @@ def _sse_error(err: ApiError) -> bytes:
     return b"data: " + json.dumps(err.body()).encode() + b"\n\n"
 
 
-async def serve(
-    request: web.Request, parsed: parse.Parsed, relay: Relay | None = None
-) -> web.StreamResponse:
-    """Admit ``parsed`` through the Manager, run it, relay the answer (through ``relay``
-    when the client speaks another API)."""
-    rt = request.app[RUNTIME]
-    service = _route(rt, parsed)
-    kind = rt.service_state(service).spec.kind
-    rid = request_id(request)
-    started = time.perf_counter()
-    arrived = rt.live.clock()
-    metrics = rt.metrics
+class Exchange(Protocol):
+    """One request's way back to its client, whichever HTTP stack carries it."""
 
-    def on_dispatch(ticket: Ticket) -> None:
-        metrics.queue_wait.labels(service).observe(time.monotonic() - ticket.arrived)
+    #: The request's id (``X-Request-Id``).
+    request_id: str
+    #: Whether it came on a reserved connection (only realtime services are served).
+    reserved: bool
 
-    def backend_request(d: Dispatch | None) -> BackendRequest:
-        return BackendRequest(
-            request_id=rid,
-            service=d.service if d is not None else service,
-            kind=kind,
-            endpoint=parsed.endpoint,
-            body=parsed.body,
-            stream=parsed.stream,
-            files=parsed.files,
-            file_info=parsed.file_info,
-            raw=parsed.raw,
-            content_type=parsed.content_type,
-            lease_bytes=d.lease_bytes if d is not None else 0,
+    async def begin_stream(self, status: int, headers: dict[str, str]) -> None:
+        """Send the head of a streamed answer."""
+        ...
+
+    async def write(self, data: bytes) -> None:
+        """Send part of a streamed answer."""
+        ...
+
+    async def end_stream(self) -> None:
+        """End a streamed answer."""
+        ...
+
+
+@dataclass(slots=True)
+class Answer:
+    """A whole answer to send (``error``: an error, sent in the client's API's shape)."""
+
+    status: int = 200
+    headers: dict[str, str] = field(default_factory=dict)
+    body: bytes = b""
+    error: ApiError | None = None
+
+
+#: What :func:`serve_parsed` answers when the answer was streamed (and is over).
+STREAMED = Answer(status=0)
+
+
+class _ExchangeSink:
+    """Where a streamed answer goes: the exchange's stream, opened with the first answer
+    (its content type, or the relay's), each chunk relayed as the client's API frames it."""
+
+    def __init__(self, ex: Exchange, relay: Relay | None) -> None:
+        self.ex = ex
+        self.relay = relay
+        self.started = False
+
+    async def open(self, answer: BackendResponse) -> None:
+        if self.started:
+            return
+        self.started = True
+        relay = self.relay
+        await self.ex.begin_stream(
+            answer.status,
+            {
+                "Content-Type": relay.stream_content_type if relay else answer.content_type,
+                "Cache-Control": "no-cache",
+                "X-Request-Id": self.ex.request_id,
+            },
         )
 
-    stream_resp: web.StreamResponse | None = None
+    async def write(self, chunk: bytes) -> None:
+        data = self.relay.chunk(chunk) if self.relay else chunk
+        if data and self.started:
+            await self.ex.write(data)
 
-    async def attempt(d: Dispatch) -> tuple[BackendResponse, int | None]:
-        nonlocal stream_resp
-        if stream_resp is not None:
-            # preempted after part of a stream went out: a rerun would repeat it
-            raise BackendError("stream preempted for higher-class work after partial output")
-        # the replica the Manager dispatched it to (any of a replicated service's)
-        answer = await rt.backends[d.service].handle(backend_request(d))
-        if answer.stream is None:
-            if kind.is_llm and answer.status < 400:
-                rt.live.usage_json(service, answer.body)
-            return answer, answer.peak_bytes
-        chunks = answer.stream
-        timer = rt.live.stream(service, arrived)
-        try:
-            if stream_resp is None:
-                stream_resp = web.StreamResponse(
-                    status=answer.status,
-                    headers={
-                        "Content-Type": relay.stream_content_type if relay else answer.content_type,
-                        "Cache-Control": "no-cache",
-                        "X-Request-Id": rid,
-                    },
-                )
-                await stream_resp.prepare(request)
-            async for chunk in chunks:
-                if chunk:
-                    timer.chunk(chunk)
-                data = relay.chunk(chunk) if relay else chunk
-                if data:
-                    await stream_resp.write(data)
-        finally:
-            aclose = getattr(chunks, "aclose", None)
-            if aclose is not None:
-                with contextlib.suppress(Exception):
-                    await aclose()
-            if answer.release is not None:
-                answer.release()
-        return answer, answer.peak_bytes
 
-    outcome = "ok"
+async def serve_parsed(
+    rt: Runtime, parsed: parse.Parsed, ex: Exchange, relay: Relay | None = None
+) -> Answer:
+    """Admit ``parsed`` through the Manager, run it, relay the answer (through ``relay``
+    when the client speaks another API): the whole answer, or :data:`STREAMED` once a
+    streamed one went out through ``ex`` (any HTTP stack)."""
+    service = _route(rt, parsed)
+    spec = rt.service_state(service).spec
+    if spec.cls is not ServiceClass.REALTIME and ex.reserved:
+        raise reserve_refusal(rt.cfg.server.max_connections)
+    kind = spec.kind
+    rid = ex.request_id
+    call = Call(
+        kind=kind,
+        endpoint=parsed.endpoint,
+        body=parsed.body,
+        stream=parsed.stream,
+        files=parsed.files,
+        file_info=parsed.file_info,
+        raw=parsed.raw,
+        content_type=parsed.content_type,
+    )
+    sink = _ExchangeSink(ex, relay)
     try:
-        answer = await rt.run_request(
+        answer = await rt.call(
             service,
             parsed.demand,
-            attempt,
+            call,
             request_id=rid,
-            on_dispatch=on_dispatch,
+            sink=sink,
             keep_alive_s=parsed.keep_alive_s,
-            pausable=kind.is_llm and rt.can_pause(service, backend_request(None)),
+            pausable=kind.is_llm and rt.can_pause(service, call.request(rid, service, 0)),
         )
     except Refused as exc:
-        outcome = exc.reason.value
         err = refusal(exc, parsed.size_param or parse.DEMAND_PARAM[parsed.endpoint])
-        return await _fail(request, stream_resp, err, rid, relay)
+        return await _fail(ex, sink.started, err, relay)
     except BackendError as exc:
-        err = backend_failure(exc)
-        outcome = str(err.code)
-        return await _fail(request, stream_resp, err, rid, relay)
-    finally:
-        metrics.latency.labels(service, parsed.endpoint, outcome).observe(
-            time.perf_counter() - started
-        )
-    if stream_resp is not None:
+        return await _fail(ex, sink.started, backend_failure(exc), relay)
+    except ConnectionError:
+        if not sink.started:
+            raise
+        # the client went away mid-stream (its request is accounted as cancelled):
+        # nobody is left to answer, and it is no error of the daemon's
+        return STREAMED
+    if sink.started:
         if relay is not None:
-            await stream_resp.write(relay.end())
-        await stream_resp.write_eof()
-        return stream_resp
+            await ex.write(relay.end())
+        await ex.end_stream()
+        return STREAMED
     if relay is not None:
         return _relayed(relay, answer, rid)
-    return web.Response(
+    return Answer(
         status=answer.status,
         body=answer.body,
         headers={"Content-Type": answer.content_type, "X-Request-Id": rid, **answer.headers},
     )
 
 
-def _relayed(relay: Relay, answer: BackendResponse, rid: str) -> web.Response:
+def _relayed(relay: Relay, answer: BackendResponse, rid: str) -> Answer:
     if answer.status >= 400:  # the backend's error, in OpenAI's shape
         try:
             message = str(json.loads(answer.body)["error"]["message"])
         except (ValueError, KeyError, TypeError):
             message = answer.body.decode("utf-8", "replace") or f"backend answered {answer.status}"
         code = "invalid_request" if answer.status < 500 else "backend_error"
-        resp = relay.error(ApiError(answer.status, message, code=code))
-    else:
-        try:
-            body = relay.body(answer.status, answer.body)
-        except (ValueError, KeyError, TypeError, IndexError, AttributeError):
-            err = ApiError(
-                502,
-                "the backend's answer is not an OpenAI answer",
-                type="backend_error",
-                code="backend_error",
-            )
-            resp = relay.error(err)
-            resp.headers["X-Request-Id"] = rid
-            return resp
-        resp = web.Response(status=answer.status, body=body, content_type="application/json")
-    resp.headers["X-Request-Id"] = rid
-    return resp
+        return Answer(error=ApiError(answer.status, message, code=code))
+    try:
+        body = relay.body(answer.status, answer.body)
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError):
+        err = ApiError(
+            502,
+            "the backend's answer is not an OpenAI answer",
+            type="backend_error",
+            code="backend_error",
+        )
+        return Answer(error=err)
+    return Answer(
+        status=answer.status,
+        body=body,
+        headers={"Content-Type": "application/json", "X-Request-Id": rid},
+    )
 
 
-async def _fail(
-    request: web.Request,
-    stream_resp: web.StreamResponse | None,
-    err: ApiError,
-    rid: str,
-    relay: Relay | None = None,
-) -> web.StreamResponse:
-    if stream_resp is None:
-        resp = err.response() if relay is None else relay.error(err)
-        resp.headers["X-Request-Id"] = rid
-        return resp
+async def _fail(ex: Exchange, streaming: bool, err: ApiError, relay: Relay | None) -> Answer:
+    if not streaming:
+        return Answer(error=err)
     with contextlib.suppress(ConnectionError):
-        await stream_resp.write(_sse_error(err) if relay is None else relay.stream_error(err))
-        await stream_resp.write_eof()
-    return stream_resp
+        await ex.write(_sse_error(err) if relay is None else relay.stream_error(err))
+        await ex.end_stream()
+    return STREAMED
+
+
+class AiohttpExchange:
+    """:class:`Exchange` over an aiohttp request."""
+
+    def __init__(self, request: web.Request) -> None:
+        self.request = request
+        self.request_id = request_id(request)
+        self.reserved = reserved(request)
+        self.response: web.StreamResponse | None = None
+
+    async def begin_stream(self, status: int, headers: dict[str, str]) -> None:
+        self.response = web.StreamResponse(status=status, headers=headers)
+        await self.response.prepare(self.request)
+
+    async def write(self, data: bytes) -> None:
+        assert self.response is not None
+        await self.response.write(data)
+
+    async def end_stream(self) -> None:
+        assert self.response is not None
+        await self.response.write_eof()
+
+
+async def serve(
+    request: web.Request, parsed: parse.Parsed, relay: Relay | None = None
+) -> web.StreamResponse:
+    """:func:`serve_parsed` for an aiohttp request: the aiohttp answer."""
+    ex = AiohttpExchange(request)
+    answer = await serve_parsed(request.app[RUNTIME], parsed, ex, relay)
+    if answer is STREAMED:
+        assert ex.response is not None
+        return ex.response
+    if answer.error is not None:
+        resp = answer.error.response() if relay is None else relay.error(answer.error)
+        resp.headers["X-Request-Id"] = ex.request_id
+        return resp
+    return web.Response(status=answer.status, body=answer.body, headers=answer.headers)
 
 
 # ---- handlers ---------------------------------------------------------------------------

@@ -23,12 +23,11 @@ from pydantic import (
     ConfigDict,
     Field,
     StrictBool,
-    StrictInt,
     model_validator,
 )
 
 from accelmux.config.limits import MAX_EMBEDDING_INPUTS
-from accelmux.request_validation import RequestModel, field_error, one_error
+from accelmux.request_validation import JsonInt, RequestModel, field_error, one_error
 
 TOOL_NAME = r"^[A-Za-z0-9_-]{1,64}$"
 MAX_N = 16
@@ -38,18 +37,21 @@ MAX_IMAGES = 10
 MAX_TOP_LOGPROBS = 20
 MAX_SPEECH_CHARS = 4096
 IMAGE_SIDE = (16, 8192)
+#: One side, 16..8192, as a pattern (the document's; ``_within_sides`` checks the same).
+_SIDE = r"(1[6-9]|[2-9][0-9]|[1-9][0-9]{2}|[1-7][0-9]{3}|80[0-9]{2}|81[0-8][0-9]|819[0-2])"
+IMAGE_SIZE = rf"^{_SIDE}[xX]{_SIDE}$"
 
 ModelName = Annotated[str, Field(min_length=1, description="A service's model name or alias.")]
 # JSON numbers as they are: "5" is not 5 (a string where a number belongs is refused)
-PositiveInt = Annotated[StrictInt, Field(ge=1)]
+PositiveInt = Annotated[JsonInt, Field(ge=1)]
 Choices = Annotated[
-    StrictInt,
+    JsonInt,
     Field(ge=1, le=MAX_N, description="Choices to generate (a stream holds one)."),
 ]
 Temperature = Annotated[float, Field(ge=0, le=2, description="0..2.")]
 TopP = Annotated[float, Field(ge=0, le=1, description="0..1.")]
 Penalty = Annotated[float, Field(ge=-2, le=2, description="-2..2.")]
-TopLogprobs = Annotated[StrictInt, Field(ge=0, le=MAX_TOP_LOGPROBS, description="0..20.")]
+TopLogprobs = Annotated[JsonInt, Field(ge=0, le=MAX_TOP_LOGPROBS, description="0..20.")]
 
 #: A message's content: a string, or parts (objects: ``{"type": "text", "text": ...}``).
 Content = Annotated[
@@ -131,6 +133,16 @@ class JsonSchemaFormat(RequestModel):
 
 
 class ResponseFormat(RequestModel):
+    # what _schema_given checks, as the document states it
+    model_config = ConfigDict(
+        json_schema_extra={
+            "anyOf": [
+                {"properties": {"type": {"enum": ["text", "json_object"]}}},
+                {"required": ["json_schema"], "properties": {"json_schema": {"type": "object"}}},
+            ]
+        }
+    )
+
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
 
@@ -150,8 +162,35 @@ ResponseFormatField = Annotated[
 ]
 
 
+#: The rules across fields, as the document states them (the models check them in
+#: ``_across_fields``): ``stream_options`` only with ``"stream": true``, and
+#: ``tool_choice`` only with ``tools``. That a named ``tool_choice`` names one of the
+#: tools JSON Schema cannot state; the field's description does.
+STREAM_OPTIONS_NEED_A_STREAM = {
+    "anyOf": [
+        {"properties": {"stream_options": {"type": "null"}}},
+        {"required": ["stream"], "properties": {"stream": {"const": True}}},
+    ]
+}
+TOOL_CHOICE_NEEDS_TOOLS = {
+    "anyOf": [
+        {"properties": {"tool_choice": {"type": "null"}}},
+        {"required": ["tools"], "properties": {"tools": {"type": "array", "minItems": 1}}},
+    ]
+}
+
+
+def _rules(example: dict[str, Any], *rules: dict[str, Any]) -> ConfigDict:
+    extra: dict[str, Any] = {"examples": [example]}
+    if len(rules) == 1:
+        extra.update(rules[0])
+    elif rules:
+        extra["allOf"] = list(rules)
+    return ConfigDict(json_schema_extra=extra)
+
+
 class ChatRequest(RequestModel):
-    model_config = _example(
+    model_config = _rules(
         {
             "model": "chat",
             "messages": [
@@ -160,7 +199,9 @@ class ChatRequest(RequestModel):
             ],
             "max_tokens": 64,
             "stream": False,
-        }
+        },
+        STREAM_OPTIONS_NEED_A_STREAM,
+        TOOL_CHOICE_NEEDS_TOOLS,
     )
 
     model: ModelName
@@ -178,7 +219,7 @@ class ChatRequest(RequestModel):
     top_p: TopP | None = None
     frequency_penalty: Penalty | None = None
     presence_penalty: Penalty | None = None
-    seed: StrictInt | None = None
+    seed: JsonInt | None = None
     logprobs: StrictBool | None = None
     top_logprobs: TopLogprobs | None = None
 
@@ -199,14 +240,18 @@ class ChatRequest(RequestModel):
 
 
 Prompt = Annotated[
-    str | Annotated[list[str], Field(min_length=1)] | Annotated[list[int], Field(min_length=1)],
+    str
+    # more than one prompt is refused by the gateway (unsupported): the document says so
+    | Annotated[list[str], Field(min_length=1, json_schema_extra={"maxItems": 1})]
+    | Annotated[list[JsonInt], Field(min_length=1)],
     one_error("must be a string, an array of strings or of tokens"),
 ]
 
 
 class CompletionRequest(RequestModel):
-    model_config = _example(
-        {"model": "completion", "prompt": "The kitchen light is", "max_tokens": 16}
+    model_config = _rules(
+        {"model": "completion", "prompt": "The kitchen light is", "max_tokens": 16},
+        STREAM_OPTIONS_NEED_A_STREAM,
     )
 
     model: ModelName
@@ -221,7 +266,7 @@ class CompletionRequest(RequestModel):
     top_p: TopP | None = None
     frequency_penalty: Penalty | None = None
     presence_penalty: Penalty | None = None
-    seed: StrictInt | None = None
+    seed: JsonInt | None = None
 
     @model_validator(mode="after")
     def _across_fields(self) -> Self:
@@ -230,7 +275,7 @@ class CompletionRequest(RequestModel):
 
 
 EmbeddingInput = Annotated[
-    str | int | list[int], one_error("must be a string or token array (integers)")
+    str | JsonInt | list[JsonInt], one_error("must be a string or token array (integers)")
 ]
 EmbeddingInputs = Annotated[
     list[EmbeddingInput], Field(min_length=1, max_length=MAX_EMBEDDING_INPUTS)
@@ -264,7 +309,7 @@ class EmbeddingsRequest(RequestModel):
         Field(description="float (lists of numbers) or base64 (little-endian float32)."),
     ] = None
     dimensions: Annotated[
-        StrictInt | None,
+        JsonInt | None,
         Field(ge=1, description="Only the model's own size (a backend refuses any other)."),
     ] = None
 
@@ -298,10 +343,10 @@ class ImageRequest(RequestModel):
     model: ModelName
     prompt: Annotated[str, Field(min_length=1)]
     # a number, never null: image backends read it as one
-    n: Annotated[StrictInt, Field(ge=1, le=MAX_IMAGES)] = 1
+    n: Annotated[JsonInt, Field(ge=1, le=MAX_IMAGES)] = 1
     size: Annotated[
         str,
-        Field(pattern=r"^[0-9]+[xX][0-9]+$", description="WIDTHxHEIGHT, 16..8192 each."),
+        Field(pattern=IMAGE_SIZE, description="WIDTHxHEIGHT, 16..8192 each."),
         AfterValidator(_within_sides),
         one_error("must be WIDTHxHEIGHT, 16..8192 each"),
     ] = "1024x1024"
@@ -312,6 +357,9 @@ class ImageRequest(RequestModel):
         return int(width), int(height)
 
 
+#: The ``format`` of a base64 image in the document (a string of that format decodes to
+#: an image file the gateway recognises).
+IMAGE_BASE64 = "base64-image"
 #: A 1x1 PNG, the smallest image a detection example can carry.
 TINY_PNG_B64 = (
     "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGMQUDAAAACkAGE0Zn1yAAAAAElFTkSuQmCC"
@@ -327,12 +375,20 @@ class DetectionRequest(RequestModel):
         Field(
             min_length=1,
             description="A base64 image (PNG, JPEG, GIF, WebP or BMP), or a data URL.",
+            json_schema_extra={"format": IMAGE_BASE64},
         ),
     ]
 
 
+#: The names a multipart form's fields may have (a part named otherwise is refused by
+#: the multipart parser as a malformed header).
+FORM_FIELD_NAMES: dict[str, Any] = {"propertyNames": {"pattern": r"^[^\u0000-\u001f\u007f\"\\]*$"}}
+
+
 class DetectionForm(RequestModel):
     """``/v1/detections`` as multipart: an image file."""
+
+    model_config = ConfigDict(json_schema_extra=FORM_FIELD_NAMES)
 
     model: ModelName
     image: Annotated[bytes, Field(min_length=1, description="The image file.")]
@@ -340,6 +396,8 @@ class DetectionForm(RequestModel):
 
 class TranscriptionForm(RequestModel):
     """``/v1/audio/transcriptions``: multipart, the audio as ``file``."""
+
+    model_config = ConfigDict(json_schema_extra=FORM_FIELD_NAMES)
 
     model: ModelName
     file: Annotated[
@@ -349,5 +407,6 @@ class TranscriptionForm(RequestModel):
             description="The audio: WAV, MP3, FLAC, Ogg, WebM, M4A, AMR or AIFF.",
         ),
     ]
-    response_format: Literal["json", "text", "verbose_json", "srt", "vtt"] | None = None
-    language: str | None = None
+    # a form field is a string or absent (no null): absent is the default
+    response_format: Literal["json", "text", "verbose_json", "srt", "vtt"] = "json"
+    language: str = ""

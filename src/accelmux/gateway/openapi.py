@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import copy
 import functools
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic.json_schema import models_json_schema
@@ -35,8 +37,9 @@ from accelmux.gateway.openai_requests import (
     SpeechRequest,
     TranscriptionForm,
 )
-from accelmux.jobs.submit_request import JobSubmitRequest
-from accelmux.request_validation import RequestModel
+from accelmux.jobs.store import JOB_ID_PATTERN
+from accelmux.jobs.submit_request import DEFAULT_LIMITS, JobSubmitRequest
+from accelmux.request_validation import RequestModel, RequestSchema
 
 #: Where a request model's schema sits in the document.
 REF_TEMPLATE = "#/components/schemas/{model}"
@@ -67,7 +70,9 @@ REQUEST_MODELS = (*JSON_BODIES.values(), *FORM_BODIES.values())
 def _request_schemas() -> dict[str, Any]:
     """Every request model's schema and those of the models inside them, by name."""
     _, top = models_json_schema(
-        [(model, "validation") for model in REQUEST_MODELS], ref_template=REF_TEMPLATE
+        [(model, "validation") for model in REQUEST_MODELS],
+        ref_template=REF_TEMPLATE,
+        schema_generator=RequestSchema,
     )
     schemas: dict[str, Any] = top["$defs"]
     return schemas
@@ -77,21 +82,82 @@ def request_schemas() -> dict[str, Any]:
     return copy.deepcopy(_request_schemas())
 
 
-def _media(model: type[RequestModel]) -> dict[str, Any]:
-    media: dict[str, Any] = {"schema": {"$ref": REF_TEMPLATE.format(model=model.__name__)}}
+#: What each multipart file must hold, as the gateway sniffs it (gateway/media.py), and
+#: a file name for it: a part without one is a form field, not a file.
+FILE_TYPES = {
+    "file": ("audio/wav, audio/mpeg, audio/flac, audio/ogg, audio/webm, audio/mp4", "speech.wav"),
+    "image": ("image/png, image/jpeg, image/gif, image/webp", "frame.png"),
+}
+
+
+def _file_part(field: str, kinds: str, filename: str) -> dict[str, Any]:
+    disposition = f'form-data; name="{field}"; filename="{filename}"'
+    return {
+        "contentType": kinds,
+        "headers": {
+            "Content-Disposition": {
+                "description": "A file part: it carries a file name.",
+                "schema": {"type": "string"},
+                "example": disposition,
+            }
+        },
+    }
+
+
+def model_names(names: list[str] | None, everyone: list[str]) -> dict[str, Any]:
+    """The schema of a ``model`` field on a daemon that serves ``names`` on this route
+    (``everyone``: every name it serves); no names: any name it does not serve (404)."""
+    if names:
+        return {"type": "string", "enum": list(names)}
+    if everyone:
+        return {"type": "string", "not": {"enum": list(everyone)}}
+    return {"type": "string"}
+
+
+def _media(
+    model: type[RequestModel], names: list[str] | None, everyone: list[str]
+) -> dict[str, Any]:
+    ref = {"$ref": REF_TEMPLATE.format(model=model.__name__)}
+    media: dict[str, Any] = {"schema": ref}
     examples = _request_schemas()[model.__name__].get("examples")
-    if examples:
-        media["example"] = copy.deepcopy(examples[0])
+    example = copy.deepcopy(examples[0]) if examples else None
+    if names is not None:
+        # the model's own schema, inlined, with its ``model`` narrowed (inlined rather
+        # than an ``allOf`` so that clients find the properties where they look)
+        schema = copy.deepcopy(_request_schemas()[model.__name__])
+        schema["properties"]["model"] = {
+            **schema["properties"]["model"],
+            **model_names(names, everyone),
+        }
+        schema.pop("examples", None)
+        media["schema"] = schema
+        if example is not None and names:
+            example["model"] = names[0]
+        elif example is not None:
+            example = None  # no model here takes it
+    if example is not None:
+        media["example"] = example
     return media
 
 
-def request_body(path: str) -> dict[str, Any]:
-    """The ``requestBody`` of ``path``: its JSON and multipart forms."""
+def request_body(
+    path: str, names: list[str] | None = None, everyone: list[str] | None = None
+) -> dict[str, Any]:
+    """The ``requestBody`` of ``path``: its JSON and multipart forms; ``names``: the
+    models a daemon serves on it (its ``model`` field then takes only those)."""
     content: dict[str, Any] = {}
+    others = everyone or []
     if path in JSON_BODIES:
-        content["application/json"] = _media(JSON_BODIES[path])
+        content["application/json"] = _media(JSON_BODIES[path], names, others)
     if path in FORM_BODIES:
-        content["multipart/form-data"] = _media(FORM_BODIES[path])
+        form = _media(FORM_BODIES[path], names, others)
+        files = _request_schemas()[FORM_BODIES[path].__name__]["properties"]
+        form["encoding"] = {
+            field: _file_part(field, kinds, filename)
+            for field, (kinds, filename) in FILE_TYPES.items()
+            if field in files
+        }
+        content["multipart/form-data"] = form
     return {"required": True, "content": content}
 
 
@@ -126,7 +192,7 @@ def _json_op(
 ) -> dict[str, Any]:
     ok: dict[str, Any] = {"description": "OK", "content": {"application/json": response}}
     if stream:
-        ok["content"]["text/event-stream"] = {"schema": {"type": "string"}}
+        ok["content"]["text/event-stream"] = {"schema": SSE_EVENT}
     return {
         "summary": summary,
         "requestBody": request_body(path),
@@ -135,6 +201,14 @@ def _json_op(
 
 
 _OBJ = {"schema": {"type": "object"}}
+#: One event of a server-sent event stream (before OpenAPI 3.2, ``schema`` describes each).
+SSE_EVENT: dict[str, Any] = {
+    "type": "object",
+    "required": ["data"],
+    "properties": {"data": {"type": "string"}, "event": {"type": "string"}},
+}
+#: What ``/v1/audio/speech`` answers, by its ``response_format`` and the backend.
+SPEECH_TYPES = ("audio/wav", "audio/pcm", "audio/mpeg", "audio/opus", "audio/aac", "audio/flac")
 
 #: The response schemas (the request schemas come from the request models).
 SCHEMAS: dict[str, Any] = {
@@ -203,6 +277,10 @@ def _ollama_op(summary: str, path: str, *, stream: bool = False) -> dict[str, An
             "400": {"description": "A field is invalid.", "content": err},
             "401": ERRORS["401"],
             "404": {"description": "Unknown model.", "content": err},
+            "409": {
+                "description": "An unload of a model the operator keeps loaded (service_pinned).",
+                "content": err,
+            },
             "413": {"description": "Body too large, or too_large.", "content": err},
             "429": {"description": "queue_full (Retry-After).", "content": err},
             "502": {"description": "The backend failed.", "content": err},
@@ -255,12 +333,59 @@ def ollama_paths() -> dict[str, Any]:
     }
 
 
-_JOB_ID = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}}
+_JOB_ID = {
+    "name": "job_id",
+    "in": "path",
+    "required": True,
+    "schema": {"type": "string", "pattern": JOB_ID_PATTERN},
+}
 
 _ADMIN_ERR = {"401": _err("Missing or invalid admin key."), "403": _err("Admin key required.")}
 
 
-def document() -> dict[str, Any]:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServedModels:
+    """What one daemon serves: the model names each request body's route takes, every
+    name, and the services (the served document's ``model`` fields and path parameters
+    take only these, so that it says what the daemon answers)."""
+
+    by_path: Mapping[str, list[str]]
+    everyone: list[str]
+    services: list[str]
+    #: JSON-schema rules a route's body also follows here (which model may do what).
+    rules: Mapping[str, list[dict[str, Any]]] = field(default_factory=dict)
+
+
+def _narrow(paths: dict[str, Any], served: ServedModels) -> None:
+    for path, ops in paths.items():
+        for op in ops.values():
+            if "requestBody" in op:
+                names = served.by_path.get(path, [])
+                body = request_body(path, names, served.everyone)
+                for media in body["content"].values():
+                    media["schema"].setdefault("allOf", []).extend(served.rules.get(path, []))
+                    if not media["schema"]["allOf"]:
+                        del media["schema"]["allOf"]
+                op["requestBody"] = body
+            for param in op.get("parameters", ()):
+                if param["in"] != "path":
+                    continue
+                if param["name"] == "model" and served.everyone:
+                    param["schema"] = {"type": "string", "enum": list(served.everyone)}
+                elif param["name"] == "name" and served.services:
+                    param["schema"] = {"type": "string", "enum": list(served.services)}
+
+
+def _int_param(name: str, low: int, high: int | None = None) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "integer", "minimum": low}
+    if high is not None:
+        schema["maximum"] = high
+    return {"name": name, "in": "query", "schema": schema}
+
+
+def document(served: ServedModels | None = None) -> dict[str, Any]:
+    """The document; ``served``: a daemon's models, which its ``model`` fields then
+    name (without: any string)."""
     paths: dict[str, Any] = {
         "/v1/models": {
             "get": {
@@ -303,7 +428,8 @@ def document() -> dict[str, Any]:
                     "200": {
                         "description": "Audio",
                         "content": {
-                            "audio/wav": {"schema": {"type": "string", "format": "binary"}}
+                            kind: {"schema": {"type": "string", "format": "binary"}}
+                            for kind in SPEECH_TYPES
                         },
                     },
                     **ERRORS,
@@ -318,7 +444,17 @@ def document() -> dict[str, Any]:
                 "summary": "Speech to text (multipart upload).",
                 "requestBody": request_body("/v1/audio/transcriptions"),
                 "responses": {
-                    "200": {"description": "OK", "content": {"application/json": _OBJ}},
+                    "200": {
+                        "description": "The text: JSON, or plain text, SRT or VTT as "
+                        "response_format asks.",
+                        "content": {
+                            "application/json": _OBJ,
+                            **{
+                                kind: {"schema": {"type": "string"}}
+                                for kind in ("text/plain", "application/x-subrip", "text/vtt")
+                            },
+                        },
+                    },
                     **ERRORS,
                 },
             }
@@ -408,7 +544,7 @@ def document() -> dict[str, Any]:
                 "responses": {
                     "200": {
                         "description": "SSE",
-                        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+                        "content": {"text/event-stream": {"schema": SSE_EVENT}},
                     },
                     **_ADMIN_ERR,
                 },
@@ -443,13 +579,18 @@ def document() -> dict[str, Any]:
             "get": {
                 "summary": "The caller's jobs (every job with the admin key), newest first.",
                 "parameters": [
-                    {"name": "limit", "in": "query", "schema": {"type": "integer"}},
-                    {"name": "after", "in": "query", "schema": {"type": "string"}},
+                    _int_param("limit", 1, DEFAULT_LIMITS.max_list),
+                    {
+                        "name": "after",
+                        "in": "query",
+                        "schema": {"type": "string", "pattern": JOB_ID_PATTERN},
+                    },
                 ],
                 "responses": {
                     "200": {"description": "OK", "content": {"application/json": _OBJ}},
                     "400": ERRORS["400"],
                     "401": ERRORS["401"],
+                    "404": _err("No such job to list after (or another key's)."),
                 },
             },
         },
@@ -469,8 +610,8 @@ def document() -> dict[str, Any]:
                 "summary": "Results by input index (paged).",
                 "parameters": [
                     _JOB_ID,
-                    {"name": "offset", "in": "query", "schema": {"type": "integer"}},
-                    {"name": "limit", "in": "query", "schema": {"type": "integer"}},
+                    _int_param("offset", 0),
+                    _int_param("limit", 1, DEFAULT_LIMITS.max_page),
                 ],
                 "responses": {
                     "200": {"description": "OK", "content": {"application/json": _OBJ}},
@@ -527,6 +668,8 @@ def document() -> dict[str, Any]:
             }
         },
     }
+    if served is not None:
+        _narrow(paths, served)
     return {
         "openapi": "3.1.0",
         "info": {

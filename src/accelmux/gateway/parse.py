@@ -240,10 +240,15 @@ def _check_executor() -> ProcessPoolExecutor:
     )
 
 
-def _decode(
+def decode_small(
     raw: bytes, limits: LimitsConfig, build: Callable[[dict[str, Any], bytes, LimitsConfig], T]
 ) -> T:
+    """A body of at most ``server.limits.offload_body`` parsed, checked and built in
+    place (what :func:`decode` does with one; any HTTP stack)."""
     return build(loads(raw), raw, limits)
+
+
+_decode = decode_small
 
 
 async def _preflight(raw: bytes, limits: LimitsConfig, path: str) -> None:

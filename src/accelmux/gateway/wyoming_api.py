@@ -19,7 +19,7 @@ listener is asyncio's, with a cap on connections served at once.
   its text has arrived), ending with ``synthesize-stopped``.
 
 Every transcription and synthesis is admitted by the Manager through
-:meth:`Runtime.run_request` with the class of its service (realtime in the default
+:meth:`Runtime.call` with the class of its service (realtime in the default
 stack): it queues, waits, is preempted or refused like any HTTP request. Every failure is
 an ``error`` event with a text and a code (the policy's reason, ``no_asr_service``,
 ``no_tts_service``, ``bad_audio_format``, ``unknown_voice``, ``invalid_value``,
@@ -68,11 +68,10 @@ from zeroconf import IPVersion
 from zeroconf.asyncio import AsyncServiceInfo, AsyncZeroconf
 
 from accelmux import __version__
-from accelmux.backends.base import BackendRequest, BackendResponse
+from accelmux.backends.base import BackendResponse
 from accelmux.config.hosts import is_loopback
 from accelmux.config.schema import AccelmuxConfig
 from accelmux.config.wyoming import WyomingConfig
-from accelmux.core.actions import Dispatch
 from accelmux.core.events import Demand
 from accelmux.core.types import ServiceKind, ServiceStatus
 from accelmux.errors import BackendCrashedError, BackendError
@@ -83,6 +82,7 @@ from accelmux.gateway.wyoming_frames import (
     json_kind,
     read_event,
 )
+from accelmux.runtime.call import Call
 from accelmux.runtime.daemon import Runtime
 from accelmux.runtime.requests import Refused
 
@@ -467,12 +467,9 @@ class VoiceHandler(AsyncEventHandler):
         if status in (ServiceStatus.LOADED, ServiceStatus.LOADING):
             return
 
-        async def attempt(d: Dispatch) -> tuple[bool, int | None]:
-            return True, None  # nothing ran: no peak to calibrate with
-
         async def warm() -> None:
             with contextlib.suppress(Refused, BackendError):
-                await self.rt.run_request(service, Demand(), attempt)
+                await self.rt.load(service)
 
         task = asyncio.create_task(warm())
         self.tasks.add(task)
@@ -580,41 +577,22 @@ class VoiceHandler(AsyncEventHandler):
         kind = rt.service_state(service).spec.kind
         rid = rt.new_request_id()
         files = files or {}
-        started = time.perf_counter()
-
-        def on_dispatch(ticket: Any) -> None:
-            rt.metrics.queue_wait.labels(service).observe(time.monotonic() - ticket.arrived)
-
-        async def attempt(d: Dispatch) -> tuple[BackendResponse, int | None]:
-            answer = await rt.backends[d.service].handle(
-                BackendRequest(
-                    request_id=rid,
-                    service=d.service,
-                    kind=kind,
-                    endpoint=endpoint,
-                    body=body,
-                    files=files,
-                    file_info={k: (f"{k}.wav", "audio/wav") for k in files},
-                    lease_bytes=d.lease_bytes,
-                )
-            )
-            return answer, answer.peak_bytes
-
-        outcome = "ok"
+        call = Call(
+            kind=kind,
+            endpoint=endpoint,
+            body=body,
+            files=files,
+            file_info={k: (f"{k}.wav", "audio/wav") for k in files},
+        )
         try:
-            answer = await rt.run_request(
-                service, demand, attempt, request_id=rid, on_dispatch=on_dispatch
+            answer = await rt.call(
+                service, demand, call, request_id=rid, label="wyoming:" + endpoint
             )
         except Refused as exc:
-            outcome = exc.reason.value
             raise refusal_error(exc) from None
         except BackendError as exc:
             outcome = "backend_crashed" if isinstance(exc, BackendCrashedError) else "backend_error"
             raise WyomingError(outcome, f"the {service} backend failed: {exc}") from None
-        finally:
-            rt.metrics.latency.labels(service, "wyoming:" + endpoint, outcome).observe(
-                time.perf_counter() - started
-            )
         if answer.status >= 400:
             text = answer.body.decode("utf-8", "replace")[:500]
             code = "invalid_request" if answer.status < 500 else "backend_error"

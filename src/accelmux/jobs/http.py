@@ -62,6 +62,7 @@ import hashlib
 import hmac
 import json
 import logging
+import re
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -72,7 +73,7 @@ from pydantic import ValidationError
 from accelmux.jobs.errors import JobNotFoundError, JobStateError
 from accelmux.jobs.model import EVERYONE, Job, ResultItem, Viewer
 from accelmux.jobs.runner import JobRunner
-from accelmux.jobs.store import JobStore
+from accelmux.jobs.store import JOB_ID_PATTERN, JobStore
 from accelmux.jobs.submit_request import (
     JobLimits,
     JobSubmitRequest,
@@ -259,13 +260,20 @@ class _JobsApi:
 
     async def list_jobs(self, request: web.Request) -> web.StreamResponse:
         limit = _int_query(request, "limit", 20, 1, self.limits.max_list)
-        after = request.query.get("after") or None
+        after = request.query.get("after")
+        if after is not None and not re.fullmatch(JOB_ID_PATTERN, after):
+            raise ApiError(
+                400,
+                f"after must be a job id (job_...), not {after!r}",
+                param="after",
+                code="invalid_value",
+            )
         try:
             jobs, has_more = await asyncio.to_thread(
                 self.store.list_jobs, limit=limit, after=after, viewer=self.access.viewer(request)
             )
         except JobNotFoundError as exc:
-            raise ApiError(400, str(exc), param="after", code="invalid_value") from None
+            raise ApiError(404, str(exc), param="after", code="job_not_found") from None
         body = {
             "object": "list",
             "data": [job_json(job) for job in jobs],
@@ -424,7 +432,7 @@ def _parse_json_lines(body: bytes, model: str | None, limits: JobLimits) -> JobS
 
 def _int_query(request: web.Request, name: str, default: int, low: int, high: int | None) -> int:
     raw = request.query.get(name)
-    if raw is None or raw == "":
+    if raw is None:
         return default
     try:
         value = int(raw)

@@ -143,6 +143,10 @@ _COUNT_COLUMN: dict[InputState, str] = {
 }
 
 
+#: What a job id looks like (the document's pattern).
+JOB_ID_PATTERN = r"^job_[0-9a-f]{24}$"
+
+
 def new_job_id() -> str:
     return "job_" + secrets.token_hex(12)
 

@@ -33,19 +33,22 @@ from typing import Any, TypeVar
 import psutil
 
 from accelmux import __version__
-from accelmux.backends.base import Backend, BackendRequest, can_pause
+from accelmux.backends.base import Backend, BackendRequest, BackendResponse, can_pause
 from accelmux.backends.factory import build_backends
 from accelmux.config.schema import AccelmuxConfig
 from accelmux.config.specs import to_manager_spec, with_capabilities
+from accelmux.core.actions import Dispatch
 from accelmux.core.events import AdminCommand, Demand, Event, ShutdownRequested
 from accelmux.core.manager import Manager
 from accelmux.core.placement import first_up
-from accelmux.core.specs import ServiceSpec
-from accelmux.core.state import ServiceState
-from accelmux.errors import BackendError
+from accelmux.core.specs import PolicyKnobs, ServiceSpec
+from accelmux.core.types import Reason
+from accelmux.core.world import ServiceState
+from accelmux.errors import BackendCrashedError, BackendError
 from accelmux.monitors.base import DeviceSample, DeviceSampler
 from accelmux.runtime.activity import ServiceActivity
 from accelmux.runtime.bus import DecisionBus
+from accelmux.runtime.call import Call, Sink, relay_stream, rerun_guard
 from accelmux.runtime.clock import Clock, LoopClock, seconds_of_day_now
 from accelmux.runtime.decisions import DecisionRecorder
 from accelmux.runtime.devices import build_samplers, detect_devices
@@ -114,7 +117,7 @@ class Runtime:
                 self.models[alias] = name
         self.activity = {
             name: ServiceActivity(started_at=time.monotonic())
-            for name in self.manager.world.services
+            for name in self.manager.view.services
         }
         #: TTFT, TBT and context in use per service, measured by the gateway
         self.live = LiveLatency()
@@ -187,10 +190,33 @@ class Runtime:
         return self.decisions.ledgers
 
     # ---- the names clients use ---------------------------------------------------------
+    @property
+    def knobs(self) -> PolicyKnobs:
+        """The policy's knobs the Manager runs with."""
+        return self.manager.spec.knobs
+
+    def time_of_day(self) -> float:
+        """Seconds since the Manager's midnight (maintenance windows)."""
+        return self.manager.view.time_of_day()
+
+    def spare_for(self, spec: ServiceSpec) -> bool:
+        """Whether ``spec``'s device has spare memory (``policy.spare_fraction`` of its
+        budget free) and no request of a class above ``spec``'s waits there."""
+        view = self.manager.view
+        dev = spec.device
+        spare = view.knobs.spare_fraction * view.devices[dev].usable_bytes
+        if view.ledger.available(dev) < spare:
+            return False
+        return not any(
+            req.cls < spec.cls
+            for req in view.waiting.values()
+            if view.services[req.service].spec.device == dev
+        )
+
     def replicas(self, name: str) -> tuple[ServiceState, ...]:
         """The Manager's services behind a service name clients use: the service itself,
         or each replica of a service that runs on several devices; () when unknown."""
-        world = self.manager.world
+        world = self.manager.view
         state = world.services.get(name)
         return (state,) if state is not None else world.groups.get(name, ())
 
@@ -302,6 +328,78 @@ class Runtime:
             if not isinstance(status, int) or not 400 <= status < 500:  # 4xx: the client's
                 judge(not isinstance(status, int) or status < 400)
             return result
+
+    async def load(self, service: str, *, keep_alive_s: float | None = None) -> None:
+        """Bring ``service`` up through the Manager with nothing to run (Ollama's empty
+        request, Wyoming's warm-up); raises Refused as :meth:`call` does."""
+
+        async def nothing(d: Dispatch) -> tuple[None, None]:
+            return None, None  # nothing ran: no peak to calibrate with
+
+        await self.run_request(service, Demand(), nothing, keep_alive_s=keep_alive_s)
+
+    async def call(
+        self,
+        service: str,
+        demand: Demand,
+        call: Call,
+        *,
+        request_id: str | None = None,
+        sink: Sink | None = None,
+        label: str | None = None,
+        keep_alive_s: float | None = None,
+        pausable: bool = False,
+    ) -> BackendResponse:
+        """Call ``service`` through the Manager: admit ``demand``, send ``call`` to the
+        backend of the replica it dispatches to with the lease it grants, relay a streamed
+        answer into ``sink``, release what the answer holds, report its peak (it
+        calibrates the service), and count the queue wait and the latency (labelled
+        ``label``, default the call's endpoint).
+
+        Raises :class:`~accelmux.runtime.requests.Refused` when the Manager refused or
+        cut the request off (the one refusal every caller maps), BackendError when its
+        backend failed. A request preempted after part of a streamed answer went out is
+        not run again (BackendError)."""
+        rid = request_id or self.new_request_id()
+        metrics = self.metrics
+        arrived = self.live.clock()
+
+        def on_dispatch(ticket: Ticket) -> None:
+            metrics.queue_wait.labels(service).observe(time.monotonic() - ticket.arrived)
+
+        async def attempt(d: Dispatch) -> tuple[BackendResponse, int | None]:
+            rerun_guard(sink)
+            answer = await self.backends[d.service].handle(call.dispatched(rid, d))
+            if answer.stream is None:
+                if call.kind.is_llm and answer.status < 400:
+                    self.live.usage_json(service, answer.body)
+            elif sink is not None:
+                await relay_stream(answer, sink, self.live, service, arrived)
+            return answer, answer.peak_bytes
+
+        started = time.perf_counter()
+        outcome = "ok"
+        try:
+            return await self.run_request(
+                service,
+                demand,
+                attempt,
+                request_id=rid,
+                on_dispatch=on_dispatch,
+                keep_alive_s=keep_alive_s,
+                pausable=pausable,
+            )
+        except Refused as exc:
+            outcome = exc.reason.value
+            raise
+        except BackendError as exc:
+            crashed = isinstance(exc, BackendCrashedError)
+            outcome = Reason.BACKEND_CRASHED.value if crashed else "backend_error"
+            raise
+        finally:
+            metrics.latency.labels(service, label or call.endpoint, outcome).observe(
+                time.perf_counter() - started
+            )
 
     def submit(self, event: Event) -> None:
         self.driver.submit(event)

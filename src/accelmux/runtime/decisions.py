@@ -74,11 +74,11 @@ class DecisionRecorder:
             self._credit_unloads(action.service)
 
     def _device_of(self, service: str) -> str | None:
-        svc = self._manager.world.services.get(service)
+        svc = self._manager.view.services.get(service)
         return svc.spec.device if svc is not None else None
 
     def _record_unload(self, action: Unload) -> None:
-        world = self._manager.world
+        world = self._manager.view
         device = self._device_of(action.service)
         waiting = sorted(
             (r for r in world.waiting.values() if r.service != action.service),
@@ -130,7 +130,7 @@ class DecisionRecorder:
         for device in picture.values():
             for name, entry in device["services"].items():
                 entry["last_unload"] = self.last_unloads.get(name)
-        world = self._manager.world
+        world = self._manager.view
         svc = world.services.get(action.service)
         demand = self._demand_of(action.request_id)
         record: dict[str, Any] = {

@@ -17,14 +17,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from accelmux.backends.base import Backend, BackendRequest
+from accelmux.backends.base import Backend
 from accelmux.backends.fake import FakeBackend
 from accelmux.config.backends import FakeBackendConfig
 from accelmux.config.schema import AccelmuxConfig
-from accelmux.core.actions import Dispatch
 from accelmux.core.events import Demand
 from accelmux.core.specs import ServiceSpec
 from accelmux.core.types import ServiceKind
+from accelmux.runtime.call import Call
 from accelmux.runtime.clock import ManualClock
 from accelmux.runtime.daemon import Runtime
 from accelmux.runtime.requests import Refused
@@ -102,24 +102,9 @@ async def live_decision_log(
 
     async def one(arrival: Arrival) -> None:
         kind = runtime.service_state(arrival.service).spec.kind
-
-        async def attempt(d: Dispatch) -> tuple[None, int | None]:
-            answer = await runtime.backends[d.service].handle(
-                BackendRequest(
-                    request_id=arrival.request_id,
-                    service=d.service,
-                    kind=kind,
-                    endpoint=KIND_ENDPOINT[kind],
-                    body={},
-                    lease_bytes=d.lease_bytes,
-                )
-            )
-            return None, answer.peak_bytes
-
+        call = Call(kind=kind, endpoint=KIND_ENDPOINT[kind])
         with contextlib.suppress(Refused):
-            await runtime.run_request(
-                arrival.service, arrival.demand, attempt, request_id=arrival.request_id
-            )
+            await runtime.call(arrival.service, arrival.demand, call, request_id=arrival.request_id)
 
     while True:
         await _settle()

@@ -56,7 +56,7 @@ def build_status(
     for dev in snap["devices"]:
         dev["measured"] = monitors.get(dev["name"])
     now = time.monotonic()
-    world = manager.world
+    world = manager.view
     for svc in snap["services"]:
         svc["group"] = world.services[svc["name"]].spec.addressed_as
         backend = backends.get(svc["name"])

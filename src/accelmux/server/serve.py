@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import signal
 import sys
@@ -17,13 +18,15 @@ from accelmux.config.machine import host_memory_problems, prepare_data_dir, tigh
 from accelmux.config.schema import AccelmuxConfig
 from accelmux.config.server import ServerConfig
 from accelmux.config.wyoming import open_network_problem
-from accelmux.gateway.app import build_app
+from accelmux.gateway.app import build_app, priority_paths
 from accelmux.gateway.connections import (
     ConnectionGuard,
     ConnectionLimits,
     GuardedTCPSite,
     raise_open_files_limit,
 )
+from accelmux.gateway.door import DOOR
+from accelmux.gateway.hot import HotPath, front_protocol
 from accelmux.gateway.middleware import ProtocolLogger
 from accelmux.gateway.wyoming_api import WyomingServer
 from accelmux.monitors.host import host_total
@@ -58,6 +61,20 @@ def log_tightened(data_dir: Path) -> None:
         )
     for problem in problems:
         log.warning("data_dir: cannot make owner-only: %s", problem)
+
+
+def check_open_files(server: ServerConfig) -> None:
+    """Raise the open-files limit for every HTTP connection (the reserve is part of
+    ``server.max_connections``), every Wyoming connection, and 256 more for backends,
+    logs and SQLite, so that a full HTTP door never takes the Wyoming server's sockets."""
+    wyoming = server.wyoming.max_connections if server.wyoming is not None else 0
+    wanted = server.max_connections + wyoming + 256
+    if raise_open_files_limit(wanted) < wanted:
+        log.warning(
+            "the open-files limit (ulimit -n) is below server.max_connections + "
+            "server.wyoming.max_connections + 256; connections beyond it wait in the "
+            "listen queue"
+        )
 
 
 def refuse_open_wyoming(server: ServerConfig) -> None:
@@ -123,13 +140,11 @@ async def serve(
         lingering_time=0,  # refused bodies are read by drain_middleware, at its pace
     )
     await runner.setup()
-    wanted_files = server.max_connections + 256  # the rest: backends, logs, SQLite
-    if raise_open_files_limit(wanted_files) < wanted_files:
-        log.warning(
-            "the open-files limit (ulimit -n) is below server.max_connections + 256; "
-            "connections beyond it wait in the listen queue"
-        )
-    guard = ConnectionGuard(ConnectionLimits.of(server))
+    check_open_files(server)
+    guard = ConnectionGuard(ConnectionLimits.of(server), priority=priority_paths(runtime))
+    hot = HotPath.of(runtime, app[DOOR])
+    if hot is not None:
+        guard.front = functools.partial(front_protocol, hot=hot)
     site = GuardedTCPSite(runner, server.host, server.port, guard=guard, reuse_address=True)
 
     async def give_up(message: str) -> NoReturn:

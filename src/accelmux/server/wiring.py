@@ -2,7 +2,7 @@
 
 * Jobs (:mod:`accelmux.jobs`): a SQLite store under ``server.data_dir``, served at
   ``/v1/jobs``; its runner sends each batch of inputs through the SAME path as an HTTP
-  request (:meth:`Runtime.run_request`: batch class, maintenance windows, preemption),
+  request (:meth:`Runtime.call`: batch class, maintenance windows, preemption),
   via :func:`submit_embeddings`, and pauses a model's jobs outside its windows.
 * Cameras (:mod:`accelmux.cameras`): one analysis loop per camera service (background
   requests through the Manager), events in SQLite under ``server.data_dir``, served at
@@ -21,19 +21,17 @@ from typing import Any
 
 from aiohttp import web
 
-from accelmux.backends.base import BackendRequest, BackendResponse
 from accelmux.cameras import CameraRunner, EventStore
 from accelmux.cameras.http import camera_routes
 from accelmux.cameras.runner import camera_services
-from accelmux.core.actions import Dispatch
 from accelmux.core.events import Demand
-from accelmux.core.specs import ServiceSpec
 from accelmux.core.types import Reason, ServiceKind
 from accelmux.dashboard import routes as dashboard_routes
 from accelmux.errors import BackendError
 from accelmux.gateway.parse import tokens_of
 from accelmux.jobs import JobInputError, JobInputRetry, JobRunner, JobStore
 from accelmux.jobs.http import JobAccess, job_routes
+from accelmux.runtime.call import Call
 from accelmux.runtime.daemon import Runtime
 from accelmux.runtime.requests import Refused
 
@@ -56,25 +54,10 @@ def window_open(runtime: Runtime, model: str) -> bool:
     service = runtime.models.get(model)
     if service is None:
         return True  # let the submit report the unknown model
-    world = runtime.manager.world
     replicas = runtime.replicas(service)
-    if replicas[0].spec.in_window(world.time_of_day()):
+    if replicas[0].spec.in_window(runtime.time_of_day()):
         return True
-    return any(_spare(runtime, r.spec) for r in replicas)
-
-
-def _spare(runtime: Runtime, spec: ServiceSpec) -> bool:
-    """Whether ``spec``'s device has spare memory and no request of a higher class
-    waits there."""
-    world = runtime.manager.world
-    dev = spec.device
-    if world.ledger.available(dev) < world.knobs.spare_fraction * world.devices[dev].usable_bytes:
-        return False
-    return not any(
-        req.cls < spec.cls
-        for req in world.waiting.values()
-        if world.services[req.service].spec.device == dev
-    )
+    return any(runtime.spare_for(r.spec) for r in replicas)
 
 
 async def submit_embeddings(runtime: Runtime, model: str, texts: list[str]) -> list[Any]:
@@ -93,23 +76,9 @@ async def submit_embeddings(runtime: Runtime, model: str, texts: list[str]) -> l
     raw = json.dumps(body).encode()
     demand = Demand(units=float(len(texts)), prompt_tokens=sum(tokens_of(len(t)) for t in texts))
     rid = runtime.new_request_id().replace("req-", "job-", 1)
-
-    async def attempt(d: Dispatch) -> tuple[BackendResponse, int | None]:
-        answer = await runtime.backends[d.service].handle(
-            BackendRequest(
-                request_id=rid,
-                service=d.service,
-                kind=kind,
-                endpoint="/v1/embeddings",
-                body=body,
-                raw=raw,
-                lease_bytes=d.lease_bytes,
-            )
-        )
-        return answer, answer.peak_bytes
-
+    call = Call(kind=kind, endpoint="/v1/embeddings", body=body, raw=raw)
     try:
-        answer = await runtime.run_request(service, demand, attempt, request_id=rid)
+        answer = await runtime.call(service, demand, call, request_id=rid)
     except Refused as exc:
         if exc.reason is Reason.TOO_LARGE:
             raise JobInputError(str(exc)) from None

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from accelmux.core.state import RequestState, ServiceState, World
 from accelmux.core.types import ServiceClass
+from accelmux.core.world import RequestState, ServiceState, World
 
 
 def request_need(svc: ServiceState, req: RequestState) -> int:

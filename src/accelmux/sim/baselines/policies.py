@@ -36,8 +36,8 @@ from accelmux.core.events import Demand
 from accelmux.core.placement import first_up
 from accelmux.core.policy import Policy
 from accelmux.core.specs import ServiceSpec
-from accelmux.core.state import RequestState, ServiceState, World
 from accelmux.core.types import Reason, Residency, ServiceKind, ServiceStatus
+from accelmux.core.world import RequestState, ServiceState, WorldOps, WorldView
 
 #: Largest request the ``static`` policy sizes a slot for, in the kind's units
 #: (megapixels for image and detection, seconds of audio for ASR, characters for TTS,
@@ -144,16 +144,16 @@ class BaselineSettings:
     llama_swap: LlamaSwapSettings = field(default_factory=LlamaSwapSettings)
 
 
-def _fifo(world: World) -> list[RequestState]:
+def _fifo(world: WorldView) -> list[RequestState]:
     return sorted(world.waiting.values(), key=lambda r: r.seq)
 
 
-def _too_large_for_pool(world: World, req: RequestState) -> bool:
+def _too_large_for_pool(world: WorldView, ops: WorldOps, req: RequestState) -> bool:
     """An LLM request whose KV exceeds the largest pool can never run: refuse it."""
     svc = world.services[req.service]
     limit = svc.kv_request_limit
     if svc.spec.profile.kv_ceiling and req.estimate.kv_bytes > limit:
-        world.reject(
+        ops.reject(
             req,
             reason=Reason.TOO_LARGE,
             retry_after_s=0.0,
@@ -164,13 +164,15 @@ def _too_large_for_pool(world: World, req: RequestState) -> bool:
     return False
 
 
-def _queue_full(world: World, req: RequestState, seen: set[str], limit: int, count: int) -> bool:
+def _queue_full(
+    world: WorldView, ops: WorldOps, req: RequestState, seen: set[str], limit: int, count: int
+) -> bool:
     """Reject a newly arrived request when ``count`` others already wait (limit reached)."""
     if req.request_id in seen:
         return False
     seen.add(req.request_id)
     if count >= limit:
-        world.reject(
+        ops.reject(
             req,
             reason=Reason.QUEUE_FULL,
             retry_after_s=1.0,
@@ -180,9 +182,11 @@ def _queue_full(world: World, req: RequestState, seen: set[str], limit: int, cou
     return False
 
 
-def _load_whole(world: World, svc: ServiceState, *, reason: Reason, detail: str) -> None:
+def _load_whole(
+    world: WorldView, ops: WorldOps, svc: ServiceState, *, reason: Reason, detail: str
+) -> None:
     """Load ``svc`` with its KV pool at the ceiling, unchecked by the ledger."""
-    world.load(
+    ops.load(
         svc,
         reason=reason,
         kv_pool=svc.spec.profile.kv_ceiling,
@@ -197,9 +201,9 @@ def _resident_whole(svc: ServiceState) -> int:
     return p.weights + p.runtime + p.kv_ceiling
 
 
-def _restart_crashed(world: World, svc: ServiceState) -> None:
+def _restart_crashed(world: WorldView, ops: WorldOps, svc: ServiceState) -> None:
     if svc.status is ServiceStatus.CRASHED and world.now >= svc.backoff_until:
-        _load_whole(world, svc, reason=Reason.RELOAD_AFTER_CRASH, detail="supervisor restart")
+        _load_whole(world, ops, svc, reason=Reason.RELOAD_AFTER_CRASH, detail="supervisor restart")
 
 
 def _earliest_after(times: list[float], now: float) -> float | None:
@@ -207,23 +211,29 @@ def _earliest_after(times: list[float], now: float) -> float | None:
     return min(future) if future else None
 
 
-def _backoff_wakeup(world: World, now: float) -> float | None:
+def _backoff_wakeup(world: WorldView, now: float) -> float | None:
     times = [s.backoff_until for s in world.services.values() if s.status is ServiceStatus.CRASHED]
     return _earliest_after(times, now)
 
 
 def _admit(
-    world: World, req: RequestState, svc: ServiceState, seen: set[str], counts: dict[str, int]
+    world: WorldView,
+    ops: WorldOps,
+    req: RequestState,
+    svc: ServiceState,
+    seen: set[str],
+    counts: dict[str, int],
 ) -> bool:
     """Count ``req`` in its service's queue (True), or reject it when that queue is full."""
-    if _queue_full(world, req, seen, svc.spec.queue_limit, counts.get(svc.name, 0)):
+    if _queue_full(world, ops, req, seen, svc.spec.queue_limit, counts.get(svc.name, 0)):
         return False
     counts[svc.name] = counts.get(svc.name, 0) + 1
     return True
 
 
 def _dispatch_or_wait(
-    world: World,
+    world: WorldView,
+    ops: WorldOps,
     req: RequestState,
     svc: ServiceState,
     *,
@@ -233,20 +243,21 @@ def _dispatch_or_wait(
 ) -> bool:
     """Dispatch ``req`` on its own runtime when it is up with a free slot (True), else queue it."""
     if svc.status is ServiceStatus.LOADING:
-        world.enqueue(req, reason=Reason.LOADING, detail="runtime starting")
+        ops.enqueue(req, reason=Reason.LOADING, detail="runtime starting")
     elif svc.status is not ServiceStatus.LOADED:
-        world.enqueue(req, reason=Reason.BACKOFF, detail="runtime down, restarting")
+        ops.enqueue(req, reason=Reason.BACKOFF, detail="runtime down, restarting")
     elif len(svc.inflight) >= svc.spec.concurrency:
-        world.enqueue(req, reason=Reason.CONCURRENCY_LIMIT, detail=busy)
-    elif world.dispatch(req, reason=reason, active_bytes=active_bytes, enforce=False):
+        ops.enqueue(req, reason=Reason.CONCURRENCY_LIMIT, detail=busy)
+    elif ops.dispatch(req, reason=reason, active_bytes=active_bytes, enforce=False):
         return True
     else:
-        world.enqueue(req, reason=Reason.NO_MEMORY, detail="KV pool full")
+        ops.enqueue(req, reason=Reason.NO_MEMORY, detail="KV pool full")
     return False
 
 
 def _serve_own_queues(
-    world: World,
+    world: WorldView,
+    ops: WorldOps,
     requests: list[RequestState],
     seen: set[str],
     *,
@@ -257,13 +268,13 @@ def _serve_own_queues(
     counts: dict[str, int] = {}
     for req in requests:
         svc = world.services[req.service]
-        if _too_large_for_pool(world, req):
+        if _too_large_for_pool(world, ops, req):
             continue
-        if not _admit(world, req, svc, seen, counts):
+        if not _admit(world, ops, req, svc, seen, counts):
             continue
         active = world.projected_active(req) if projected else 0
         if _dispatch_or_wait(
-            world, req, svc, reason=reason, active_bytes=active, busy="all slots busy"
+            world, ops, req, svc, reason=reason, active_bytes=active, busy="all slots busy"
         ):
             counts[svc.name] -= 1
 
@@ -281,18 +292,23 @@ class _WarmPerServicePolicy:
     def __init__(self) -> None:
         self._seen: set[str] = set()
 
-    def start(self, world: World, now: float) -> None:
+    def start(self, world: WorldView, ops: WorldOps, now: float) -> None:
         for svc in world.services.values():
-            _load_whole(world, svc, reason=Reason.PRELOAD, detail=self.preload_detail)
+            _load_whole(world, ops, svc, reason=Reason.PRELOAD, detail=self.preload_detail)
 
-    def decide(self, world: World, now: float) -> None:
+    def decide(self, world: WorldView, ops: WorldOps, now: float) -> None:
         for svc in world.services.values():
-            _restart_crashed(world, svc)
+            _restart_crashed(world, ops, svc)
         _serve_own_queues(
-            world, _fifo(world), self._seen, reason=self.dispatch_reason, projected=self.projected
+            world,
+            ops,
+            _fifo(world),
+            self._seen,
+            reason=self.dispatch_reason,
+            projected=self.projected,
         )
 
-    def next_wakeup(self, world: World, now: float) -> float | None:
+    def next_wakeup(self, world: WorldView, now: float) -> float | None:
         return _backoff_wakeup(world, now)
 
 
@@ -320,15 +336,15 @@ class StaticPolicy:
         self.slot_bytes: dict[str, int] = {}
 
     @staticmethod
-    def worst_request(world: World, svc: ServiceState) -> int:
+    def worst_request(world: WorldView, svc: ServiceState) -> int:
         p = svc.spec.profile
         units = WORST_CASE_UNITS.get(svc.spec.kind, 0.0)
         return math.ceil((p.workspace + p.per_unit * units) * world.knobs.safety_factor)
 
-    def slice_bytes(self, world: World, svc: ServiceState) -> int:
+    def slice_bytes(self, world: WorldView, svc: ServiceState) -> int:
         return _resident_whole(svc) + svc.spec.concurrency * self.worst_request(world, svc)
 
-    def start(self, world: World, now: float) -> None:
+    def start(self, world: WorldView, ops: WorldOps, now: float) -> None:
         order = sorted(world.services.values(), key=lambda s: int(s.spec.cls))
         used: dict[str, int] = {d: 0 for d in world.devices}
         for svc in order:
@@ -339,42 +355,48 @@ class StaticPolicy:
             used[dev] += size
             self.admitted.add(svc.name)
             self.slot_bytes[svc.name] = self.worst_request(world, svc)
-            _load_whole(world, svc, reason=Reason.PRELOAD, detail=f"static slice {size} B")
+            _load_whole(world, ops, svc, reason=Reason.PRELOAD, detail=f"static slice {size} B")
 
-    def decide(self, world: World, now: float) -> None:
+    def decide(self, world: WorldView, ops: WorldOps, now: float) -> None:
         counts: dict[str, int] = {}
         for svc in world.services.values():
             if svc.name in self.admitted:
-                _restart_crashed(world, svc)
+                _restart_crashed(world, ops, svc)
         for req in _fifo(world):
             svc = world.services[req.service]
             if svc.name not in self.admitted:
-                world.reject(
+                ops.reject(
                     req,
                     reason=Reason.SERVICE_UNAVAILABLE,
                     retry_after_s=0.0,
                     detail="no static slice fits this service",
                 )
                 continue
-            if _too_large_for_pool(world, req):
+            if _too_large_for_pool(world, ops, req):
                 continue
             active = math.ceil(req.estimate.active_bytes * world.knobs.safety_factor)
             if active > self.slot_bytes[svc.name]:
-                world.reject(
+                ops.reject(
                     req,
                     reason=Reason.TOO_LARGE,
                     retry_after_s=0.0,
                     detail=f"needs {active} B, slot is {self.slot_bytes[svc.name]} B",
                 )
                 continue
-            if not _admit(world, req, svc, self._seen, counts):
+            if not _admit(world, ops, req, svc, self._seen, counts):
                 continue
             if _dispatch_or_wait(
-                world, req, svc, reason=Reason.FITS, active_bytes=active, busy="slice slots busy"
+                world,
+                ops,
+                req,
+                svc,
+                reason=Reason.FITS,
+                active_bytes=active,
+                busy="slice slots busy",
             ):
                 counts[svc.name] -= 1
 
-    def next_wakeup(self, world: World, now: float) -> float | None:
+    def next_wakeup(self, world: WorldView, now: float) -> float | None:
         return _backoff_wakeup(world, now)
 
 
@@ -382,7 +404,7 @@ class StaticPolicy:
 
 
 def _split_hosted(
-    world: World, hosts: Callable[[ServiceState], bool]
+    world: WorldView, hosts: Callable[[ServiceState], bool]
 ) -> tuple[list[RequestState], list[RequestState]]:
     """The FIFO split into requests for hosted services and for the others."""
     hosted: list[RequestState] = []
@@ -392,7 +414,7 @@ def _split_hosted(
     return hosted, others
 
 
-def _spare_replica(world: World, svc: ServiceState) -> bool:
+def _spare_replica(world: WorldView, svc: ServiceState) -> bool:
     """A replica other than the first of its service: a process started by hand runs on
     one device (the first it may use), so a container never has a second one."""
     return bool(svc.spec.group) and world.groups[svc.spec.group][0] is not svc
@@ -411,23 +433,35 @@ class _Containers:
         self.beside = beside
         self._seen: set[str] = set()
 
-    def start(self, world: World, hosts: Callable[[ServiceState], bool]) -> None:
+    def start(self, world: WorldView, ops: WorldOps, hosts: Callable[[ServiceState], bool]) -> None:
         for svc in world.services.values():
             if not hosts(svc) and not _spare_replica(world, svc):
                 _load_whole(
-                    world, svc, reason=Reason.PRELOAD, detail=f"own process beside {self.beside}"
+                    world,
+                    ops,
+                    svc,
+                    reason=Reason.PRELOAD,
+                    detail=f"own process beside {self.beside}",
                 )
 
     def decide(
-        self, world: World, requests: list[RequestState], hosts: Callable[[ServiceState], bool]
+        self,
+        world: WorldView,
+        ops: WorldOps,
+        requests: list[RequestState],
+        hosts: Callable[[ServiceState], bool],
     ) -> None:
         for svc in world.services.values():
             if not hosts(svc) and not _spare_replica(world, svc):
-                _restart_crashed(world, svc)
-        _serve_own_queues(world, requests, self._seen, reason=Reason.UNCOORDINATED, projected=False)
+                _restart_crashed(world, ops, svc)
+        _serve_own_queues(
+            world, ops, requests, self._seen, reason=Reason.UNCOORDINATED, projected=False
+        )
 
     @staticmethod
-    def next_wakeup(world: World, now: float, hosts: Callable[[ServiceState], bool]) -> list[float]:
+    def next_wakeup(
+        world: WorldView, now: float, hosts: Callable[[ServiceState], bool]
+    ) -> list[float]:
         return [
             s.backoff_until
             for s in world.services.values()
@@ -480,10 +514,12 @@ class OllamaContainersPolicy:
             return math.inf
         return self.settings.keep_alive_s
 
-    def start(self, world: World, now: float) -> None:
-        self._containers.start(world, self.hosts)
+    def start(self, world: WorldView, ops: WorldOps, now: float) -> None:
+        self._containers.start(world, ops, self.hosts)
 
-    def route(self, world: World, replicas: Sequence[ServiceState], demand: Demand) -> ServiceState:
+    def route(
+        self, world: WorldView, replicas: Sequence[ServiceState], demand: Demand
+    ) -> ServiceState:
         up = first_up(replicas)
         if not self.hosts(up) or up.status in (ServiceStatus.LOADED, ServiceStatus.LOADING):
             return up
@@ -491,14 +527,14 @@ class OllamaContainersPolicy:
         fits = [r for r in by_free if _resident_whole(r) <= self._free(world, r.spec.device)]
         return (fits or by_free)[0]
 
-    def _free(self, world: World, device: str) -> int:
+    def _free(self, world: WorldView, device: str) -> int:
         dev = world.devices[device]
         used = world.ledger.foreign(device) + world.ledger.committed(device)
         return dev.capacity_bytes - used - self.settings.gpu_overhead_bytes
 
-    def decide(self, world: World, now: float) -> None:
+    def decide(self, world: WorldView, ops: WorldOps, now: float) -> None:
         hosted, others = _split_hosted(world, self.hosts)
-        self._containers.decide(world, others, self.hosts)
+        self._containers.decide(world, ops, others, self.hosts)
         for svc in world.services.values():
             if (
                 self.hosts(svc)
@@ -507,50 +543,50 @@ class OllamaContainersPolicy:
                 and svc.waiting_count == 0
                 and now - svc.last_used >= self.keep_alive(svc)
             ):
-                world.unload(svc, reason=Reason.TTL_EXPIRED, detail="keep_alive expired")
-        self._schedule(world, hosted)
+                ops.unload(svc, reason=Reason.TTL_EXPIRED, detail="keep_alive expired")
+        self._schedule(world, ops, hosted)
 
-    def _schedule(self, world: World, queue: list[RequestState]) -> None:
+    def _schedule(self, world: WorldView, ops: WorldOps, queue: list[RequestState]) -> None:
         blocked = False
         count = 0
         for req in queue:
-            if _queue_full(world, req, self._seen, self.settings.max_queue, count):
+            if _queue_full(world, ops, req, self._seen, self.settings.max_queue, count):
                 continue
             count += 1
             svc = world.services[req.service]
-            if _too_large_for_pool(world, req):
+            if _too_large_for_pool(world, ops, req):
                 count -= 1
                 continue
             if blocked:
-                world.enqueue(req, reason=Reason.LOADING, detail="behind a model load")
+                ops.enqueue(req, reason=Reason.LOADING, detail="behind a model load")
                 continue
             if svc.status is ServiceStatus.LOADED:
                 if len(svc.inflight) >= self.settings.num_parallel:
-                    world.enqueue(
+                    ops.enqueue(
                         req, reason=Reason.CONCURRENCY_LIMIT, detail="OLLAMA_NUM_PARALLEL busy"
                     )
-                elif world.dispatch(
-                    req, reason=Reason.UNCOORDINATED, active_bytes=0, enforce=False
-                ):
+                elif ops.dispatch(req, reason=Reason.UNCOORDINATED, active_bytes=0, enforce=False):
                     count -= 1
                 else:
-                    world.enqueue(req, reason=Reason.NO_MEMORY, detail="KV cache full")
+                    ops.enqueue(req, reason=Reason.NO_MEMORY, detail="KV cache full")
             elif svc.status is ServiceStatus.LOADING:
-                world.enqueue(req, reason=Reason.LOADING, detail="model loading")
+                ops.enqueue(req, reason=Reason.LOADING, detail="model loading")
             elif svc.status is ServiceStatus.UNLOADING:
-                world.enqueue(req, reason=Reason.LOADING, detail="model unloading")
+                ops.enqueue(req, reason=Reason.LOADING, detail="model unloading")
                 blocked = True
             elif svc.status is ServiceStatus.CRASHED and world.now < svc.backoff_until:
-                world.enqueue(req, reason=Reason.BACKOFF, detail="runner exited")
+                ops.enqueue(req, reason=Reason.BACKOFF, detail="runner exited")
                 blocked = True
             else:
-                blocked = not self._load_for(world, req, svc)
+                blocked = not self._load_for(world, ops, req, svc)
 
-    def _load_for(self, world: World, req: RequestState, svc: ServiceState) -> bool:
+    def _load_for(
+        self, world: WorldView, ops: WorldOps, req: RequestState, svc: ServiceState
+    ) -> bool:
         """Load ``svc`` now if it may (True); else evict idle models and wait (False)."""
         own = [s for s in world.services.values() if self.hosts(s)]
         if any(s.status is ServiceStatus.LOADING for s in own):
-            world.enqueue(req, reason=Reason.LOADING, detail="one model load at a time")
+            ops.enqueue(req, reason=Reason.LOADING, detail="one model load at a time")
             return False
         dev = svc.spec.device
         cap = self.settings.max_loaded_models
@@ -558,11 +594,11 @@ class OllamaContainersPolicy:
         loaded = [s for s in own if s.spec.device == dev and s.holds_memory]
         free = self._free(world, dev)
         if not loaded or ((cap is None or len(loaded) < cap) and need <= free):
-            _load_whole(world, svc, reason=Reason.DEMAND, detail=f"for {req.request_id}")
-            world.enqueue(req, reason=Reason.LOADING, detail="cold start")
+            _load_whole(world, ops, svc, reason=Reason.DEMAND, detail=f"for {req.request_id}")
+            ops.enqueue(req, reason=Reason.LOADING, detail="cold start")
             return True
         if any(s.status is ServiceStatus.UNLOADING for s in loaded):
-            world.enqueue(req, reason=Reason.NO_MEMORY, detail="waiting for an unload")
+            ops.enqueue(req, reason=Reason.NO_MEMORY, detail="waiting for an unload")
             return False
         idle = [s for s in loaded if s.status is ServiceStatus.LOADED and s.idle]
         idle.sort(key=lambda s: (self.keep_alive(s), s.name))
@@ -570,13 +606,13 @@ class OllamaContainersPolicy:
         for victim in idle:
             if (cap is None or count < cap) and need <= free:
                 break
-            world.unload(victim, reason=Reason.EVICTED_FOR_MEMORY, detail=f"for {svc.name}")
+            ops.unload(victim, reason=Reason.EVICTED_FOR_MEMORY, detail=f"for {svc.name}")
             free += victim.resident_bytes
             count -= 1
-        world.enqueue(req, reason=Reason.NO_MEMORY, detail="waiting for room")
+        ops.enqueue(req, reason=Reason.NO_MEMORY, detail="waiting for room")
         return False
 
-    def next_wakeup(self, world: World, now: float) -> float | None:
+    def next_wakeup(self, world: WorldView, now: float) -> float | None:
         times = [
             s.last_used + self.keep_alive(s)
             for s in world.services.values()
@@ -668,34 +704,36 @@ class LlamaSwapPolicy:
             return 0.0
         return svc.spec.ttl_s
 
-    def _groups(self, world: World) -> dict[str, SwapGroup]:
+    def _groups(self, world: WorldView) -> dict[str, SwapGroup]:
         if not self.group_of:
             hosted = [s.spec for s in world.services.values() if self.hosts(s)]
             self.group_of = resolve_groups(hosted, self.settings.groups)
         return self.group_of
 
-    def start(self, world: World, now: float) -> None:
-        self._containers.start(world, self.hosts)
+    def start(self, world: WorldView, ops: WorldOps, now: float) -> None:
+        self._containers.start(world, ops, self.hosts)
         for name, group in self._groups(world).items():
             if group.persistent and self.settings.preload_persistent:
                 svc = world.services[name]
-                _load_whole(world, svc, reason=Reason.PRELOAD, detail="hooks.on_startup.preload")
+                _load_whole(
+                    world, ops, svc, reason=Reason.PRELOAD, detail="hooks.on_startup.preload"
+                )
 
-    def decide(self, world: World, now: float) -> None:
+    def decide(self, world: WorldView, ops: WorldOps, now: float) -> None:
         group_of = self._groups(world)
         hosted, others = _split_hosted(world, self.hosts)
-        self._containers.decide(world, others, self.hosts)
+        self._containers.decide(world, ops, others, self.hosts)
         by_group: dict[str, list[RequestState]] = {}
         for req in hosted:
-            if not _too_large_for_pool(world, req):
+            if not _too_large_for_pool(world, ops, req):
                 by_group.setdefault(group_of[req.service].name, []).append(req)
         groups = {g.name: g for g in group_of.values()}
         for gname, reqs in by_group.items():
             group = groups[gname]
             if group.swap:
-                self._serve_swapping(world, group, reqs)
+                self._serve_swapping(world, ops, group, reqs)
             else:
-                self._serve_together(world, group, reqs)
+                self._serve_together(world, ops, group, reqs)
         for svc in world.services.values():
             ttl = self.ttl(svc) if self.hosts(svc) else 0.0
             if (
@@ -705,12 +743,14 @@ class LlamaSwapPolicy:
                 and svc.waiting_count == 0
                 and now - svc.last_used >= ttl
             ):
-                world.unload(svc, reason=Reason.TTL_EXPIRED, detail="ttl")
+                ops.unload(svc, reason=Reason.TTL_EXPIRED, detail="ttl")
 
-    def _members(self, world: World, group: SwapGroup) -> list[ServiceState]:
+    def _members(self, world: WorldView, group: SwapGroup) -> list[ServiceState]:
         return [world.services[n] for n, g in self._groups(world).items() if g == group]
 
-    def _others_cleared(self, world: World, group: SwapGroup, svc: ServiceState) -> bool:
+    def _others_cleared(
+        self, world: WorldView, ops: WorldOps, group: SwapGroup, svc: ServiceState
+    ) -> bool:
         """For an exclusive group: stop every other non-persistent group's models first."""
         if not group.exclusive:
             return True
@@ -721,57 +761,61 @@ class LlamaSwapPolicy:
                 continue
             clear = False
             if peer.status is ServiceStatus.LOADED and peer.idle:
-                world.unload(peer, reason=Reason.SWAP, detail=f"exclusive group for {svc.name}")
+                ops.unload(peer, reason=Reason.SWAP, detail=f"exclusive group for {svc.name}")
         return clear
 
-    def _start(self, world: World, group: SwapGroup, req: RequestState) -> bool:
+    def _start(self, world: WorldView, ops: WorldOps, group: SwapGroup, req: RequestState) -> bool:
         """Start ``req``'s model when its group's rules let it (True); the request waits."""
         svc = world.services[req.service]
         if svc.status is ServiceStatus.CRASHED and world.now < svc.backoff_until:
-            world.enqueue(req, reason=Reason.BACKOFF, detail="process exited")
+            ops.enqueue(req, reason=Reason.BACKOFF, detail="process exited")
             return False
-        if not self._others_cleared(world, group, svc):
-            world.enqueue(req, reason=Reason.LOADING, detail="other groups stopping")
+        if not self._others_cleared(world, ops, group, svc):
+            ops.enqueue(req, reason=Reason.LOADING, detail="other groups stopping")
             return False
-        _load_whole(world, svc, reason=Reason.SWAP, detail=f"start for {req.request_id}")
-        world.enqueue(req, reason=Reason.LOADING, detail="starting")
+        _load_whole(world, ops, svc, reason=Reason.SWAP, detail=f"start for {req.request_id}")
+        ops.enqueue(req, reason=Reason.LOADING, detail="starting")
         return True
 
     @staticmethod
-    def _serve(world: World, req: RequestState, svc: ServiceState) -> None:
+    def _serve(world: WorldView, ops: WorldOps, req: RequestState, svc: ServiceState) -> None:
         if svc.status is not ServiceStatus.LOADED:
-            world.enqueue(req, reason=Reason.LOADING, detail=svc.status.value)
+            ops.enqueue(req, reason=Reason.LOADING, detail=svc.status.value)
         elif len(svc.inflight) >= svc.spec.concurrency:
-            world.enqueue(req, reason=Reason.CONCURRENCY_LIMIT, detail="all slots busy")
-        elif not world.dispatch(req, reason=Reason.UNCOORDINATED, active_bytes=0, enforce=False):
-            world.enqueue(req, reason=Reason.NO_MEMORY, detail="KV cache full")
+            ops.enqueue(req, reason=Reason.CONCURRENCY_LIMIT, detail="all slots busy")
+        elif not ops.dispatch(req, reason=Reason.UNCOORDINATED, active_bytes=0, enforce=False):
+            ops.enqueue(req, reason=Reason.NO_MEMORY, detail="KV cache full")
 
-    def _serve_swapping(self, world: World, group: SwapGroup, reqs: list[RequestState]) -> None:
+    def _serve_swapping(
+        self, world: WorldView, ops: WorldOps, group: SwapGroup, reqs: list[RequestState]
+    ) -> None:
         resident = [s for s in self._members(world, group) if s.holds_memory]
         current = resident[0] if resident else None
         for req in reqs:
             svc = world.services[req.service]
             if current is None:
-                if not self._start(world, group, req):
+                if not self._start(world, ops, group, req):
                     return
                 current = svc
                 continue
             if svc is not current:
                 if current.status is ServiceStatus.LOADED and current.idle:
-                    world.unload(current, reason=Reason.SWAP, detail=f"swap to {svc.name}")
-                world.enqueue(req, reason=Reason.LOADING, detail=f"waits for {current.name}")
+                    ops.unload(current, reason=Reason.SWAP, detail=f"swap to {svc.name}")
+                ops.enqueue(req, reason=Reason.LOADING, detail=f"waits for {current.name}")
                 return
-            self._serve(world, req, svc)
+            self._serve(world, ops, req, svc)
 
-    def _serve_together(self, world: World, group: SwapGroup, reqs: list[RequestState]) -> None:
+    def _serve_together(
+        self, world: WorldView, ops: WorldOps, group: SwapGroup, reqs: list[RequestState]
+    ) -> None:
         for req in reqs:
             svc = world.services[req.service]
             if svc.status in (ServiceStatus.UNLOADED, ServiceStatus.CRASHED):
-                self._start(world, group, req)
+                self._start(world, ops, group, req)
             else:
-                self._serve(world, req, svc)
+                self._serve(world, ops, req, svc)
 
-    def next_wakeup(self, world: World, now: float) -> float | None:
+    def next_wakeup(self, world: WorldView, now: float) -> float | None:
         times = [
             s.last_used + self.ttl(s)
             for s in world.services.values()
@@ -796,7 +840,9 @@ class OraclePolicy(_WarmPerServicePolicy):
     projected = True
     dispatch_reason = Reason.FITS
 
-    def route(self, world: World, replicas: Sequence[ServiceState], demand: Demand) -> ServiceState:
+    def route(
+        self, world: WorldView, replicas: Sequence[ServiceState], demand: Demand
+    ) -> ServiceState:
         """Every replica is loaded: the one with the fewest requests per slot."""
         return min(
             replicas,

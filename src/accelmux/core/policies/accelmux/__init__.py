@@ -39,9 +39,7 @@ Each heuristic has a name in ``HEURISTICS`` and can be turned off (``policy.disa
 from __future__ import annotations
 
 from accelmux.core.policies.accelmux.heuristics import HEURISTICS, TUNING, Tuning
-from accelmux.core.policies.accelmux.interface import Round as _Round
-from accelmux.core.policies.accelmux.interface import Survey as _Survey
-from accelmux.core.policies.accelmux.policy import AccelmuxPolicy
+from accelmux.core.policies.accelmux.policy import AccelmuxPolicy, Parts, build_parts
 
 # The constants by their former names (``TUNING`` holds them).
 MAX_PREEMPTIONS = TUNING.max_preemptions
@@ -63,7 +61,7 @@ __all__ = [
     "TIME_SHARE_QUANTUM_S",
     "TUNING",
     "AccelmuxPolicy",
+    "Parts",
     "Tuning",
-    "_Round",
-    "_Survey",
+    "build_parts",
 ]

@@ -1,284 +1,150 @@
-"""The accelmux policy as one class: its state, one round (:meth:`AccelmuxPolicy.decide`)
-and the table that wires in the parts.
+"""The accelmux policy: its parts, built once per world in one acyclic order, and one round
+(:meth:`AccelmuxPolicy.decide`).
 
-Each part is a module of this package whose functions take the policy as ``self`` and
-become its methods here (``_survey = room.survey``); the parts see the policy as
-:class:`~accelmux.core.policies.accelmux.interface.Parts`. A method of a part is still
-reached through the instance, so a subclass that overrides one (the tests' copies of
-the policy without memos do) changes it for every part.
+Each part is a class of this package that gets what it depends on in its constructor:
+the :class:`~accelmux.core.policies.accelmux.records.Seam` (the world to read, its one
+writer, the round's cache) and the parts it calls. :func:`build_parts` builds them
+bottom up, so a part can only be given a part built before it: the order is the graph
+(:mod:`.graph` reads it from the constructors; ``scripts/part-graph`` prints it, and a
+test fails on a cycle).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import dataclass
 
-from accelmux.core.policies.accelmux import (
-    admission,
-    interface,
-    learning,
-    loading,
-    preemption,
-    reserve,
-    residency,
-    room,
-    routing,
-    schedule,
-    steady,
-    time_sharing,
-    wakeup,
-)
-from accelmux.core.policies.accelmux.time_sharing import pausing
-from accelmux.core.state import RequestState, ServiceSet, ServiceState, World
-from accelmux.core.switches import Switch
-from accelmux.core.types import ServiceClass
+from accelmux.core.events import Demand
+from accelmux.core.policies.accelmux.admission import Admission
+from accelmux.core.policies.accelmux.cache import RoundCache
+from accelmux.core.policies.accelmux.learning import Learning
+from accelmux.core.policies.accelmux.loading import Loading
+from accelmux.core.policies.accelmux.preemption import Preemption
+from accelmux.core.policies.accelmux.records import Seam
+from accelmux.core.policies.accelmux.reserve import Reserve
+from accelmux.core.policies.accelmux.residency import Residents
+from accelmux.core.policies.accelmux.room import Room
+from accelmux.core.policies.accelmux.routing import Routing
+from accelmux.core.policies.accelmux.schedule import FEW_WAITING, Schedule
+from accelmux.core.policies.accelmux.steady import Steady
+from accelmux.core.policies.accelmux.time_sharing import TimeSharing
+from accelmux.core.policies.accelmux.wakeup import Wakeup
+from accelmux.core.world import ServiceState, WorldOps, WorldView
+from accelmux.errors import InvariantError
+
+
+@dataclass(frozen=True, slots=True)
+class Parts:
+    """The parts of one policy over one world, in the order they are built."""
+
+    seam: Seam
+    time_sharing: TimeSharing
+    preemption: Preemption
+    room: Room
+    reserve: Reserve
+    steady: Steady
+    routing: Routing
+    loading: Loading
+    admission: Admission
+    schedule: Schedule
+    residents: Residents
+    learning: Learning
+    wakeup: Wakeup
+
+
+def build_parts(seam: Seam) -> Parts:
+    """Every part, bottom up: each gets the parts it calls, all built before it."""
+    time_sharing = TimeSharing(seam)
+    preemption = Preemption(seam, time_sharing)
+    room = Room(seam, preemption, time_sharing)
+    reserve = Reserve(seam)
+    steady = Steady(seam)
+    routing = Routing(seam, room, reserve)
+    loading = Loading(seam, room, reserve, steady)
+    admission = Admission(seam, room, reserve, loading, time_sharing)
+    schedule = Schedule(seam, admission, time_sharing)
+    residents = Residents(seam, room, reserve, loading, routing)
+    learning = Learning(seam, room)
+    wakeup = Wakeup(seam, residents)
+    return Parts(
+        seam,
+        time_sharing,
+        preemption,
+        room,
+        reserve,
+        steady,
+        routing,
+        loading,
+        admission,
+        schedule,
+        residents,
+        learning,
+        wakeup,
+    )
 
 
 class AccelmuxPolicy:
+    """The product's policy (see the package docstring). ``cache=False``: the round keeps
+    and skips nothing (:class:`~accelmux.core.policies.accelmux.cache.RoundCache` off),
+    for tests: it decides exactly alike."""
+
     name = "accelmux"
     infinite_memory = False
     enforces_budget = True
-    #: Up to this many waiting requests a round considers them all, skipping nothing.
-    few_waiting = 8
 
-    def __init__(self) -> None:
-        #: device -> (its epoch, world.learned.realtime_peak_changes, the realtime
-        #: reserve found then).
-        self._reserves: dict[str, tuple[int, int, int]] = {}
-        #: Per-round memo of per-device aggregates: key -> (stamp, value), the stamp being
-        #: world.version (no mutator has run since) or the device's epoch (nothing on the
-        #: device has changed since: an aggregate of what no wait reason changes).
-        #: Cleared at the start of every decide().
-        self._memo: dict[tuple[str, str], tuple[int, int]] = {}
-        #: The warm services of each device of ``_warm_world`` (static).
-        self._warm_world: World | None = None
-        self._warm: dict[str, list[ServiceState]] = {}
-        self._warm_ordered: list[ServiceState] = []
-        #: What :meth:`_yields_to_realtime` found per service of ``_facts_world`` (static).
-        self._facts_world: World | None = None
-        self._facts: dict[str, bool] = {}
-        #: The World and its devices where time sharing may pause a stream (static).
-        self._sharing_devices: tuple[World, frozenset[str]] | None = None
-        #: Per-round memo of make_room failures: (device, class, for a steady service,
-        #: strict, requester holding memory, a time-sharing requester) -> (device epoch,
-        #: the most it could free).
-        self._room_failed: dict[
-            tuple[str, ServiceClass, bool, bool, str | None, object], tuple[int, int]
-        ] = {}
-        #: What :meth:`_load_sizes` found per waiting request: id -> (request,
-        #: calibration versions, sizes).
-        self._sizes: dict[str, tuple[RequestState, tuple[int, int], tuple[int, int, int, int]]] = {}
-        #: Per-round memo of :meth:`_restorable`: device -> ((version, now), candidates).
-        #: What :meth:`_window_edges` found: (the set, its version, the edges).
-        self._edges_memo: tuple[ServiceSet, int, tuple[float, ...]] | None = None
-        self._restorable_memo: dict[str, tuple[tuple[int, float], list[list[Any]]]] = {}
-        #: Per-round memo of :meth:`_round_realtime_devices` (None: not asked yet).
-        self._rt_devices: set[str] | None = None
-        #: Per-round memo of :meth:`_restore_pending`: holder -> ((version, now), pending).
-        self._restores_memo: dict[str, tuple[tuple[int, float], bool]] = {}
-        #: Per-round memo of :meth:`_ttl_range`: service -> (world.version, range).
-        self._ttl_memo: dict[str, tuple[int, tuple[float, float]]] = {}
-        #: What :meth:`_evicted_warm` found: (the set, its version, the services).
-        self._evicted_warm_memo: tuple[ServiceSet, int, list[ServiceState]] | None = None
-        #: Per device, (epoch, round inputs) of the last schedule that changed nothing there.
-        self._quiet: dict[str, tuple[int, tuple[object, ...]]] = {}
-        #: Services measured holding activation memory while idle (a caching allocator).
-        self._caching: set[str] = set()
-        #: When a restore of each service last evicted others to make its room.
-        self._restore_tried_at: dict[str, float] = {}
-        #: Requests paused to switch models -> the request they were paused for: they
-        #: do not take back the memory they gave until it has started.
-        self._yielded_to: dict[str, str] = {}
-        #: Requests paused to give the compute to realtime work (realtime_yield).
-        self._yielded_realtime: set[str] = set()
+    def __init__(self, *, cache: bool = True) -> None:
+        self.cache_enabled = cache
+        #: Up to this many waiting requests a round considers them all, skipping nothing.
+        self.few_waiting = FEW_WAITING
+        self._parts: Parts | None = None
 
-    def _cached(
-        self,
-        world: World,
-        key: tuple[str, str],
-        compute: Callable[[], int],
-        stamp: int | None = None,
-    ) -> int:
-        mark = world.version if stamp is None else stamp
-        hit = self._memo.get(key)
-        if hit is not None and hit[0] == mark:
-            return hit[1]
-        value = compute()
-        self._memo[key] = (mark, value)
-        return value
+    def parts(self, view: WorldView, ops: WorldOps | None = None) -> Parts:
+        """The parts over ``view`` (built on first use, with ``ops``, its writer)."""
+        parts = self._parts
+        if parts is None:
+            if ops is None:
+                raise InvariantError("the accelmux policy is used before it has started")
+            cache = RoundCache(view, enabled=self.cache_enabled)
+            parts = self._parts = build_parts(Seam(view, ops, cache))
+        elif parts.seam.view is not view:
+            raise InvariantError("one accelmux policy decides for one world only")
+        parts.schedule.few_waiting = self.few_waiting
+        return parts
 
-    def start(self, world: World, now: float) -> None:
-        self._keep_pinned_loaded(world)
-        if world.knobs.prewarm and world.knobs.enabled(Switch.PREWARM):
-            self._preload_warm(world)
+    def start(self, view: WorldView, ops: WorldOps, now: float) -> None:
+        p = self.parts(view, ops)
+        p.residents.keep_pinned_loaded()
+        if view.knobs.prewarm and view.knobs.switches.prewarm:
+            p.residents.preload_warm()
 
-    def decide(self, world: World, now: float) -> None:
-        self._memo.clear()
-        self._room_failed.clear()
-        self._restorable_memo.clear()
-        self._restores_memo.clear()
-        self._ttl_memo.clear()
-        self._rt_devices = None
-        if len(self._sizes) > 2 * len(world.waiting) + 64:
-            self._sizes = {k: v for k, v in self._sizes.items() if k in world.waiting}
-        if world.knobs.enabled(Switch.REALTIME_YIELD) and world.busy:
-            self._yield_to_realtime(world)
-        if self._yielded_to:
-            self._yielded_to = {
-                r: o for r, o in self._yielded_to.items() if r in world.waiting or pausing(world, r)
-            }
-        if self._yielded_realtime:
-            self._yielded_realtime = {
-                r
-                for r in self._yielded_realtime
-                if ((q := world.waiting.get(r)) and q.paused) or pausing(world, r)
-            }
-        self._learn(world)
-        self._admin_unloads(world)
-        self._relieve_pressure(world)
-        self._keep_pinned_loaded(world)
-        if world.groups and world.knobs.enabled(Switch.PLACEMENT):
-            self._reroute_to_free_replicas(world)
-        self._schedule(world)
-        self._expire_idle(world)
-        if world.knobs.enabled(Switch.BALLOONING):
-            self._balloon(world)
-        if world.knobs.prewarm and world.knobs.enabled(Switch.PREWARM):
-            self._prewarm(world)
+    def decide(self, view: WorldView, ops: WorldOps, now: float) -> None:
+        p = self.parts(view, ops)
+        switches = view.knobs.switches
+        p.seam.cache.new_round()
+        if switches.realtime_yield and view.busy:
+            p.time_sharing.yield_to_realtime()
+        p.time_sharing.forget_settled()
+        p.learning.learn()
+        p.residents.admin_unloads()
+        p.learning.relieve_pressure()
+        p.residents.keep_pinned_loaded()
+        if view.groups and switches.placement:
+            p.routing.reroute_to_free_replicas()
+        p.schedule.schedule()
+        p.residents.expire_idle()
+        if switches.ballooning:
+            p.residents.balloon()
+        if view.knobs.prewarm and switches.prewarm:
+            p.residents.prewarm()
 
-    # ---- the parts (each a module of this package; see its docstring) ----------
-    # learning
-    _learn = learning.learn
-    _learners = learning.learners
-    _relieve_pressure = learning.relieve_pressure
+    def next_wakeup(self, view: WorldView, now: float) -> float | None:
+        return self.parts(view).wakeup.next_wakeup(now)
 
-    # preemption
-    _may_preempt = preemption.may_preempt
-    _may_stop = preemption.may_stop
-    _stop = preemption.stop
-    _preemptible = staticmethod(preemption.preemptible)
-    _stoppable = preemption.stoppable
+    def route(
+        self, view: WorldView, replicas: Sequence[ServiceState], demand: Demand
+    ) -> ServiceState:
+        return self.parts(view).routing.route(replicas, demand)
 
-    # steady
-    _steady_reserve = steady.steady_reserve
-
-    # time_sharing
-    _pause_for_first_token = time_sharing.pause_for_first_token
-    _yielding = time_sharing.yielding
-    _sharing_key = staticmethod(time_sharing.sharing_key)
-    _room_key = time_sharing.room_key
-    _time_sharing_devices = time_sharing.time_sharing_devices
-    _can_pause = staticmethod(time_sharing.can_pause)
-    _time_shared = time_sharing.time_shared
-    _realtime_devices = staticmethod(time_sharing.realtime_devices)
-    _round_realtime_devices = time_sharing.round_realtime_devices
-    _yields_compute = time_sharing.yields_compute
-    _compute_is_shared = staticmethod(time_sharing.compute_is_shared)
-    _yield_to_realtime = time_sharing.yield_to_realtime
-    _share_thresholds = staticmethod(time_sharing.share_thresholds)
-
-    # reserve
-    _realtime_reserve = reserve.realtime_reserve
-    _yields_to_realtime = reserve.yields_to_realtime
-    _static_facts = reserve.static_facts
-    _compute_yields_to_realtime = reserve.compute_yields_to_realtime
-    _fitting_reserve = reserve.fitting_reserve
-    _quickly_freeable = reserve.quickly_freeable
-    _sum_quickly_freeable = reserve.sum_quickly_freeable
-    _freeable_for_realtime = reserve.freeable_for_realtime
-    _typical_activation = reserve.typical_activation
-    _compute_realtime_reserve = reserve.compute_realtime_reserve
-    _explain_reserve = reserve.explain_reserve
-
-    # room
-    victim_score = room.victim_score
-    _tier = staticmethod(room.tier)
-    _unload = room.unload
-    eviction_cost = room.eviction_cost
-    unload_frees = staticmethod(room.unload_frees)
-    _pending_free = room.pending_free
-    _evictable = room.evictable
-    _survey = room.survey
-    make_room = room.make_room
-    _kept_floor = staticmethod(room.kept_floor)
-    _max_possible = room.max_possible
-    _reachable = room.reachable
-    _room_plan = room.room_plan
-    _shrink_for_room = staticmethod(room.shrink_for_room)
-    _stop_for_room = room.stop_for_room
-    _pick_victims = room.pick_victims
-    _evict_for_room = room.evict_for_room
-
-    # residency
-    _preload_warm = residency.preload_warm
-    _keep = staticmethod(residency.keep)
-    _ttl = residency.ttl
-    _ttl_range = residency.ttl_range
-    _ttl_floor = staticmethod(residency.ttl_floor)
-    _idle_past_ttl = residency.idle_past_ttl
-    _memory_wanted = residency.memory_wanted
-    _memory_spare = residency.memory_spare
-    _likely_reused = staticmethod(residency.likely_reused)
-    _restore_pending = residency.restore_pending
-    _compute_restore_pending = residency.compute_restore_pending
-    _restorable = residency.restorable
-    _warm_services = residency.warm_services
-    _know_warm = residency.know_warm
-    _warm_in_class_order = residency.warm_in_class_order
-    _evicted_warm = residency.evicted_warm
-    _restore_need = residency.restore_need
-    _admin_unloads = residency.admin_unloads
-    _keep_pinned_loaded = residency.keep_pinned_loaded
-    _expire_idle = residency.expire_idle
-    _balloon = residency.balloon
-    _prewarm = residency.prewarm
-
-    # routing
-    route = routing.route
-    _reroute_to_free_replicas = staticmethod(routing.reroute_to_free_replicas)
-    _other_replica_up = staticmethod(routing.other_replica_up)
-    _placed_here = routing.placed_here
-    _wanted_by_higher_class = staticmethod(routing.wanted_by_higher_class)
-    _footprint = staticmethod(routing.footprint)
-    _expected_start_s = routing.expected_start_s
-    _room_seconds = routing.room_seconds
-
-    # schedule
-    _schedule = schedule.schedule
-    _round_inputs = schedule.round_inputs
-    _in_window = staticmethod(schedule.in_window)
-    _unsettled = schedule.unsettled
-
-    # admission
-    _retry_after = admission.retry_after
-    _told = staticmethod(admission.told)
-    _queue_or_reject = admission.queue_or_reject
-    _class_must_wait = staticmethod(admission.class_must_wait)
-    _service_wait = admission.service_wait
-    _must_wait = admission.must_wait
-    _consider = admission.consider
-    _earlier_waits_for_growth = staticmethod(admission.earlier_waits_for_growth)
-    _gives_way = admission.gives_way
-    _one_at_a_time = admission.one_at_a_time
-    _admit = admission.admit
-    _kv_fit = admission.kv_fit
-    _admission_need = admission.admission_need
-    _reusable_cache = staticmethod(admission.reusable_cache)
-    _start_admitted = admission.start_admitted
-
-    # loading
-    _loads_one_at_a_time = loading.loads_one_at_a_time
-    _load_pool = loading.load_pool
-    _kv_pool_fixed = loading.kv_pool_fixed
-    _load_for = loading.load_for
-    _load_sizes = loading.load_sizes
-    _load_plan = loading.load_plan
-
-    # wakeup
-    next_wakeup = wakeup.next_wakeup
-    _window_edges = wakeup.window_edges
-
-
-def _as_parts(policy: AccelmuxPolicy) -> interface.Parts:
-    """The class is what its parts expect (a check for mypy: it fails here if not)."""
-    return policy
+    def victim_score(self, view: WorldView, svc: ServiceState) -> float:
+        """Lower is a better victim (see ``Room.victim_score``)."""
+        return self.parts(view).room.victim_score(svc)

@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from accelmux.core.events import Demand
-from accelmux.core.state import RequestState, ServiceSet, ServiceState, World
 from accelmux.core.types import Reason, ServiceClass, Tier
+
+from .state import RequestState, ServiceSet, ServiceState, World
 
 
 @dataclass(slots=True)

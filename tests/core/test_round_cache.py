@@ -1,16 +1,18 @@
-"""The per-event work kept proportional to what changed decides as a recomputation would.
+"""The round's cache keeps and skips only what a recomputation would find again.
 
-The accelmux policy reads indexes and memos where it once scanned every service or
-request: the services that can learn (crashed, charged, sampled), the waiting-cause
-counts, the restorable services of a device, a request's load sizes, a service's wait
-reason in a class turn, memory on its way back, the window edges of the queued services,
-TTLs that ask about a pending restore only when the answer matters, the realtime reserve
-kept while its device and the realtime peaks stay as they were, a make_room failure
-shared by the requesters it answers for, the devices with realtime work once per round,
-and what the spec says found once (warm services, who yields to realtime work, where
-time sharing can pause a stream). ``PlainAccelmux`` below is the policy with each of them
-replaced by the from-scratch computation it stands for; for any event sequence both make
-the same decisions and ask for the same wake-ups.
+The accelmux policy reads indexes and a cache (:class:`RoundCache`) where it once scanned
+every service or request: the services that can learn (crashed, charged, sampled), the
+waiting-cause counts, the restorable services of a device, a request's load sizes, a
+service's wait reason in a class turn, memory on its way back, the window edges of the
+queued services, TTLs that ask about a pending restore only when the answer matters, the
+realtime reserve kept while its device and the realtime peaks stay as they were, a room
+survey's failure shared by the requesters it answers for, the devices with realtime work
+once per round, and what the spec says found once (warm services, who yields to realtime
+work, where time sharing can pause a stream). The policy with the cache off
+(``AccelmuxPolicy(cache=False)``: ``RoundCache(enabled=False)``, which keeps nothing and
+lets the round skip nothing) makes the same decisions and asks for the same wake-ups for
+any event sequence; the scans below are the from-scratch computations the indexes stand
+for.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ import math
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import pytest
 from hypothesis import given
@@ -32,8 +33,12 @@ from accelmux.core.policies.accelmux import (
     HEURISTICS,
     RESTORE_GRACE_S,
     AccelmuxPolicy,
-    _Round,
+    Parts,
+    build_parts,
 )
+from accelmux.core.policies.accelmux.cache import RoundCache
+from accelmux.core.policies.accelmux.facts import kept_floor, likely_reused, unload_frees
+from accelmux.core.policies.accelmux.records import Seam
 from accelmux.core.profiles import RATIO_MARGIN, RatioCalibrator
 from accelmux.core.specs import (
     Capabilities,
@@ -43,7 +48,6 @@ from accelmux.core.specs import (
     seconds_until_next,
     seconds_until_next_sorted,
 )
-from accelmux.core.state import RequestState, ServiceSet, ServiceState, World, reuse_rate
 from accelmux.core.types import (
     GIB,
     Reason,
@@ -53,6 +57,7 @@ from accelmux.core.types import (
     ServiceKind,
     ServiceStatus,
 )
+from accelmux.core.world import ServiceSet, ServiceState, World, WorldOps, WorldView, reuse_rate
 
 from .fake_executor import FakeExecutor
 from .support import (
@@ -77,166 +82,55 @@ import bench_manager
 import decision_stream
 
 
-class PlainAccelmux(AccelmuxPolicy):
-    """The accelmux policy recomputing from scratch what the real one keeps or skips."""
+def scan_memory_wanted(world: World, parts: Parts, svc: ServiceState) -> bool:
+    """Whether memory on ``svc``'s device is wanted, from a scan of every waiting request."""
+    dev = svc.spec.device
+    if any(
+        r.wait_reason is Reason.NO_MEMORY and world.services[r.service].spec.device == dev
+        for r in world.waiting.values()
+    ):
+        return True
+    return world.ledger.available(dev) < parts.reserve.realtime_reserve(dev)
 
-    def make_room(self, world: World, device: str, need: int, *args: Any, **kwargs: Any) -> bool:
-        self._room_failed.clear()  # every failure found again by a survey of its own
-        return super().make_room(world, device, need, *args, **kwargs)
 
-    def _realtime_reserve(self, world: World, device: str) -> int:
-        # Found again whenever anything changed (an action), kept while nothing did.
-        if not world.knobs.enabled("realtime_reserve"):
-            return 0
-        hit = self._memo.get(("realtime_reserve", device))
-        if hit is not None and hit[0] == world.version:
-            return hit[1]
-        value = self._compute_realtime_reserve(world, device)
-        self._memo[("realtime_reserve", device)] = (world.version, value)
-        return value
+def scan_restore_pending(world: World, parts: Parts, holder: ServiceState) -> bool:
+    """Whether a restore is pending on ``holder``'s device, from a scan of every service."""
+    horizon = world.knobs.reuse_horizon_s
+    own = reuse_rate(holder, world.now, horizon)
+    dev = holder.spec.device
+    room = world.ledger.available(dev) + unload_frees(world, holder)
+    return any(
+        s.status is ServiceStatus.UNLOADED
+        and s.spec.residency is Residency.WARM
+        and s.last_evicted_at is not None
+        and likely_reused(world, s)
+        and s.spec.cls <= holder.spec.cls
+        and reuse_rate(s, world.now, horizon) > own
+        and parts.residents.restore_need(s, parts.loading.load_pool(s, s.spec.profile.kv_floor))
+        <= room
+        for s in world.services.values()
+        if s.spec.device == dev
+    )
 
-    def _round_realtime_devices(self, world: World) -> set[str]:
-        return self._realtime_devices(world)
 
-    def _yields_to_realtime(self, world: World, svc: ServiceState) -> bool:
-        return self._compute_yields_to_realtime(world, svc)
+def scan_pending_free(world: World, device: str) -> int:
+    """Memory on its way back to ``device``, from a scan of its services."""
+    return sum(
+        unload_frees(world, s) if s.status is ServiceStatus.UNLOADING else s.kv_shrinking
+        for s in world.services_by_device[device]
+        if s.status is ServiceStatus.UNLOADING or s.resizing
+    )
 
-    def _time_sharing_devices(self, world: World) -> frozenset[str]:
-        return frozenset(
-            s.spec.device
-            for s in world.services.values()
-            if s.spec.kind.is_llm and self._can_pause(world, s)
-        )
 
-    def _warm_services(self, world: World, device: str) -> list[ServiceState]:
-        return [
-            s
-            for s in world.services.values()
-            if s.spec.device == device and s.spec.residency is Residency.WARM
-        ]
+def scan_max_possible(world: World, device: str, exclude: ServiceState) -> int:
+    """The most ``exclude`` could have on ``device``, from a scan of every service."""
+    held = sum(kept_floor(world, s) for s in world.services.values() if s.spec.device == device)
+    return world.devices[device].usable_bytes - (held - kept_floor(world, exclude))
 
-    def _warm_in_class_order(self, world: World) -> list[ServiceState]:
-        warm = [s for s in world.services.values() if s.spec.residency is Residency.WARM]
-        return sorted(warm, key=lambda s: (int(s.spec.cls), s.name))
 
-    def _evicted_warm(self, world: World) -> list[ServiceState]:
-        return [s for s in self._warm_in_class_order(world) if s in world.evicted_out]
-
-    def _learners(self, world: World) -> list[ServiceState]:
-        return list(world.services.values())
-
-    def _memory_wanted(self, world: World, svc: ServiceState) -> bool:
-        dev = svc.spec.device
-        if any(
-            r.wait_reason is Reason.NO_MEMORY and world.services[r.service].spec.device == dev
-            for r in world.waiting.values()
-        ):
-            return True
-        return world.ledger.available(dev) < self._realtime_reserve(world, dev)
-
-    def _ttl(self, world: World, svc: ServiceState) -> float:
-        if svc.spec.residency is Residency.ON_DEMAND:
-            ttl = svc.ttl_s
-            if not world.knobs.enabled("on_demand_keep") or self._memory_wanted(world, svc):
-                ttl = min(ttl, world.knobs.on_demand_ttl_s)
-            elif world.knobs.enabled("idle_keep") and self._memory_spare(world, svc):
-                ttl = math.inf
-            if (
-                world.knobs.prewarm
-                and world.knobs.enabled("restore")
-                and self._restore_pending(world, svc)
-            ):
-                ttl = min(ttl, RESTORE_GRACE_S)
-            return ttl
-        if world.knobs.enabled("idle_keep") and self._memory_spare(world, svc):
-            return math.inf
-        return svc.ttl_s
-
-    def _quickly_freeable(self, world: World, device: str, exclude: ServiceState) -> int:
-        return sum(
-            self.unload_frees(world, s)
-            for s in world.services.values()
-            if s.spec.device == device
-            and s is not exclude
-            and self._freeable_for_realtime(world, s)
-        )
-
-    def _idle_past_ttl(self, world: World, svc: ServiceState) -> bool:
-        return world.now - svc.last_used >= self._ttl(world, svc)
-
-    def _restore_pending(self, world: World, holder: ServiceState) -> bool:
-        horizon = world.knobs.reuse_horizon_s
-        own = reuse_rate(holder, world.now, horizon)
-        dev = holder.spec.device
-        room = world.ledger.available(dev) + self.unload_frees(world, holder)
-        return any(
-            s.status is ServiceStatus.UNLOADED
-            and s.spec.residency is Residency.WARM
-            and s.last_evicted_at is not None
-            and self._likely_reused(world, s)
-            and s.spec.cls <= holder.spec.cls
-            and reuse_rate(s, world.now, horizon) > own
-            and self._restore_need(world, s, self._load_pool(world, s, s.spec.profile.kv_floor))
-            <= room
-            for s in world.services.values()
-            if s.spec.device == dev
-        )
-
-    def _pending_free(self, world: World, device: str) -> int:
-        return sum(
-            self.unload_frees(world, s) if s.status is ServiceStatus.UNLOADING else s.kv_shrinking
-            for s in world.services_by_device[device]
-            if s.status is ServiceStatus.UNLOADING or s.resizing
-        )
-
-    def _max_possible(self, world: World, device: str, exclude: ServiceState) -> int:
-        held = sum(
-            self._kept_floor(world, s) for s in world.services.values() if s.spec.device == device
-        )
-        return world.devices[device].usable_bytes - (held - self._kept_floor(world, exclude))
-
-    def _load_sizes(
-        self, world: World, req: RequestState, svc: ServiceState
-    ) -> tuple[int, int, int, int]:
-        pool = self._load_pool(world, svc, req.estimate.kv_bytes)
-        return (
-            pool,
-            world.projected_active(req),
-            sum(world.projected_resident(svc, pool)),
-            svc.calibration.active.project_observed(req.estimate.active_bytes),
-        )
-
-    def _service_wait(
-        self, world: World, svc: ServiceState, cls: ServiceClass, rnd: _Round
-    ) -> tuple[bool, tuple[Reason, str] | None]:
-        outside = not svc.spec.in_window(world.time_of_day())
-        return outside, self._must_wait(world, svc, cls, outside, rnd)
-
-    def next_wakeup(self, world: World, now: float) -> float | None:
-        times: list[float] = []
-        tod = world.time_of_day(now)
-        for svc in world.services.values():
-            if svc.status is not ServiceStatus.LOADED:
-                continue
-            if svc.idle and not self._keep(svc):
-                ttl = self._ttl(world, svc)
-                if math.isfinite(ttl):
-                    times.append(svc.last_used + ttl)
-            if svc.kv_pool > svc.spec.profile.kv_floor and world.resizable(svc):
-                times.append(svc.last_used + world.knobs.balloon_idle_s)
-        for svc in world.services.values():
-            if (svc.pinned or svc.admin_wants_loaded or svc.waiting_count) and (
-                svc.backoff_until > now
-            ):
-                times.append(svc.backoff_until)
-            if svc.waiting_count and svc.spec.windows:
-                times.append(now + min(w.seconds_until_edge(tod) for w in svc.spec.windows))
-        if world.knobs.realtime_grace_s > 0:
-            for svc in world.services.values():
-                if svc.spec.cls is ServiceClass.REALTIME:  # held work resumes
-                    times.append(svc.last_used + world.knobs.realtime_grace_s)
-        future = [t for t in times if t > now]
-        return min(future) if future else None
+def plain_parts(world: World, ops: WorldOps) -> Parts:
+    """The policy's parts over ``world`` with the round cache off: nothing kept or skipped."""
+    return build_parts(Seam(world, ops, RoundCache(world, enabled=False)))
 
 
 KEEP_ALIVES = (None, 0.0, 7.0, math.inf)
@@ -268,12 +162,11 @@ def drive(
     wakes: list[float | None] = []
     for op in ops:
         apply(ex, spec, op, counter)
-        world = ex.manager.world
-        wake = policy.next_wakeup(world, ex.now)
+        wake = ex.manager.next_wakeup(ex.now)
         wakes.append(wake)
         if wake is not None and op[2] < 0.3:
             ex.send(Tick(), wake - ex.now)  # the policy's own wake-up, not the deadlines
-            wakes.append(policy.next_wakeup(world, ex.now))
+            wakes.append(ex.manager.next_wakeup(ex.now))
     return ex, wakes
 
 
@@ -329,25 +222,27 @@ crowded_ops = st.lists(
     disabled=st.frozensets(st.sampled_from(sorted(HEURISTICS))),
     grace=st.sampled_from([0.0, 2.0]),
 )
-def test_kept_and_skipped_work_decides_like_recomputing_it(
+def test_the_round_decides_alike_with_its_cache_off(
     spec: ManagerSpec, ops: list[Op], disabled: frozenset[str], grace: float
 ) -> None:
     spec = replace(spec, knobs=replace(spec.knobs, disabled=disabled, realtime_grace_s=grace))
     fast, fast_wakes = drive(spec, AccelmuxPolicy(), ops)
-    plain, plain_wakes = drive(spec, PlainAccelmux(), ops)
+    plain, plain_wakes = drive(spec, AccelmuxPolicy(cache=False), ops)
     assert fast.actions == plain.actions
     assert fast_wakes == plain_wakes
     assert [d.as_dict() for d in fast.manager.log] == [d.as_dict() for d in plain.manager.log]
 
 
-def assert_helpers_agree(policy: AccelmuxPolicy, world: World) -> None:
-    """Each kept or skipped computation of ``policy`` equals its plain recomputation, on
-    the World as it is now (memos populated here are pure: decide clears them)."""
-    plain = PlainAccelmux()
-    plain.__dict__.update(policy.__dict__)
+def assert_helpers_agree(policy: AccelmuxPolicy, world: World, ops: WorldOps) -> None:
+    """Each kept or skipped computation of ``policy`` equals its recomputation with the
+    cache off and its scan, on the World as it is now."""
+    fast = policy.parts(world)
+    plain = plain_parts(world, ops)
+    plain.time_sharing.yielded_to = fast.time_sharing.yielded_to
+    plain.time_sharing.yielded_realtime = fast.time_sharing.yielded_realtime
     now = world.now
-    assert policy.next_wakeup(world, now) == plain.next_wakeup(world, now)
-    learners = {s.name for s in policy._learners(world)}
+    assert fast.wakeup.next_wakeup(now) == plain.wakeup.next_wakeup(now)
+    learners = {s.name for s in fast.learning.learners()}
     for svc in world.services.values():
         learns = (
             svc.crashes != world.learned.seen_crashes.get(svc.name, 0)
@@ -355,16 +250,20 @@ def assert_helpers_agree(policy: AccelmuxPolicy, world: World) -> None:
             or world.sampled_at.get(svc.spec.device) == now
         )
         assert svc.name in learners or not learns
-        assert policy._memory_wanted(world, svc) == plain._memory_wanted(world, svc)
+        wanted = fast.residents.memory_wanted(svc)
+        assert wanted == plain.residents.memory_wanted(svc) == scan_memory_wanted(world, fast, svc)
         if svc.status is ServiceStatus.LOADED:
-            assert policy._restore_pending(world, svc) == plain._restore_pending(world, svc)
-            assert policy._ttl(world, svc) == plain._ttl(world, svc)
-            assert policy._idle_past_ttl(world, svc) == plain._idle_past_ttl(world, svc)
-        assert policy._max_possible(world, svc.spec.device, svc) == plain._max_possible(
-            world, svc.spec.device, svc
-        )
+            pending = fast.residents.restore_pending(svc)
+            assert pending == scan_restore_pending(world, fast, svc)
+            assert pending == plain.residents.restore_pending(svc)
+            assert fast.residents.ttl(svc) == plain.residents.ttl(svc)
+            assert fast.residents.idle_past_ttl(svc) == plain.residents.idle_past_ttl(svc)
+        dev = svc.spec.device
+        assert fast.room.max_possible(dev, svc) == scan_max_possible(world, dev, svc)
+        assert fast.room.max_possible(dev, svc) == plain.room.max_possible(dev, svc)
     for dev in world.devices:
-        assert policy._pending_free(world, dev) == plain._pending_free(world, dev)
+        assert fast.room.pending_free(dev) == scan_pending_free(world, dev)
+        assert fast.room.pending_free(dev) == plain.room.pending_free(dev)
 
 
 @pytest.mark.slow
@@ -384,14 +283,15 @@ def test_each_kept_or_skipped_computation_equals_a_recomputation(
     spec = replace(spec, knobs=replace(spec.knobs, disabled=disabled))
     policy = AccelmuxPolicy()
     ex = FakeExecutor(Manager(spec, policy))
+    world, ops_ = ex.manager.world, ex.manager.ops
     counter = [0]
     for op in ops:
         apply(ex, spec, op, counter)
-        assert_helpers_agree(policy, ex.manager.world)
-        wake = policy.next_wakeup(ex.manager.world, ex.now)
+        assert_helpers_agree(policy, world, ops_)
+        wake = ex.manager.next_wakeup(ex.now)
         if wake is not None and op[2] < 0.5:
             ex.send(Tick(), wake - ex.now)  # time passes: TTLs run out, reuse decays
-            assert_helpers_agree(policy, ex.manager.world)
+            assert_helpers_agree(policy, world, ops_)
 
 
 @pytest.mark.slow
@@ -410,7 +310,9 @@ def test_kept_load_sizes_and_window_edges_equal_a_recomputation(
     for op in ops:
         apply_op(ex, spec, op, counter)
         ex.manager.next_wakeup(ex.now)
-        for rid, (req, stamp, sizes) in policy._sizes.items():
+        parts = policy.parts(world)
+        plain = plain_parts(world, ex.manager.ops)
+        for rid, (stamp, (req, sizes)) in parts.seam.cache.load_sizes.entries.items():
             svc = world.services[req.service]
             cal = svc.calibration
             if (
@@ -418,9 +320,9 @@ def test_kept_load_sizes_and_window_edges_equal_a_recomputation(
                 and stamp == (cal.active.version, cal.resident.version)
                 and svc.resize_support is not ResizeSupport.NEXT_LOAD
             ):  # what a request waiting now would be given
-                assert sizes == PlainAccelmux._load_sizes(policy, world, req, svc)
+                assert sizes == plain.loading.load_sizes(req, svc)
         edges = {e for s in world.queued for w in s.spec.windows for e in w.edges}
-        assert policy._window_edges(world) == tuple(sorted(edges))
+        assert parts.wakeup.window_edges() == tuple(sorted(edges))
 
 
 @pytest.mark.slow
@@ -499,10 +401,8 @@ def test_memory_on_its_way_back_counts_a_pool_shrinking_and_a_service_unloading(
     world = m.world
     assert world.unloading_on("gpu").names() == {"img"}
     assert [s.name for s in world.loaded_on("gpu") if s.resizing] == ["chat"]
-    plain = PlainAccelmux()
-    plain.__dict__.update(policy.__dict__)
-    pending = policy._pending_free(world, "gpu")
-    assert pending == plain._pending_free(world, "gpu")
+    pending = policy.parts(world).room.pending_free("gpu")
+    assert pending == scan_pending_free(world, "gpu")
     assert pending > world.services["chat"].kv_shrinking > 0
 
 
@@ -518,15 +418,14 @@ def test_a_client_keeping_a_service_loaded_forever_asks_for_no_wake_up() -> None
     policy = m.policy
     assert isinstance(policy, AccelmuxPolicy)
     svc = m.world.services["img"]
-    assert svc.is_up and svc.idle and policy._ttl_range(m.world, svc) == (RESTORE_GRACE_S, math.inf)
+    parts = policy.parts(m.world)
+    assert svc.is_up and svc.idle and parts.residents.ttl_range(svc) == (RESTORE_GRACE_S, math.inf)
     assert policy.next_wakeup(m.world, 2.0) is None
-    plain = PlainAccelmux()
-    plain.__dict__.update(policy.__dict__)
-    assert plain.next_wakeup(m.world, 2.0) is None
+    assert plain_parts(m.world, m.ops).wakeup.next_wakeup(2.0) is None
 
 
 def benchmark_stream(
-    policy_class: type[AccelmuxPolicy],
+    cache: bool,
     services: int,
     devices: int,
     seed: int,
@@ -536,7 +435,7 @@ def benchmark_stream(
     lines: list[str] = []
 
     def recording(spec: ManagerSpec, policy: object) -> Manager:
-        manager = Manager(spec, policy_class())
+        manager = Manager(spec, AccelmuxPolicy(cache=cache))
         decision_stream._record(manager, lines)
         return manager
 
@@ -554,8 +453,8 @@ def test_crowded_benchmark_homes_decide_alike(
     # bench/bench_manager.py's workload: long queues of services that do not fit, whose
     # requests wait for memory behind each other (what the short property runs rarely
     # reach).
-    fast = benchmark_stream(AccelmuxPolicy, services, devices, seed, monkeypatch)
-    plain = benchmark_stream(PlainAccelmux, services, devices, seed, monkeypatch)
+    fast = benchmark_stream(True, services, devices, seed, monkeypatch)
+    plain = benchmark_stream(False, services, devices, seed, monkeypatch)
     assert len(fast) > 1500
     assert fast == plain
 
@@ -569,12 +468,12 @@ class HeldAtRoundEnd(AccelmuxPolicy):
         self.held_at_end: dict[str, list[tuple[int, int]]] = {}
         self.crashes_seen = 0
 
-    def decide(self, world: World, now: float) -> None:
+    def decide(self, world: WorldView, ops: WorldOps, now: float) -> None:
         for svc in world.services.values():
-            if svc.crashes != world.learned.seen_crashes.get(svc.name, 0):
+            if svc.crashes != world.learned.seen_crashes.get(svc.name, 0):  # type: ignore[attr-defined]
                 assert svc.crash_held == self.held_at_end.get(svc.name, [])
                 self.crashes_seen += 1
-        super().decide(world, now)
+        super().decide(world, ops, now)
         self.held_at_end = {
             s.name: [
                 (r.estimate.active_bytes, r.active_lease.nbytes if r.active_lease else 0)

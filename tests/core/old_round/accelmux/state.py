@@ -340,7 +340,7 @@ class World:
                 ServiceCalibration(
                     window=spec.knobs.calibration_window,
                     safety_factor=spec.knobs.safety_factor,
-                    learn=spec.knobs.enabled("calibration"),
+                    learn=spec.knobs.switches.calibration,
                 ),
             )
             self.services[s.name] = ServiceState(

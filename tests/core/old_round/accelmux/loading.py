@@ -1,0 +1,196 @@
+"""Loading a service for a waiting request: the KV pool a load asks for, its sizes, and the
+gates a cold start passes (serial loads after an out-of-memory load included).
+"""
+
+from __future__ import annotations
+
+from accelmux.core.types import (
+    Reason,
+    ResizeSupport,
+    ServiceClass,
+    ServiceStatus,
+)
+
+from .interface import Parts, Round
+from .state import RequestState, ServiceState, World
+
+
+def loads_one_at_a_time(self: Parts, world: World, device: str) -> bool:
+    """A load has run out of memory on ``device`` and another load is in flight there
+    (``serial_loads``): a second load waits for it. A load's true size is known only
+    once it is measured, so two loads side by side on a device where one was already
+    larger than its ledger said can both fail, and a service a second time."""
+    if device not in world.load_oom_devices or not world.knobs.switches.serial_loads:
+        return False
+    return any(s.status is ServiceStatus.LOADING for s in world.services_by_device[device])
+
+
+def load_pool(self: Parts, world: World, svc: ServiceState, wanted: int) -> int:
+    """The KV pool a load asks for: the KV bytes ``wanted``, within the floor and the
+    ceiling, when the pool can grow and shrink later (a live resize).
+
+    A pool that changes only at the next load is sized for the largest waiting
+    request too, plus the memory that is free beyond the realtime reserve and the
+    spare fraction of the budget, since it cannot grow later without a reload. A
+    backend that cannot resize at all holds its ceiling (:meth:`World.load` sees to
+    it)."""
+    p = svc.spec.profile
+    if not p.kv_ceiling:
+        return 0
+    # A backend that splits its pool between its slots gives a request one slot.
+    slots = svc.spec.concurrency if svc.spec.capabilities.kv_per_slot else 1
+    if svc.resize_support is not ResizeSupport.NEXT_LOAD:
+        return max(p.kv_floor, min(p.kv_ceiling, wanted * slots))
+    waiting = max((r.estimate.kv_bytes for r in svc.queue.values()), default=0)
+    base = max(p.kv_floor, min(p.kv_ceiling, max(wanted, waiting) * slots))
+    dev = svc.spec.device
+    free = (
+        world.ledger.available(dev)
+        - sum(world.projected_resident(svc, base))
+        - self._realtime_reserve(world, dev)
+        - int(world.knobs.spare_fraction * world.devices[dev].usable_bytes)
+    )
+    return base + max(0, min(p.kv_ceiling - base, free))
+
+
+def kv_pool_fixed(self: Parts, world: World, req: RequestState, svc: ServiceState) -> None:
+    """A request whose KV does not fit a pool that cannot change while loaded.
+
+    If it would fit the empty pool it waits for running requests to end. If not, and
+    the backend resizes at its next load, the idle service is unloaded so that it
+    reloads with a pool sized for the waiting requests; while busy, it waits.
+    """
+    kv = req.estimate.kv_bytes
+    if kv <= svc.kv_slot:
+        self._queue_or_reject(
+            world,
+            req,
+            Reason.CONCURRENCY_LIMIT,
+            f"KV pool full ({svc.kv_in_use} B of {svc.kv_pool} B in use)",
+        )
+        return
+    if svc.resize_support is ResizeSupport.NEXT_LOAD and svc.idle:
+        world.unload(
+            svc,
+            reason=Reason.RESIZE_AT_NEXT_LOAD,
+            detail=f"KV pool {svc.kv_pool} B < {kv} B for {req.request_id}",
+        )
+        self._queue_or_reject(world, req, Reason.LOADING, "reloads with a larger KV pool")
+        return
+    self._queue_or_reject(
+        world,
+        req,
+        Reason.CONCURRENCY_LIMIT,
+        f"needs {kv} B of KV, its pool holds {svc.kv_pool} B until its next load",
+    )
+
+
+def load_for(
+    self: Parts,
+    world: World,
+    req: RequestState,
+    svc: ServiceState,
+    rnd: Round,
+    outside: bool,
+    idle_only: bool = False,
+) -> None:
+    """Load ``svc`` for ``req`` if it can ever fit and its room can be made now (a cold
+    start: ``req`` waits for the load), else reject it or make it wait, saying why.
+    ``idle_only``: fair progress, it may take only idle memory."""
+    dev = svc.spec.device
+    knobs = world.knobs
+    pool, need, reserve, limit = self._load_plan(world, req, svc)
+    if need > limit:  # what _max_possible says (nothing changed since it was asked)
+        world.reject(
+            req,
+            reason=Reason.TOO_LARGE,
+            retry_after_s=0.0,
+            detail=f"service needs {need} B to run, usable budget cannot hold it",
+        )
+        return
+    available = world.ledger.available(dev)
+    if outside and available - need < (knobs.spare_fraction * world.devices[dev].usable_bytes):
+        self._queue_or_reject(world, req, Reason.OUTSIDE_WINDOW, "no spare memory to load")
+        return
+    if self._loads_one_at_a_time(world, dev):
+        self._queue_or_reject(
+            world, req, Reason.LOADING, "after an out-of-memory load, loads go one at a time"
+        )
+        return
+    if idle_only and available < need + reserve:
+        # Fair progress loads into idle memory only: it takes nothing from the
+        # waiting higher class (the service is evictable again once idle).
+        self._queue_or_reject(
+            world, req, Reason.HIGHER_CLASS_WAITING, "idle memory too small to load"
+        )
+        return
+    reason = Reason.RELOAD_AFTER_CRASH if svc.status is ServiceStatus.CRASHED else Reason.DEMAND
+    if self.make_room(
+        world, dev, need + reserve, req.cls, svc, reason, requester=req
+    ) and world.load(svc, reason=reason, kv_pool=pool, detail=f"for {req.request_id}"):
+        self._queue_or_reject(world, req, Reason.LOADING, "cold start")
+        return
+    if self._reachable(world, dev, need + reserve, svc):
+        rnd.blocked[dev] = min(req.cls, rnd.blocked.get(dev, req.cls))
+    was = req.wait_reason
+    self._queue_or_reject(
+        world,
+        req,
+        Reason.NO_MEMORY,
+        ""  # told once: a request waiting for this reason is not told again
+        if was is Reason.NO_MEMORY
+        else f"load needs {need} B, {world.ledger.available(dev)} B available",
+    )
+    self._explain_reserve(world, req, dev, reserve, was)
+
+
+def load_sizes(
+    self: Parts, world: World, req: RequestState, svc: ServiceState
+) -> tuple[int, int, int, int]:
+    """(KV pool, projected activation, resident size, activation as measured so far)
+    of loading ``svc`` for ``req``.
+
+    Kept per request while the service's calibrations stay as they were, unless its
+    pool is sized from the ledger and the queue (a resize at the next load): a
+    waiting request is planned again on every event about its device.
+    """
+    cal = svc.calibration
+    stamp = (cal.active.version, cal.resident.version)
+    fixed = svc.resize_support is not ResizeSupport.NEXT_LOAD
+    if fixed:
+        hit = self._sizes.get(req.request_id)
+        if hit is not None and hit[0] is req and hit[1] == stamp:
+            return hit[2]
+    pool = self._load_pool(world, svc, req.estimate.kv_bytes)
+    sizes = (
+        pool,
+        world.projected_active(req),
+        sum(world.projected_resident(svc, pool)),
+        cal.active.project_observed(req.estimate.active_bytes),
+    )
+    if fixed:
+        self._sizes[req.request_id] = (req, stamp, sizes)
+    return sizes
+
+
+def load_plan(
+    self: Parts, world: World, req: RequestState, svc: ServiceState
+) -> tuple[int, int, int, int]:
+    """(KV pool, bytes the load and ``req`` need, realtime reserve to leave free, the most
+    the device could ever free for them) of loading ``svc`` for ``req``."""
+    pool, active, resident, observed = self._load_sizes(world, req, svc)
+    need = resident + active
+    limit = self._max_possible(world, svc.spec.device, svc)
+    if need > limit >= resident + observed and world.knobs.switches.degrade_to_raw:
+        # Only the calibration margin does not fit: plan for the estimate scaled by
+        # what was measured (the dispatch degrades the same way).
+        active = observed
+        need = resident + active
+    reserve = 0
+    if req.cls > ServiceClass.REALTIME:
+        # Resident memory must leave the realtime reserve free; the first request's
+        # activations may overlap it when realtime work can preempt them.
+        reserve = self._fitting_reserve(world, svc, need, limit)
+        if self._yields_to_realtime(world, svc):
+            reserve = max(0, reserve - active)
+    return pool, need, reserve + self._steady_reserve(world, svc, need, limit), limit
