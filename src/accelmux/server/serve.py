@@ -159,8 +159,11 @@ async def serve(
 
     sites = [(site, server.host, server.port)]
     if listener is not None:
+        # A guard of its own, without the hot path: every request on the LAN goes through
+        # aiohttp's middlewares, the cluster's key check first.
+        lan_guard = ConnectionGuard(ConnectionLimits.of(server), priority=priority_paths(runtime))
         lan = GuardedTCPSite(
-            runner, listener.address, listener.port, guard=guard, reuse_address=True
+            runner, listener.address, listener.port, guard=lan_guard, reuse_address=True
         )
         sites.append((lan, listener.address, listener.port))
     for each, host, port in sites:
