@@ -1,4 +1,4 @@
-"""The README's first-run figures from ``bench/results/setup.json`` (bench/bench_setup.py)."""
+"""The README's setup figures from ``bench/results/setup.json`` (bench/bench_setup.py)."""
 
 from __future__ import annotations
 
@@ -10,34 +10,77 @@ from docgen import RESULTS
 from meta import meta_line
 
 LABELS = {
+    "fast_cold": "`scripts/test --fast`, empty caches",
+    "fast": "`scripts/test --fast`, pip cache warm",
     "first_run": "first `scripts/run`, until `/v1/models` answers",
     "first_test": "first `scripts/test`",
     "second_test": "second `scripts/test`",
+    "wheel": "the wheel: `pip install`, `accelmux setup`, `serve` until `/v1/models` answers",
 }
+#: (what, the step it starts at, the step it ends at), by the prefix of each ``==`` line;
+#: the older scripts' names are kept for measurements taken before ``accelmux setup``.
+PARTS = (
+    ("the fast tier", ("fast tier first",), ("fast tier passed",)),
+    (
+        "compiling llama.cpp",
+        ("setup: building llama.cpp", "setup-models: building llama.cpp"),
+        ("setup: packing", "setup-models: packing"),
+    ),
+    (
+        "building llama-server (beside the parallel tests)",
+        ("llama-server for tests/external, building",),
+        ("llama-server ready",),
+    ),
+    (
+        "building llama-server",
+        ("setup-llama-server: building",),
+        ("setup-llama-server: llama-server at",),
+    ),
+    (
+        "the parallel tests",
+        ("pytest (rest; the tests that may share",),
+        ("parallel tests done",),
+    ),
+    ("the serial tests", ("pytest (rest; the serial",), ()),
+    ("accelmux setup", ("accelmux setup",), ("accelmux serve",)),
+)
 
 
 def _load() -> dict[str, Any]:
     return dict(json.loads((RESULTS / "setup.json").read_text(encoding="utf-8")))
 
 
-def _minutes(seconds: float) -> str:
-    return f"{seconds / 60:.1f} min"
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
 
 
 def _load_avg(values: list[float]) -> str:
     return " / ".join(f"{v:.1f}" for v in values)
 
 
-def _build_seconds(steps: list[dict[str, Any]]) -> float | None:
-    """Seconds from setup-models' "building llama.cpp's libraries" to its "packing" line."""
-    at = {}
-    for step in steps:
-        for key in ("building llama.cpp", "packing the llama-cpp-python"):
-            if step["step"].startswith(f"setup-models: {key}"):
-                at[key] = float(step["at_s"])
-    if len(at) < 2:
+def _part_seconds(
+    m: dict[str, Any], starts: tuple[str, ...], ends: tuple[str, ...]
+) -> float | None:
+    """Seconds from the first step starting with one of ``starts`` to the next step
+    after it starting with one of ``ends`` (no ``ends``: the end of the run)."""
+    steps = m.get("steps", [])
+    begin = next((i for i, s in enumerate(steps) if s["step"].startswith(starts)), None)
+    if begin is None:
         return None
-    return at["packing the llama-cpp-python"] - at["building llama.cpp"]
+    if not ends:
+        return float(m["seconds"]) - float(steps[begin]["at_s"])
+    after = steps[begin + 1 :]
+    end = next((s for s in after if s["step"].startswith(ends)), None)
+    return None if end is None else float(end["at_s"]) - float(steps[begin]["at_s"])
+
+
+def _parts(m: dict[str, Any]) -> str:
+    found = []
+    for what, starts, ends in PARTS:
+        seconds = _part_seconds(m, starts, ends)
+        if seconds is not None:
+            found.append(f"{what} {_duration(seconds)}")
+    return f"; of it: {', '.join(found)}" if found else ""
 
 
 def setup() -> str:
@@ -51,25 +94,27 @@ def setup() -> str:
     ]
     runs = []
     for name, label in LABELS.items():
+        target = targets.get(name)
+        shown_target = _duration(target) if target is not None else "-"
         m = measured.get(name)
         if m is None or not m.get("measured"):
-            lines.append(f"| {label} | not measured | {_minutes(targets[name])} | | |")
+            lines.append(f"| {label} | not measured | {shown_target} | | |")
             continue
-        took = _minutes(m["seconds"]) if m.get("seconds") is not None else "did not finish"
+        took = _duration(m["seconds"]) if m.get("seconds") is not None else "did not finish"
         if not m.get("ok"):
             took += " (failed)"
         lines.append(
-            f"| {label} | {took} | {_minutes(targets[name])} | "
+            f"| {label} | {took} | {shown_target} | "
             f"{_load_avg(m['load_avg_before'])} | {_load_avg(m['load_avg_after'])} |"
         )
-        build = _build_seconds(m.get("steps", []))
-        built = f"; compiling llama.cpp took {_minutes(build)} of it" if build is not None else ""
-        runs.append(f"{label}: {meta_line(m['meta'])}{built}")
+        runs.append(f"{label}: {meta_line(m['meta'])}{_parts(m)}")
     lines += ["", *[f"- {run}" for run in runs]]
     lines.append("")
     lines.append(
-        "`python bench/bench_setup.py [--measure run|test|all]`; the load average is the "
-        "machine's (a build on a shared machine takes longer)."
+        "`python bench/bench_setup.py [--measure run|fast|test|wheel|all]`; every cache is "
+        "empty (`HOME`, `XDG_*`, pip's, the llama.cpp wheel cache), except the pip cache of "
+        "the warm fast-tier row, kept from the empty-cache row before it; the load average "
+        "is the machine's (a build on a shared machine takes longer)."
     )
     return "\n".join(lines)
 

@@ -10,4 +10,5 @@ elif [ -x .venv/bin/python ]; then
 else
   PY=python3
 fi
+# the default of accelmux.setup.packages.LLAMA_VERSION (tests/docs/test_llama_pin.py)
 LLAMA_VERSION=${ACCELMUX_LLAMA_CPP_VERSION:-0.3.36}

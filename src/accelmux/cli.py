@@ -23,6 +23,8 @@ COMMAND_MODULES = (
     "accelmux.sim.command",
     "accelmux.check",
     "accelmux.jobs.command",
+    "accelmux.setup.command",
+    "accelmux.service.command",
 )
 
 

@@ -19,7 +19,8 @@ from accelmux.config.load import load_config_data
 from accelmux.server.serve import serve
 
 NOTICE = (
-    "services.chat.backend.type: 'inprocess' is deprecated, write 'worker' "
+    "services.chat.backend.type: 'inprocess' is deprecated (inprocess-backend, since accelmux "
+    "0.1.0), write 'worker' "
     "(the model runs in accelmux's inference worker process, not in the daemon's)"
 )
 
@@ -59,7 +60,8 @@ def test_only_the_renamed_key_path_is_rewritten() -> None:
     assert new["services"]["a"] == {"backend": {"type": "worker"}, "model": "inprocess"}
     assert new["other"] is data["other"]
     assert notices == [
-        "services.a.backend.type: 'inprocess' is deprecated, write 'worker' (the model runs "
+        "services.a.backend.type: 'inprocess' is deprecated (inprocess-backend, since accelmux "
+        "0.1.0), write 'worker' (the model runs "
         "in accelmux's inference worker process, not in the daemon's)"
     ]
     assert modernize({"services": ["not", "a", "mapping"]}) == (

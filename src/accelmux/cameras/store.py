@@ -1,4 +1,9 @@
-"""Camera events in SQLite: one row per detection in an analysed frame."""
+"""Camera events in SQLite: one row per detection in an analysed frame.
+
+Schema version (``PRAGMA user_version``) 1: the ``events`` table below. A store written
+before versions were kept (0, the same table) is marked 1 when opened; a store of a
+newer version is refused (:class:`CameraStoreError`).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,8 @@ import sqlite3
 import threading
 from pathlib import Path
 from typing import Any
+
+from accelmux.errors import AccelmuxError
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (
@@ -22,6 +29,11 @@ CREATE TABLE IF NOT EXISTS events (
 );
 CREATE INDEX IF NOT EXISTS events_camera ON events (camera, id);
 """
+SCHEMA_VERSION = 1
+
+
+class CameraStoreError(AccelmuxError):
+    """The event store cannot be used (written by a newer accelmux)."""
 
 
 class EventStore:
@@ -39,7 +51,15 @@ class EventStore:
         conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=NORMAL")
+        version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+        if version > SCHEMA_VERSION:
+            conn.close()
+            raise CameraStoreError(
+                f"{path}: schema version {version}, expected {SCHEMA_VERSION} or older "
+                "(written by a newer accelmux)"
+            )
         conn.executescript(SCHEMA)
+        conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         return cls(conn)
 
     def record(self, camera: str, at: float, frame: dict[str, Any]) -> int:

@@ -13,23 +13,33 @@ from typing import Any
 
 @dataclass(frozen=True, slots=True)
 class RenamedValue:
-    """A value that was renamed: ``old`` at a key path (``*`` matches any key) is ``new``."""
+    """A value that was renamed: ``old`` at a key path (``*`` matches any key) is ``new``.
 
+    ``name`` names the deprecation in every notice (search the docs or the changelog for
+    it); ``since`` is the accelmux version whose configs it first appeared in."""
+
+    name: str
     path: tuple[str, ...]
     old: str
     new: str
     why: str
+    since: str
 
     def notice(self, where: str) -> str:
-        return f"{where}: {self.old!r} is deprecated, write {self.new!r} ({self.why})"
+        return (
+            f"{where}: {self.old!r} is deprecated ({self.name}, since accelmux {self.since}), "
+            f"write {self.new!r} ({self.why})"
+        )
 
 
 RENAMED_VALUES: tuple[RenamedValue, ...] = (
     RenamedValue(
+        "inprocess-backend",
         ("services", "*", "backend", "type"),
         "inprocess",
         "worker",
         "the model runs in accelmux's inference worker process, not in the daemon's",
+        "0.1.0",
     ),
 )
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -112,8 +113,17 @@ def read_text(path: Path) -> str:
 
 
 def load_config(path: str | Path) -> AccelmuxConfig:
+    """The config in file ``path``, which it remembers with the SHA-256 of its text
+    (``cfg.source``: what ``sha256sum`` prints for the file)."""
     p = Path(path)
-    return load_config_text(read_text(p), str(p), p.parent)
+    text = read_text(p)
+    cfg = load_config_text(text, str(p), p.parent)
+    try:
+        digest = hashlib.sha256(p.read_bytes()).hexdigest()  # the bytes, as sha256sum reads
+    except OSError:
+        digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    cfg.note_source(str(p.absolute()), digest)
+    return cfg
 
 
 def _resolve(path: str, base_dir: Path | None) -> Path:

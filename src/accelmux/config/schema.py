@@ -274,6 +274,18 @@ class AccelmuxConfig(StrictModel):
     def note_deprecations(self, notices: Iterable[str]) -> None:
         self._deprecations = tuple(notices)
 
+    #: Where the config came from and the SHA-256 of its text (``/admin/status``).
+    _source: tuple[str, str] | None = PrivateAttr(default=None)
+
+    @property
+    def source(self) -> tuple[str, str] | None:
+        """(the config file's absolute path, or a label such as ``default stack``; the
+        SHA-256 hex of its text), None for a config built in code."""
+        return self._source
+
+    def note_source(self, where: str, sha256: str) -> None:
+        self._source = (where, sha256)
+
     def device_of(self, service: str) -> str:
         """The first device ``service`` may run on."""
         return self.devices_of(service)[0]

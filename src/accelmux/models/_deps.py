@@ -14,7 +14,10 @@ from types import ModuleType
 
 from accelmux.errors import BackendError
 
-SETUP_HINT = "run scripts/setup-models.sh to install the model runtimes and model packages"
+SETUP_HINT = (
+    "run `accelmux setup` (scripts/setup-models.sh in a checkout) to install the model "
+    "runtimes and model packages"
+)
 
 
 def require(module: str, package: str) -> ModuleType:

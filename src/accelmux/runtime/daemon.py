@@ -67,6 +67,10 @@ from accelmux.runtime.status import build_status
 from accelmux.sim.baselines import is_baseline
 
 log = logging.getLogger("accelmux.runtime")
+#: The watchdog holds its ping when the sampler ends no round for this many intervals,
+#: and at least this many seconds (a slow NVML answer is not a hang).
+SAMPLER_STALL_ROUNDS = 10
+SAMPLER_STALL_MIN_S = 20.0
 T = TypeVar("T")
 #: Builds the backend of each of the Manager's services (replicas included), by name.
 BackendMaker = Callable[[Sequence[ServiceSpec]], dict[str, Backend]]
@@ -155,6 +159,7 @@ class Runtime:
             self.submit,
         )
         self.started_at = time.time()
+        self.sampler_started_at = time.monotonic()
         self._sampler_task: asyncio.Task[None] | None = None
         self._cpu: ProcessCpu | None = None  # CPU time of our processes, for explain
 
@@ -260,6 +265,7 @@ class Runtime:
         self.driver.start()
         if self.sampling.samplers:
             interval = self.cfg.server.sample_interval_s
+            self.sampler_started_at = time.monotonic()
             self._sampler_task = asyncio.create_task(self.sampling.run(interval))
 
     async def shutdown(self) -> None:
@@ -411,6 +417,19 @@ class Runtime:
         await self.sampling.sample_once()
 
     # ---- reading -------------------------------------------------------------------------
+    def health_problem(self) -> str | None:
+        """Why the daemon should be restarted, or None: the memory sampler has not ended
+        a round (measured or failed) for :data:`SAMPLER_STALL_ROUNDS` intervals (a
+        monitor hangs: the ledger no longer sees memory). The watchdog asks this."""
+        if self._sampler_task is None or self.stopping:
+            return None
+        interval = self.cfg.server.sample_interval_s
+        since = self.sampling.last_round_at or self.sampler_started_at
+        stalled = time.monotonic() - since
+        if stalled > max(SAMPLER_STALL_ROUNDS * interval, SAMPLER_STALL_MIN_S):
+            return f"the memory sampler has not finished a round for {stalled:.0f} s"
+        return None
+
     def status(self) -> dict[str, Any]:
         return build_status(
             self.manager,
@@ -422,6 +441,8 @@ class Runtime:
             slo=self.slo,
             server={
                 "version": __version__,
+                "config": self.config_status(),
+                "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.started_at)),
                 "policy": self.manager.policy.name,
                 "baseline": is_baseline(self.cfg.policy.name),
                 "uptime_s": round(time.time() - self.started_at, 3),
@@ -430,6 +451,12 @@ class Runtime:
                 "sample_interval_s": self.cfg.server.sample_interval_s,
             },
         )
+
+    def config_status(self) -> dict[str, Any]:
+        """The config the daemon runs: its file (or ``default stack``), the SHA-256 of
+        its text, and the old spellings it used."""
+        where, digest = self.cfg.source or (None, None)
+        return {"file": where, "sha256": digest, "deprecations": list(self.cfg.deprecations)}
 
     def explain(self, request_id: str) -> list[str] | None:
         return self.manager.explain(request_id)

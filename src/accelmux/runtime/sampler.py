@@ -36,6 +36,8 @@ class SamplerLoop:
         self._submit = submit
         #: The last sample of each device and when it was taken (wall clock).
         self.last_samples: dict[str, tuple[float, DeviceSample]] = {}
+        #: When the last round ended, measured or failed (monotonic; None: none yet).
+        self.last_round_at: float | None = None
 
     async def run(self, interval_s: float) -> None:
         """Sample every ``interval_s`` until cancelled; a failed round is logged."""
@@ -46,6 +48,7 @@ class SamplerLoop:
                 raise
             except Exception as exc:
                 log.warning("memory sampling failed: %s", exc)
+            self.last_round_at = time.monotonic()
             await asyncio.sleep(interval_s)
 
     async def sample_once(self) -> None:

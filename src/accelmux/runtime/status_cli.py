@@ -123,12 +123,37 @@ def diagnose(data: dict[str, Any]) -> list[str]:
     return out
 
 
+def uptime(seconds: float | None) -> str:
+    """``3d 4h``, ``2h 5m``, ``4m 10s`` or ``12s``."""
+    if seconds is None:
+        return "?"
+    s = int(seconds)
+    days, hours, minutes = s // 86400, s % 86400 // 3600, s % 3600 // 60
+    if days:
+        return f"{days}d {hours}h"
+    if hours:
+        return f"{hours}h {minutes}m"
+    return f"{minutes}m {s % 60}s" if minutes else f"{s}s"
+
+
+def config_lines(config: dict[str, Any] | None) -> list[str]:
+    """The config file the daemon runs, its SHA-256 (compare: ``sha256sum FILE``) and
+    each old spelling it used."""
+    if not config:
+        return []
+    digest = config.get("sha256") or "?"
+    lines = [f"config {config.get('file') or '(built in code)'}  sha256 {digest}"]
+    lines += [f"  deprecated: {notice}" for notice in config.get("deprecations") or []]
+    return lines
+
+
 def render(data: dict[str, Any], *, decisions: int = 12) -> str:
     srv = data.get("server", {})
     lines = [
         f"accelmux {srv.get('version', '?')}  policy {srv.get('policy', '?')}  "
-        f"up {srv.get('uptime_s', 0):.0f}s  open requests {srv.get('open_requests', 0)}"
+        f"up {uptime(srv.get('uptime_s'))}  open requests {srv.get('open_requests', 0)}"
         + ("  STOPPING" if srv.get("stopping") else ""),
+        *config_lines(srv.get("config")),
         "",
     ]
     dev_rows = []

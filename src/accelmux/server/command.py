@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import logging
 import sys
@@ -27,8 +28,8 @@ from accelmux.errors import BackendError
 
 NO_MODELS = (
     "accelmux serve: the default stack needs the real models: {error}\n"
-    "  Install them with scripts/setup-models.sh (in a source checkout), or run a config\n"
-    "  that needs none: accelmux serve -c examples/fake-stack.yaml"
+    "  Install them with `accelmux setup` (scripts/setup-models.sh in a checkout), or run a\n"
+    "  config that needs none: accelmux serve -c examples/fake-stack.yaml"
 )
 
 
@@ -155,7 +156,10 @@ def default_stack(*, show: bool) -> tuple[Any, int]:
         print(yaml.safe_dump(plain, sort_keys=False), end="")
         return None, 0
     print(stack.summary(data, total), flush=True)
-    return load_config_data(data, "default stack"), 0
+    cfg = load_config_data(data, "default stack")
+    canonical = json.dumps(data, sort_keys=True, default=str).encode("utf-8")
+    cfg.note_source("default stack", hashlib.sha256(canonical).hexdigest())
+    return cfg, 0
 
 
 def loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:

@@ -31,7 +31,9 @@ from accelmux.gateway.middleware import ProtocolLogger
 from accelmux.gateway.wyoming_api import WyomingServer
 from accelmux.monitors.host import host_total
 from accelmux.runtime.daemon import Runtime
+from accelmux.server.upgrade import DataDirError, upgrade_data_dir
 from accelmux.server.wiring import mount_cameras, mount_dashboard, mount_jobs
+from accelmux.service.notify import Notifier, keep_alive
 
 log = logging.getLogger("accelmux")
 
@@ -101,14 +103,22 @@ async def serve(
     LAN address too, for the cluster's gateways, which must bring the cluster's key.
 
     It refuses to start (one line, exit status 1) on a non-loopback host without API keys
-    unless ``server.allow_unauthenticated``, and when ``server.data_dir`` cannot be
-    created or written. A host device's budget above the RAM is logged (it is clamped),
-    and so is each old spelling the config used (``cfg.deprecations``).
+    unless ``server.allow_unauthenticated``, when ``server.data_dir`` cannot be created or
+    written, and when it holds data of a newer accelmux. Data of an older schema is
+    backed up and migrated first (:mod:`.upgrade`), and each migration is logged. A host
+    device's budget above the RAM is logged (it is clamped), and so is each old spelling
+    the config used (``cfg.deprecations``).
+
+    Under a ``Type=notify`` systemd unit (``NOTIFY_SOCKET``; with ``signals`` only: a node
+    agent is not a unit) it notifies ``READY=1`` once listening, pings the watchdog while
+    :meth:`Runtime.health_problem` finds none, and notifies ``STOPPING=1`` when stopping
+    (:mod:`accelmux.service.notify`).
 
     Shutdown: the Manager stops admitting (waiting requests get 503 shutting_down),
     in-flight requests get ``server.drain_s`` to finish, the rest fail with a clear
     error, every backend is unloaded (child processes stopped), then the listener closes.
     """
+    notifier = Notifier.from_environment() if signals else None  # before any child starts
     server = cfg.server
     data_dir = Path(server.data_dir)
     refuse_open_host(server)
@@ -117,6 +127,12 @@ async def serve(
     if why is not None:
         raise SystemExit(f"accelmux: cannot use server.data_dir {data_dir.absolute()}: {why}")
     log_tightened(data_dir)
+    try:
+        upgraded = upgrade_data_dir(data_dir)
+    except DataDirError as exc:
+        raise SystemExit(f"accelmux: cannot use server.data_dir: {exc}") from None
+    for notice in upgraded:
+        log.warning("%s", notice)
     for problem in host_memory_problems(cfg, host_total()):
         log.warning("%s", problem)
     for notice in cfg.deprecations:
@@ -201,12 +217,20 @@ async def serve(
             file=sys.stdout,
             flush=True,
         )
+    watchdog = None
+    if notifier is not None:
+        notifier.ready(f"serving on http://{server.host}:{server.port} (services: {services})")
+        watchdog = asyncio.create_task(keep_alive(notifier, runtime.health_problem))
     try:
         await stop.wait()
     finally:
         # A second signal while stopping must not kill the daemon before its children
         # are stopped: the handlers stay installed (setting an already set event).
         log.info("shutting down")
+        if notifier is not None:
+            notifier.stopping()
+        if watchdog is not None:
+            watchdog.cancel()
         try:
             if wyoming is not None:
                 await wyoming.stop()
