@@ -311,9 +311,12 @@ def lose_and_return(
 
 
 def recovery(h: Household, window_s: float, clients: int) -> list[dict[str, Any]]:
-    h.start_units("mini", ("accelmux-gateway.service",))  # a gateway on mini too
-    wait_until("mini's gateway", lambda: _up(h, "gpu-box", "mini"), 60)
-    return [
-        lose_and_return(h, "mini", "gpu-box", window_s, clients),
-        lose_and_return(h, "gpu-box", "mini", window_s, clients),
-    ]
+    """Each machine switched to its units (docs/cluster.md, "Starting at boot"), then
+    lost and brought back by them."""
+    h.switch_to_units("mini")  # with a gateway on mini
+    wait_until("mini's units", lambda: _up(h, "gpu-box", "mini") and _up(h, "mini", "mini"), 90)
+    rows = [lose_and_return(h, "mini", "gpu-box", window_s, clients)]
+    h.switch_to_units("gpu-box")
+    wait_until("the cluster on units", lambda: registered(h, "mini") == {"gpu-box", "mini"}, 180)
+    rows.append(lose_and_return(h, "gpu-box", "mini", window_s, clients))
+    return rows

@@ -1,23 +1,27 @@
 """A household's cluster on two machines (:mod:`.lan`), brought up by docs/cluster.md's
-own commands: the steps of "Starting it on two machines" as typed in terminals, or the
-units of "Starting at boot" as systemd runs them.
+own commands: the steps of "Starting it on two machines" as typed in terminals, and
+"Starting at boot": the units ``accelmux service install --node`` writes, run as
+systemd runs them.
 
 The page's commands are read from the page itself, so the tests follow what a user
 reads: each ```bash block of the steps (``# on MACHINE`` says where the lines after it
 run; ``export`` sets that terminal's environment; ``scp FILE MACHINE:PATH`` copies; the
 long-running ``accelmux node`` and ``accelmux serve`` stay in the foreground, as in a
-terminal), and each ```ini unit (``# /etc/systemd/system/NAME on MACHINE``). Only the
-page's example addresses, install path and config path are replaced by the test
-machines' own.
+terminal; ``sudo`` is dropped: the tests run as root). Only the page's example
+addresses and install path are replaced by the test machines' own, and each machine's
+/etc/accelmux and /var/lib/accelmux are a tree of its own (:meth:`Household.sysroot`).
 
-systemd does not run in the test machines: :class:`Unit` does what it does with a unit
-(its ``ExecStart`` with its ``Environment``, in its ``WorkingDirectory``, started again
-``RestartSec`` after it ends, until the machine goes down).
+systemd does not run in the test machines: ``accelmux service install`` writes its
+files under the machine's tree (``--root``) and :class:`Unit` does what systemd does with
+each unit written (its ``ExecStart`` with its ``Environment``, in its
+``WorkingDirectory``, started again ``RestartSec`` after it ends, until the machine goes
+down).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import re
 import shlex
@@ -46,6 +50,9 @@ MACHINES = {"gpu-box": "192.168.1.10", "mini": "192.168.1.11"}
 API_KEY = "change-this-household-key"
 ADMIN_KEY = "change-this-admin-key"
 LONG_RUNNING = ("accelmux node", "accelmux serve")
+STEPS = "Starting it on two machines"
+BOOT = "Starting at boot: units"
+INSTALL = "accelmux service install"
 
 
 def wait_until(what: str, check: Callable[[], bool], timeout: float = 30.0) -> float:
@@ -65,11 +72,11 @@ def _section(text: str, title: str) -> str:
     return text[start : end if end > 0 else len(text)]
 
 
-def doc_steps(text: str | None = None) -> list[tuple[str, str]]:
-    """(machine, command) of every line of the steps' bash blocks, in order."""
-    section = _section(text or DOC.read_text(encoding="utf-8"), "Starting it on two machines")
+def doc_lines(section: str, text: str | None = None) -> list[tuple[str, str]]:
+    """(machine, command) of every line of the bash blocks of ``section``, in order."""
+    body = _section(text or DOC.read_text(encoding="utf-8"), section)
     out: list[tuple[str, str]] = []
-    for block in re.findall(r"```bash\n(.*?)```", section, re.S):
+    for block in re.findall(r"```bash\n(.*?)```", body, re.S):
         machine = None
         for raw in block.replace("\\\n", " ").splitlines():
             line = raw.strip()
@@ -82,6 +89,11 @@ def doc_steps(text: str | None = None) -> list[tuple[str, str]]:
     return out
 
 
+def doc_steps(text: str | None = None) -> list[tuple[str, str]]:
+    """The commands of "Starting it on two machines"."""
+    return doc_lines(STEPS, text)
+
+
 @dataclass(frozen=True)
 class UnitFile:
     name: str
@@ -89,34 +101,30 @@ class UnitFile:
     exec_start: str
     environment: dict[str, str]
     restart_s: float
+    always: bool
     workdir: str | None
+    user: str | None
 
 
-def doc_units(text: str | None = None) -> list[UnitFile]:
-    """Every unit of the "Starting at boot" section, once per machine it is for."""
-    section = _section(text or DOC.read_text(encoding="utf-8"), "Starting at boot: units")
-    out = []
-    for block in re.findall(r"```ini\n(.*?)```", section, re.S):
-        head = re.match(r"# /etc/systemd/system/(\S+) on (.+)\n", block)
-        assert head, f"docs/cluster.md: a unit without its '# /etc/... on MACHINE' line:\n{block}"
-        fields: dict[str, list[str]] = {}
-        for line in block.splitlines()[1:]:
-            key, sep, value = line.partition("=")
-            if sep and not line.startswith(("#", "[")):
-                fields.setdefault(key.strip(), []).append(value.strip())
-        env = dict(e.split("=", 1) for e in fields.get("Environment", []))
-        for machine in re.split(r"\s+and on\s+", head.group(2).strip()):
-            out.append(
-                UnitFile(
-                    name=head.group(1),
-                    machine=machine,
-                    exec_start=fields["ExecStart"][0],
-                    environment=env,
-                    restart_s=float(fields.get("RestartSec", ["0.1"])[0]),
-                    workdir=fields.get("WorkingDirectory", [None])[0],
-                )
-            )
-    return out
+def read_unit(path: Path, machine: str) -> UnitFile:
+    """What systemd takes from a unit file to run it (the lines ``accelmux service
+    install`` writes: one setting a line, ``Environment=`` one assignment each)."""
+    fields: dict[str, list[str]] = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        key, sep, value = line.partition("=")
+        if sep and not line.startswith(("#", "[")):
+            fields.setdefault(key.strip(), []).append(value.strip())
+    env = dict(shlex.split(e)[0].split("=", 1) for e in fields.get("Environment", []))
+    return UnitFile(
+        name=path.name,
+        machine=machine,
+        exec_start=fields["ExecStart"][0],
+        environment=env,
+        restart_s=float(fields.get("RestartSec", ["0.1"])[0]),
+        always=fields.get("Restart", ["no"])[0] == "always",
+        workdir=fields.get("WorkingDirectory", [None])[0],
+        user=fields.get("User", [None])[0],
+    )
 
 
 # ---- the household ------------------------------------------------------------------
@@ -136,8 +144,11 @@ class Terminal:
 
 
 class Unit:
-    """One unit file run as systemd would: ``ExecStart`` started again ``RestartSec``
-    after it ends, until :meth:`stop` or until its machine goes down."""
+    """One unit file run as systemd would: ``ExecStart`` with its ``Environment`` in its
+    ``WorkingDirectory`` (with ``User=``, HOME is that directory, the service user's
+    home), started again ``RestartSec`` after it ends (``Restart=always``; after a
+    failure only, otherwise), until :meth:`stop` or until its machine goes down. It runs
+    as root: the test machines have no service user."""
 
     def __init__(self, house: Household, unit: UnitFile) -> None:
         self.house = house
@@ -154,19 +165,22 @@ class Unit:
         return self
 
     def _run(self) -> None:
-        argv = shlex.split(self.house.local(self.unit.machine, self.unit.exec_start))
-        workdir = self.unit.workdir
-        cwd = Path(self.house.local(self.unit.machine, workdir)) if workdir else None
+        local = functools.partial(self.house.local, self.unit.machine)
+        argv = shlex.split(local(self.unit.exec_start))
+        env = {key: local(value) for key, value in self.unit.environment.items()}
+        cwd = Path(local(self.unit.workdir)) if self.unit.workdir else None
+        if self.unit.user is not None and cwd is not None:
+            env["HOME"] = str(cwd)  # the service user's home: its state directory
         while not self._stop.is_set():
             try:
-                self.proc = self.machine.spawn(
-                    argv, log=self.log, env=self.unit.environment, cwd=cwd
-                )
+                self.proc = self.machine.spawn(argv, log=self.log, env=env, cwd=cwd)
             except AssertionError:  # the machine is down: so is its unit
                 return
             self.starts += 1
             while self.proc.poll() is None and not self._stop.is_set():
                 time.sleep(0.1)
+            if self.proc.returncode == 0 and not self.unit.always:
+                return  # Restart=on-failure: a clean exit stays down
             self._stop.wait(self.unit.restart_s)
 
     def stop(self) -> None:
@@ -192,14 +206,21 @@ class Household:
     def ip(self, name: str) -> str:
         return self.lan[name].ip
 
+    def sysroot(self, machine: str) -> Path:
+        """Where the machine's system files live (/etc, /var/lib): the machines share
+        the host's file system, so each has its own tree for them."""
+        return self.lan[machine].home / "sysroot"
+
     def local(self, machine: str, text: str) -> str:
         """``text`` with the page's addresses and paths made the test machines'."""
         for name, address in MACHINES.items():
             text = text.replace(address, self.ip(name))
-        home = str(self.lan[machine].home)
-        text = text.replace("/opt/accelmux/.venv/bin/", f"{VENV_BIN}/")
-        text = text.replace("/etc/accelmux/cluster.yaml", f"{home}/cluster.yaml")
-        return text.replace("/var/lib/accelmux", home)
+        root = str(self.sysroot(machine))
+        text = text.replace("/opt/accelmux/bin/", f"{VENV_BIN}/")
+        text = text.replace(" ~/", f" {self.lan[machine].home}/")
+        for system in ("/etc/accelmux", "/var/lib/accelmux"):
+            text = text.replace(system, root + system)
+        return text
 
     def write_config(self, data: dict[str, Any] | None = None) -> None:
         """The cluster's config, the same on every machine, as ``~/cluster.yaml``."""
@@ -211,7 +232,9 @@ class Household:
     def type_command(self, machine: str, command: str, *, ready: str | None = None) -> None:
         """Run one line of the page on ``machine`` as a terminal would."""
         env = self.envs.setdefault(machine, {})
-        command = self.local(machine, command)
+        command = self.local(machine, command.removeprefix("sudo "))
+        if f"{INSTALL} " in command:  # no systemd here: the files, then as systemd would
+            command += f" --root {self.sysroot(machine)}"
         m = self.lan[machine]
         if command.startswith("export "):
             key, _, value = command.removeprefix("export ").partition("=")
@@ -251,13 +274,32 @@ class Household:
                 ready = "gateway listening on"
             self.type_command(machine, command, ready=ready)
 
+    def switch_to_units(self, machine: str) -> list[Unit]:
+        """The page's "Starting at boot" on ``machine``: Ctrl-C in its terminals, then
+        its commands (``ray stop``, the config in /etc, ``accelmux service install``);
+        then its units start, as the install starts them."""
+        for term in self.terminals:
+            if term.machine == machine and term.proc.poll() is None:
+                Machine.signal(term.proc, signal.SIGINT)
+                term.proc.wait(timeout=60)
+        for where, command in doc_lines(BOOT):
+            if where == machine:
+                self.type_command(machine, command)
+        return self.start_units(machine)
+
+    def installed_units(self, machine: str) -> list[UnitFile]:
+        """The units ``accelmux service install`` wrote on ``machine``."""
+        units = self.sysroot(machine) / "etc" / "systemd" / "system"
+        return [read_unit(path, machine) for path in sorted(units.glob("*.service"))]
+
     def start_units(self, machine: str, names: tuple[str, ...] = ()) -> list[Unit]:
-        """The machine's units (those ``names``, else all), as at boot."""
+        """The machine's installed units (those ``names``, else all), as at boot."""
         started = [
             Unit(self, u).start()
-            for u in doc_units()
-            if u.machine == machine and (not names or u.name in names)
+            for u in self.installed_units(machine)
+            if not names or u.name in names
         ]
+        assert started, f"no unit installed on {machine}"
         self.units.extend(started)
         return started
 

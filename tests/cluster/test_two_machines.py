@@ -230,6 +230,14 @@ def test_a_lost_machine_leaves_the_others_serving_and_its_units_bring_it_back(
     house: Household,
 ) -> None:
     base = house.gateway("gpu-box")
+    # mini runs from the units "Starting at boot" installs (and starts) from now on
+    units = house.switch_to_units("mini")
+    assert {u.unit.name for u in units} == {
+        "accelmux-ray.service",
+        "accelmux-node.service",
+        "accelmux-gateway.service",
+    }
+    wait_until("mini serving from its units", lambda: all_up(house) and all_up(house, "mini"), 90)
     assert chat(base, "chat")[0] == 200
     answers: list[tuple[float, int]] = []
     stop = threading.Event()
@@ -290,7 +298,13 @@ def test_losing_the_head_machine_leaves_the_other_serving_and_it_re_forms(
     house: Household,
 ) -> None:
     mini = house.gateway("mini")  # mini's own gateway (its unit)
-    wait_until("mini's gateway sees both", lambda: all_up(house, "mini"), timeout=60)
+    house.switch_to_units("gpu-box")  # the head, from its units too
+    wait_until("both serving", lambda: all_up(house, "mini") and all_up(house), timeout=90)
+    wait_until(
+        "the Ray cluster formed again from the units",
+        lambda: registered(house, "mini") == {"gpu-box", "mini"},
+        timeout=120,
+    )
     house.lan["gpu-box"].kill()  # the Ray head, its node, its gateway: everything
     wait_until("gpu-box marked down", lambda: health(house, "mini")[1]["down"] == ["gpu-box"], 5)
     results = [f(mini)[0] for _ in range(10) for f in (embed, chat)]
