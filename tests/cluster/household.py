@@ -156,6 +156,8 @@ class Unit:
         self.machine = house.lan[unit.machine]
         self.log = house.lan.root / f"{unit.machine}-{unit.name}.log"
         self.starts = 0
+        #: the machine's boot this unit belongs to: after a reboot, the units start anew
+        self.boot = self.machine.init
         self.proc: subprocess.Popen[bytes] | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=unit.name, daemon=True)
@@ -171,7 +173,7 @@ class Unit:
         cwd = Path(local(self.unit.workdir)) if self.unit.workdir else None
         if self.unit.user is not None and cwd is not None:
             env["HOME"] = str(cwd)  # the service user's home: its state directory
-        while not self._stop.is_set():
+        while not self._stop.is_set() and self.machine.init is self.boot:
             try:
                 self.proc = self.machine.spawn(argv, log=self.log, env=env, cwd=cwd)
             except AssertionError:  # the machine is down: so is its unit
@@ -218,9 +220,8 @@ class Household:
         root = str(self.sysroot(machine))
         text = text.replace("/opt/accelmux/bin/", f"{VENV_BIN}/")
         text = text.replace(" ~/", f" {self.lan[machine].home}/")
-        for system in ("/etc/accelmux", "/var/lib/accelmux"):
-            text = text.replace(system, root + system)
-        return text
+        # a path of the page's, not one already made the machine's (the units hold both)
+        return re.sub(r"(?<![\w/.-])(/etc/accelmux|/var/lib/accelmux)", root + r"\1", text)
 
     def write_config(self, data: dict[str, Any] | None = None) -> None:
         """The cluster's config, the same on every machine, as ``~/cluster.yaml``."""
