@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from tests.install.support import clean_env, command_line, verify
+from tests.install.support import command_line, service_cli, verify
 
 from accelmux.service.daemon_unit import Machine
 from accelmux.service.node_units import TOKEN_FILE, NodeOptions, node_units, ray_command
@@ -134,16 +134,7 @@ def _setup(tmp_path: Path, **cluster: object) -> tuple[Path, Path]:
 
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = clean_env(PYTHONPATH=str(ROOT / "src"), HOME=str(cwd / "home"))
-    return subprocess.run(
-        [PYTHON, "-m", "accelmux", "service", *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env=env,
-        timeout=60,
-        check=False,
-    )
+    return service_cli(*args, cwd=cwd, HOME=str(cwd / "home"))
 
 
 def test_install_node_writes_the_units_and_the_token_for_the_service_user_alone(

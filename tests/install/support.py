@@ -6,6 +6,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -49,6 +50,20 @@ def exposure(unit_file: Path) -> tuple[float, str]:
     found = EXPOSURE.search(done.stdout + done.stderr)
     assert found, done.stdout + done.stderr
     return float(found.group("score")), found.group("label")
+
+
+def service_cli(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """``python -m accelmux service ARGS`` of the checkout, in ``cwd``, with ``env`` added
+    to a clean environment."""
+    return subprocess.run(
+        [sys.executable, "-m", "accelmux", "service", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=clean_env(PYTHONPATH=str(ROOT / "src"), **env),
+        timeout=60,
+        check=False,
+    )
 
 
 def clean_env(**extra: str) -> dict[str, str]:

@@ -32,7 +32,7 @@ from accelmux.service.unit import (
     unit_problems,
 )
 
-from .support import ROOT, clean_env, command_line, exposure, verify
+from .support import ROOT, command_line, exposure, service_cli, verify
 
 GPU_BOX = Machine(device_families=tuple(DEVICE_GROUPS), groups=("video", "render"), home="/root")
 CPU_BOX = Machine(device_families=(), groups=(), home="/home/ada")
@@ -219,16 +219,7 @@ def test_another_program_is_one_more_description(tmp_path: Path) -> None:
 
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = clean_env(PYTHONPATH=str(ROOT / "src"))
-    return subprocess.run(
-        [PYTHON, "-m", "accelmux", "service", *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env=env,
-        timeout=60,
-        check=False,
-    )
+    return service_cli(*args, cwd=cwd)
 
 
 def test_install_writes_the_unit_the_dropin_and_the_user_and_keeps_an_edited_dropin(

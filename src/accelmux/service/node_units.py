@@ -123,6 +123,14 @@ def _ray_environment(options: NodeOptions) -> tuple[tuple[str, str], ...]:
     )
 
 
+def _accelmux(options: NodeOptions, *command: str) -> tuple[str, ...]:
+    """``accelmux COMMAND`` with the cluster's config and head."""
+    return (
+        *(options.python, "-m", "accelmux", *command),
+        *("-c", options.config, "--cluster", options.head),
+    )
+
+
 def _as_machine_unit(unit: ServiceUnit, options: NodeOptions, machine: Machine) -> ServiceUnit:
     """``unit`` run as the service user in the state directory (a system unit), or as
     the installing user in their home (a user unit)."""
@@ -155,18 +163,7 @@ def node_units(options: NodeOptions, machine: Machine) -> list[ServiceUnit]:
     agent = ServiceUnit(
         name=AGENT_UNIT,
         description=f"accelmux node agent (node {options.node})",
-        exec_start=(
-            options.python,
-            "-m",
-            "accelmux",
-            "node",
-            "--node",
-            options.node,
-            "-c",
-            options.config,
-            "--cluster",
-            options.head,
-        ),
+        exec_start=_accelmux(options, "node", "--node", options.node),
         restart="always",
         restart_s=RESTART_S,
         stop_timeout_s=int(options.drain_s) + UNLOAD_S,
@@ -189,16 +186,7 @@ def node_units(options: NodeOptions, machine: Machine) -> list[ServiceUnit]:
             ServiceUnit(
                 name=GATEWAY_UNIT,
                 description="accelmux cluster gateway",
-                exec_start=(
-                    options.python,
-                    "-m",
-                    "accelmux",
-                    "serve",
-                    "-c",
-                    options.config,
-                    "--cluster",
-                    options.head,
-                ),
+                exec_start=_accelmux(options, "serve"),
                 restart="always",
                 restart_s=RESTART_S,
                 stop_timeout_s=int(options.drain_s) + UNLOAD_S,
