@@ -11,7 +11,10 @@ mid-burst, loads and requests both 2x wrong) runs accelmux and every baseline at
 scenario's device size for each seed. The JSON records, per scenario and policy, the
 mean SLO attainment per class, the OOM events per run, the most OOMs of one service in
 one run, the most preemptions of one request (a livelock shows as a large count),
-starvation, and the batch work done. ``bench/render_stress.py`` renders the table of
+starvation, and the batch work done; and every (scenario, seed) run's figures per class
+(``run_rows``), from which bench/worst_case.py reads the worst case: per class the
+worst run, the share of runs below 90 %, accelmux minus the best baseline of each run and
+the longest stretch without service. ``bench/render_stress.py`` renders the table of
 docs/benchmarks.md (``scripts/gen-docs``).
 """
 
@@ -28,6 +31,7 @@ from accelmux.sim.runner import DEFAULT_POLICIES, RunSpec, aggregate, default_wo
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import worst_case
 from meta import run_meta
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -89,11 +93,25 @@ def main() -> int:
                 p: reduce([r for r in mine if r["policy"] == p]) for p in DEFAULT_POLICIES
             },
         }
+    rows = [
+        worst_case.run_row(
+            name,
+            seed,
+            {
+                s.policy: r
+                for s, r in zip(specs, runs, strict=True)
+                if s.scenario_path == str(STRESS / f"{name}.yaml") and s.seed == seed
+            },
+        )
+        for name in names
+        for seed in range(args.seeds)
+    ]
     out = {
         "meta": run_meta({"seeds": args.seeds, "workers": workers, "scenarios": names}),
         "wall_s": round(time.perf_counter() - started, 1),
         "runs": len(runs),
         "scenarios": scenarios,
+        "run_rows": rows,
     }
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
     print(f"wrote {args.out} ({len(runs)} runs in {out['wall_s']} s)")

@@ -14,7 +14,10 @@ and every registered policy (``accelmux.core.policies.policy_names()``) runs on 
 each simulation seed, in parallel over the cores. The JSON records, per home and class,
 accelmux minus the best baseline and minus the oracle, OOMs per service, the most
 preemptions of any one request (a livelock shows as a large count), starvation (seconds a
-class waited while idle memory could have held its work), and the targets:
+class waited while idle memory could have held its work), every run's figures per class
+(``run_rows``, from which bench/worst_case.py reads the worst case: per class the worst
+(home, seed), the share of runs below 90 %, accelmux minus the best baseline of each
+run, the longest stretch of zero service), and the targets:
 
 - realtime: accelmux >= every baseline in every home;
 - interactive: within 1 point of the best baseline (or better) in >= 95% of homes;
@@ -61,6 +64,7 @@ from accelmux.sim.metrics import summarize
 from accelmux.sim.scenario import Scenario, load_scenario_data
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import worst_case
 from meta import run_meta
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -117,6 +121,7 @@ def run_job(job: Job) -> dict[str, Any]:
             c: {"requests": v["requests"], "slo_attainment": v["slo_attainment"]}
             for c, v in r["classes"].items()
         },
+        "zero_service": r["zero_service"],
         "oom_events": r["oom_events"],
         "oom_events_unforeseen_foreign": r["oom_events_unforeseen_foreign"],
         # the OOMs the policy caused: without those a foreign surge no sample showed yet
@@ -414,6 +419,28 @@ def compare_homes(
     return results
 
 
+def run_rows(runs: list[dict[str, Any]], homes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every (home, seed) with each policy's figures of that run (bench/worst_case.py)."""
+    names = {(h["kind"], h["home"]): h["name"] for h in homes}
+    keys = sorted({(r.get("kind", "mixed"), r["home"], r["seed"]) for r in runs})
+    return [
+        {
+            **worst_case.run_row(
+                names[(kind, home)],
+                seed,
+                {
+                    r["policy"]: r
+                    for r in runs
+                    if (r.get("kind", "mixed"), r["home"], r["seed"]) == (kind, home, seed)
+                    and not r["disable"]
+                },
+            ),
+            "kind": kind,
+        }
+        for kind, home, seed in keys
+    ]
+
+
 def run_suite(
     homes: list[int],
     seeds: int,
@@ -433,6 +460,7 @@ def run_suite(
     runs = run_jobs(jobs, workers)
     wall = time.perf_counter() - started
     results = compare_homes(runs, homes, policies, duration_s, kinds)
+    rows = run_rows(runs, results)
     by_kind = {}
     if kinds != ("mixed",):
         by_kind = {k: policy_means([h for h in results if h["kind"] == k], policies) for k in kinds}
@@ -448,6 +476,7 @@ def run_suite(
         "policy_means": policy_means(results, policies),
         **({"kinds": list(kinds), "by_kind": by_kind} if by_kind else {}),
         "homes": results,
+        "run_rows": rows,
     }
 
 

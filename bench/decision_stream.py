@@ -13,7 +13,8 @@ simulator and the benchmark have always had, so it runs against any checkout's `
     PYTHONPATH=/path/to/old/src:bench python bench/decision_stream.py --out OLD
     diff -r OLD DIR
 
-    # regenerate the golden digests tests/sim/test_decision_stream.py checks
+    # regenerate the golden digests tests/sim/test_decision_stream.py checks (and the
+    # policy digest benchmarks record, bench/policy_digest.py)
     PYTHONPATH=src:bench python bench/decision_stream.py --golden
 
 ``--duration-s`` shortens the simulated runs (default 900 s), ``--seeds`` sets how many
@@ -163,6 +164,10 @@ def main() -> int:
     if args.golden:
         GOLDEN.write_text(json.dumps(golden_digests(), indent=2) + "\n", encoding="utf-8")
         print(f"wrote {GOLDEN}")
+        import policy_digest  # the digest benchmarks record, from the same code
+
+        policy_digest.write_committed()
+        print(f"wrote {policy_digest.COMMITTED}")
         return 0
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)

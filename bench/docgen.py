@@ -12,7 +12,8 @@ function returning the Markdown of one block from the JSON in ``bench/results`` 
 ``render_dependencies.py``). ``scripts/gen-docs`` rewrites every block of README.md and docs/*.md;
 ``scripts/gen-docs --check`` (and ``tests/docs``) fails when a block differs from what
 its JSON renders to, when a doc names a block no renderer knows, or when a renderer's
-block appears in no doc.
+block appears in no doc. A block that shows a result measured under another policy than
+today's ends with a line saying so (bench/freshness.py).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench"
@@ -66,6 +68,39 @@ def _body(text: str) -> str:
     return text if text.endswith("\n") else text + "\n"
 
 
+def sources(fn: Callable[[], str]) -> tuple[str, list[Path]]:
+    """What ``fn`` renders, and the result files under ``bench/results`` it read."""
+    read: list[Path] = []
+    real = Path.read_text
+
+    def recording(self: Path, *args: Any, **kwargs: Any) -> str:
+        if self.resolve().parent == RESULTS.resolve() and self not in read:
+            read.append(self)
+        return real(self, *args, **kwargs)
+
+    Path.read_text = recording  # type: ignore[method-assign]
+    try:
+        text = fn()
+    finally:
+        Path.read_text = real  # type: ignore[method-assign]
+    return text, read
+
+
+def render_block(fn: Callable[[], str]) -> str:
+    """A block as its renderer writes it, with a line for each stale result it shows
+    (bench/freshness.py: measured under another policy than today's)."""
+    import freshness  # bench/ is on sys.path (renderers())
+
+    text, read = sources(fn)
+    listed = freshness.listed_stale()
+    notes = []
+    for path in read:
+        state = freshness.staleness(path.name)
+        if state is not None and state.stale:
+            notes.append(state.note(listed.get(path.name, "Not measured again yet.")))
+    return _body(text) if not notes else _body(text.rstrip("\n") + "\n\n" + "\n\n".join(notes))
+
+
 def render_text(text: str, blocks: dict[str, Callable[[], str]]) -> tuple[str, list[str]]:
     """``text`` with every known block re-rendered, and the names it had that are unknown."""
     unknown: list[str] = []
@@ -75,7 +110,7 @@ def render_text(text: str, blocks: dict[str, Callable[[], str]]) -> tuple[str, l
         if name not in blocks:
             unknown.append(name)
             return m.group(0)
-        return m.group(1) + _body(blocks[name]()) + m.group(4)
+        return m.group(1) + render_block(blocks[name]) + m.group(4)
 
     return _BLOCK.sub(replace, text), unknown
 
@@ -92,7 +127,7 @@ def check() -> list[Problem]:
             used.add(name)
             if name not in blocks:
                 problems.append(Problem(doc, name, "no renderer knows it"))
-            elif m.group("body") != _body(blocks[name]()):
+            elif m.group("body") != render_block(blocks[name]):
                 problems.append(Problem(doc, name, "differs from its JSON: run scripts/gen-docs"))
     for name in sorted(set(blocks) - used):
         problems.append(Problem(ROOT / "docs", name, "rendered but shown in no doc"))

@@ -1,7 +1,8 @@
 """What every benchmark result records about its run: commit, date, machine, settings.
 
 Each ``bench/*.py`` puts ``run_meta(settings)`` under the key ``"meta"`` of the JSON it
-writes, so a figure in the docs can always be traced to the code and machine that made it.
+writes, so a figure in the docs can always be traced to the code, the policy's decisions
+(``decisions``: bench/policy_digest.py) and the machine that made it.
 """
 
 from __future__ import annotations
@@ -38,9 +39,18 @@ def _cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+def decision_digest() -> dict[str, str]:
+    """The decision digest of the policy this checkout runs (bench/policy_digest.py): a
+    figure that comes from the Manager's decisions is true of that digest only."""
+    import policy_digest  # bench/ is on sys.path wherever meta is
+
+    return {**policy_digest.current(), "scope": policy_digest.SCOPE}
+
+
 def run_meta(settings: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The commit (with ``dirty`` when the tree had uncommitted changes), the UTC date,
-    the machine and the benchmark's own settings."""
+    """The commit (with ``dirty`` when the tree had uncommitted changes), the decision
+    digest of the policy it runs, the UTC date, the machine and the benchmark's own
+    settings."""
     commit = _git("rev-parse", "HEAD") or "unknown"
     # results being rewritten is what a run does; any other uncommitted change is "dirty"
     dirty = bool(
@@ -49,6 +59,7 @@ def run_meta(settings: dict[str, Any] | None = None) -> dict[str, Any]:
     return {
         "commit": commit,
         "dirty": dirty,
+        "decisions": decision_digest(),
         "date": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "machine": {
             "cpu": _cpu_model(),

@@ -8,6 +8,7 @@ percentiles out and always records ``n``.
 
 from __future__ import annotations
 
+import random
 import statistics
 
 #: The fewest samples a percentile may be read from.
@@ -49,3 +50,33 @@ def summary(values: list[float], digits: int = 3) -> dict[str, float | int | Non
         out[key] = round(percentile(values, q), digits) if supported(len(values), q) else None
     out["max_s"] = round(max(values), digits)
     return out
+
+
+#: Resamples of a bootstrap interval, and its coverage.
+BOOTSTRAP_RESAMPLES = 2000
+BOOTSTRAP_LEVEL = 0.95
+
+
+def bootstrap_interval(
+    values: list[float],
+    q: float,
+    *,
+    against: list[float] | None = None,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = 0,
+) -> tuple[float, float] | None:
+    """The percentile bootstrap interval (:data:`BOOTSTRAP_LEVEL`) of the ``q`` quantile of
+    ``values``, or, with ``against``, of the ratio of that quantile to the same quantile of
+    ``against`` (the two samples resampled independently). None when either sample is too
+    small for the quantile (:func:`supported`). Deterministic for ``seed``."""
+    if not supported(len(values), q) or (against is not None and not supported(len(against), q)):
+        return None
+    rng = random.Random(seed)
+    stats = []
+    for _ in range(resamples):
+        x = percentile(rng.choices(values, k=len(values)), q)
+        if against is not None:
+            x /= percentile(rng.choices(against, k=len(against)), q)
+        stats.append(x)
+    tail = (1 - BOOTSTRAP_LEVEL) / 2
+    return (percentile(stats, tail), percentile(stats, 1 - tail))

@@ -37,3 +37,20 @@ def test_a_percentile_is_one_of_the_samples_and_grows_with_q(values: list[float]
     p = stats.percentile(values, q)
     assert p in values
     assert stats.percentile(values, 0.5) <= p <= max(values)
+
+
+def test_a_bootstrap_interval_holds_the_estimate_and_is_repeatable() -> None:
+    values = [1.0 + 0.01 * i for i in range(100)]
+    lo, hi = stats.bootstrap_interval(values, 0.5) or (0.0, 0.0)
+    assert lo <= stats.percentile(values, 0.5) <= hi and hi - lo < 0.3
+    assert stats.bootstrap_interval(values, 0.5) == (lo, hi)
+    assert stats.bootstrap_interval(values[:19], 0.95) is None
+
+
+def test_a_bootstrap_ratio_of_equal_samples_straddles_one() -> None:
+    values = [1.0 + 0.01 * (i * 37 % 100) for i in range(100)]
+    lo, hi = stats.bootstrap_interval(values, 0.95, against=list(values)) or (0.0, 0.0)
+    assert lo <= 1.0 <= hi
+    doubled = [2 * v for v in values]
+    lo, hi = stats.bootstrap_interval(doubled, 0.5, against=values) or (0.0, 0.0)
+    assert 1.7 < lo <= 2.0 <= hi < 2.3

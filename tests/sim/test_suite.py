@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 
 import bench_suite  # noqa: E402
+import worst_case  # noqa: E402
 
 
 def test_a_two_home_suite_runs_every_policy_and_compares_them() -> None:
@@ -42,6 +43,23 @@ def test_a_two_home_suite_runs_every_policy_and_compares_them() -> None:
     assert set(report["policy_means"]) == set(policies)
     for row in report["policy_means"].values():
         assert row["starvation_s"] is not None and row["starvation_s"] >= 0
+    # every run is kept, and the worst case per class is read from them
+    rows = report["run_rows"]
+    assert [(r["home"], r["seed"]) for r in rows] == [("home-0003", 0), ("home-0004", 0)]
+    for row in rows:
+        assert set(row["policies"]) == set(policies)
+    summary_of_runs = worst_case.summarize(rows)
+    for cls, summary in summary_of_runs["classes"].items():
+        values = [
+            r["policies"]["accelmux"]["classes"][cls]
+            for r in rows
+            if cls in r["policies"]["accelmux"]["classes"]
+        ]
+        assert summary["worst"]["attainment"] == min(values)
+    assert set(summary_of_runs["targets"]) == {
+        "no_run_10_points_below_best_baseline",
+        "no_zero_service_over_5_min",
+    }
 
 
 def test_the_suite_scores_the_other_kinds_of_home_and_the_foreign_programs() -> None:

@@ -224,7 +224,9 @@ class Simulation:
         self.true_resident: dict[str, tuple[int, int]] = {}
         for name, svc in self.services.items():
             rng = random.Random(f"{seed}:resident:{svc.addressed_as}")
-            f = err.resident_bias * math.exp(rng.gauss(0.0, err.resident_sigma))
+            bias = self.perf[name].resident_bias
+            bias = err.resident_bias if bias is None else bias
+            f = bias * math.exp(rng.gauss(0.0, err.resident_sigma))
             if not err.enabled:
                 f = 1.0
             self.true_resident[name] = (
@@ -263,7 +265,9 @@ class Simulation:
         err = self.sim_cfg.error
         sigma = self.perf[service].request_sigma
         sigma = err.request_sigma if sigma is None else sigma
-        f = err.request_bias * math.exp(rng.gauss(0.0, sigma))
+        bias = self.perf[service].request_bias
+        bias = err.request_bias if bias is None else bias
+        f = bias * math.exp(rng.gauss(0.0, sigma))
         if rng.random() < err.tail_probability:
             f *= err.tail_factor
         return f if err.enabled else 1.0

@@ -12,8 +12,10 @@ document that is not done at the end of the run (never submitted, skipped after 
 retries, or still open) is one more miss of the job's service, unless one of its requests
 was already counted as a miss: a job that barely progresses cannot read as meeting its SLO.
 
-Also reported: preemptions (total and the most any one request suffered) and starvation
-per class (see :mod:`accelmux.sim.starvation`).
+Also reported: preemptions (total and the most any one request suffered), starvation
+per class (see :mod:`accelmux.sim.starvation`) and the longest stretch each class went
+without any service while it asked for work the device could hold
+(:mod:`accelmux.sim.zero_service`).
 
 "Response" latency (p50/p99) is the time to first token for LLMs and the completion
 latency for everything else, over served requests.
@@ -37,6 +39,7 @@ from typing import Any
 from accelmux.core.types import ServiceClass
 from accelmux.sim.executor import RunOutput, SimRequest
 from accelmux.sim.workloads import IndexingSource, VoiceSource
+from accelmux.sim.zero_service import zero_service
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -223,6 +226,7 @@ def summarize(out: RunOutput) -> dict[str, Any]:
         "pauses": sum(r.pauses for r in out.requests.values()),
         "max_pauses_per_request": max((r.pauses for r in out.requests.values()), default=0),
         "starvation": out.starvation.as_dict(),
+        "zero_service": zero_service(out),
         "batch": batch,
         "chains": chains,
         "memory": _memory(out),

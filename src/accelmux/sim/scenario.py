@@ -110,6 +110,18 @@ class ServicePerfConfig(StrictModel):
         "service's init_s when parked, 0 when sleeping).",
     )
     request_sigma: float | None = Field(None, ge=0, le=2)
+    request_bias: float | None = Field(
+        None,
+        gt=0,
+        description="This service's own request bias (true request peak / estimate), in "
+        "place of simulation.error.request_bias: one service's estimate wrong, the rest right.",
+    )
+    resident_bias: float | None = Field(
+        None,
+        gt=0,
+        description="This service's own resident bias (true weights and runtime / "
+        "estimate), in place of simulation.error.resident_bias.",
+    )
     unpausable_share: float = Field(
         0.0,
         ge=0,

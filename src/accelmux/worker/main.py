@@ -40,10 +40,8 @@ from accelmux.worker.components import component_key, make_component
 from accelmux.worker.cuda_context import open_gpu
 from accelmux.worker.gpu_account import GpuAccount
 from accelmux.worker.parked import ParkedWeights
+from accelmux.worker.peaks import PeakSampler
 from accelmux.worker.streams import RunState, StreamRun, Streams
-
-#: RSS sampling period while requests run (their peak = highest sample - RSS at start).
-SAMPLE_S = 0.01
 
 
 def _trim() -> None:
@@ -74,77 +72,6 @@ class Held:
 
     def run(self, func: Callable[[], Any]) -> Any:
         return self.pool.submit(func).result()
-
-
-class PeakSampler:
-    """Tracks the highest RSS while at least one request runs.
-
-    A paused request is suspended: what other requests of the process allocate while it
-    waits is not charged to it. Its peak is the highest over its running spans, each
-    measured from the RSS when it began.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._active: dict[int, list[int]] = {}  # token -> [start, peak]
-        self._suspended: dict[int, int] = {}  # token -> its highest peak so far
-        self._wake = threading.Event()
-        self._next = 0
-        threading.Thread(target=self._loop, daemon=True, name="rss-sampler").start()
-
-    def begin(self) -> int:
-        rss = rss_bytes()
-        with self._lock:
-            self._next += 1
-            self._active[self._next] = [rss, rss]
-            token = self._next
-        self._wake.set()
-        return token
-
-    def end(self, token: int) -> int:
-        rss = rss_bytes()
-        with self._lock:
-            span = self._active.pop(token, None)
-            before = self._suspended.pop(token, 0)
-        if span is None:
-            return before
-        start, peak = span
-        return max(before, max(peak, rss) - start)
-
-    def suspend(self, token: int) -> None:
-        rss = rss_bytes()
-        with self._lock:
-            span = self._active.pop(token, None)
-            if span is not None:
-                start, peak = span
-                self._suspended[token] = max(self._suspended.get(token, 0), max(peak, rss) - start)
-
-    def resume(self, token: int) -> None:
-        rss = rss_bytes()
-        with self._lock:
-            if token in self._suspended and token not in self._active:
-                self._active[token] = [rss, rss]
-        self._wake.set()
-
-    def current(self, token: int) -> int:
-        with self._lock:
-            start, peak = self._active.get(token, [0, 0])
-            before = self._suspended.get(token, 0)
-        return max(before, peak - start)
-
-    def _loop(self) -> None:
-        while True:
-            self._wake.wait()
-            while True:
-                with self._lock:
-                    if not self._active:
-                        self._wake.clear()
-                        break
-                rss = rss_bytes()
-                with self._lock:
-                    for span in self._active.values():
-                        span[1] = max(span[1], rss)
-                time.sleep(SAMPLE_S)
 
 
 class Worker:
@@ -216,7 +143,7 @@ class Worker:
         elif op == "resume":
             self.streams.op_resume(rid, header)
         elif op in ("load", "unload"):
-            self.control.submit(self._guarded, rid, getattr(self, f"op_{op}"), header)
+            self.control.submit(self._lifecycle, rid, getattr(self, f"op_{op}"), header)
         elif op == "resize":
             # straight onto the model's thread, in arrival order: a request sent after a
             # grow must find the bigger context
@@ -229,6 +156,17 @@ class Worker:
             self.op_infer(rid, header, blob)
         else:
             self.send({"id": rid, "type": "error", "error_type": "backend", "error": f"op {op}"})
+
+    def _lifecycle(
+        self, rid: int, func: Callable[[dict[str, Any]], dict[str, Any]], h: Any
+    ) -> None:
+        """A load or unload: what it moves in the process's RSS is kept out of the peaks
+        of the requests running meanwhile (see :mod:`accelmux.worker.peaks`)."""
+        self.sampler.hold()
+        try:
+            self._guarded(rid, func, h)
+        finally:
+            self.sampler.release()
 
     def _guarded(self, rid: int, func: Callable[[dict[str, Any]], dict[str, Any]], h: Any) -> None:
         try:

@@ -1,0 +1,105 @@
+"""The adversary's block of docs/benchmarks.md, from bench/results/adversary.json."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from meta import meta_line
+
+RESULTS = Path(__file__).resolve().parent / "results"
+#: Findings listed in the table, worst first.
+LISTED = 12
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100.0 * x:.1f}%"
+
+
+def _change(c: dict[str, Any]) -> str:
+    kind = c["change"]
+    if kind == "device":
+        return f"device x{c['scale']:g}"
+    if kind == "drop":
+        return f"no {c['service']}"
+    if kind == "bias":
+        return f"{c['service']} request x{c['request_bias']:g} resident x{c['resident_bias']:g}"
+    if kind == "oom":
+        return f"OOM injection {c['share']:.0%} at {c['at_s']:g} s for {c['duration_s']:g} s"
+    if kind == "foreign":
+        return (
+            f"program {c['share']:.0%} (compute {c['compute_share']:.0%}) at {c['at_s']:g} s "
+            f"for {c['duration_s']:g} s"
+        )
+    if kind == "burst":
+        return f"burst on {c['service']} {c['rate_per_h']:g}/h"
+    if kind == "window":
+        return f"{c['service']} window {c['window'] or 'none'}"
+    return str(kind)
+
+
+def adversary() -> str:
+    path = RESULTS / "adversary.json"
+    if not path.is_file():
+        return "_No search yet: `python bench/adversary.py`._"
+    data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    s = data["meta"]["settings"]
+    head = (
+        f"Search seed {s['seed']}: {data['evaluations']} candidates in {data['generations']} "
+        f"generations ({data['wall_s'] / 60:.0f} min wall on {s['workers']} workers, budget "
+        f"{s['minutes']:g} min; load average {data['load_avg_1m_after']} at the end), each "
+        f"{s['duration_s']:g} simulated seconds under accelmux and the four baselines. "
+        f"Worst loss: {data['worst_loss_points']:.1f} points; {data['findings']} candidates "
+        f"lost more than {100 * s['threshold']:.0f} points in a class. {meta_line(data['meta'])}."
+    )
+    classes = [
+        "| failure class (losing class: what accelmux's misses mostly were) | findings "
+        "| homes | worst loss (points) |",
+        "|---|---:|---:|---:|",
+    ]
+    for name, c in data["failure_classes"].items():
+        classes.append(f"| {name} | {c['findings']} | {c['homes']} | {c['worst_points']:.1f} |")
+    rows = [
+        "| scenario file | class | accelmux | best baseline | loss (points) | failure | changes |",
+        "|---|---|---:|---|---:|---|---|",
+    ]
+    for f in data["distinct"][:LISTED]:
+        cls = f["class"]
+        ours = f["attainment"]["accelmux"].get(cls)
+        best = f["attainment"][f["baseline"]].get(cls)
+        rows.append(
+            f"| `{f['scenario']}` | {cls} | {_pct(ours)} | `{f['baseline']}` {_pct(best)} "
+            f"| {f['loss_points']:.1f} | {f['failure']} "
+            f"| {'; '.join(_change(c) for c in f['changes']) or '(the home as drawn)'} |"
+        )
+    return "\n\n".join([head, "\n".join(classes), "\n".join(rows)])
+
+
+def regressions() -> str:
+    """The regression scenarios kept from the searches, with the losses recorded when
+    they were kept (scenarios/regressions/losses.json)."""
+    path = Path(__file__).resolve().parents[1] / "scenarios" / "regressions" / "losses.json"
+    if not path.is_file():
+        return "_None kept yet: `python bench/adversary.py --keep N`._"
+    data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    rows = [
+        "| scenario | seed | class | accelmux | best baseline | loss (points) | failure |",
+        "|---|---:|---|---:|---|---:|---|",
+    ]
+    ordered = sorted(data["scenarios"].items(), key=lambda kv: -kv[1]["loss_points"])
+    for name, e in ordered:
+        cls = e["class"]
+        rows.append(
+            f"| `{name}` | {e['seed']} | {cls} | {_pct(e['accelmux'].get(cls))} "
+            f"| `{e['baseline']}` {_pct(e['best_baseline'].get(cls))} "
+            f"| {e['loss_points']:.1f} | {e['failure']} |"
+        )
+    return "\n".join(rows)
+
+
+BLOCKS: dict[str, Callable[[], str]] = {
+    "adversary": adversary,
+    "adversary-regressions": regressions,
+}

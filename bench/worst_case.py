@@ -1,0 +1,186 @@
+"""Worst case, not only means: per class, the worst run and the runs that broke a target.
+
+A mean over homes and seeds hides a catastrophe in one run (a class at 26 % in one seed
+and 97-100 % in the others reads as 74 %, or as 99 % among a hundred homes). The suite
+(``bench_suite.py``), the stress scenarios (``bench_stress.py``) and the adversary
+(``adversary.py``) therefore keep every run, as a row::
+
+    {"home": "home-0034", "seed": 1,
+     "policies": {"accelmux": {"classes": {"interactive": 0.62, ...},
+                               "requests": {"interactive": 40, ...},
+                               "zero_service_s": {"interactive": 0.0, ...}}, ...}}
+
+and :func:`summarize` reduces the rows (the renderers call it on the committed rows, so
+the summary is never out of step with them), per class, to what the targets of the policy work
+are judged by:
+
+- accelmux's mean over runs, its worst run (home, seed) and the share of its runs below
+  :data:`LOW` (90 %), with the same share for every other policy beside it;
+- accelmux minus the best baseline *of that run* (the baseline with the highest
+  attainment of that class in that same home and seed): the mean, the worst run, and the
+  runs more than :data:`BEHIND_LIMIT` (10 points) below, with how many of them are
+  behind by more than twice the standard error of the difference (Agresti-Caffo; the
+  others may be the noise of few requests);
+- zero service (:mod:`accelmux.sim.zero_service`): the longest stretch a class asked for
+  work that fits the empty device and got none, and the runs where it passed
+  :data:`ZERO_SERVICE_LIMIT_S` (5 simulated minutes).
+
+The two targets (issue: "the policy never collapses"): no run where a class is more than
+10 points below the best baseline for that run, and no class with zero service for more
+than 5 simulated minutes while its requests fit the device.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from accelmux.sim.zero_service import ZERO_SERVICE_LIMIT_S
+
+CLASSES = ("realtime", "interactive", "batch", "background")
+OURS = "accelmux"
+ORACLE = "oracle"
+#: A run below this attainment counts as a bad run.
+LOW = 0.90
+#: A class further than this below the best baseline of its run breaks the target.
+BEHIND_LIMIT = 0.10
+#: How many runs per class the summary lists (worst first).
+LISTED = 5
+
+Row = dict[str, Any]
+
+
+def run_row(home: str, seed: int, per_policy: dict[str, dict[str, Any]]) -> Row:
+    """One (home, seed) row from each policy's ``accelmux.sim.metrics.summarize`` report
+    (or the suite's reduced form of it, which has the same keys)."""
+    policies: dict[str, Any] = {}
+    for policy, report in per_policy.items():
+        classes = report["classes"]
+        policies[policy] = {
+            "classes": {
+                c: v["slo_attainment"]
+                for c, v in classes.items()
+                if v.get("requests") and v.get("slo_attainment") is not None
+            },
+            "requests": {c: int(v["requests"]) for c, v in classes.items() if v.get("requests")},
+            "zero_service_s": {
+                c: float(v["longest_s"]) for c, v in (report.get("zero_service") or {}).items()
+            },
+        }
+    return {"home": home, "seed": seed, "policies": policies}
+
+
+def _baselines(row: Row) -> list[str]:
+    return [p for p in row["policies"] if p not in (OURS, ORACLE)]
+
+
+def best_baseline(row: Row, cls: str) -> tuple[float, str] | None:
+    """(attainment, name) of the baseline best at ``cls`` in this run."""
+    scored = [
+        (row["policies"][b]["classes"][cls], b)
+        for b in _baselines(row)
+        if cls in row["policies"][b]["classes"]
+    ]
+    return max(scored) if scored else None
+
+
+def _beyond_noise(row: Row, cls: str, baseline: str) -> bool:
+    """Behind by more than twice the standard error of the difference of two binomial
+    proportions (the requests of each), with one success and one failure added to each
+    (Agresti and Caffo's adjustment: 0 of 3 against 3 of 3 has an error, not none)."""
+    ours, best = row["policies"][OURS], row["policies"][baseline]
+    n1, n2 = ours["requests"].get(cls, 0), best["requests"].get(cls, 0)
+    if not n1 or not n2:
+        return False
+    p1 = (ours["classes"][cls] * n1 + 1) / (n1 + 2)
+    p2 = (best["classes"][cls] * n2 + 1) / (n2 + 2)
+    se = math.sqrt(p1 * (1 - p1) / (n1 + 2) + p2 * (1 - p2) / (n2 + 2))
+    return bool(p2 - p1 > 2 * se)
+
+
+def _where(row: Row) -> dict[str, Any]:
+    return {"home": row["home"], "seed": row["seed"]}
+
+
+def _class_summary(rows: list[Row], cls: str) -> dict[str, Any] | None:
+    mine = [r for r in rows if cls in r["policies"].get(OURS, {}).get("classes", {})]
+    if not mine:
+        return None
+    values = [r["policies"][OURS]["classes"][cls] for r in mine]
+    worst = min(mine, key=lambda r: r["policies"][OURS]["classes"][cls])
+    below: dict[str, float] = {}
+    for policy in rows[0]["policies"]:
+        have = [
+            r["policies"][policy]["classes"][cls]
+            for r in rows
+            if cls in r["policies"].get(policy, {}).get("classes", {})
+        ]
+        if have:
+            below[policy] = sum(1 for v in have if v < LOW) / len(have)
+    gaps = []
+    for r in mine:
+        best = best_baseline(r, cls)
+        if best is not None:
+            gap = r["policies"][OURS]["classes"][cls] - best[0]
+            gaps.append((gap, r, best[1]))
+    gaps.sort(key=lambda g: (g[0], g[1]["home"], g[1]["seed"]))
+    behind = [g for g in gaps if g[0] < -BEHIND_LIMIT - 1e-9]
+    zero = sorted(
+        ((r["policies"][OURS]["zero_service_s"].get(cls, 0.0), r) for r in mine),
+        key=lambda z: (-z[0], z[1]["home"], z[1]["seed"]),
+    )
+    locked = [z for z in zero if z[0] > ZERO_SERVICE_LIMIT_S]
+    return {
+        "runs": len(mine),
+        "mean": sum(values) / len(values),
+        "worst": {
+            **_where(worst),
+            "attainment": worst["policies"][OURS]["classes"][cls],
+            "requests": worst["policies"][OURS]["requests"].get(cls),
+        },
+        "share_below_90": below.get(OURS, 0.0),
+        "share_below_90_by_policy": below,
+        "minus_best_baseline_mean": sum(g[0] for g in gaps) / len(gaps) if gaps else None,
+        "minus_best_baseline_worst": None
+        if not gaps
+        else {**_where(gaps[0][1]), "points": gaps[0][0], "baseline": gaps[0][2]},
+        "runs_behind_over_10_points": len(behind),
+        "runs_behind_over_10_points_beyond_noise": sum(
+            1 for g in behind if _beyond_noise(g[1], cls, g[2])
+        ),
+        "behind": [
+            {
+                **_where(r),
+                "points": gap,
+                "baseline": name,
+                "accelmux": r["policies"][OURS]["classes"][cls],
+                "requests": r["policies"][OURS]["requests"].get(cls),
+                "beyond_noise": _beyond_noise(r, cls, name),
+            }
+            for gap, r, name in behind[:LISTED]
+        ],
+        "longest_zero_service": {**_where(zero[0][1]), "seconds": zero[0][0]},
+        "runs_zero_service_over_5_min": len(locked),
+        "zero_service": [{**_where(r), "seconds": s} for s, r in locked[:LISTED]],
+    }
+
+
+def summarize(rows: list[Row]) -> dict[str, Any]:
+    """Per class, the worst-case figures of accelmux over ``rows``, and the two targets."""
+    classes = {c: s for c in CLASSES if (s := _class_summary(rows, c)) is not None}
+    behind = sum(s["runs_behind_over_10_points"] for s in classes.values())
+    locked = sum(s["runs_zero_service_over_5_min"] for s in classes.values())
+    return {
+        "runs": len(rows),
+        "classes": classes,
+        "targets": {
+            "no_run_10_points_below_best_baseline": {
+                "runs_behind": behind,
+                "beyond_noise": sum(
+                    s["runs_behind_over_10_points_beyond_noise"] for s in classes.values()
+                ),
+                "met": behind == 0,
+            },
+            "no_zero_service_over_5_min": {"runs": locked, "met": locked == 0},
+        },
+    }

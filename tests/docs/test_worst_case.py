@@ -1,0 +1,83 @@
+"""The worst case per class: the worst run, the runs below 90 %, the runs behind the best
+baseline of their run, and zero service (bench/worst_case.py)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+import worst_case
+
+
+def _report(att: dict[str, float], n: int = 100, zero: float = 0.0) -> dict[str, Any]:
+    return {
+        "classes": {c: {"requests": n, "slo_attainment": a} for c, a in att.items()},
+        "zero_service": {c: {"longest_s": zero} for c in att},
+    }
+
+
+def _rows() -> list[dict[str, Any]]:
+    return [
+        worst_case.run_row(
+            "home-a",
+            0,
+            {
+                "accelmux": _report({"interactive": 0.95}),
+                "static": _report({"interactive": 0.90}),
+                "oracle": _report({"interactive": 1.0}),
+            },
+        ),
+        # one collapsed run: 26 % where a baseline keeps 94 %, locked out for 20 minutes
+        worst_case.run_row(
+            "home-a",
+            1,
+            {
+                "accelmux": _report({"interactive": 0.26}, zero=1200.0),
+                "static": _report({"interactive": 0.94}),
+                "oracle": _report({"interactive": 1.0}),
+            },
+        ),
+        # few requests: 12 points behind, within noise
+        worst_case.run_row(
+            "home-b",
+            0,
+            {
+                "accelmux": _report({"interactive": 0.75}, n=4),
+                "static": _report({"interactive": 0.87}, n=4),
+                "oracle": _report({"interactive": 1.0}, n=4),
+            },
+        ),
+    ]
+
+
+def test_one_collapsed_run_is_named_where_the_mean_hides_it() -> None:
+    summary = worst_case.summarize(_rows())
+    c = summary["classes"]["interactive"]
+    assert c["worst"] == {"home": "home-a", "seed": 1, "attainment": 0.26, "requests": 100}
+    assert abs(c["share_below_90"] - 2 / 3) < 1e-9
+    assert c["share_below_90_by_policy"]["static"] == 1 / 3
+    worst = c["minus_best_baseline_worst"]
+    assert (worst["home"], worst["seed"], worst["baseline"]) == ("home-a", 1, "static")
+    assert abs(worst["points"] + 0.68) < 1e-9
+
+
+def test_the_targets_count_every_run_behind_and_say_which_are_beyond_noise() -> None:
+    summary = worst_case.summarize(_rows())
+    c = summary["classes"]["interactive"]
+    assert c["runs_behind_over_10_points"] == 2
+    assert c["runs_behind_over_10_points_beyond_noise"] == 1
+    assert [b["beyond_noise"] for b in c["behind"]] == [True, False]
+    assert c["runs_zero_service_over_5_min"] == 1
+    assert c["longest_zero_service"] == {"home": "home-a", "seed": 1, "seconds": 1200.0}
+    t = summary["targets"]
+    assert not t["no_run_10_points_below_best_baseline"]["met"]
+    assert not t["no_zero_service_over_5_min"]["met"]
+
+
+def test_the_oracle_is_no_baseline() -> None:
+    row = _rows()[0]
+    assert worst_case.best_baseline(row, "interactive") == (0.90, "static")
+    assert worst_case.summarize([row])["targets"]["no_run_10_points_below_best_baseline"]["met"]
