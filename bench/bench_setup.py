@@ -4,6 +4,7 @@
     .venv/bin/python bench/bench_setup.py --measure fast   # scripts/test --fast, twice
     .venv/bin/python bench/bench_setup.py --measure test   # first and second scripts/test
     .venv/bin/python bench/bench_setup.py --measure wheel  # the wheel, setup, serve
+    .venv/bin/python bench/bench_setup.py --measure fast test wheel  # several, in one run
 
 Each measurement clones the committed tree (``git clone`` of this checkout) into a new
 temporary directory and gives it a home of its own: ``HOME``, the ``XDG_*`` directories,
@@ -62,6 +63,12 @@ TARGETS: dict[str, float | None] = {
 }
 STEP = re.compile(r"^== (?P<step>[^=].*?)\s*$")
 SUMMARY = re.compile(r"^=*\s*(?P<summary>\d+ (passed|failed|errors?)\b.*? in [\d.]+s\b.*?)\s*=*$")
+
+
+def _deadline(timeout_s: float, end: float) -> float:
+    """When a command started now is stopped: after ``timeout_s``, or at ``end`` (the whole
+    run's end, monotonic: ``--total-s``)."""
+    return min(time.monotonic() + timeout_s, end)
 
 
 def _free_port() -> int:
@@ -240,7 +247,7 @@ def _stop(proc: subprocess.Popen[Any]) -> None:
             proc.wait()
 
 
-def measure_first_run(timeout_s: float) -> dict[str, dict[str, Any]]:
+def measure_first_run(timeout_s: float, end: float) -> dict[str, dict[str, Any]]:
     with tempfile.TemporaryDirectory(prefix="accelmux-first-run-") as tmp:
         work = Path(tmp)
         clone = _fresh_clone(work)
@@ -248,24 +255,29 @@ def measure_first_run(timeout_s: float) -> dict[str, dict[str, Any]]:
         port = _free_port()
         timed = Timed()
         argv = ["scripts/run", "--port", str(port)]
-        deadline = time.monotonic() + timeout_s
+        deadline = _deadline(timeout_s, end)
         answered = timed.serve_until_models(argv, clone, _env(work), port, deadline)
         command = "scripts/run --port P, until GET /v1/models answers 200"
         return {"first_run": timed.result("first_run", command, answered, bool(answered), meta)}
 
 
 def _timed_script(
-    name: str, clone: Path, env: dict[str, str], argv: list[str], timeout_s: float
+    name: str, clone: Path, env: dict[str, str], argv: list[str], timeout_s: float, end: float
 ) -> dict[str, Any]:
     meta = _meta(clone, {"measure": name, "timeout_s": timeout_s})
+    if _deadline(timeout_s, end) <= time.monotonic():
+        # Not started: the run's --total-s is spent (an earlier figure is replaced, as it
+        # was measured on another commit).
+        reason = "not started: the run's --total-s was spent"
+        return {"measured": False, "reason": reason, "meta": meta}
     timed = Timed()
-    rc = timed.run(argv, clone, env, time.monotonic() + timeout_s)
+    rc = timed.run(argv, clone, env, _deadline(timeout_s, end))
     out = timed.result(name, " ".join(argv), timed.at(), rc == 0, meta)
     out["exit_code"] = rc
     return out
 
 
-def measure_fast(timeout_s: float) -> dict[str, dict[str, Any]]:
+def measure_fast(timeout_s: float, end: float) -> dict[str, dict[str, Any]]:
     """``scripts/test --fast`` on a fresh clone with empty caches, then on a second fresh
     clone with only the first one's pip cache kept."""
     with tempfile.TemporaryDirectory(prefix="accelmux-fast-") as tmp:
@@ -274,20 +286,20 @@ def measure_fast(timeout_s: float) -> dict[str, dict[str, Any]]:
         warm_work.mkdir()
         argv = ["scripts/test", "--fast"]
         clone = _fresh_clone(cold_work)
-        cold = _timed_script("fast_cold", clone, _env(cold_work), argv, timeout_s)
+        cold = _timed_script("fast_cold", clone, _env(cold_work), argv, timeout_s, end)
         clone = _fresh_clone(warm_work)
         env = _env(warm_work, pip_cache=cold_work / HOME_DIRS["PIP_CACHE_DIR"])
-        warm = _timed_script("fast", clone, env, argv, timeout_s)
+        warm = _timed_script("fast", clone, env, argv, timeout_s, end)
         return {"fast_cold": cold, "fast": warm}
 
 
-def measure_tests(timeout_s: float) -> dict[str, dict[str, Any]]:
+def measure_tests(timeout_s: float, end: float) -> dict[str, dict[str, Any]]:
     with tempfile.TemporaryDirectory(prefix="accelmux-first-test-") as tmp:
         work = Path(tmp)
         clone = _fresh_clone(work)
         env = _env(work)
-        first = _timed_script("first_test", clone, env, ["scripts/test"], timeout_s)
-        second = _timed_script("second_test", clone, env, ["scripts/test"], timeout_s)
+        first = _timed_script("first_test", clone, env, ["scripts/test"], timeout_s, end)
+        second = _timed_script("second_test", clone, env, ["scripts/test"], timeout_s, end)
         shutil.rmtree(clone / ".venv", ignore_errors=True)
         return {"first_test": first, "second_test": second}
 
@@ -298,7 +310,7 @@ WHEEL_COMMAND = (
 )
 
 
-def measure_wheel(timeout_s: float) -> dict[str, dict[str, Any]]:
+def measure_wheel(timeout_s: float, end: float) -> dict[str, dict[str, Any]]:
     """The package alone, outside the checkout, every cache empty."""
     with tempfile.TemporaryDirectory(prefix="accelmux-wheel-") as tmp:
         work = Path(tmp)
@@ -308,7 +320,7 @@ def measure_wheel(timeout_s: float) -> dict[str, dict[str, Any]]:
         user = work / "user"  # where the user works: not the checkout
         user.mkdir()
         timed = Timed()
-        deadline = time.monotonic() + timeout_s
+        deadline = _deadline(timeout_s, end)
         venv = user / "venv"
         steps = [
             ("building the wheel", ["python3", "-m", "pip", "wheel", "-q", "--no-deps",
@@ -348,23 +360,33 @@ MEASURES = {
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--measure", choices=(*MEASURES, "all"), default="run")
-    parser.add_argument("--timeout-s", type=float, default=3600.0)
+    parser.add_argument(
+        "--measure",
+        choices=(*MEASURES, "all"),
+        nargs="+",
+        default=["run"],
+        help="one or more, taken in the order given (all: run, fast, test, wheel)",
+    )
+    parser.add_argument("--timeout-s", type=float, default=3600.0, help="for each command")
+    parser.add_argument("--total-s", type=float, help="for the whole run (default: none)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     results: dict[str, Any] = json.loads(args.out.read_text()) if args.out.is_file() else {}
     measurements: dict[str, Any] = results.get("measurements", {})
+    end = time.monotonic() + (args.total_s if args.total_s is not None else float("inf"))
     taken: dict[str, Any] = {}
-    for name, measure in MEASURES.items():
-        if args.measure in (name, "all"):
-            taken.update(measure(args.timeout_s))
-            # merged and written after each, so a later failure keeps what was measured
-            measurements.update(taken)
-            latest = max(measurements.values(), key=lambda m: str(m["meta"]["date"]))
-            results = {"meta": latest["meta"], "targets_s": TARGETS, "measurements": measurements}
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            args.out.write_text(json.dumps(results, indent=2) + "\n")
+    for name in MEASURES if "all" in args.measure else dict.fromkeys(args.measure):
+        taken.update(MEASURES[name](args.timeout_s, end))
+        # merged and written after each, so a later failure keeps what was measured
+        measurements.update(taken)
+        latest = max(measurements.values(), key=lambda m: str(m["meta"]["date"]))
+        results = {"meta": latest["meta"], "targets_s": TARGETS, "measurements": measurements}
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(results, indent=2) + "\n")
     for name, m in taken.items():
+        if not m["measured"]:
+            print(f"{name}: {m['reason']}")
+            continue
         print(
             f"{name}: {m['seconds']} s (ok={m['ok']}, load {m['load_avg_before']} -> "
             f"{m['load_avg_after']})"

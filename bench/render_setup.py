@@ -111,7 +111,7 @@ def setup() -> str:
     lines += ["", *[f"- {run}" for run in runs]]
     lines.append("")
     lines.append(
-        "`python bench/bench_setup.py [--measure run|fast|test|wheel|all]`; every cache is "
+        "`python bench/bench_setup.py [--measure run|fast|test|wheel|all ...]`; every cache is "
         "empty (`HOME`, `XDG_*`, pip's, the llama.cpp wheel cache), except the pip cache of "
         "the warm fast-tier row, kept from the empty-cache row before it; the load average "
         "is the machine's (a build on a shared machine takes longer)."
