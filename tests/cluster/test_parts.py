@@ -1,9 +1,11 @@
-"""The pieces of cluster mode that need no Ray: config keys, which services a node
-builds, what the gateway reads of a request, a node's snapshot and view, the CLI's
+"""The pieces of cluster mode that need no Ray cluster: config keys, which services a
+node builds, what the gateway reads of a request, a node's snapshot and view (with the
+memory it can free now), the cluster's key, the node listener's guard, the CLI's
 one-line errors, and a single machine that never imports Ray."""
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
@@ -17,7 +19,7 @@ from tests.cluster.support import env, write_config
 from tests.live.support import fake
 
 from accelmux.cli import main
-from accelmux.cluster import ray_link
+from accelmux.cluster import ray_link, secret
 from accelmux.cluster.gateway import no_route_error
 from accelmux.cluster.hosting import config_for_node, configured_hosts, hosts
 from accelmux.cluster.requests import model_of, streams
@@ -80,18 +82,92 @@ def test_the_gateway_reads_the_model_and_whether_the_answer_streams() -> None:
     assert not streams("/api/chat", "application/json", b'{"stream": false}')
 
 
-def test_a_snapshot_comes_from_the_daemons_status_and_routes(tmp_path: Path) -> None:
+def test_a_snapshot_comes_from_the_managers_picture_and_routes(tmp_path: Path) -> None:
     cfg = load_config_data(config(), "test")
     rt = Runtime(cfg, sample=False, data_dir=tmp_path)
-    snap = node_snapshot("b", 9999, rt.status(), cfg)
-    assert snap["node"] == "b" and snap["port"] == 9999
+    snap = node_snapshot("b", rt.manager.snapshot().as_dict(), cfg)
+    assert snap["node"] == "b"
     chat = {s["service"]: s for s in snap["services"]}["chat"]
     assert chat["models"] == ["chat", "gpt"] and chat["state"] == "unloaded"
-    assert chat["load_bytes"] == 256 * 1024**2
-    view = view_of(snap, alive=True)
-    assert view.serving("gpt").state is ServiceStatus.UNLOADED  # type: ignore[union-attr]
+    assert chat["load_bytes"] == 256 * 1024**2 and chat["class"] == "interactive"
+    assert chat["held_bytes"] == 0 and not chat["pinned"] and chat["load_s"] >= 0
+    view = view_of(snap, alive=True, service_s={"chat": 0.25})
+    on_b = view.serving("gpt")
+    assert on_b is not None and on_b.state is ServiceStatus.UNLOADED and on_b.service_s == 0.25
     assert route([view], "gpt").readiness is Readiness.FITS  # type: ignore[union-attr]
     assert not view_of(snap, alive=False).alive
+    assert len(json.dumps(snap)) < 2048
+
+
+def test_a_view_counts_the_memory_a_node_can_free_now() -> None:
+    gib = 1024**3
+    snap = {
+        "node": "a",
+        "devices": {"gpu": {"budget_bytes": 8 * gib, "available_bytes": 1 * gib}},
+        "services": [
+            _service("big", "unloaded", load=4 * gib),
+            _service("idle", "loaded", held=3 * gib, cls="interactive"),
+            _service("pinned", "loaded", held=1 * gib, pinned=True),
+            _service("busy", "loaded", held=2 * gib, inflight=1),
+            _service("voice", "loaded", held=gib, cls="realtime"),
+        ],
+    }
+    big = view_of(snap, alive=True).serving("big")
+    assert big is not None and big.freeable_bytes == 3 * gib  # idle, evictable, same class
+    assert route([view_of(snap, alive=True)], "big").readiness is Readiness.FREES  # type: ignore[union-attr]
+    snap["services"][1]["inflight"] = 1  # now the only candidate is busy too
+    assert route([view_of(snap, alive=True)], "big").readiness is Readiness.BLOCKED  # type: ignore[union-attr]
+
+
+def _service(
+    name: str,
+    state: str,
+    *,
+    load: int = 1024**3,
+    held: int = 0,
+    cls: str = "interactive",
+    pinned: bool = False,
+    inflight: int = 0,
+) -> dict[str, Any]:
+    return {
+        "service": name,
+        "kind": "chat",
+        "class": cls,
+        "models": [name],
+        "state": state,
+        "pinned": pinned,
+        "inflight": inflight,
+        "waiting": 0,
+        "concurrency": 1,
+        "device": "gpu",
+        "load_bytes": load,
+        "held_bytes": held,
+        "load_s": 1.0,
+        "backing_off": False,
+    }
+
+
+def test_the_clusters_key_comes_from_rays_token_and_never_is_the_token(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
+    monkeypatch.delenv("RAY_AUTH_TOKEN_PATH", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert secret.find_token() is None
+    with pytest.raises(ClusterError, match="no cluster token on this machine"):
+        secret.require_token()
+    (tmp_path / ".ray").mkdir()
+    (tmp_path / ".ray" / "auth_token").write_text("abc123\n")
+    assert secret.find_token() == "abc123"
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(tmp_path / "other"))
+    (tmp_path / "other").write_text("from-path")
+    assert secret.find_token() == "from-path"
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "from-env")
+    assert secret.find_token() == "from-env"
+    key = secret.listener_key("from-env")
+    assert key != "from-env" and "from-env" not in key and len(key) == 64
+    assert key == secret.listener_key("from-env") != secret.listener_key("other")
+    assert secret.key_matches(key, key) and not secret.key_matches(None, key)
 
 
 def test_without_ray_cluster_mode_says_how_to_install_it(
@@ -105,14 +181,44 @@ def test_without_ray_cluster_mode_says_how_to_install_it(
     assert err == f"accelmux: {ray_link.NO_RAY}"
 
 
-def test_an_unreachable_cluster_is_one_line_at_once(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_an_unreachable_cluster_is_one_report_line_of_the_link(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("t0k3n")
+    done = subprocess.run(
+        [sys.executable, "-m", "accelmux.cluster.registry", "watch", "--cluster", "127.0.0.1:1"],
+        env={**env(), "RAY_AUTH_TOKEN_PATH": str(token)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 1
+    report = json.loads(done.stdout)
+    assert report["event"] == "error" and not report["fatal"]
+    assert report["message"].startswith(
+        "cannot join the Ray cluster at 127.0.0.1:1: nothing answers there"
+    )
+
+
+def test_without_a_token_the_commands_say_so_in_one_line(tmp_path: Path) -> None:
     cfg = write_config(tmp_path / "c.yaml", config(nodes=["a", "b", "c"]))
-    code = main(["node", "--cluster", "127.0.0.1:1", "--node", "a", "-c", str(cfg)])
-    err = capsys.readouterr().err.strip()
-    assert code == 1 and len(err.splitlines()) == 1
-    assert err.startswith("accelmux: cannot join the Ray cluster at 127.0.0.1:1: nothing answers")
+    home = {**env(), "HOME": str(tmp_path)}
+    home.pop("RAY_AUTH_TOKEN", None)
+    home.pop("RAY_AUTH_TOKEN_PATH", None)
+    for args in (
+        ["node", "--node", "a", "-c", str(cfg), "--cluster", "127.0.0.1:1"],
+        ["serve", "--cluster", "127.0.0.1:1", "-c", str(cfg)],
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "accelmux.cli", *args],
+            env=home,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 1, done.stderr
+        assert done.stderr.strip().splitlines() == [f"accelmux: {secret.NO_TOKEN}"]
 
 
 def test_an_unknown_node_name_is_one_line(tmp_path: Path) -> None:
@@ -146,7 +252,8 @@ def test_a_single_machine_never_imports_ray() -> None:
     code = (
         "import sys\n"
         "import accelmux, accelmux.cli, accelmux.server.serve, accelmux.server.command\n"
-        "import accelmux.server.node_agent, accelmux.cluster.gateway\n"
+        "import accelmux.server.node_agent, accelmux.server.node_daemon\n"
+        "import accelmux.cluster.gateway, accelmux.server.cluster_serve\n"
         "accelmux.cli.build_parser()\n"
         "assert 'ray' not in sys.modules, 'ray was imported'\n"
     )
@@ -176,31 +283,18 @@ def test_no_route_names_where_the_service_may_run() -> None:
     lost_one = route([view_of(_snapshot("b"), alive=False)], "chat")
     err = no_route_error(lost_one, 5.0, configured)  # type: ignore[arg-type]
     assert err.status == 503
-    assert "('b') are down; no live agent on 'c' either" in err.message
+    assert "('b') are down; no live node on 'c' either" in err.message
     unknown = no_route_error(route([], "nope"), 5.0, configured)  # type: ignore[arg-type]
     assert (unknown.status, unknown.code) == (404, "model_not_found")
 
 
 def _snapshot(node: str) -> dict[str, Any]:
+    chat = _service("chat", "loaded", load=1, held=1)
+    chat["models"] = ["chat", "gpt"]
     return {
         "node": node,
-        "port": 1,
-        "stopping": False,
         "devices": {"gpu": {"budget_bytes": 1, "available_bytes": 1}},
-        "services": [
-            {
-                "service": "chat",
-                "kind": "chat",
-                "models": ["chat", "gpt"],
-                "state": "loaded",
-                "inflight": 0,
-                "waiting": 0,
-                "concurrency": 1,
-                "device": "gpu",
-                "load_bytes": 1,
-                "backing_off": False,
-            }
-        ],
+        "services": [chat],
     }
 
 
@@ -234,6 +328,8 @@ def test_a_cluster_that_answers_but_never_lets_this_machine_join_is_given_up(
             forever.wait()  # as ray.init does when this machine is not one of its nodes
 
     monkeypatch.setattr(ray_link, "import_ray", StuckRay)
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "t0k3n")
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
     with socket.socket() as listening:
         listening.bind(("127.0.0.1", 0))
         listening.listen()

@@ -6,6 +6,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -51,6 +52,20 @@ def exposure(unit_file: Path) -> tuple[float, str]:
     return float(found.group("score")), found.group("label")
 
 
+def service_cli(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """``python -m accelmux service ARGS`` of the checkout, in ``cwd``, with ``env`` added
+    to a clean environment."""
+    return subprocess.run(
+        [sys.executable, "-m", "accelmux", "service", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=clean_env(PYTHONPATH=str(ROOT / "src"), **env),
+        timeout=60,
+        check=False,
+    )
+
+
 def clean_env(**extra: str) -> dict[str, str]:
     """This environment without what points Python at the checkout or a virtualenv."""
     env = {
@@ -60,3 +75,47 @@ def clean_env(**extra: str) -> dict[str, str]:
     }
     env.update(extra)
     return env
+
+
+def command_line(unit_file: Path) -> list[str]:
+    """The command line systemd parsed from the unit (its debug dump, shell-quoted)."""
+    env = {"SYSTEMD_LOG_LEVEL": "debug", "PATH": os.environ.get("PATH", "")}
+    done = subprocess.run(
+        ["systemd-analyze", "verify", str(unit_file)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    found = re.search(r"Command Line: (.*)", done.stdout + done.stderr)
+    assert done.returncode == 0 and found, done.stderr[-2000:]
+    # the dump shows $$ as written: systemd turns it into $ when it runs the command
+    return [word.replace("$$", "$") for word in shell_words(found.group(1))]
+
+
+def shell_words(line: str) -> list[str]:
+    """Words of systemd's quoted dump: blanks separate, double quotes group, a backslash
+    takes the next character as it is (in quotes or not)."""
+    words: list[str] = []
+    word: list[str] | None = None
+    quoted = escaped = False
+    for char in line:
+        if escaped:
+            word = (word or []) + [char]
+            escaped = False
+        elif char == "\\":
+            escaped = True
+            word = word or []
+        elif char == '"':
+            quoted = not quoted
+            word = word or []
+        elif char == " " and not quoted:
+            if word is not None:
+                words.append("".join(word))
+            word = None
+        else:
+            word = (word or []) + [char]
+    if word is not None:
+        words.append("".join(word))
+    return words

@@ -3,8 +3,6 @@ daemon needs; the files land where they should and an edited drop-in survives.""
 
 from __future__ import annotations
 
-import os
-import re
 import shutil
 import subprocess
 import sys
@@ -34,7 +32,7 @@ from accelmux.service.unit import (
     unit_problems,
 )
 
-from .support import ROOT, clean_env, exposure, verify
+from .support import ROOT, command_line, exposure, service_cli, verify
 
 GPU_BOX = Machine(device_families=tuple(DEVICE_GROUPS), groups=("video", "render"), home="/root")
 CPU_BOX = Machine(device_families=(), groups=(), home="/home/ada")
@@ -172,50 +170,6 @@ def test_a_unit_that_cannot_be_rendered_says_why() -> None:
         render_environment_dropin("x", [("A", "1\n[Service]\nUser=root")])
 
 
-def _command_line(unit_file: Path) -> list[str]:
-    """The command line systemd parsed from the unit (its debug dump, shell-quoted)."""
-    env = {"SYSTEMD_LOG_LEVEL": "debug", "PATH": os.environ.get("PATH", "")}
-    done = subprocess.run(
-        ["systemd-analyze", "verify", str(unit_file)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-        check=False,
-    )
-    found = re.search(r"Command Line: (.*)", done.stdout + done.stderr)
-    assert done.returncode == 0 and found, done.stderr[-2000:]
-    # the dump shows $$ as written: systemd turns it into $ when it runs the command
-    return [word.replace("$$", "$") for word in _shell_words(found.group(1))]
-
-
-def _shell_words(line: str) -> list[str]:
-    """Words of systemd's quoted dump: blanks separate, double quotes group, a backslash
-    takes the next character as it is (in quotes or not)."""
-    words: list[str] = []
-    word: list[str] | None = None
-    quoted = escaped = False
-    for char in line:
-        if escaped:
-            word = (word or []) + [char]
-            escaped = False
-        elif char == "\\":
-            escaped = True
-            word = word or []
-        elif char == '"':
-            quoted = not quoted
-            word = word or []
-        elif char == " " and not quoted:
-            if word is not None:
-                words.append("".join(word))
-            word = None
-        else:
-            word = (word or []) + [char]
-    if word is not None:
-        words.append("".join(word))
-    return words
-
-
 ARGS = st.text(
     st.characters(min_codepoint=32, max_codepoint=0x2FF, blacklist_characters="\x7f"), max_size=12
 )
@@ -230,7 +184,7 @@ def test_any_argument_reaches_the_program_as_written(
     the program unchanged: systemd's own parser reads back what was rendered."""
     tmp = tmp_path_factory.mktemp("unit")
     unit = ServiceUnit(name="argv", description="argv", exec_start=("/bin/true", *args))
-    assert _command_line(_write(tmp, unit)) == ["/bin/true", *args]
+    assert command_line(_write(tmp, unit)) == ["/bin/true", *args]
 
 
 def test_another_program_is_one_more_description(tmp_path: Path) -> None:
@@ -265,16 +219,7 @@ def test_another_program_is_one_more_description(tmp_path: Path) -> None:
 
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = clean_env(PYTHONPATH=str(ROOT / "src"))
-    return subprocess.run(
-        [PYTHON, "-m", "accelmux", "service", *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env=env,
-        timeout=60,
-        check=False,
-    )
+    return service_cli(*args, cwd=cwd)
 
 
 def test_install_writes_the_unit_the_dropin_and_the_user_and_keeps_an_edited_dropin(

@@ -1,16 +1,18 @@
-"""Cluster mode: several machines, one gateway, on Ray (docs/cluster.md).
+"""Cluster mode: several machines, one gateway, found through Ray (docs/cluster.md).
 
 * :mod:`.hosting`: which services of the one cluster config a node builds;
-* :mod:`.snapshots`: a node's snapshot (from its daemon's ``/admin/status``) and the
-  router's :class:`~accelmux.core.routing.NodeView` of it;
+* :mod:`.snapshots`: a node's snapshot (from its Manager) and the router's
+  :class:`~accelmux.core.routing.NodeView` of it;
+* :mod:`.listener`: a node daemon's LAN listener (the cluster's key) and its snapshot;
+* :mod:`.secret`: the cluster's key, derived from Ray's authentication token;
 * :mod:`.requests`: what the gateway reads of a request to route it (its model, whether
   its answer streams);
-* :mod:`.ray_link`: Ray imported only here and only when cluster mode runs, with a
-  one-line error when it is missing or its cluster cannot be reached;
-* :mod:`.nodes`: the gateway's table of node agents, polled for snapshots, with each
-  forwarded call bounded by a timeout and by its node staying alive;
+* :mod:`.ray_link`: Ray imported only here, and only by the link processes;
+* :mod:`.registry`: the links to Ray: a node's registration, a gateway's watch;
+* :mod:`.nodes`: the gateway's table of nodes, polled and called directly over HTTP;
+* :mod:`.explain`: why the gateway sent a request where it did;
 * :mod:`.gateway`: the cluster gateway's aiohttp application.
 
-The node agent itself (a Ray actor running the machine's ordinary daemon) lives in
-:mod:`accelmux.server.node_agent`, beside the daemon it runs.
+The node agent (``accelmux node``), its daemon and the gateway's main coroutine live in
+:mod:`accelmux.server`, beside the daemon they run.
 """

@@ -58,3 +58,15 @@ def streams(path: str, content_type: str, body: bytes) -> bool:
     if path in OLLAMA_STREAMING:
         return stream is not False
     return stream is True
+
+
+def job_model(content_type: str, query_model: str | None, body: bytes) -> str | None:
+    """The model a job submission names: ``?model=`` (JSON lines), else its JSON body's
+    ``model``, else the first JSON line's."""
+    if query_model:
+        return query_model
+    found = model_of(content_type, body)
+    if found is not None:
+        return found
+    first = body.lstrip().split(b"\n", 1)[0]
+    return model_of("application/json", first) if first else None

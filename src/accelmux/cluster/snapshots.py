@@ -1,19 +1,21 @@
 """A node's snapshot, and the router's view of it.
 
-The node agent builds its snapshot from its daemon's ``/admin/status`` (the Manager's
-own picture) and its config (which model names each service answers to and what loading
-it costs): a small JSON-ready dict, so a poll of many nodes stays cheap. The gateway
-turns each into a :class:`~accelmux.core.routing.NodeView` for the router.
+A node's daemon answers ``GET /cluster/snapshot`` (:mod:`.listener`) from its Manager's
+own picture and its config (which model names each service answers to, what loading it
+costs): a small JSON-ready dict, so polling it often stays cheap. The gateway turns each
+into a :class:`~accelmux.core.routing.NodeView` for the router, adding what it measured
+itself (each service's time per request there).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from accelmux.config.schema import AccelmuxConfig
-from accelmux.core.routing import NodeView, ServiceOnNode
-from accelmux.core.types import ServiceStatus
+from accelmux.core.routing import NodeView, ServiceOnNode, freeable_for
+from accelmux.core.types import ServiceClass, ServiceStatus
 
 
 def service_models(cfg: AccelmuxConfig) -> dict[str, list[str]]:
@@ -21,50 +23,53 @@ def service_models(cfg: AccelmuxConfig) -> dict[str, list[str]]:
     return {name: [svc.model or name, *svc.aliases] for name, svc in cfg.services.items()}
 
 
-def node_snapshot(
-    node: str, port: int, status: dict[str, Any], cfg: AccelmuxConfig
-) -> dict[str, Any]:
-    """The snapshot of ``node`` from its daemon's ``status`` (``/admin/status``)."""
+def node_snapshot(node: str, manager: dict[str, Any], cfg: AccelmuxConfig) -> dict[str, Any]:
+    """The snapshot of ``node`` from its Manager's snapshot (``Manager.snapshot()``)."""
     devices = {
         dev["name"]: {
             "budget_bytes": int(dev["budget_bytes"]),
             "available_bytes": int(dev["available_bytes"]),
         }
-        for dev in status["devices"]
+        for dev in manager["devices"]
     }
     models = service_models(cfg)
     services = []
-    for svc in status["services"]:
+    for svc in manager["services"]:
         name = svc["name"]
         memory = cfg.services[name].memory
+        load_s = svc.get("load_seconds", {}).get(svc.get("tier", "cold"))
         services.append(
             {
                 "service": name,
                 "kind": svc["kind"],
+                "class": svc["class"],
                 "models": models[name],
                 "state": svc["state"],
+                "pinned": bool(svc["pinned"]),
                 "inflight": int(svc["inflight"]),
                 "waiting": int(svc["waiting"]),
                 "concurrency": int(svc["concurrency"]),
                 "device": svc["device"],
                 "load_bytes": int(memory.weights + memory.runtime + memory.kv_floor),
+                "held_bytes": int(svc["estimated_bytes"]),
+                "load_s": float(load_s) if load_s is not None else 0.0,
                 "backing_off": svc.get("backoff_until") is not None,
             }
         )
-    return {
-        "node": node,
-        "port": port,
-        "stopping": status.get("server", {}).get("stopping", False),
-        "devices": devices,
-        "services": services,
-        "queues": status.get("queues", {}),
-    }
+    return {"node": node, "devices": devices, "services": services}
 
 
-def view_of(snapshot: dict[str, Any], *, alive: bool) -> NodeView:
-    """The router's view of one node's snapshot."""
+def view_of(
+    snapshot: dict[str, Any],
+    *,
+    alive: bool,
+    service_s: Mapping[str, float] | None = None,
+) -> NodeView:
+    """The router's view of one node's snapshot; ``service_s``: each service's measured
+    time per request on that node."""
     free = {name: int(dev["available_bytes"]) for name, dev in snapshot["devices"].items()}
-    services = tuple(
+    times = service_s or {}
+    plain = [
         ServiceOnNode(
             service=svc["service"],
             models=frozenset(svc["models"]),
@@ -75,12 +80,26 @@ def view_of(snapshot: dict[str, Any], *, alive: bool) -> NodeView:
             load_bytes=int(svc["load_bytes"]),
             free_bytes=free.get(svc["device"], 0),
             backing_off=bool(svc["backing_off"]),
+            load_s=float(svc.get("load_s", 0.0)),
+            service_s=times.get(svc["service"]),
+            cls=int(ServiceClass.parse(svc.get("class", "interactive"))),
+            held_bytes=int(svc.get("held_bytes", 0)),
+            pinned=bool(svc.get("pinned", False)),
+            device=str(svc["device"]),
         )
         for svc in snapshot["services"]
-    )
-    return NodeView(
-        name=str(snapshot["node"]), alive=alive and not snapshot["stopping"], services=services
-    )
+    ]
+    services = tuple(_with_freeable(s, plain) for s in plain)
+    return NodeView(name=str(snapshot["node"]), alive=alive, services=services)
+
+
+def _with_freeable(svc: ServiceOnNode, others: list[ServiceOnNode]) -> ServiceOnNode:
+    if svc.state is ServiceStatus.LOADED or svc.load_bytes <= svc.free_bytes:
+        return svc  # loaded, or fits as it is: what could be freed does not matter
+    freeable = freeable_for(svc, others)
+    if not freeable:
+        return svc
+    return replace(svc, freeable_bytes=freeable)
 
 
 #: The state a listed model shows, best first, when several nodes host it.

@@ -32,15 +32,25 @@ class ClusterConfig(BaseModel):
         "services.NAME.nodes entry must be one of them (a typo is an error, not a node "
         "that serves nothing).",
     )
+    node_port: int = Field(
+        8601,
+        ge=1,
+        le=65535,
+        description="The port of each node's daemon: on 127.0.0.1 for that machine's own "
+        "tools, and on its LAN address for the gateways (which must bring the cluster's "
+        "key, derived from Ray's token).",
+    )
     snapshot_interval_s: float = Field(
         0.5, gt=0, le=60, description="How often the gateway asks every node for its snapshot."
     )
     snapshot_timeout_s: float = Field(
-        2.0,
+        1.0,
         gt=0,
         le=600,
         description="A node whose snapshot takes longer is marked down: its requests in "
-        "flight fail with 502 and its services are routed elsewhere.",
+        "flight fail (those that never reached it are tried on another node) and its "
+        "services are routed elsewhere. With the interval, a lost node is down within "
+        "their sum.",
     )
     request_timeout_s: float = Field(
         600.0, gt=0, le=86_400, description="Longest a forwarded request may take (then 504)."

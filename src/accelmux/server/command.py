@@ -113,9 +113,9 @@ def server_overrides(args: argparse.Namespace, server: Any) -> Any:
 
 
 def run_cluster(args: argparse.Namespace, address: str, cfg: Any) -> int:
-    """``serve --cluster``: the gateway in front of the cluster's node agents."""
-    from accelmux.cluster.hosting import configured_hosts  # noqa: PLC0415  # --help stays fast
-    from accelmux.cluster.ray_link import connect  # noqa: PLC0415  # --help stays fast
+    """``serve --cluster``: the gateway in front of the cluster's nodes."""
+    from accelmux.cluster.hosting import configured_hosts, deadlines  # noqa: PLC0415  # --help stays fast
+    from accelmux.cluster.ray_link import need_ray  # noqa: PLC0415  # --help stays fast
     from accelmux.config.cluster import ClusterConfig  # noqa: PLC0415  # --help stays fast
     from accelmux.config.server import ServerConfig  # noqa: PLC0415  # --help stays fast
     from accelmux.server.cluster_serve import serve_cluster  # noqa: PLC0415  # --help stays fast
@@ -124,11 +124,18 @@ def run_cluster(args: argparse.Namespace, address: str, cfg: Any) -> int:
     if server is None:
         return 2
     cluster = cfg.cluster if cfg is not None else ClusterConfig()
+    need_ray()
     setup_logging(args)
-    ray = connect(address)
     with asyncio.Runner(loop_factory=loop_factory(server.event_loop)) as runner:
-        configured = configured_hosts(cfg) if cfg is not None else None
-        runner.run(serve_cluster(ray, server, cluster, configured=configured))
+        runner.run(
+            serve_cluster(
+                server,
+                cluster,
+                address=address,
+                configured=configured_hosts(cfg) if cfg is not None else None,
+                deadlines=deadlines(cfg) if cfg is not None else None,
+            )
+        )
     return 0
 
 

@@ -1,23 +1,21 @@
-"""The node agent: one per machine of a cluster, a Ray actor running that machine's daemon.
+"""``accelmux node``: a machine's node agent, in the foreground (or under its unit).
 
-:class:`NodeAgent` is the body of a Ray async actor named ``accelmux-node-NODE`` in the
-``accelmux`` namespace, detached (it outlives the command that started it) and pinned to
-its Ray node (``NodeAffinitySchedulingStrategy``, not soft: it never moves to another
-machine). Inside it runs the machine's ordinary daemon (:func:`accelmux.server.serve.serve`)
-with only the services its node may host, its own Manager over its own devices and
-backends, listening on 127.0.0.1 at a free port. Its methods:
+The agent keeps two processes running (:class:`accelmux.cluster.child.Kept`), each
+started again when it ends:
 
-* ``snapshot()``: the node's services, queues and free memory per device
-  (:func:`accelmux.cluster.snapshots.node_snapshot`, from the daemon's ``/admin/status``);
-* ``forward(method, path, headers, body, timeout_s)``: one HTTP call to its daemon,
-  returned as ``(status, headers, body)``;
-* ``stream(...)``: the same for a streamed answer (SSE, NDJSON), a Ray streaming
-  generator yielding ``(status, headers)`` and then each chunk as it comes;
-* ``stop()``: the daemon's clean shutdown (in-flight requests drain, backends unload).
+* the node's **daemon** (:mod:`.node_daemon`): the machine's ordinary daemon with the
+  services this node may host, on 127.0.0.1 and on the LAN address at
+  ``cluster.node_port`` (the gateways' direct path, guarded by the cluster's key);
+* the node's **link to Ray** (:mod:`accelmux.cluster.registry`): it registers the node in
+  the Ray cluster once the daemon answers, and joins again whenever Ray comes back.
 
-Forwarding to the node's whole gateway means every API works unchanged on each node,
-and the node's ledger stays the one authority on its memory. Ray is imported only by
-:func:`start_agent` and :func:`stop_agent` (the optional extra).
+Neither depends on the other: the daemon serves whatever happens to Ray (a lost head, a
+restarted Ray node), and the link's output (Ray's) goes to a log file. The terminal gets
+one line per event. A refused token is the one problem a retry cannot fix: the agent
+stops, saying so. The agent itself is started again by its unit (``Restart=always``).
+
+Its files (logs, its pid) are in ``server.data_dir/node-NAME``; ``accelmux node --stop``
+ends it there (the daemon drains its requests in flight first).
 """
 
 from __future__ import annotations
@@ -25,211 +23,266 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import socket
-from collections.abc import AsyncIterator
+import signal
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-from accelmux.cluster.hosting import check_node_name, config_for_node
-from accelmux.cluster.ray_link import DEVICE_RESOURCE, NAMESPACE, agent_name
-from accelmux.cluster.snapshots import node_snapshot
-from accelmux.config.load import load_config_text, read_text
+from accelmux.cluster.registry import FATAL
 from accelmux.errors import ClusterError
-from accelmux.server.serve import serve
+from accelmux.server.kept import Kept
 
-#: Headers of the daemon's answer the agent does not hand back (they describe the hop).
-HOP_HEADERS = frozenset({"content-length", "transfer-encoding", "connection", "keep-alive"})
-READY_TIMEOUT_S = 120.0
+#: How long a freshly started daemon may take to answer before it is reported stuck.
+READY_TIMEOUT_S = 300.0
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+@dataclass(frozen=True)
+class AgentPlan:
+    """What one node agent runs, from the command line and the config."""
+
+    node: str
+    config: Path
+    cluster: str
+    address: str
+    port: int
+    data_dir: Path
+
+    def daemon_argv(self) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "accelmux.server.node_daemon",
+            "--node",
+            self.node,
+            "-c",
+            str(self.config),
+            "--address",
+            self.address,
+        ]
+
+    def link_argv(self) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "accelmux.cluster.registry",
+            "node",
+            "--cluster",
+            self.cluster,
+            "--node",
+            self.node,
+            "--address",
+            self.address,
+            "--port",
+            str(self.port),
+        ]
+
+
+def say(line: str) -> None:
+    print(line, flush=True)
+
+
+def pid_file(data_dir: Path) -> Path:
+    return data_dir / "agent.pid"
+
+
+def running_agent(data_dir: Path) -> int | None:
+    """The pid of the agent running for this node on this machine (None: none)."""
+    try:
+        pid = int(pid_file(data_dir).read_text(encoding="ascii").strip())
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (OSError, ValueError):
+        return None
+    return pid if b"accelmux" in cmdline and b"node" in cmdline else None
 
 
 class NodeAgent:
-    """The Ray actor's body; see the module docstring."""
+    def __init__(self, plan: AgentPlan) -> None:
+        self.plan = plan
+        self.stop = asyncio.Event()
+        self.fatal: str | None = None
+        self._registered = False
+        self._link_trouble: str | None = None
+        self._daemon_up = False
+        #: The daemon has answered at least once since the agent started.
+        self._served = False
+        self._services = ""
+        logs = plan.data_dir
+        self.daemon = Kept(
+            "daemon",
+            plan.daemon_argv(),
+            log_path=logs / "daemon.log",
+            on_exit=self._daemon_exited,
+            reports=False,
+        )
+        self.link = Kept(
+            "ray link",
+            plan.link_argv(),
+            log_path=logs / "ray-link.log",
+            on_report=self._link_report,
+            on_exit=self._link_exited,
+            max_backoff_s=5.0,
+        )
 
-    def __init__(
-        self, node: str, config_text: str, source: str, base_dir: str, data_dir: str, cwd: str
-    ) -> None:
-        with contextlib.suppress(OSError):  # relative paths of the config, as on one machine
-            os.chdir(cwd)
-        cfg = load_config_text(config_text, source, Path(base_dir))
-        self.node = node
-        self.port = free_port()
-        self.cfg = config_for_node(cfg, node, port=self.port, data_dir=Path(data_dir))
-        self.base = f"http://127.0.0.1:{self.port}"
-        admin = self.cfg.server.admin_key
-        self._admin_headers = {"Authorization": f"Bearer {admin}"} if admin else {}
-        self._stop: asyncio.Event | None = None
-        self._daemon: asyncio.Task[None] | None = None
-        self._failure: str | None = None
-        self._session: aiohttp.ClientSession | None = None
-        import ray  # noqa: PLC0415  # optional extra: this runs only inside a Ray actor
+    # ---- what the terminal is told -------------------------------------------------------
+    def _daemon_exited(self, code: int, ran: float) -> None:
+        was_up = self._daemon_up
+        self._daemon_up = False
+        how = f"signal {-code}" if code < 0 else f"status {code}"
+        if not self._served and code > 0:
+            # It never answered: its config, its port taken... starting again will not help.
+            tail = _last_line(self.plan.data_dir / "daemon.log")
+            self._give_up(f"the daemon cannot start: {tail}")
+            return
+        if was_up or code != 0:
+            say(f"node {self.plan.node}: the daemon ended ({how}); starting it again")
 
-        self.ray_node_id = str(ray.get_runtime_context().get_node_id())
+    def _link_report(self, report: dict[str, Any]) -> None:
+        event = report.get("event")
+        if event == "registered":
+            node_id = str(report.get("ray_node_id", ""))[:12]
+            again = " again" if self._link_trouble is not None else ""
+            self._link_trouble = None
+            self._registered = True
+            say(
+                f"node {self.plan.node}: registered{again} in the Ray cluster at "
+                f"{self.plan.cluster} (Ray node {node_id})"
+            )
+        elif event == "error":
+            message = str(report.get("message", "the Ray link failed"))
+            if report.get("fatal"):
+                self._give_up(message)
+            elif self._link_trouble != message:
+                self._link_trouble = message
+                if self._registered:
+                    message += "; the daemon keeps serving"
+                say(f"node {self.plan.node}: {message}; joining again")
+            self._registered = False
 
-    async def _run(self, stop: asyncio.Event) -> None:
+    def _link_exited(self, code: int, ran: float) -> None:
+        if code == FATAL and self.fatal is None:
+            self._give_up("the Ray link stopped (see ray-link.log)")
+        elif self._registered:
+            self._registered = False
+            self._link_trouble = "the Ray link ended"
+            say(
+                f"node {self.plan.node}: lost the Ray cluster; the daemon keeps serving; "
+                "joining again"
+            )
+
+    def _give_up(self, why: str) -> None:
+        if self.fatal is None:
+            self.fatal = why
+        self.stop.set()
+
+    # ---- running ---------------------------------------------------------------------
+    async def run(self) -> int:
+        tasks = [asyncio.create_task(self.daemon.run()), asyncio.create_task(self._watch())]
         try:
-            await serve(self.cfg, stop=stop, signals=False)
-        except SystemExit as exc:  # serve's one-line refusals (a port taken...)
-            self._failure = str(exc.code)
+            await self.stop.wait()
+        finally:
+            await self.link.stop()
+            await self.daemon.stop(timeout_s=60)
+            for task in tasks:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        if self.fatal is not None:
+            raise ClusterError(f"node {self.plan.node}: {self.fatal}")
+        say(f"node {self.plan.node}: stopped")
+        return 0
 
-    def _client(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            connector = aiohttp.TCPConnector(limit=0)
-            self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
-        return self._session
+    async def _watch(self) -> None:
+        """Tell when the daemon answers (after each start); register once it first does."""
+        link: asyncio.Task[None] | None = None
+        seen = 0
+        base = f"http://127.0.0.1:{self.plan.port}"
+        async with aiohttp.ClientSession() as session:
+            try:
+                while True:
+                    fresh = self.daemon.starts != seen and not self._daemon_up
+                    if fresh and await self._ready(session, base):
+                        seen = self.daemon.starts
+                        self._daemon_up = True
+                        self._served = True
+                        say(self._serving_line(seen > 1))
+                        if link is None:
+                            link = asyncio.create_task(self.link.run())
+                    await asyncio.sleep(0.1)
+            finally:
+                if link is not None:
+                    link.cancel()
 
-    async def start(self, ready_timeout_s: float = READY_TIMEOUT_S) -> dict[str, Any]:
-        """Start the daemon; its first snapshot once it answers."""
-        self._stop = asyncio.Event()
-        self._daemon = asyncio.create_task(self._run(self._stop))
-        deadline = asyncio.get_running_loop().time() + ready_timeout_s
-        while True:
-            if self._daemon.done():
-                raise ClusterError(
-                    f"node {self.node}: the daemon stopped: {self._failure or 'see its log'}"
-                )
-            with contextlib.suppress(aiohttp.ClientError):
-                async with self._client().get(self.base + "/health") as resp:
-                    if resp.status == 200:
-                        return await self.snapshot()
-            if asyncio.get_running_loop().time() > deadline:
-                raise ClusterError(f"node {self.node}: the daemon did not start in time")
-            await asyncio.sleep(0.05)
-
-    async def snapshot(self) -> dict[str, Any]:
-        async with self._client().get(
-            self.base + "/admin/status", headers=self._admin_headers
-        ) as resp:
-            status = await resp.json()
-        snap = node_snapshot(self.node, self.port, status, self.cfg)
-        snap["ray_node_id"] = self.ray_node_id
-        return snap
-
-    async def forward(
-        self,
-        method: str,
-        path: str,
-        headers: list[tuple[str, str]],
-        body: bytes,
-        timeout_s: float,
-    ) -> tuple[int, list[tuple[str, str]], bytes]:
-        timeout = aiohttp.ClientTimeout(total=timeout_s)
-        async with self._client().request(
-            method, self.base + path, headers=headers, data=body, timeout=timeout
-        ) as resp:
-            data = await resp.read()
-            return resp.status, _kept(resp), data
-
-    async def stream(
-        self,
-        method: str,
-        path: str,
-        headers: list[tuple[str, str]],
-        body: bytes,
-        timeout_s: float,
-    ) -> AsyncIterator[Any]:
-        timeout = aiohttp.ClientTimeout(total=timeout_s)
-        async with self._client().request(
-            method, self.base + path, headers=headers, data=body, timeout=timeout
-        ) as resp:
-            yield resp.status, _kept(resp)
-            async for chunk in resp.content.iter_any():
-                yield chunk
-
-    async def stop(self) -> None:
-        if self._stop is not None:
-            self._stop.set()
-        if self._daemon is not None:
-            await self._daemon
-        if self._session is not None:
-            await self._session.close()
-
-
-def _kept(resp: aiohttp.ClientResponse) -> list[tuple[str, str]]:
-    return [(k, v) for k, v in resp.headers.items() if k.lower() not in HOP_HEADERS]
-
-
-def _ray_node(ray: Any, node_id: str) -> dict[str, Any]:
-    for info in ray.nodes():
-        if info.get("NodeID") == node_id and info.get("Alive"):
-            return dict(info)
-    raise ClusterError(f"no live Ray node has the id {node_id}")
-
-
-def start_agent(
-    ray: Any,
-    *,
-    node: str,
-    config_path: Path,
-    ray_node_id: str | None = None,
-    timeout_s: float = READY_TIMEOUT_S,
-) -> dict[str, Any]:
-    """Start node ``node``'s agent on this machine's Ray node (or ``ray_node_id``) and
-    wait until its daemon answers; its first snapshot. The agent is detached: it keeps
-    running after this returns, until :func:`stop_agent` or its Ray node ends."""
-    text = read_text(config_path)
-    cfg = load_config_text(text, str(config_path), config_path.parent)
-    check_node_name(cfg, node)
-    name = agent_name(node)
-    with contextlib.suppress(ValueError):  # ValueError: no such actor, the usual case
-        ray.get_actor(name)
-        raise ClusterError(
-            f"node {node!r} already has an agent; stop it first: accelmux node --stop --node {node}"
-        )
-    node_id = ray_node_id or ray.get_runtime_context().get_node_id()
-    declared = float(_ray_node(ray, node_id).get("Resources", {}).get(DEVICE_RESOURCE, 0))
-    # What the node declares of accelerator memory is taken by its agent: other Ray work
-    # placed by that resource goes elsewhere. The ledger, not Ray, accounts for it.
-    resources = {DEVICE_RESOURCE: declared} if declared > 0 else {}
-    from ray.util.scheduling_strategies import (  # noqa: PLC0415  # optional extra (Ray)
-        NodeAffinitySchedulingStrategy,
-    )
-
-    data_dir = Path(cfg.server.data_dir).absolute() / f"node-{node}"
-    actor = (
-        ray.remote(NodeAgent)
-        .options(
-            name=name,
-            namespace=NAMESPACE,
-            lifetime="detached",
-            num_cpus=0,
-            resources=resources,
-            max_restarts=0,
-            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
-        )
-        .remote(
-            node,
-            text,
-            str(config_path),
-            str(config_path.parent.absolute()),
-            str(data_dir),
-            os.getcwd(),
-        )
-    )
-    try:
-        return dict(ray.get(actor.start.remote(timeout_s), timeout=timeout_s + 10))
-    except Exception as exc:  # the actor failed to build its daemon, or timed out
-        ray.kill(actor)
-        cause = getattr(exc, "cause", None) or exc
-        first = (str(cause).strip().splitlines() or [type(cause).__name__])[-1]
-        raise ClusterError(f"node {node!r}: the agent did not start: {first}") from None
-
-
-def stop_agent(ray: Any, node: str, timeout_s: float = 60.0) -> bool:
-    """Stop node ``node``'s agent cleanly (its daemon drains and unloads), then end it;
-    False when it had none."""
-    try:
-        actor = ray.get_actor(agent_name(node))
-    except ValueError:
+    async def _ready(self, session: aiohttp.ClientSession, base: str) -> bool:
+        with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError, ValueError):
+            timeout = aiohttp.ClientTimeout(total=2)
+            async with session.get(base + "/cluster/snapshot", timeout=timeout) as resp:
+                if resp.status == 200:
+                    snap = await resp.json()
+                    names = [s["service"] for s in snap.get("services", [])]
+                    self._services = ", ".join(names) or "none"
+                    return True
         return False
-    with contextlib.suppress(Exception):  # a stuck or dead agent is ended all the same
-        ray.get(actor.stop.remote(), timeout=timeout_s)
-    ray.kill(actor)
+
+    def _serving_line(self, again: bool) -> str:
+        p = self.plan
+        if again:
+            return f"node {p.node}: the daemon serves again"
+        return (
+            f"node {p.node}: daemon on {p.address}:{p.port} for the gateways and "
+            f"127.0.0.1:{p.port} on this machine (services: {self._services}); "
+            f"logs in {p.data_dir}"
+        )
+
+
+def _last_line(path: Path) -> str:
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").strip().splitlines()
+    except OSError:
+        return "see its log"
+    return lines[-1] if lines else "see its log"
+
+
+def run_agent(plan: AgentPlan) -> int:
+    """Run node ``plan.node``'s agent until SIGTERM/SIGINT (or a problem a retry cannot
+    fix, raised as :class:`ClusterError`)."""
+    plan.data_dir.mkdir(parents=True, exist_ok=True)
+    other = running_agent(plan.data_dir)
+    if other is not None and other != os.getpid():
+        raise ClusterError(
+            f"node {plan.node!r} already runs on this machine (pid {other}); stop it first: "
+            f"accelmux node --stop --node {plan.node} -c {plan.config}"
+        )
+    pid_file(plan.data_dir).write_text(f"{os.getpid()}\n", encoding="ascii")
+
+    async def main() -> int:
+        agent = NodeAgent(plan)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, agent.stop.set)
+        return await agent.run()
+
+    try:
+        return asyncio.run(main())
+    finally:
+        with contextlib.suppress(OSError):
+            if running_agent(plan.data_dir) in (None, os.getpid()):
+                pid_file(plan.data_dir).unlink()
+
+
+def stop_agent(data_dir: Path, timeout_s: float, wait: Callable[[float], None]) -> bool:
+    """End the agent running for this node on this machine (SIGTERM: its daemon drains
+    first); False when none runs."""
+    pid = running_agent(data_dir)
+    if pid is None:
+        return False
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    waited = 0.0
+    while waited < timeout_s and running_agent(data_dir) == pid:
+        wait(0.1)
+        waited += 0.1
     return True

@@ -12,6 +12,7 @@ from typing import NoReturn
 
 from aiohttp import web
 
+from accelmux.cluster.listener import NodeListener
 from accelmux.config.hosts import is_loopback
 from accelmux.config.machine import host_memory_problems, prepare_data_dir, tighten_data_dir
 from accelmux.config.schema import AccelmuxConfig
@@ -90,12 +91,16 @@ def refuse_open_wyoming(server: ServerConfig) -> None:
 
 
 async def serve(
-    cfg: AccelmuxConfig, *, stop: asyncio.Event | None = None, signals: bool = True
+    cfg: AccelmuxConfig,
+    *,
+    stop: asyncio.Event | None = None,
+    signals: bool = True,
+    listener: NodeListener | None = None,
 ) -> None:
     """Run until ``stop`` is set or (with ``signals``) a SIGTERM/SIGINT arrives.
 
-    A node agent (:mod:`.node_agent`) runs it with ``signals`` off: its event loop is not
-    in the main thread, and Ray, not a signal, tells it to stop.
+    A cluster node's daemon (:mod:`.node_daemon`) gives ``listener``: it listens on its
+    LAN address too, for the cluster's gateways, which must bring the cluster's key.
 
     It refuses to start (one line, exit status 1) on a non-loopback host without API keys
     unless ``server.allow_unauthenticated``, when ``server.data_dir`` cannot be created or
@@ -134,6 +139,8 @@ async def serve(
         log.warning("config: %s", notice)
     runtime = Runtime(cfg, data_dir=data_dir)
     app = build_app(runtime)
+    if listener is not None:
+        listener.mount(app)
     jobs = mount_jobs(app, runtime, data_dir) if server.jobs else None
     if server.dashboard:
         mount_dashboard(app, runtime, data_dir)
@@ -169,10 +176,20 @@ async def serve(
         await runner.cleanup()
         raise SystemExit(message) from None
 
-    try:
-        await site.start()
-    except OSError as exc:
-        await give_up(f"accelmux: cannot listen on {server.host}:{server.port}: {exc}")
+    sites = [(site, server.host, server.port)]
+    if listener is not None:
+        # A guard of its own, without the hot path: every request on the LAN goes through
+        # aiohttp's middlewares, the cluster's key check first.
+        lan_guard = ConnectionGuard(ConnectionLimits.of(server), priority=priority_paths(runtime))
+        lan = GuardedTCPSite(
+            runner, listener.address, listener.port, guard=lan_guard, reuse_address=True
+        )
+        sites.append((lan, listener.address, listener.port))
+    for each, host, port in sites:
+        try:
+            await each.start()
+        except OSError as exc:
+            await give_up(f"accelmux: cannot listen on {host}:{port}: {exc}")
     wy_cfg = server.wyoming
     wyoming = WyomingServer(runtime, wy_cfg) if wy_cfg is not None else None
     if wyoming is not None and wy_cfg is not None:

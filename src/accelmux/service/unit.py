@@ -70,7 +70,9 @@ class ServiceUnit:
     GPU device nodes) and the ``state_directory`` and ``cache_directory`` systemd creates
     under /var/lib and /var/cache owned by it. ``stop_timeout_s``: how long a stop may
     take before the rest of the unit is killed (the main process is asked first and stops
-    its own children: ``KillMode=mixed``).
+    its own children: ``KillMode=mixed``). ``restart``: started again when it fails
+    (``on-failure``), or whenever it ends (``always``: a program whose clean exit is
+    not a reason to stay down).
     """
 
     name: str
@@ -82,6 +84,7 @@ class ServiceUnit:
     start_timeout_s: int = 300
     stop_timeout_s: int = 30
     restart_s: int = 5
+    restart: Literal["on-failure", "always"] = "on-failure"
     user: str | None = None
     group: str | None = None
     supplementary_groups: tuple[str, ...] = ()
@@ -175,7 +178,7 @@ def _lifecycle(unit: ServiceUnit) -> list[str]:
     if unit.watchdog_s is not None:
         lines.append(f"WatchdogSec={unit.watchdog_s}")
     lines += [
-        "Restart=on-failure",
+        f"Restart={unit.restart}",
         f"RestartSec={unit.restart_s}",
         f"TimeoutStartSec={unit.start_timeout_s}",
         f"TimeoutStopSec={unit.stop_timeout_s}",
