@@ -11,10 +11,11 @@ say it, and each named in docs/security.md:
   required form fields that way when the files have media-type strategies);
 - positive data is accepted when the answer is a 413 ``too_large`` (the request can
   never fit this machine's memory) or a 400 ``unsupported`` (the backend serving that
-  model cannot do what was asked: a dimension count, an audio format): answers about
-  the machine and the backend, not about the request's shape, which the document
-  describes; and a 400 naming a multipart file whose bytes are not of the media type
-  they were sent as. Every other check runs as schemathesis ships it.
+  model cannot do what was asked: a dimension count, an audio format) or a 422
+  ``plan_refused`` (a plan asked of a history too short to plan from): answers about
+  the machine, the backend and the daemon's record, not about the request's shape,
+  which the document describes; and a 400 naming a multipart file whose bytes are not
+  of the media type they were sent as. Every other check runs as schemathesis ships it.
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ from schemathesis.core.failures import Failure
 
 from accelmux.gateway.openai_requests import IMAGE_BASE64, TINY_PNG_B64
 
-#: Answers that describe this machine or this backend rather than the request.
-CAPACITY_ANSWERS = {(413, "too_large"), (400, "unsupported")}
+#: Answers that describe this machine, its backends or its record rather than the request.
+CAPACITY_ANSWERS = {(413, "too_large"), (400, "unsupported"), (422, "plan_refused")}
 #: The file fields of the multipart forms: the document gives their media types, but
 #: bytes that claim a type without being of it (a one-byte "JPEG") are refused by name.
 FILE_FIELDS = {"file", "image"}

@@ -638,9 +638,10 @@ def document(served: ServedModels | None = None) -> dict[str, Any]:
                 "summary": "Plan from the daemon's own request history (docs/plan.md): the "
                 "body names the changes as `accelmux plan` spells them; the answer is its "
                 "--json document.",
-                "description": "The JSON body's keys (all optional): device_gib, budget_gib, "
-                "add_device_gib, compute_scale, add_service, remove_service, set, policy, "
-                "last, run (src/accelmux/server/plan_api.py).",
+                "description": "The JSON body's keys (all optional; no body plans the "
+                "history as it is): device_gib, budget_gib, add_device_gib, compute_scale, "
+                "add_service, remove_service, set, policy, last, run "
+                "(src/accelmux/server/plan_api.py).",
                 "responses": {
                     "200": {"description": "The plan", "content": {"application/json": _OBJ}},
                     "400": _err("A key of the body is unknown or invalid; the message names it."),

@@ -89,7 +89,11 @@ def plan_routes(data_dir: Path) -> list[web.RouteDef]:
 
     async def handler(request: web.Request) -> web.StreamResponse:
         try:
-            argv = plan_argv(await request.json(), data_dir)
+            # no body asks for the plan of the history as it is, with no change
+            body = await request.json() if await request.read() else {}
+            argv = plan_argv(body, data_dir)
+        except json.JSONDecodeError as exc:
+            return _error(400, f"the body is not JSON: {exc}", "invalid_plan_request")
         except (ValueError, UnicodeDecodeError) as exc:
             return _error(400, str(exc), "invalid_plan_request")
         if busy.locked():
