@@ -32,8 +32,6 @@ import asyncio
 import contextlib
 import json
 import multiprocessing as mp
-import resource
-import socket
 import sys
 import tempfile
 import time
@@ -47,6 +45,8 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
+from bench_connections import config as connections_config  # noqa: E402
+from bench_connections import free_port, raise_nofile  # noqa: E402
 from bench_frontdoor import _daemon  # noqa: E402
 from meta import run_meta  # noqa: E402
 from stats import percentile  # noqa: E402
@@ -59,42 +59,14 @@ TTS = {"model": "tts", "input": "The front door is locked.", "voice": "default"}
 CHAT = {"model": "chat", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _config(tmp: Path, port: int) -> Path:
-    fake = {"type": "fake", "latency_s": 0.0, "load_s": 0.0, "scale": 0.01}
-    data = {
-        "devices": {"gpu": {"kind": "virtual", "capacity": "4GiB", "headroom": "256MiB"}},
-        "services": {
-            "chat": {"kind": "chat", "memory": {"weights": "64MiB"}, "backend": fake},
-            "tts": {
-                "kind": "tts",
-                "class": "realtime",
-                "residency": "pinned",
-                "memory": {"weights": "64MiB"},
-                "backend": fake,
-            },
-        },
-        "server": {
-            "port": port,
-            "data_dir": str(tmp / "data"),
-            "api_keys": [HOSTILE_KEY, OTHER_KEY],
-        },
-    }
+    """bench_connections' fake stack (chat, a pinned realtime TTS), with the two keys."""
+    data = connections_config(
+        str(tmp / "data"), {"port": port, "api_keys": [HOSTILE_KEY, OTHER_KEY]}
+    )
     path = tmp / "accelmux.yaml"
     path.write_text(yaml.safe_dump(data), encoding="utf-8")
     return path
-
-
-def _raise_nofile(wanted: int) -> None:
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
-    if target > soft:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
 
 
 # ---- the attacker ------------------------------------------------------------------------
@@ -146,7 +118,7 @@ async def _hold(port: int, key: str | None, args: Any, stop: Any, tally: dict[st
 
 
 def _attack(port: int, key: str | None, args: Any, stop: Any, ready: Any, out: Any) -> None:
-    _raise_nofile(args.hostile + 512)
+    raise_nofile(args.hostile + 512)
     tally: dict[str, Any] = {
         "connections": 0,
         "connect_failed": 0,
@@ -273,7 +245,7 @@ def _case(pid: int, port: int, key: str | None, hostile: bool, args: Any) -> dic
 
 def run(args: Any) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="accelmux-hostile-") as tmp:
-        port = _free_port()
+        port = free_port()
         config = _config(Path(tmp), port)
         with _daemon(config, f"http://127.0.0.1:{port}") as proc:
             cases = {
@@ -321,7 +293,7 @@ def main() -> None:
     parser.add_argument("--settle-s", type=float, default=5.0)
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
-    _raise_nofile(args.hostile + 512)
+    raise_nofile(args.hostile + 512)
     report = run(args)
     args.out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     print(json.dumps({k: v for k, v in report.items() if k != "meta"}, indent=2))
