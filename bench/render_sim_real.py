@@ -88,31 +88,31 @@ HEADER = [
 ]
 
 
-def classes(report: Report) -> str:
-    lines = []
+def _per(
+    report: Report, part: str, noun: str, order: Callable[[dict[str, Any]], list[str]]
+) -> list[str]:
+    """Per workload, the side-by-side table of its ``part`` (classes or services); a
+    class table is followed by the workload's run note."""
+    lines: list[str] = []
     for key, title in WORKLOADS:
         w = report["workloads"].get(key)
         if w is None:
             continue
-        result = w["result"]
-        lines += [f"**{title.capitalize()}**, per class:", "", *HEADER]
-        lines += _side_rows(result["classes"], list(CLASS_ORDER))
-        lines += ["", _run_note(w, key), ""]
+        rows = w["result"][part]
+        lines += [f"**{title.capitalize()}**, per {noun}:", "", *HEADER]
+        lines += _side_rows(rows, order(rows))
+        lines += ["", _run_note(w, key), ""] if part == "classes" else [""]
+    return lines
+
+
+def classes(report: Report) -> str:
+    lines = _per(report, "classes", "class", lambda _rows: list(CLASS_ORDER))
     lines.append(_targets_note())
     return "\n".join(lines).rstrip() + "\n"
 
 
 def services(report: Report) -> str:
-    lines = []
-    for key, title in WORKLOADS:
-        w = report["workloads"].get(key)
-        if w is None:
-            continue
-        result = w["result"]
-        lines += [f"**{title.capitalize()}**, per service:", "", *HEADER]
-        lines += _side_rows(result["services"], sorted(result["services"]))
-        lines.append("")
-    return "\n".join(lines).rstrip() + "\n"
+    return "\n".join(_per(report, "services", "service", sorted)).rstrip() + "\n"
 
 
 def memory_decisions(report: Report) -> str:
