@@ -90,6 +90,9 @@ class PocketsphinxRecognizer:
             )
         pcm = to_pcm16(resample(audio.samples, audio.sample_rate, SAMPLE_RATE))
         try:
+            # The feature front end keeps a running cepstral mean across utterances;
+            # reset it so that one request's text never depends on the audio before it.
+            decoder.reinit_feat()
             decoder.start_utt()
             decoder.process_raw(pcm, full_utt=True)
             decoder.end_utt()

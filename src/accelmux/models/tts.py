@@ -85,6 +85,8 @@ class PiperSpeaker:
         model_path: str | Path | None = None,
         config_path: str | Path | None = None,
         length_scale: float | None = None,
+        noise_scale: float | None = None,
+        noise_w_scale: float | None = None,
         max_words: int = 16,
         providers: Sequence[Any] = ("CPUExecutionProvider",),
     ) -> None:
@@ -93,6 +95,10 @@ class PiperSpeaker:
         self._model_path = Path(model_path) if model_path else None
         self._config_path = Path(config_path) if config_path else None
         self.length_scale = length_scale
+        #: Piper's sampling noise (None: the voice's own); 0 and 0 speak a text the same
+        #: way every time
+        self.noise_scale = noise_scale
+        self.noise_w_scale = noise_w_scale
         self.max_words = max_words
         #: ONNX Runtime execution providers, in order (see :mod:`accelmux.models.offload`)
         self.providers = list(providers)
@@ -168,7 +174,11 @@ class PiperSpeaker:
                 status=413,
             )
         piper = require("piper", "piper-tts")
-        config = piper.SynthesisConfig(length_scale=self.length_scale)
+        config = piper.SynthesisConfig(
+            length_scale=self.length_scale,
+            noise_scale=self.noise_scale,
+            noise_w_scale=self.noise_w_scale,
+        )
         pcm = bytearray()
         rate = int(voice.config.sample_rate)
         try:
