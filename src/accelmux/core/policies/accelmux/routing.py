@@ -33,6 +33,8 @@ class Routing:
         placement and a second replica for a busy service are both decided here."""
         if not self.view.knobs.switches.placement:
             return first_up(replicas)
+        if replicas[0].spec.variant is not None:
+            return self.route_forms(replicas, demand)
         # A second replica is worth only memory nobody else holds: once one replica is
         # up, another is a candidate only where it fits in free memory.
         any_up = any(r.holds_memory for r in replicas)
@@ -57,10 +59,55 @@ class Routing:
             ),
         )
 
+    def route_forms(self, forms: Sequence[ServiceState], demand: Demand) -> ServiceState:
+        """The form of a service that may degrade a request waits on: while a form is up,
+        the up form expected to finish it first (its queue, the rest of its load, its
+        time per request); else the best form that can be held now without evicting a
+        higher class (:meth:`holds`), else the full form (the request waits for it)."""
+        ordered = sorted(forms, key=facts.form_rank)
+        up = [f for f in ordered if f.status in (ServiceStatus.LOADED, ServiceStatus.LOADING)]
+        if up:
+            return min(
+                up,
+                key=lambda f: (
+                    round(self.expected_start_s(f, None) + self.form_service_s(f), 1),
+                    facts.form_rank(f),
+                ),
+            )
+        for form in ordered:
+            if self.holds(form, demand):
+                return form
+        return ordered[0]
+
+    def holds(self, form: ServiceState, demand: Demand) -> bool:
+        """Whether ``form`` can be loaded now without evicting a higher class: not backing
+        off after a crash, its room made of free memory and idle services of its class or
+        a lower one, and no higher class waiting on its device."""
+        if form.status is ServiceStatus.CRASHED and form.backoff_until > self.view.now:
+            return False
+        if facts.wanted_by_higher_class(self.view, form):
+            return False
+        return self.room_seconds(form, demand) is not None
+
+    def form_service_s(self, form: ServiceState) -> float:
+        """Expected seconds per request on ``form``: the full form's time (learned from
+        whichever forms have served, each over its slowdown) times ``form``'s slowdown."""
+        forms = self.view.groups[form.spec.group]
+        full_s = [
+            f.mean_service_s / f.spec.variant.slowdown
+            for f in forms
+            if f.served and f.spec.variant is not None
+        ]
+        base = min(full_s) if full_s else form.mean_service_s
+        variant = form.spec.variant
+        return base * (variant.slowdown if variant is not None else 1.0)
+
     def reroute_to_free_replicas(self) -> None:
         """A request waiting on a replica that is not loaded moves to a loaded replica
         of its service with a free slot and no queue: it starts there now."""
         for replicas in self.view.groups.values():
+            if replicas[0].spec.variant is not None:
+                continue  # the forms of a service move their requests themselves
             free = [
                 r
                 for r in replicas
@@ -92,6 +139,8 @@ class Routing:
         group = svc.spec.group
         if not group:
             return True
+        if svc.spec.variant is not None:  # only the full form of a service is kept warm
+            return svc.spec.variant.rank == 0 and not facts.other_replica_up(self.view, svc)
         if facts.other_replica_up(self.view, svc):
             return False
         return self.route(self.view.groups[group], Demand()) is svc
