@@ -181,3 +181,24 @@ def test_degrading_never_costs_realtime_nor_an_oom(
         elif d["action"] == "unload":
             held.pop(d["service"], None)
     assert len([s for s in held if s.startswith("chat@gpu")]) <= 1
+
+
+def test_small_gpu_homes_are_on_small_cards_and_degrade_declares_each_llm() -> None:
+    from accelmux.sim.generate import generate_home, with_degrade
+
+    for seed in range(6):
+        home = generate_home(seed, kind="small-gpu", duration_s=600)
+        assert not home.device.shared_memory and home.device.capacity_gib <= 8
+        data = with_degrade(home)
+        load_scenario_data(copy.deepcopy(data), f"{home.name}.yaml", Path("."))
+        assert data["devices"]["cpu"]["kind"] == "host"
+        for name, svc in data["services"].items():
+            llm = svc["kind"] == "chat" and svc["class"] != "realtime"
+            assert ("degrade" in svc) == llm, name
+            assert svc["device"] == "gpu"
+    # a shared-memory host has nothing to fall back to
+    for seed in range(40):
+        home = generate_home(seed, kind="evening-game", duration_s=600)
+        if home.device.shared_memory:
+            assert with_degrade(home) == home.data
+            break

@@ -67,14 +67,9 @@ class Degrading:
             waiting = [q for q in form.queue.values() if q.dispatched_at is None and not q.paused]
             if not waiting or self.routing.holds(form, waiting[0].demand):
                 continue
-            lesser = next(
-                (
-                    f
-                    for f in forms
-                    if facts.form_rank(f) > facts.form_rank(form)
-                    and (f.status in _UP or self.routing.holds(f, waiting[0].demand))
-                ),
-                None,
+            below = [f for f in forms if facts.form_rank(f) > facts.form_rank(form)]
+            lesser = next((f for f in below if f.status in _UP), None) or self.routing.best_form(
+                below, waiting[0].demand
             )
             if lesser is None:
                 continue

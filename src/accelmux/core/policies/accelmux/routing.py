@@ -13,7 +13,7 @@ from accelmux.core.policies.accelmux import facts
 from accelmux.core.policies.accelmux.records import RoomFor, Seam
 from accelmux.core.policies.accelmux.reserve import Reserve
 from accelmux.core.policies.accelmux.room import Room
-from accelmux.core.types import ServiceStatus
+from accelmux.core.types import Reason, ServiceStatus
 from accelmux.core.world import ServiceState, reuse_rate
 
 
@@ -62,8 +62,8 @@ class Routing:
     def route_forms(self, forms: Sequence[ServiceState], demand: Demand) -> ServiceState:
         """The form of a service that may degrade a request waits on: while a form is up,
         the up form expected to finish it first (its queue, the rest of its load, its
-        time per request); else the best form that can be held now without evicting a
-        higher class (:meth:`holds`), else the full form (the request waits for it)."""
+        time per request); else :meth:`best_form`, else the full form (the request waits
+        for it)."""
         ordered = sorted(forms, key=facts.form_rank)
         up = [f for f in ordered if f.status in (ServiceStatus.LOADED, ServiceStatus.LOADING)]
         if up:
@@ -74,20 +74,46 @@ class Routing:
                     facts.form_rank(f),
                 ),
             )
-        for form in ordered:
-            if self.holds(form, demand):
-                return form
-        return ordered[0]
+        return self.best_form(ordered, demand) or ordered[0]
 
-    def holds(self, form: ServiceState, demand: Demand) -> bool:
+    def best_form(self, ordered: Sequence[ServiceState], demand: Demand) -> ServiceState | None:
+        """The best form (``ordered``: best first) that can be loaded now without evicting
+        a higher class. On its GPU first: the best form whose room is free memory and idle
+        services of its class or lower; else the best form whose room also stops or
+        shrinks lower-class work (what a load of the service would do); only then a form
+        on another device (the CPU: many times slower). None when no form can be held."""
+        on_gpu = [f for f in ordered if f.spec.device == ordered[0].spec.device]
+        elsewhere = [f for f in ordered if f.spec.device != ordered[0].spec.device]
+        for form in on_gpu:
+            if self.holds(form, demand, stop_work=False):
+                return form
+        for form in [*on_gpu, *elsewhere]:
+            if self.holds(form, demand, stop_work=True):
+                return form
+        return None
+
+    def holds(self, form: ServiceState, demand: Demand, *, stop_work: bool = True) -> bool:
         """Whether ``form`` can be loaded now without evicting a higher class: not backing
-        off after a crash, its room made of free memory and idle services of its class or
-        a lower one, and no higher class waiting on its device."""
+        off after a crash, no higher class waiting on its device, and its room made of
+        free memory and idle services of its class or lower (``stop_work``: and of
+        lower-class work stopped or shrunk, as :meth:`Room.plan` finds it)."""
         if form.status is ServiceStatus.CRASHED and form.backoff_until > self.view.now:
             return False
         if facts.wanted_by_higher_class(self.view, form):
             return False
-        return self.room_seconds(form, demand) is not None
+        if self.room_seconds(form, demand) is not None:
+            return True
+        if not stop_work:
+            return False
+        device = form.spec.device
+        est = self.view.estimate(form.name, demand)
+        need = (
+            facts.footprint(self.view, form)
+            + form.calibration.project_active(est)
+            + self.reserve.realtime_reserve(device)
+        )
+        for_ = RoomFor(form.spec.cls, form, Reason.DEGRADED)
+        return self.room.plan(device, need, for_) is not None
 
     def form_service_s(self, form: ServiceState) -> float:
         """Expected seconds per request on ``form``: the full form's time (learned from
