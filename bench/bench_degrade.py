@@ -204,6 +204,29 @@ def means(runs: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
     return out
 
 
+#: What the degrade digest covers (tests/sim/degrade_digest.json): accelmux on these
+#: homes with their degrade sections, seed 0, the first GOLDEN_DURATION_S seconds. The
+#: policy digest (bench/policy_digest.py) runs the shipped scenarios, which declare no
+#: degrade section: these decisions are pinned here instead.
+GOLDEN = ROOT / "tests" / "sim" / "degrade_digest.json"
+GOLDEN_HOMES = (("evening-game", 0), ("evening-game", 4), ("small-gpu", 1), ("small-gpu", 3))
+GOLDEN_DURATION_S = 900.0
+
+
+def golden_digests() -> dict[str, str]:
+    """Per golden home, the digest of accelmux's decision stream with degrading."""
+    import decision_stream
+
+    out = {}
+    for kind, home in GOLDEN_HOMES:
+        sim = Simulation(_scenario(kind, home, GOLDEN_DURATION_S, True), "accelmux", 0)
+        lines: list[str] = []
+        decision_stream._record(sim.manager, lines)
+        sim.run()
+        out[f"{kind}-{home:04d}"] = decision_stream.digest(lines)
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -215,7 +238,12 @@ def main() -> int:
     parser.add_argument("--duration", type=float, default=DURATION_S)
     parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
     parser.add_argument("--out", type=Path, default=RESULTS / "degrade.json")
+    parser.add_argument("--golden", action="store_true", help=f"rewrite {GOLDEN.name} only")
     args = parser.parse_args()
+    if args.golden:
+        GOLDEN.write_text(json.dumps(golden_digests(), indent=2) + "\n", encoding="utf-8")
+        print(f"wrote {GOLDEN}")
+        return 0
     kinds = [k for k in args.kinds.split(",") if k]
     homes = range(args.first_home, args.first_home + args.homes)
     jobs = [
@@ -235,6 +263,7 @@ def main() -> int:
         "slack": SLACK,
     }
     meta = run_meta(settings)
+    meta["degrade_decisions"] = golden_digests()
     started = time.perf_counter()
     if args.workers <= 1:
         runs = [run_job(j) for j in jobs]

@@ -193,7 +193,7 @@ def test_small_gpu_homes_are_on_small_cards_and_degrade_declares_each_llm() -> N
         load_scenario_data(copy.deepcopy(data), f"{home.name}.yaml", Path("."))
         assert data["devices"]["cpu"]["kind"] == "host"
         for name, svc in data["services"].items():
-            llm = svc["kind"] == "chat" and svc["class"] != "realtime"
+            llm = svc["kind"] == "chat" and svc["class"] == "interactive"
             assert ("degrade" in svc) == llm, name
             assert svc["device"] == "gpu"
     # a shared-memory host has nothing to fall back to
@@ -202,3 +202,18 @@ def test_small_gpu_homes_are_on_small_cards_and_degrade_declares_each_llm() -> N
         if home.device.shared_memory:
             assert with_degrade(home) == home.data
             break
+
+
+def test_degrade_decisions_match_their_golden_digest() -> None:
+    """The decisions of services with forms, pinned: the policy digest's scenarios have
+    none. A change meant to alter them regenerates the file and says so:
+    ``PYTHONPATH=src:bench python bench/bench_degrade.py --golden``."""
+    import json
+    import sys
+
+    bench = Path(__file__).resolve().parents[2] / "bench"
+    sys.path.insert(0, str(bench))
+    import bench_degrade
+
+    golden = json.loads(bench_degrade.GOLDEN.read_text(encoding="utf-8"))
+    assert bench_degrade.golden_digests() == golden
