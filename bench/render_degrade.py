@@ -3,31 +3,14 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from meta import meta_line
+from render_suite import _load as _load_result
+from render_suite import _pct, _pts
 
-RESULTS = Path(__file__).resolve().parent / "results"
 CLASSES = ("realtime", "interactive", "batch", "background")
-
-
-def _load() -> dict[str, Any] | None:
-    path = RESULTS / "degrade.json"
-    if not path.is_file():
-        return None
-    data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
-    return data
-
-
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{100.0 * x:.1f}%"
-
-
-def _pts(x: float | None) -> str:
-    return "-" if x is None else f"{100.0 * x:+.1f}"
 
 
 def _met(target: dict[str, Any]) -> str:
@@ -35,7 +18,7 @@ def _met(target: dict[str, Any]) -> str:
 
 
 def degrade() -> str:
-    report = _load()
+    report = _load_result("degrade.json")
     if report is None:
         return "No result yet: run `python bench/bench_degrade.py`.\n"
     meta = report["meta"]

@@ -79,15 +79,20 @@ class Routing:
     def best_form(self, ordered: Sequence[ServiceState], demand: Demand) -> ServiceState | None:
         """The best form (``ordered``: best first) that can be loaded now without evicting
         a higher class. On its GPU first: the best form whose room is free memory and idle
-        services of its class or lower; else the best form whose room also stops or
-        shrinks lower-class work (what a load of the service would do); only then a form
-        on another device (the CPU: many times slower). None when no form can be held."""
-        on_gpu = [f for f in ordered if f.spec.device == ordered[0].spec.device]
-        elsewhere = [f for f in ordered if f.spec.device != ordered[0].spec.device]
+        services of its class or lower; else the full form if its room also stops or
+        shrinks lower-class work (what a load of the service does without forms); only
+        then a form on another device (the CPU: many times slower). A lesser form never
+        stops other work: it is many times slower too, and the work it would stop loses
+        more than it gains. None when no form can be held."""
+        full = ordered[0]
+        on_gpu = [f for f in ordered if f.spec.device == full.spec.device]
+        elsewhere = [f for f in ordered if f.spec.device != full.spec.device]
         for form in on_gpu:
             if self.holds(form, demand, stop_work=False):
                 return form
-        for form in [*on_gpu, *elsewhere]:
+        if self.holds(full, demand, stop_work=True):
+            return full
+        for form in elsewhere:
             if self.holds(form, demand, stop_work=True):
                 return form
         return None
