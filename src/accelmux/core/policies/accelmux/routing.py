@@ -78,36 +78,24 @@ class Routing:
 
     def best_form(self, ordered: Sequence[ServiceState], demand: Demand) -> ServiceState | None:
         """The best form (``ordered``: best first) that can be loaded now without evicting
-        a higher class, in this order: the full form where free memory and idle services
-        of its class or lower make its room; a lesser form on the GPU that fits in free
-        memory; the full form where stopping or shrinking lower-class work also makes its
-        room (what the policy does for a service without forms); a form on another device
-        (the CPU: many times slower). A lesser form takes nobody's memory: it is a
-        stopgap, many times slower too, and what it would displace loses more than it
-        gains. None when no form can be held."""
+        a higher class. On its GPU first: the best form whose room is free memory and idle
+        services of its class or lower; else the full form if its room also stops or
+        shrinks lower-class work (what a load of the service does without forms); only
+        then a form on another device (the CPU: many times slower). A lesser form never
+        stops other work: it is many times slower too, and the work it would stop loses
+        more than it gains. None when no form can be held."""
         full = ordered[0]
-        lesser = [f for f in ordered[1:] if f.spec.device == full.spec.device]
+        on_gpu = [f for f in ordered if f.spec.device == full.spec.device]
         elsewhere = [f for f in ordered if f.spec.device != full.spec.device]
-        if self.holds(full, demand, stop_work=False):
-            return full
-        for form in lesser:
-            if self.fits_free(form, demand):
+        for form in on_gpu:
+            if self.holds(form, demand, stop_work=False):
                 return form
         if self.holds(full, demand, stop_work=True):
             return full
         for form in elsewhere:
-            if self.fits_free(form, demand):
+            if self.holds(form, demand, stop_work=True):
                 return form
         return None
-
-    def fits_free(self, form: ServiceState, demand: Demand) -> bool:
-        """Whether ``form`` fits in free memory now, evicting and stopping no one, with no
-        higher class waiting on its device and no crash backoff running."""
-        if form.status is ServiceStatus.CRASHED and form.backoff_until > self.view.now:
-            return False
-        if facts.wanted_by_higher_class(self.view, form):
-            return False
-        return self.room_seconds(form, demand) == 0.0
 
     def holds(self, form: ServiceState, demand: Demand, *, stop_work: bool = True) -> bool:
         """Whether ``form`` can be loaded now without evicting a higher class: not backing
