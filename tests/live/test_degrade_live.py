@@ -141,7 +141,17 @@ def test_chat_degrades_beside_a_game_and_moves_back_on_the_live_daemon(
             )
             assert await ask()
             status = (await lv.get("/admin/status"))[1]
+            explain = (await lv.get("/admin/explain"))[1]
             await client.close()
+            # /admin/explain lists every form on its device, and the lesser one's unload
+            forms = {
+                name: svc
+                for device in explain["devices"].values()
+                for name, svc in device["services"].items()
+            }
+            assert set(forms) == set(rt.manager.view.services)
+            assert forms["chat@gpu"]["state"] == "loaded"
+            assert {forms[n]["last_unload"]["reason"] for n in lesser} == {"superseded"}
             return list(rt.manager.snapshot().decisions), status
 
     decisions, status = run(body())
