@@ -110,15 +110,19 @@ class Routing:
             return True
         if not stop_work:
             return False
-        device = form.spec.device
-        est = self.view.estimate(form.name, demand)
-        need = (
-            facts.footprint(self.view, form)
-            + form.calibration.project_active(est)
-            + self.reserve.realtime_reserve(device)
-        )
         for_ = RoomFor(form.spec.cls, form, Reason.DEGRADED)
-        return self.room.plan(device, need, for_) is not None
+        return self.room.plan(form.spec.device, self.load_need(form, demand), for_) is not None
+
+    def load_need(self, svc: ServiceState, demand: Demand) -> int:
+        """What loading ``svc`` for a request of ``demand`` needs free on its device: its
+        footprint at its KV floor, the request's projected activation memory and the
+        realtime reserve."""
+        est = self.view.estimate(svc.name, demand)
+        return (
+            facts.footprint(self.view, svc)
+            + svc.calibration.project_active(est)
+            + self.reserve.realtime_reserve(svc.spec.device)
+        )
 
     def form_service_s(self, form: ServiceState) -> float:
         """Expected seconds per request on ``form``: the full form's time (learned from
@@ -200,12 +204,7 @@ class Routing:
         """The expected reload seconds others pay for ``svc`` to load now (0: it fits in
         free memory), or None when it fits only once busy work ends."""
         device = svc.spec.device
-        est = self.view.estimate(svc.name, demand)
-        need = (
-            facts.footprint(self.view, svc)
-            + svc.calibration.project_active(est)
-            + self.reserve.realtime_reserve(device)
-        )
+        need = self.load_need(svc, demand)
         short = need - self.view.ledger.available(device) - self.room.pending_free(device)
         if short > 0 and self.view.knobs.switches.ballooning:
             # KV pools above what their requests use shrink at no reload cost to anyone
