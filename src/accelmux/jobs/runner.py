@@ -171,10 +171,12 @@ class JobRunner:
                 if self.holding.get(model, 0) >= parallel:
                     continue  # its service runs fewer batches at once while shrunk
                 size = max(1, int(size * fraction))
+            # the slot is taken before the claim: other workers claim meanwhile
+            self.holding[model] = self.holding.get(model, 0) + 1
             lease = await asyncio.to_thread(self.store.claim, job_id, size)
             if lease is not None:
-                self.holding[lease.model] = self.holding.get(lease.model, 0) + 1
                 return lease
+            self.holding[model] -= 1
         return None
 
     async def _sleep_until_work(self) -> None:
