@@ -249,22 +249,39 @@ class Admission:
             if self.shrinking.fit_free(req, svc, fit, reserve, with_full=False):
                 self.start_admitted(req, svc, rnd, fit)
                 return
-            if self.room.reachable(dev, room_needed, svc):
-                rnd.block(dev, cls)
-            elif cls is ServiceClass.REALTIME:
-                self.room.refuse(req, dev, room_needed)
-                return
-            if not facts.told(req, Reason.NO_MEMORY):
-                was = req.wait_reason
-                self.wait(
-                    req,
-                    Reason.NO_MEMORY,
-                    f"needs {need} B, {self.view.ledger.available(dev)} B available",
-                )
-                self.reserve.explain_reserve(req, dev, reserve, was)
+            self.no_room(req, svc, rnd, room_needed, reserve, need)
             return
         self.shrinking.grow_full(req, svc, fit)
         self.start_admitted(req, svc, rnd, fit)
+
+    def no_room(
+        self,
+        req: RequestState,
+        svc: ServiceState,
+        rnd: Round,
+        room_needed: int,
+        reserve: int,
+        need: int,
+    ) -> None:
+        """The room ``req`` needs (``room_needed``: its ``need`` and the realtime
+        ``reserve``) cannot be made now: its class is blocked on its device when the
+        room is reachable, a realtime request is refused when it is not, and ``req``
+        waits for memory, told why."""
+        dev = svc.spec.device
+        cls = req.cls
+        if self.room.reachable(dev, room_needed, svc):
+            rnd.block(dev, cls)
+        elif cls is ServiceClass.REALTIME:
+            self.room.refuse(req, dev, room_needed)
+            return
+        if not facts.told(req, Reason.NO_MEMORY):
+            was = req.wait_reason
+            self.wait(
+                req,
+                Reason.NO_MEMORY,
+                f"needs {need} B, {self.view.ledger.available(dev)} B available",
+            )
+            self.reserve.explain_reserve(req, dev, reserve, was)
 
     def kv_fit(self, req: RequestState, svc: ServiceState) -> Admitting | None:
         """What ``req`` brings: its KV bytes and how much its service's KV pool must grow
