@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
@@ -32,20 +33,38 @@ def run(coro: Awaitable[None], timeout: float = 20.0) -> None:
 
 
 class Backend:
-    """A fake submit: digests each text; ``behaviour`` may raise first."""
+    """A fake submit: digests each text; ``behaviour`` may raise first.
 
-    def __init__(self, behaviour: Callable[[int, list[str]], None] | None = None) -> None:
+    With ``overlap_s``, a call waits (at most that long) until two calls have been in
+    flight at once, so whether the runner overlaps its calls does not depend on how fast
+    the machine claims the next batch."""
+
+    def __init__(
+        self,
+        behaviour: Callable[[int, list[str]], None] | None = None,
+        *,
+        overlap_s: float = 0.0,
+    ) -> None:
         self.behaviour = behaviour
+        self.overlap_s = overlap_s
         self.calls: list[list[str]] = []
         self.active = 0
         self.peak = 0
+        self._overlapped: asyncio.Event | None = None
 
     async def __call__(self, model: str, texts: list[str]) -> Sequence[Any]:
         assert model == "embed"
         self.calls.append(list(texts))
         self.active += 1
         self.peak = max(self.peak, self.active)
+        if self._overlapped is None:
+            self._overlapped = asyncio.Event()
+        if self.active >= 2:
+            self._overlapped.set()
         try:
+            if self.overlap_s:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._overlapped.wait(), self.overlap_s)
             await asyncio.sleep(0.002)
             if self.behaviour is not None:
                 self.behaviour(len(self.calls), texts)
@@ -60,7 +79,7 @@ def texts(n: int) -> list[str]:
 
 def test_runs_a_job_with_at_most_k_outstanding(store: JobStore) -> None:
     job = store.create_job("embed", texts(100))
-    backend = Backend()
+    backend = Backend(overlap_s=5.0)
     run(JobRunner(store, backend, settings=FAST).run_until_idle())
     final = store.get_job(job.id)
     assert final.status == "completed" and final.counts.done == 100
@@ -305,7 +324,8 @@ def test_claims_the_batch_the_manager_chose_and_no_more_at_once(store: JobStore)
     runner claims 2 inputs of its 8 and keeps one batch in flight; once grown back, full
     batches again, up to max_outstanding at once."""
     job = store.create_job("embed", texts(40))
-    backend = Backend()
+    # each call leaves 50 ms for a second one to join it: one would, were the limit not kept
+    backend = Backend(overlap_s=0.05)
     chosen = {"batch": (0.25, 1)}
     run(
         JobRunner(
@@ -315,7 +335,7 @@ def test_claims_the_batch_the_manager_chose_and_no_more_at_once(store: JobStore)
     assert store.get_job(job.id).counts.done == 40
     assert {len(call) for call in backend.calls} == {2} and backend.peak == 1
     job = store.create_job("embed", texts(48))
-    grown = Backend()
+    grown = Backend(overlap_s=5.0)
     chosen["batch"] = (1.0, 3)
     run(JobRunner(store, grown, settings=FAST, batch_of=lambda m: chosen["batch"]).run_until_idle())
     assert store.get_job(job.id).counts.done == 48
