@@ -51,6 +51,9 @@ DEPENDENT: dict[str, tuple[str, ...]] = {
     "suite.json": ALL,
     "suite-holdout.json": ALL,
     "suite-foreign.json": ALL,
+    # degrade.json's own decisions (services with forms) are pinned apart:
+    # tests/sim/degrade_digest.json (tests/sim/test_degrade.py)
+    "degrade.json": ALL,
     "ablation.json": ACCELMUX,
     "switches.json": ACCELMUX,
     "many_llms.json": ALL,

@@ -29,6 +29,7 @@ from accelmux.config.backends import (
 from accelmux.config.load import replica_problems
 from accelmux.config.machine import missing_backends
 from accelmux.config.schema import AccelmuxConfig, DeviceConfig
+from accelmux.core.degrade import VariantMode
 from accelmux.core.specs import ServiceSpec
 from accelmux.errors import ConfigError
 
@@ -73,7 +74,10 @@ def build_backends(
                 svc.kind,
                 model,
                 section,
-                profile=(int(svc.memory.weights), int(svc.memory.runtime)),
+                # a lesser form of a service holds its own share (core/degrade.py)
+                profile=(spec.profile.weights, spec.profile.runtime)
+                if spec.variant is not None
+                else (int(svc.memory.weights), int(svc.memory.runtime)),
                 answers_as=spec.addressed_as,
             )
         elif isinstance(section, ExternalBackendConfig):
@@ -86,11 +90,23 @@ def build_backends(
             out[spec.name] = workers.backend(
                 spec.name,
                 svc.kind,
-                section,
+                form_section(section, spec),
                 gpu_index=gpu_index(cfg.devices[spec.device]),
                 device=spec.device,
             )
     return out
+
+
+def form_section(section: WorkerBackendConfig, spec: ServiceSpec) -> WorkerBackendConfig:
+    """The worker section of one form of a service that may degrade
+    (:mod:`accelmux.core.degrade`): a partial offload loads llama.cpp with its
+    ``n_gpu_layers``; the full form and the CPU form (a host device: no GPU) as
+    configured."""
+    variant = spec.variant
+    if variant is None or variant.mode is not VariantMode.OFFLOAD:
+        return section
+    options = {**section.options, "n_gpu_layers": variant.n_gpu_layers}
+    return section.model_copy(update={"options": options})
 
 
 def _external(

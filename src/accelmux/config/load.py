@@ -15,6 +15,7 @@ from accelmux.config.backends import (
     argv_placeholder_problem,
     external_problems,
 )
+from accelmux.config.degrade import degrade_problems
 from accelmux.config.deprecated import modernize
 from accelmux.config.schema import POLICY_NAMES, AccelmuxConfig
 from accelmux.core.placement import place_pinned
@@ -210,7 +211,8 @@ def semantic_problems(cfg: AccelmuxConfig, base_dir: Path | None = None) -> list
         candidates = cfg.devices_of(name)
         fitting = [d for d in candidates if _fits(cfg, d, floor + mem.workspace)]
         too_small = [d for d in candidates if d not in fitting]
-        if too_small and (explicit or not fitting):
+        # a service that degrades may be too large for its GPU: its lesser forms run
+        if too_small and (explicit or not fitting) and svc.degrade is None:
             usable = _usable(cfg, too_small[0])
             problems.append(
                 f"{key}.memory: needs {floor + mem.workspace} B to run but device "
@@ -258,6 +260,7 @@ def semantic_problems(cfg: AccelmuxConfig, base_dir: Path | None = None) -> list
 
     problems += wyoming_problems(cfg)
     problems += cluster_problems(cfg)
+    problems += degrade_problems(cfg)
     if cfg.policy.name not in POLICY_NAMES:
         problems.append(
             f"policy.name: unknown policy (got {cfg.policy.name!r}; known: "

@@ -24,6 +24,7 @@ from accelmux.config.deprecated import RENAMED_VALUES
 from accelmux.config.limits import LimitsConfig
 from accelmux.config.schema import (
     AccelmuxConfig,
+    DegradeConfig,
     DeviceConfig,
     HostConfig,
     MemoryConfig,
@@ -43,6 +44,7 @@ SECTIONS: tuple[tuple[str, str, type[BaseModel]], ...] = (
     ("Service memory profile", "services.NAME.memory", MemoryConfig),
     ("Service queue", "services.NAME.queue", QueueConfig),
     ("Service latency objectives", "services.NAME.slo", SloConfig),
+    ("Service degrading (CPU fallback, partial offload)", "services.NAME.degrade", DegradeConfig),
     ("Backend: external (supervised server)", "services.NAME.backend", ExternalBackendConfig),
     ("Backend: worker (accelmux's inference worker)", "services.NAME.backend", WorkerBackendConfig),
     ("Backend: fake (test double)", "services.NAME.backend", FakeBackendConfig),

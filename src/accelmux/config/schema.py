@@ -12,7 +12,15 @@ import re
 from collections.abc import Iterable
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ByteSize, ConfigDict, Field, PrivateAttr, field_validator
+from pydantic import (
+    BaseModel,
+    ByteSize,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    field_validator,
+    model_validator,
+)
 
 from accelmux.config.backends import BackendConfig
 from accelmux.config.cluster import NODE_NAME_PATTERN, ClusterConfig
@@ -100,6 +108,56 @@ class SloConfig(StrictModel):
     tbt_s: float | None = Field(None, gt=0, description="LLM time between tokens objective.")
 
 
+class DegradeConfig(StrictModel):
+    """How a service may run when its GPU cannot hold it without evicting a higher class:
+    on the CPU (a host device), or with fewer of its layers on the GPU (llama.cpp). The
+    policy picks the best form that fits and moves the service back when room returns."""
+
+    fallback_device: str | None = Field(
+        None,
+        description="A host device to run it on (its weights in host RAM, the CPU computing).",
+    )
+    min_gpu_layers: int | None = Field(
+        None,
+        ge=1,
+        description="Partial offload (llama.cpp): the fewest layers worth keeping on the GPU.",
+    )
+    max_gpu_layers: int | None = Field(
+        None,
+        ge=1,
+        description="Partial offload: the most layers of a partial offload (fewer than all).",
+    )
+    layers: int | None = Field(
+        None,
+        ge=2,
+        description="The model's layers as llama.cpp counts them (its blocks and the "
+        "output layer); read from memory.gguf when that is set.",
+    )
+    cpu_slowdown: float = Field(
+        8.0,
+        ge=1.0,
+        le=1000.0,
+        description="How many times longer a request takes on the CPU than on the GPU: "
+        "the policy's estimate when it weighs the forms (a layer split is the share of "
+        "layers on the CPU at this speed).",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> DegradeConfig:
+        fewest, most = self.min_gpu_layers, self.max_gpu_layers
+        if (fewest is None) != (most is None):
+            raise ValueError("give min_gpu_layers and max_gpu_layers together, or neither")
+        if fewest is not None and most is not None and fewest > most:
+            raise ValueError(f"min_gpu_layers {fewest} is more than max_gpu_layers {most}")
+        if self.fallback_device is None and fewest is None:
+            raise ValueError("declare a fallback_device, a layer range, or both")
+        return self
+
+    @property
+    def offload(self) -> bool:
+        return self.min_gpu_layers is not None
+
+
 class ServiceConfig(StrictModel):
     kind: ServiceKind = Field(description="What the service does; decides its endpoint.")
     service_class: Literal["realtime", "interactive", "batch", "background"] = Field(
@@ -156,6 +214,11 @@ class ServiceConfig(StrictModel):
     )
     backend: BackendConfig | None = Field(
         None, description="How it runs: external, worker or fake (none: simulation only)."
+    )
+    degrade: DegradeConfig | None = Field(
+        None,
+        description="Run on the CPU or with fewer layers on the GPU instead of waiting "
+        "when its GPU cannot hold it without evicting a higher class (see docs/gpu.md).",
     )
     nodes: list[Annotated[str, Field(pattern=NODE_NAME_PATTERN)]] | None = Field(
         None,

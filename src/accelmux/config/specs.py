@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from accelmux.config.degrade import degrade_forms
 from accelmux.config.schema import AccelmuxConfig, MemoryConfig, parse_window
 from accelmux.core.placement import place_pinned, replica_name
 from accelmux.core.specs import (
@@ -94,6 +95,9 @@ def to_manager_spec(
             weights_key=_weights_key(svc.backend, svc.kind, placement[name][0]),
             steady=svc.steady if svc.steady is not None else svc.kind is ServiceKind.CAMERA,
         )
+        if svc.degrade is not None:
+            services += degrade_forms(spec, svc)
+            continue
         if len(placement[name]) == 1:
             services.append(spec)
             continue

@@ -9,6 +9,7 @@ import bisect
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from accelmux.core.degrade import Variant
 from accelmux.core.switches import Switches, unknown_switch_message, unknown_switches
 from accelmux.core.types import Residency, ResizeSupport, ServiceClass, ServiceKind
 
@@ -206,6 +207,9 @@ class ServiceSpec:
     #: frames (the background floor). Higher classes still may. It ranks above batch when
     #: room is made (:func:`room_rank`).
     steady: bool = False
+    #: One form of a service that may degrade (a replica of its group: see
+    #: :mod:`accelmux.core.degrade`); None for every other service.
+    variant: Variant | None = None
 
     def __post_init__(self) -> None:
         _require(self.concurrency >= 1, f"service {self.name}: concurrency must be >= 1")
@@ -315,4 +319,15 @@ class ManagerSpec:
             _require(
                 not s.group or s.group not in snames,
                 f"service {s.name}: its group {s.group!r} is also a service's name",
+            )
+        forms: dict[str, list[int]] = {}
+        for s in self.services:
+            if s.variant is not None:
+                _require(bool(s.group), f"service {s.name}: a form of a service needs a group")
+                forms.setdefault(s.group, []).append(s.variant.rank)
+        for group, ranks in forms.items():
+            members = sum(1 for s in self.services if s.group == group)
+            _require(
+                sorted(ranks) == list(range(len(ranks))) and len(ranks) == members,
+                f"service {group}: its forms must be ranked 0, 1, ... with nothing else beside",
             )

@@ -154,6 +154,13 @@ class Reason(StrEnum):
     WINDOW_OPEN = "window_open"
     RESIZE_AT_NEXT_LOAD = "resize_at_next_load"
     HOST_BUDGET = "host_budget"
+    #: A lesser form of a service (fewer layers on its GPU, or on the CPU) loads: its
+    #: full form cannot be held without evicting a higher class (see core/degrade.py).
+    DEGRADED = "degraded"
+    #: A better form of a degraded service loads: room for it returned.
+    ROOM_RETURNED = "room_returned"
+    #: A lesser form unloads: a better form of its service is loaded and serves.
+    SUPERSEDED = "superseded"
     # resize
     BALLOON_GROW = "balloon_grow"
     BALLOON_SHRINK = "balloon_shrink"

@@ -617,6 +617,12 @@ class Simulation:
             prompt_tokens=d.prompt_tokens,
             output_tokens=d.output_tokens,
         )
+        work, prefill = self.sim_cfg.degrade_cost.stretch(
+            self.services[a.service].variant,
+            is_llm=self.is_llm(a.service),
+            work=work,
+            prefill=prefill,
+        )
         job = Job(
             rid=req.rid,
             service=a.service,

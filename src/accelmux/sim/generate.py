@@ -10,9 +10,14 @@ normal scenario file: ``accelmux check`` accepts it and ``accelmux simulate`` ru
 
 A home is of one of :data:`HOME_KINDS`: ``mixed`` (the draw above, the suite's homes),
 ``night-cameras`` (cameras detecting all night beside a night maintenance window of
-indexing and batch work) or ``evening-game`` (an evening with a game or another GPU program
-taking 30-70% of the device and much of its compute for 1-3 hours). Each kind draws from
-its own random stream, so adding a kind changes no other kind's homes.
+indexing and batch work), ``evening-game`` (an evening with a game or another GPU program
+taking 30-70% of the device and much of its compute for 1-3 hours) or ``small-gpu`` (the
+mixed draw on a card of 8 GiB or less). Each kind draws from its own random stream, so
+adding a kind changes no other kind's homes.
+
+:func:`with_degrade` declares, on a home with an NVIDIA card, a CPU fallback and a
+partial-offload range for each interactive LLM (and the host's RAM as a device
+for the fallback): the same home, for the degrade benchmark.
 
 :func:`stress_classes` reads the stresses a scenario carries back from its config, so a
 suite can report results per stress class whatever produced the scenario.
@@ -20,6 +25,7 @@ suite can report results per stress class whatever produced the scenario.
 
 from __future__ import annotations
 
+import copy
 import math
 import random
 from dataclasses import dataclass, field
@@ -65,7 +71,18 @@ BURST_RATE_PER_H = 150.0
 #: Simulated seconds of a generated home unless the caller asks for another length.
 DEFAULT_DURATION_S = 1200.0
 #: What a home can be (see the module doc); ``mixed`` is the suite's default.
-HOME_KINDS = ("mixed", "night-cameras", "evening-game")
+HOME_KINDS = ("mixed", "night-cameras", "evening-game", "small-gpu")
+#: The cards a ``small-gpu`` home draws from: NVIDIA cards of 8 GiB or less.
+SMALL_GPUS = tuple(d for d in DEVICES if not d.shared_memory and d.capacity_gib <= 8)
+#: The host RAM a home's CPU fallback may fill (``with_degrade``): a 32 GiB machine
+#: keeping 8 GiB for its OS and programs.
+FALLBACK_HOST = {
+    "kind": "host",
+    "capacity": "32GiB",
+    "budget": "24GiB",
+    "headroom": "1GiB",
+    "load_bandwidth": "2GB",
+}
 
 
 def _mib(n: float) -> str:
@@ -712,7 +729,7 @@ def generate_home(
     if kind not in HOME_KINDS:
         raise ValueError(f"unknown home kind {kind!r} (known: {', '.join(HOME_KINDS)})")
     rng = random.Random(f"accelmux-home:{seed}" if kind == "mixed" else f"accelmux-{kind}:{seed}")
-    dev = rng.choice(DEVICES)
+    dev = rng.choice(SMALL_GPUS if kind == "small-gpu" else DEVICES)
     device, usable, os_share = _device(dev, rng)
     h = _Home(rng=rng, device=dev, usable=usable, duration=float(duration_s))
     if kind == "night-cameras":
@@ -774,6 +791,36 @@ def generate_home(
     return GeneratedHome(
         seed=seed, name=name, data=data, device=dev, models=h.models, sources=h.sources
     )
+
+
+def with_degrade(home: GeneratedHome) -> dict[str, Any]:
+    """``home``'s scenario data with a ``degrade`` section on each interactive LLM (a
+    fallback to the host's RAM, :data:`FALLBACK_HOST`, and layers from a quarter to 85 %
+    of the model's on the GPU) and every service on the card by name. Batch LLMs declare
+    none: their work waits for the GPU rather than run many times slower on the CPU
+    (measured: with a fallback, the small-gpu homes' batch fell from 100 % to 76 %). A
+    home on a shared-memory host has nothing to fall back to: its data comes back
+    unchanged."""
+    data = copy.deepcopy(home.data)
+    if home.device.shared_memory:
+        return data
+    (gpu,) = data["devices"]
+    data["devices"]["cpu"] = dict(FALLBACK_HOST)
+    llms = {m.name: m for m in LLMS}
+    for name, svc in data["services"].items():
+        svc["device"] = gpu
+        model = llms.get(home.models.get(name, ""))
+        if model is None or svc["class"] != "interactive":
+            continue
+        layers = model.layers + 1  # llama.cpp counts the output layer too
+        most = max(1, round(0.85 * layers))
+        svc["degrade"] = {
+            "fallback_device": "cpu",
+            "min_gpu_layers": min(most, max(1, round(0.25 * layers))),
+            "max_gpu_layers": most,
+            "layers": layers,
+        }
+    return data
 
 
 def stress_classes(cfg: ScenarioConfig) -> list[str]:

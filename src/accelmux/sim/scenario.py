@@ -36,6 +36,7 @@ from accelmux.core.specs import Capabilities, ManagerSpec, ServiceSpec
 from accelmux.core.types import GIB, ResizeSupport
 from accelmux.errors import ConfigError
 from accelmux.sim.baselines.config import BaselinePolicyConfig
+from accelmux.sim.degrade_cost import DegradeCostConfig
 from accelmux.sim.recorded import RecordedError, read_timeline, read_trace
 
 #: The Azure LLM trace 2023 (conversations), shipped inside the package (see traces/README.md).
@@ -277,6 +278,11 @@ class SimulationConfig(StrictModel):
         "one's KV state also moves at host_bandwidth).",
     )
     error: ErrorModelConfig = Field(default_factory=ErrorModelConfig)
+    degrade_cost: DegradeCostConfig = Field(
+        default_factory=DegradeCostConfig,
+        description="The layer-split cost model of a service's lesser forms (on the CPU, "
+        "fewer layers on the GPU): accelmux.sim.degrade_cost.",
+    )
     services: dict[str, ServicePerfConfig] = Field(default_factory=dict)
     foreign: list[ForeignConfig] = Field(default_factory=list)
     timeline: str | None = Field(

@@ -1140,7 +1140,7 @@ class WorldOps:
         svc.consecutive_failures = 0
         svc.resize_refused = False  # a refusal was about the previous load
         self._reindex(svc)
-        if svc.load_reason is Reason.DEMAND or svc.load_reason is Reason.RELOAD_AFTER_CRASH:
+        if svc.load_reason in (Reason.DEMAND, Reason.RELOAD_AFTER_CRASH, Reason.DEGRADED):
             svc.cold_starts += 1
         svc.last_used = max(svc.last_used, w.now)
         if measured is not None:

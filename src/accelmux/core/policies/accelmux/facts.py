@@ -264,6 +264,33 @@ def wanted_by_higher_class(view: WorldView, svc: ServiceState) -> bool:
     )
 
 
+def forms_of(view: WorldView, svc: ServiceState) -> list[ServiceState]:
+    """The forms of a service that may degrade, best first (:mod:`accelmux.core.degrade`);
+    [] for any other service."""
+    if svc.spec.variant is None:
+        return []
+    return sorted(view.groups[svc.spec.group], key=form_rank)
+
+
+def form_rank(svc: ServiceState) -> int:
+    return svc.spec.variant.rank if svc.spec.variant is not None else 0
+
+
+def why_degraded(view: WorldView, svc: ServiceState) -> str:
+    """Why a lesser form of a service loads: what its full form needs on its GPU, and
+    what is free there."""
+    variant = svc.spec.variant
+    full = forms_of(view, svc)[0]
+    device = full.spec.device
+    mib = 1024 * 1024
+    how = variant.describe() if variant is not None else svc.name
+    return (
+        f"{how}: the full model needs {footprint(view, full) // mib} MiB on {device}, "
+        f"{max(0, view.ledger.available(device)) // mib} MiB free, and the rest is held "
+        "by a higher class, busy work or other programs"
+    )
+
+
 def footprint(view: WorldView, svc: ServiceState) -> int:
     """What loading ``svc`` commits at its KV floor, calibrated."""
     weights, runtime, _ = view.projected_resident(svc, 0)

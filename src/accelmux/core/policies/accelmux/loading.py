@@ -133,10 +133,13 @@ class Loading:
             )
             return
         reason = Reason.RELOAD_AFTER_CRASH if svc.status is ServiceStatus.CRASHED else Reason.DEMAND
+        detail = f"for {req.request_id}"
+        if svc.spec.variant is not None and svc.spec.variant.degraded:
+            reason, detail = Reason.DEGRADED, f"{detail}: {facts.why_degraded(self.view, svc)}"
         room = need + reserve - self.room.own_parked(svc)
         if self.room.make_room(
             dev, room, RoomFor(req.cls, svc, reason, requester=req)
-        ) and self.ops.load(svc, reason=reason, kv_pool=pool, detail=f"for {req.request_id}"):
+        ) and self.ops.load(svc, reason=reason, kv_pool=pool, detail=detail):
             self.wait(req, Reason.LOADING, "cold start")
             self.explain_learned(req, svc)
             return

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from accelmux.core.events import Demand
 from accelmux.core.policies.accelmux.admission import Admission
 from accelmux.core.policies.accelmux.cache import RoundCache
+from accelmux.core.policies.accelmux.degrading import Degrading
 from accelmux.core.policies.accelmux.learning import Learning
 from accelmux.core.policies.accelmux.loading import Loading
 from accelmux.core.policies.accelmux.preemption import Preemption
@@ -45,6 +46,7 @@ class Parts:
     steady: Steady
     routing: Routing
     loading: Loading
+    degrading: Degrading
     admission: Admission
     schedule: Schedule
     residents: Residents
@@ -61,6 +63,7 @@ def build_parts(seam: Seam) -> Parts:
     steady = Steady(seam)
     routing = Routing(seam, room, reserve)
     loading = Loading(seam, room, reserve, steady)
+    degrading = Degrading(seam, routing, loading, reserve)
     admission = Admission(seam, room, reserve, loading, time_sharing)
     schedule = Schedule(seam, admission, time_sharing)
     residents = Residents(seam, room, reserve, loading, routing)
@@ -75,6 +78,7 @@ def build_parts(seam: Seam) -> Parts:
         steady,
         routing,
         loading,
+        degrading,
         admission,
         schedule,
         residents,
@@ -130,6 +134,7 @@ class AccelmuxPolicy:
         p.residents.keep_pinned_loaded()
         if view.groups and switches.placement:
             p.routing.reroute_to_free_replicas()
+            p.degrading.step()
         p.schedule.schedule()
         p.residents.expire_idle()
         if switches.ballooning:

@@ -416,6 +416,7 @@ class Residents:
                 or self.view.now < svc.backoff_until
                 or not svc.spec.in_window(self.view.time_of_day())
                 or facts.other_replica_up(self.view, svc)
+                or facts.form_rank(svc) > 0
                 or self.loading.loads_one_at_a_time(svc.spec.device)
             ):
                 continue

@@ -13,7 +13,7 @@ from accelmux.core.policies.accelmux import facts
 from accelmux.core.policies.accelmux.records import RoomFor, Seam
 from accelmux.core.policies.accelmux.reserve import Reserve
 from accelmux.core.policies.accelmux.room import Room
-from accelmux.core.types import ServiceStatus
+from accelmux.core.types import Reason, ServiceStatus
 from accelmux.core.world import ServiceState, reuse_rate
 
 
@@ -33,6 +33,8 @@ class Routing:
         placement and a second replica for a busy service are both decided here."""
         if not self.view.knobs.switches.placement:
             return first_up(replicas)
+        if replicas[0].spec.variant is not None:
+            return self.route_forms(replicas, demand)
         # A second replica is worth only memory nobody else holds: once one replica is
         # up, another is a candidate only where it fits in free memory.
         any_up = any(r.holds_memory for r in replicas)
@@ -57,10 +59,90 @@ class Routing:
             ),
         )
 
+    def route_forms(self, forms: Sequence[ServiceState], demand: Demand) -> ServiceState:
+        """The form of a service that may degrade a request waits on: while a form is up,
+        the up form expected to finish it first (its queue, the rest of its load, its
+        time per request); else :meth:`best_form`, else the full form (the request waits
+        for it)."""
+        ordered = sorted(forms, key=facts.form_rank)
+        up = [f for f in ordered if f.status in (ServiceStatus.LOADED, ServiceStatus.LOADING)]
+        if up:
+            return min(
+                up,
+                key=lambda f: (
+                    round(self.expected_start_s(f, None) + self.form_service_s(f), 1),
+                    facts.form_rank(f),
+                ),
+            )
+        return self.best_form(ordered, demand) or ordered[0]
+
+    def best_form(self, ordered: Sequence[ServiceState], demand: Demand) -> ServiceState | None:
+        """The best form (``ordered``: best first) that can be loaded now without evicting
+        a higher class. On its GPU first: the best form whose room is free memory and idle
+        services of its class or lower; else the full form if its room also stops or
+        shrinks lower-class work (what a load of the service does without forms); only
+        then a form on another device (the CPU: many times slower). A lesser form never
+        stops other work: it is many times slower too, and the work it would stop loses
+        more than it gains. None when no form can be held."""
+        full = ordered[0]
+        on_gpu = [f for f in ordered if f.spec.device == full.spec.device]
+        elsewhere = [f for f in ordered if f.spec.device != full.spec.device]
+        for form in on_gpu:
+            if self.holds(form, demand, stop_work=False):
+                return form
+        if self.holds(full, demand, stop_work=True):
+            return full
+        for form in elsewhere:
+            if self.holds(form, demand, stop_work=True):
+                return form
+        return None
+
+    def holds(self, form: ServiceState, demand: Demand, *, stop_work: bool = True) -> bool:
+        """Whether ``form`` can be loaded now without evicting a higher class: not backing
+        off after a crash, no higher class waiting on its device, and its room made of
+        free memory and idle services of its class or lower (``stop_work``: and of
+        lower-class work stopped or shrunk, as :meth:`Room.plan` finds it)."""
+        if form.status is ServiceStatus.CRASHED and form.backoff_until > self.view.now:
+            return False
+        if facts.wanted_by_higher_class(self.view, form):
+            return False
+        if self.room_seconds(form, demand) is not None:
+            return True
+        if not stop_work:
+            return False
+        for_ = RoomFor(form.spec.cls, form, Reason.DEGRADED)
+        return self.room.plan(form.spec.device, self.load_need(form, demand), for_) is not None
+
+    def load_need(self, svc: ServiceState, demand: Demand) -> int:
+        """What loading ``svc`` for a request of ``demand`` needs free on its device: its
+        footprint at its KV floor, the request's projected activation memory and the
+        realtime reserve."""
+        est = self.view.estimate(svc.name, demand)
+        return (
+            facts.footprint(self.view, svc)
+            + svc.calibration.project_active(est)
+            + self.reserve.realtime_reserve(svc.spec.device)
+        )
+
+    def form_service_s(self, form: ServiceState) -> float:
+        """Expected seconds per request on ``form``: the full form's time (learned from
+        whichever forms have served, each over its slowdown) times ``form``'s slowdown."""
+        forms = self.view.groups[form.spec.group]
+        full_s = [
+            f.mean_service_s / f.spec.variant.slowdown
+            for f in forms
+            if f.served and f.spec.variant is not None
+        ]
+        base = min(full_s) if full_s else form.mean_service_s
+        variant = form.spec.variant
+        return base * (variant.slowdown if variant is not None else 1.0)
+
     def reroute_to_free_replicas(self) -> None:
         """A request waiting on a replica that is not loaded moves to a loaded replica
         of its service with a free slot and no queue: it starts there now."""
         for replicas in self.view.groups.values():
+            if replicas[0].spec.variant is not None:
+                continue  # the forms of a service move their requests themselves
             free = [
                 r
                 for r in replicas
@@ -92,6 +174,8 @@ class Routing:
         group = svc.spec.group
         if not group:
             return True
+        if svc.spec.variant is not None:  # only the full form of a service is kept warm
+            return svc.spec.variant.rank == 0 and not facts.other_replica_up(self.view, svc)
         if facts.other_replica_up(self.view, svc):
             return False
         return self.route(self.view.groups[group], Demand()) is svc
@@ -120,12 +204,7 @@ class Routing:
         """The expected reload seconds others pay for ``svc`` to load now (0: it fits in
         free memory), or None when it fits only once busy work ends."""
         device = svc.spec.device
-        est = self.view.estimate(svc.name, demand)
-        need = (
-            facts.footprint(self.view, svc)
-            + svc.calibration.project_active(est)
-            + self.reserve.realtime_reserve(device)
-        )
+        need = self.load_need(svc, demand)
         short = need - self.view.ledger.available(device) - self.room.pending_free(device)
         if short > 0 and self.view.knobs.switches.ballooning:
             # KV pools above what their requests use shrink at no reload cost to anyone
