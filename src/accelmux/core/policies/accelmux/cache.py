@@ -123,11 +123,7 @@ class RoundCache:
         self._per_round: tuple[Memo[Any, Any, Any], ...] = tuple(
             memo for memo in vars(self).values() if isinstance(memo, Memo)
         )
-        #: The per-round memos that kept something since the last :meth:`new_round`: only
-        #: those are cleared (a round on a small home fills few of them).
-        self._filled: list[Memo[Any, Any, Any]] = []
-        for memo in self._per_round:
-            memo.dirty = self._filled
+        self._filled = _noting_filled(self._per_round)  # those :meth:`new_round` clears
         # ---- across rounds
         self.reserves: Memo[str, tuple[int, int], int] = Memo(on)
         self.load_sizes: Memo[
@@ -170,3 +166,13 @@ class RoundCache:
             self.load_sizes.keep_only(lambda rid: rid in waiting)
         if len(self.considered) > 2 * len(waiting) + 64:
             self.considered.keep_only(lambda rid: rid in waiting)
+
+
+def _noting_filled(memos: tuple[Memo[Any, Any, Any], ...]) -> list[Memo[Any, Any, Any]]:
+    """The list each of ``memos`` notes itself in when it keeps its first entry: the
+    per-round memos that kept something since the last round, the only ones a new round
+    clears (a round on a small home fills few of them)."""
+    filled: list[Memo[Any, Any, Any]] = []
+    for memo in memos:
+        memo.dirty = filled
+    return filled
