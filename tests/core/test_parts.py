@@ -18,6 +18,7 @@ from accelmux.core.policies.accelmux.residency import Residents
 from accelmux.core.policies.accelmux.room import Room
 from accelmux.core.policies.accelmux.routing import Routing
 from accelmux.core.policies.accelmux.schedule import Schedule
+from accelmux.core.policies.accelmux.shrinking import Shrinking
 from accelmux.core.policies.accelmux.steady import Steady
 from accelmux.core.policies.accelmux.time_sharing import TimeSharing
 from accelmux.core.policies.accelmux.wakeup import Wakeup
@@ -245,7 +246,7 @@ def test_a_request_for_an_unloaded_service_loads_it_when_its_room_is_free() -> N
 def admission(view: FakeView, ops: RecordingOps) -> Admission:
     s = seam(view, ops)
     ts, room, reserve = parts(view, ops)
-    return Admission(s, room, reserve, Loading(s, room, reserve, Steady(s)), ts)
+    return Admission(s, room, reserve, Loading(s, room, reserve, Steady(s)), ts, Shrinking(s))
 
 
 def test_a_request_for_a_loaded_idle_service_with_room_is_dispatched() -> None:

@@ -298,3 +298,25 @@ def test_cancel_during_one_by_one_stops_early(store: JobStore) -> None:
     assert calls == [["bad", "a", "b", "c"]]  # no input is tried alone after the cancel
     assert final.counts.cancelled == 4
     assert store.check() == []
+
+
+def test_claims_the_batch_the_manager_chose_and_no_more_at_once(store: JobStore) -> None:
+    """While its service is shrunk (a Rebatch: a quarter of the batch, one at a time) the
+    runner claims 2 inputs of its 8 and keeps one batch in flight; once grown back, full
+    batches again, up to max_outstanding at once."""
+    job = store.create_job("embed", texts(40))
+    backend = Backend()
+    chosen = {"batch": (0.25, 1)}
+    run(
+        JobRunner(
+            store, backend, settings=FAST, batch_of=lambda m: chosen["batch"]
+        ).run_until_idle()
+    )
+    assert store.get_job(job.id).counts.done == 40
+    assert {len(call) for call in backend.calls} == {2} and backend.peak == 1
+    job = store.create_job("embed", texts(48))
+    grown = Backend()
+    chosen["batch"] = (1.0, 3)
+    run(JobRunner(store, grown, settings=FAST, batch_of=lambda m: chosen["batch"]).run_until_idle())
+    assert store.get_job(job.id).counts.done == 48
+    assert {len(call) for call in grown.calls} == {8} and 2 <= grown.peak <= 3

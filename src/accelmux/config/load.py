@@ -18,6 +18,7 @@ from accelmux.config.backends import (
 from accelmux.config.degrade import degrade_problems
 from accelmux.config.deprecated import modernize
 from accelmux.config.schema import POLICY_NAMES, AccelmuxConfig
+from accelmux.config.shrink import shrink_problems
 from accelmux.core.placement import place_pinned
 from accelmux.errors import ConfigError
 
@@ -261,6 +262,7 @@ def semantic_problems(cfg: AccelmuxConfig, base_dir: Path | None = None) -> list
     problems += wyoming_problems(cfg)
     problems += cluster_problems(cfg)
     problems += degrade_problems(cfg)
+    problems += shrink_problems(cfg)
     if cfg.policy.name not in POLICY_NAMES:
         problems.append(
             f"policy.name: unknown policy (got {cfg.policy.name!r}; known: "

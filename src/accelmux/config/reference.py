@@ -31,6 +31,7 @@ from accelmux.config.schema import (
     PolicyConfig,
     QueueConfig,
     ServiceConfig,
+    ShrinkConfig,
     SloConfig,
 )
 from accelmux.config.server import HistoryConfig, ServerConfig
@@ -45,6 +46,7 @@ SECTIONS: tuple[tuple[str, str, type[BaseModel]], ...] = (
     ("Service queue", "services.NAME.queue", QueueConfig),
     ("Service latency objectives", "services.NAME.slo", SloConfig),
     ("Service degrading (CPU fallback, partial offload)", "services.NAME.degrade", DegradeConfig),
+    ("Service batch shrinking", "services.NAME.shrink", ShrinkConfig),
     ("Backend: external (supervised server)", "services.NAME.backend", ExternalBackendConfig),
     ("Backend: worker (accelmux's inference worker)", "services.NAME.backend", WorkerBackendConfig),
     ("Backend: fake (test double)", "services.NAME.backend", FakeBackendConfig),

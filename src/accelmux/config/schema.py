@@ -108,6 +108,28 @@ class SloConfig(StrictModel):
     tbt_s: float | None = Field(None, gt=0, description="LLM time between tokens objective.")
 
 
+class ShrinkConfig(StrictModel):
+    """How a batch service may shrink under memory pressure: when the activation memory
+    of a request at its full batch cannot be held without evicting a higher class or
+    stopping work, it runs in smaller batches (halving, down to ``min_batch_fraction``)
+    that fit in free memory, and fewer requests at once; it grows back when free memory
+    holds a larger batch again."""
+
+    min_batch_fraction: float = Field(
+        0.25,
+        gt=0,
+        lt=1,
+        description="The smallest share of a request's batch (its units: inputs, audio "
+        "seconds, megapixels) it may run with at a time.",
+    )
+    min_parallel: int = Field(
+        1,
+        ge=1,
+        description="The fewest requests it runs at once while shrunk (its concurrency "
+        "shrinks with its batch, never below this).",
+    )
+
+
 class DegradeConfig(StrictModel):
     """How a service may run when its GPU cannot hold it without evicting a higher class:
     on the CPU (a host device), or with fewer of its layers on the GPU (llama.cpp). The
@@ -219,6 +241,11 @@ class ServiceConfig(StrictModel):
         None,
         description="Run on the CPU or with fewer layers on the GPU instead of waiting "
         "when its GPU cannot hold it without evicting a higher class (see docs/gpu.md).",
+    )
+    shrink: ShrinkConfig | None = Field(
+        None,
+        description="A batch or background service: run smaller batches, and fewer at "
+        "once, instead of waiting when memory is short (see docs/gpu.md).",
     )
     nodes: list[Annotated[str, Field(pattern=NODE_NAME_PATTERN)]] | None = Field(
         None,

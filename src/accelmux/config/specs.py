@@ -5,8 +5,9 @@ from __future__ import annotations
 import dataclasses
 
 from accelmux.config.degrade import degrade_forms
-from accelmux.config.schema import AccelmuxConfig, MemoryConfig, parse_window
+from accelmux.config.schema import AccelmuxConfig, MemoryConfig, ShrinkConfig, parse_window
 from accelmux.core.placement import place_pinned, replica_name
+from accelmux.core.shrink import BatchShrink
 from accelmux.core.specs import (
     Capabilities,
     DeviceSpec,
@@ -94,6 +95,7 @@ def to_manager_spec(
             or (svc.backend.capabilities(svc.kind) if svc.backend else Capabilities()),
             weights_key=_weights_key(svc.backend, svc.kind, placement[name][0]),
             steady=svc.steady if svc.steady is not None else svc.kind is ServiceKind.CAMERA,
+            shrink=_shrink(svc.shrink),
         )
         if svc.degrade is not None:
             services += degrade_forms(spec, svc)
@@ -196,3 +198,10 @@ def _weights_key(backend: object, kind: ServiceKind, device: str) -> str:
     device share one copy."""
     key = getattr(backend, "weights_key", None)
     return str(key(kind, device)) if callable(key) else ""
+
+
+def _shrink(cfg: ShrinkConfig | None) -> BatchShrink | None:
+    """The core's view of a ``shrink:`` section."""
+    if cfg is None:
+        return None
+    return BatchShrink(min_fraction=cfg.min_batch_fraction, min_parallel=cfg.min_parallel)

@@ -103,6 +103,24 @@ class Resize:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Rebatch:
+    """The next Dispatch of ``request_id`` runs its units in batches of ``fraction`` of
+    the full one (1.0: the full batch again), and its service runs at most ``parallel``
+    requests at once meanwhile. Only for services that declare ``shrink``."""
+
+    request_id: str
+    service: str
+    fraction: float
+    parallel: int
+    reason: Reason
+    detail: str = ""
+
+    def __post_init__(self) -> None:
+        _require(0 < self.fraction <= 1, "fraction must be in (0, 1]")
+        _require(self.parallel >= 1, "parallel must be >= 1")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Preempt:
     """Stop a running request; it goes back to its queue and runs again later."""
 
@@ -145,7 +163,9 @@ class Resume:
         _require(self.lease_bytes >= 0, "lease_bytes must be >= 0")
 
 
-Action = Dispatch | Enqueue | Reject | Fail | Load | Unload | Resize | Preempt | Pause | Resume
+Action = (
+    Dispatch | Enqueue | Reject | Fail | Load | Unload | Resize | Preempt | Pause | Resume | Rebatch
+)
 
 
 def action_kind(action: Action) -> str:

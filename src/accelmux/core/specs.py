@@ -10,6 +10,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from accelmux.core.degrade import Variant
+from accelmux.core.shrink import BatchShrink
 from accelmux.core.switches import Switches, unknown_switch_message, unknown_switches
 from accelmux.core.types import Residency, ResizeSupport, ServiceClass, ServiceKind
 
@@ -210,6 +211,9 @@ class ServiceSpec:
     #: One form of a service that may degrade (a replica of its group: see
     #: :mod:`accelmux.core.degrade`); None for every other service.
     variant: Variant | None = None
+    #: How small its batch and parallelism may get under memory pressure (see
+    #: :mod:`accelmux.core.shrink`); None: it always runs its full batch.
+    shrink: BatchShrink | None = None
 
     def __post_init__(self) -> None:
         _require(self.concurrency >= 1, f"service {self.name}: concurrency must be >= 1")

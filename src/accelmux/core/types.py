@@ -161,6 +161,12 @@ class Reason(StrEnum):
     ROOM_RETURNED = "room_returned"
     #: A lesser form unloads: a better form of its service is loaded and serves.
     SUPERSEDED = "superseded"
+    #: A request of a batch service runs at a smaller batch (less activation memory at
+    #: a time, more passes): its full batch cannot be held without evicting a higher
+    #: class or stopping work (see core/shrink.py).
+    BATCH_SHRUNK = "batch_shrunk"
+    #: A shrunk batch service runs a larger batch again: free memory holds it.
+    BATCH_GROWN = "batch_grown"
     # resize
     BALLOON_GROW = "balloon_grow"
     BALLOON_SHRINK = "balloon_shrink"

@@ -39,6 +39,10 @@ log = logging.getLogger("accelmux.jobs")
 
 Submit = Callable[[str, list[str]], Awaitable[Sequence[Any]]]
 WindowOpen = Callable[[str], bool]
+#: A model's batch now: (the fraction of ``batch_size`` to claim, the most batches of it
+#: in flight at once), as the Manager last set them (a Rebatch of a service that may
+#: shrink); (1.0, ``max_outstanding``) when it never shrank.
+BatchOf = Callable[[str], tuple[float, int]]
 
 _MAX_ERROR_CHARS = 500
 
@@ -75,12 +79,16 @@ class JobRunner:
         *,
         settings: RunnerSettings | None = None,
         window_open: WindowOpen | None = None,
+        batch_of: BatchOf | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.store = store
         self.settings = settings or RunnerSettings()
         self._submit = submit
         self._window_open = window_open
+        self._batch_of = batch_of
+        #: Batches claimed and not yet recorded, per model (held against its parallelism).
+        self.holding: dict[str, int] = {}
         self._clock = clock
         self._wakeup = asyncio.Event()
         self._workers: list[asyncio.Task[None]] = []
@@ -157,9 +165,18 @@ class JobRunner:
                 await asyncio.to_thread(self.store.set_paused, job_id, not is_open)
             if not is_open:
                 continue
-            lease = await asyncio.to_thread(self.store.claim, job_id, self.settings.batch_size)
+            size = self.settings.batch_size
+            if self._batch_of is not None:
+                fraction, parallel = self._batch_of(model)
+                if self.holding.get(model, 0) >= parallel:
+                    continue  # its service runs fewer batches at once while shrunk
+                size = max(1, int(size * fraction))
+            # the slot is taken before the claim: other workers claim meanwhile
+            self.holding[model] = self.holding.get(model, 0) + 1
+            lease = await asyncio.to_thread(self.store.claim, job_id, size)
             if lease is not None:
                 return lease
+            self.holding[model] -= 1
         return None
 
     async def _sleep_until_work(self) -> None:
@@ -183,6 +200,8 @@ class JobRunner:
             with contextlib.suppress(Exception):
                 self.store.release(lease)
             raise
+        finally:
+            self.holding[lease.model] = max(0, self.holding.get(lease.model, 1) - 1)
 
     async def _run_batch(self, lease: Lease) -> None:
         store = self.store

@@ -477,5 +477,14 @@ class Runtime:
             last_samples=self.last_samples,
             backends=self.backends,
             last_unloads=self.decisions.last_unloads,
+            batches={
+                name: {
+                    "fraction": r.fraction,
+                    "parallel": r.parallel,
+                    "reason": r.reason.value,
+                    "detail": r.detail,
+                }
+                for name, r in self.executor.batches.items()
+            },
             cpu=self._cpu,
         )

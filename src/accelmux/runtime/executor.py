@@ -35,6 +35,7 @@ from accelmux.core.actions import (
     Load,
     Pause,
     Preempt,
+    Rebatch,
     Reject,
     Resize,
     Resume,
@@ -84,6 +85,8 @@ class ActionExecutor:
         self._activity = activity
         #: The last load failure, refused resize or crash of each service (/admin/status).
         self.last_errors: dict[str, str] = {}
+        #: The latest Rebatch of each service that may shrink: the batch it runs with.
+        self.batches: dict[str, Rebatch] = {}
         self._ops: dict[str, asyncio.Task[None]] = {}
         self.tasks: set[asyncio.Task[Any]] = set()
 
@@ -98,6 +101,9 @@ class ActionExecutor:
             self._service_op(action.service, lambda: self._resize(action))
         elif isinstance(action, (Pause, Resume)):
             self._service_op(action.service, lambda: self._pause_or_resume(action))
+        elif isinstance(action, Rebatch):
+            # what the jobs runner reads to size its next batches (see accelmux.jobs)
+            self.batches[action.service] = action
 
     def crash_callback(
         self, loop: asyncio.AbstractEventLoop, service: str

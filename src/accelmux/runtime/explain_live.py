@@ -159,6 +159,7 @@ def enrich(
     backends: Mapping[str, Backend],
     last_unloads: Mapping[str, dict[str, Any]],
     cpu: ProcessCpu,
+    batches: Mapping[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """``answer`` (:func:`accelmux.runtime.explain.why_full`) with the daemon's figures."""
     ours = our_processes(backends)
@@ -179,4 +180,7 @@ def enrich(
         device["foreign_holders"] = _foreign_holders(kinds.get(name, ""), sample, ours)
         for service, entry in device["services"].items():
             entry["last_unload"] = last_unloads.get(service)
+            if batches and service in batches:
+                # a service that may shrink: the batch it runs with, and why (Rebatch)
+                entry["batch"] = batches[service]
     return answer

@@ -71,6 +71,17 @@ def window_open(runtime: Runtime, model: str) -> bool:
     return any(runtime.spare_for(r.spec) for r in replicas)
 
 
+def batch_of(runtime: Runtime, model: str) -> tuple[float, int]:
+    """A model's batch now, as the Manager last set it for its service (a Rebatch: see
+    accelmux.core.shrink): (the fraction of a full batch to claim, the most batches at
+    once); the full batch and no limit for a service that never shrank."""
+    service = runtime.models.get(model)
+    rebatch = runtime.executor.batches.get(service) if service is not None else None
+    if rebatch is None:
+        return 1.0, 1 << 30
+    return rebatch.fraction, rebatch.parallel
+
+
 async def submit_embeddings(runtime: Runtime, model: str, texts: list[str]) -> list[Any]:
     """Embed ``texts`` through the Manager; the vectors in input order.
 
@@ -126,7 +137,12 @@ def mount_jobs(app: web.Application, runtime: Runtime, data_dir: Path) -> StoreA
     async def submit(model: str, texts: list[str]) -> list[Any]:
         return await submit_embeddings(runtime, model, texts)
 
-    runner = JobRunner(store, submit, window_open=lambda model: window_open(runtime, model))
+    runner = JobRunner(
+        store,
+        submit,
+        window_open=lambda model: window_open(runtime, model),
+        batch_of=lambda model: batch_of(runtime, model),
+    )
     server = runtime.cfg.server
     access = JobAccess(api_keys=tuple(server.api_keys), admin_key=server.admin_key)
     app.add_routes(

@@ -51,6 +51,7 @@ from accelmux.core.actions import (
     Load,
     Pause,
     Preempt,
+    Rebatch,
     Reject,
     Resize,
     Resume,
@@ -73,6 +74,7 @@ from accelmux.core.events import (
 from accelmux.core.manager import Decision, Manager
 from accelmux.core.placement import without_replicas
 from accelmux.core.profiles import estimate_request
+from accelmux.core.shrink import scaled_demand
 from accelmux.core.specs import ServiceSpec
 from accelmux.core.types import ServiceClass, Tier
 from accelmux.sim.baselines import apply_variant, build_policy
@@ -173,6 +175,8 @@ class Simulation:
         self.scenario = scenario
         cfg = scenario.config
         self.sim_cfg = cfg.simulation
+        #: The batch fraction each service that may shrink runs with (Rebatch).
+        self.batch_fraction: dict[str, float] = {}
         self.seed = seed
         self.duration = float(duration_s if duration_s is not None else self.sim_cfg.duration_s)
         self.spec = scenario.manager_spec(capacity_gib)
@@ -570,6 +574,8 @@ class Simulation:
                     self._pause(a, now)
                 case Resume():
                     self._resume(a, now)
+                case Rebatch():
+                    self.batch_fraction[a.service] = a.fraction
                 case Reject():
                     self._end(a.request_id, "rejected", a.reason.value, now)
                 case Fail():
@@ -600,13 +606,18 @@ class Simulation:
             # the runtime is gone; the Manager fails the request when it hears of the crash
             req.oom = req.oom or a.service in self.oom_crashed
             return
-        req.true_active = max(0, round(req.est_active * req.truth))
+        d = req.demand
+        fraction = self.batch_fraction.get(a.service, 1.0)
+        est_active = req.est_active
+        if fraction < 1.0:
+            profile = self.services[a.service].profile
+            est_active = estimate_request(profile, scaled_demand(d, fraction)).active_bytes
+        req.true_active = max(0, round(est_active * req.truth))
         if not phys.start_request(a.service, req.rid, req.true_active):
             req.oom = True
             self._oom(dev_name, a.service, "request", req.true_active, now, req.rid)
             return
         perf = self.perf[a.service]
-        d = req.demand
         work, prefill = solo_work(
             is_llm=self.is_llm(a.service),
             base_s=perf.base_s,
@@ -622,6 +633,9 @@ class Simulation:
             is_llm=self.is_llm(a.service),
             work=work,
             prefill=prefill,
+        )
+        work, prefill = self.sim_cfg.shrink_cost.stretch(
+            fraction, is_llm=self.is_llm(a.service), work=work, prefill=prefill, base_s=perf.base_s
         )
         job = Job(
             rid=req.rid,

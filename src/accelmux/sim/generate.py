@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import ByteSize, TypeAdapter
 
 from accelmux.core.types import GIB, MIB
 from accelmux.sim.catalogue import (
@@ -793,14 +794,25 @@ def generate_home(
     )
 
 
+#: The smallest share of its batch a batch service of a home runs with under pressure.
+SHRINK_MIN_FRACTION = 0.25
+
+
+def _bytes(value: Any) -> float:
+    """A memory figure of a generated service (bytes, or a string such as "3MiB")."""
+    return float(TypeAdapter(ByteSize).validate_python(value))
+
+
 def with_degrade(home: GeneratedHome) -> dict[str, Any]:
     """``home``'s scenario data with a ``degrade`` section on each interactive LLM (a
     fallback to the host's RAM, :data:`FALLBACK_HOST`, and layers from a quarter to 85 %
     of the model's on the GPU) and every service on the card by name. Batch LLMs declare
     none: their work waits for the GPU rather than run many times slower on the CPU
-    (measured: with a fallback, the small-gpu homes' batch fell from 100 % to 76 %). A
-    home on a shared-memory host has nothing to fall back to: its data comes back
-    unchanged."""
+    (measured: with a fallback, the small-gpu homes' batch fell from 100 % to 76 %).
+    Each batch service whose requests hold activation memory per unit (embeddings,
+    images) declares ``shrink`` down to a quarter of its batch
+    (:data:`SHRINK_MIN_FRACTION`). A home on a shared-memory host has nothing to fall
+    back to: its data comes back unchanged."""
     data = copy.deepcopy(home.data)
     if home.device.shared_memory:
         return data
@@ -809,6 +821,8 @@ def with_degrade(home: GeneratedHome) -> dict[str, Any]:
     llms = {m.name: m for m in LLMS}
     for name, svc in data["services"].items():
         svc["device"] = gpu
+        if svc["class"] == "batch" and _bytes(svc["memory"].get("per_unit", 0)) > 0:
+            svc["shrink"] = {"min_batch_fraction": SHRINK_MIN_FRACTION}
         model = llms.get(home.models.get(name, ""))
         if model is None or svc["class"] != "interactive":
             continue

@@ -38,6 +38,7 @@ from accelmux.errors import ConfigError
 from accelmux.sim.baselines.config import BaselinePolicyConfig
 from accelmux.sim.degrade_cost import DegradeCostConfig
 from accelmux.sim.recorded import RecordedError, read_timeline, read_trace
+from accelmux.sim.shrink_cost import ShrinkCostConfig
 
 #: The Azure LLM trace 2023 (conversations), shipped inside the package (see traces/README.md).
 DEFAULT_TRACE = str(Path(__file__).resolve().parent / "traces" / "azure_llm_2023_conv.csv")
@@ -282,6 +283,11 @@ class SimulationConfig(StrictModel):
         default_factory=DegradeCostConfig,
         description="The layer-split cost model of a service's lesser forms (on the CPU, "
         "fewer layers on the GPU): accelmux.sim.degrade_cost.",
+    )
+    shrink_cost: ShrinkCostConfig = Field(
+        default_factory=ShrinkCostConfig,
+        description="The micro-batch cost model of a service running a smaller batch "
+        "(shrink:): accelmux.sim.shrink_cost.",
     )
     services: dict[str, ServicePerfConfig] = Field(default_factory=dict)
     foreign: list[ForeignConfig] = Field(default_factory=list)

@@ -177,6 +177,8 @@ class ServiceState:
     #: The service whose weights copy this one shares while loaded (``weights_key``):
     #: its own WEIGHTS are then 0, the copy is charged once, to that service.
     weights_shared_by: str | None = None
+    #: The batch fraction its latest request ran with (1.0: full; see core/shrink.py).
+    batch_fraction: float = 1.0
 
     def __post_init__(self) -> None:
         self.name = self.spec.name
@@ -289,6 +291,8 @@ class RequestState:
     yields: int = 0
     #: When its current run (dispatch or resume) started.
     running_since: float | None = None
+    #: The batch fraction it runs with (1.0: full); ``estimate`` is of one such batch.
+    batch_fraction: float = 1.0
     explain: deque[str] = field(default_factory=lambda: deque(maxlen=EXPLAIN_LINES))
 
     @property

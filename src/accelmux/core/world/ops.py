@@ -28,6 +28,7 @@ from accelmux.core.actions import (
     Load,
     Pause,
     Preempt,
+    Rebatch,
     Reject,
     Resize,
     Resume,
@@ -37,6 +38,7 @@ from accelmux.core.events import MemorySampled
 from accelmux.core.learned import LearnedSize
 from accelmux.core.ledger import Lease
 from accelmux.core.oom import OomReport, attribute, retest_after
+from accelmux.core.shrink import scaled_demand
 from accelmux.core.types import (
     Category,
     Reason,
@@ -353,6 +355,34 @@ class WorldOps:
             )
         )
         return True
+
+    def rebatch(
+        self, req: RequestState, svc: ServiceState, fraction: float, *, reason: Reason, detail: str
+    ) -> None:
+        """Run ``req`` (and its service's next requests) at ``fraction`` of the full batch:
+        its estimate becomes one such batch's (see :mod:`accelmux.core.shrink`)."""
+        shrink = svc.spec.shrink
+        if shrink is None:
+            raise InvariantError(f"rebatch of {svc.name}, which declares no shrink")
+        w = self.world
+        req.estimate = w.estimate(svc.name, scaled_demand(req.demand, fraction))
+        req.batch_fraction = fraction
+        changed = fraction != svc.batch_fraction
+        svc.batch_fraction = fraction
+        if not changed:
+            return
+        parallel = shrink.parallel(fraction, svc.spec.concurrency)
+        self._explain(req, f"rebatch ({reason.value}) fraction={fraction:g} {detail}".rstrip())
+        self.record(
+            Rebatch(
+                request_id=req.request_id,
+                service=svc.name,
+                fraction=fraction,
+                parallel=parallel,
+                reason=reason,
+                detail=detail,
+            )
+        )
 
     def _resume(
         self,

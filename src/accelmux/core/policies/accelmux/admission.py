@@ -9,6 +9,7 @@ from accelmux.core.policies.accelmux.loading import Loading
 from accelmux.core.policies.accelmux.records import Admitting, RoomFor, Round, Seam
 from accelmux.core.policies.accelmux.reserve import Reserve
 from accelmux.core.policies.accelmux.room import Room
+from accelmux.core.policies.accelmux.shrinking import Shrinking
 from accelmux.core.policies.accelmux.time_sharing import TimeSharing
 from accelmux.core.specs import floored
 from accelmux.core.types import Reason, ResizeSupport, ServiceClass, ServiceStatus
@@ -19,7 +20,13 @@ class Admission:
     """The gates a waiting request passes, and its start on its loaded service."""
 
     def __init__(
-        self, seam: Seam, room: Room, reserve: Reserve, loading: Loading, time_sharing: TimeSharing
+        self,
+        seam: Seam,
+        room: Room,
+        reserve: Reserve,
+        loading: Loading,
+        time_sharing: TimeSharing,
+        shrinking: Shrinking,
     ) -> None:
         self.view = seam.view
         self.ops = seam.ops
@@ -28,6 +35,7 @@ class Admission:
         self.reserve = reserve
         self.loading = loading
         self.time_sharing = time_sharing
+        self.shrinking = shrinking
 
     def wait(self, req: RequestState, reason: Reason, detail: str = "") -> None:
         """``req`` waits for ``reason`` (or is refused, its queue full: ``facts``)."""
@@ -177,6 +185,9 @@ class Admission:
                 self.ops.add_explanation(req, f"{svc.name} measured {charged} B above its leases")
             return True
         concurrency = svc.spec.concurrency
+        shrink = svc.spec.shrink
+        if shrink is not None:
+            concurrency = shrink.parallel(svc.batch_fraction, concurrency)
         if len(inflight) >= concurrency and not self.time_sharing.pause_for_first_token(svc, req):
             if not facts.told(req, Reason.CONCURRENCY_LIMIT):
                 self.wait(
@@ -200,6 +211,7 @@ class Admission:
         the highest class waiting for memory on its device this round."""
         cls = req.cls
         dev = svc.spec.device
+        self.shrinking.full_estimate(req, svc)
         active = self.view.projected_active(req)
         fit = self.kv_fit(req, svc)
         if fit is None or not self.admission_need(req, svc, active, fit):
@@ -228,22 +240,48 @@ class Admission:
                 "idle memory too small",
             )
             return
-        if not self.room.make_room(dev, room_needed, RoomFor(cls, svc, requester=req)):
-            if self.room.reachable(dev, room_needed, svc):
-                rnd.block(dev, cls)
-            elif cls is ServiceClass.REALTIME:
-                self.room.refuse(req, dev, room_needed)
-                return
-            if not facts.told(req, Reason.NO_MEMORY):
-                was = req.wait_reason
-                self.wait(
-                    req,
-                    Reason.NO_MEMORY,
-                    f"needs {need} B, {self.view.ledger.available(dev)} B available",
-                )
-                self.reserve.explain_reserve(req, dev, reserve, was)
+        if self.shrinking.shrunk_fits(req, svc, fit, reserve):
+            # a shrunk service: the largest batch free memory holds (grown back when
+            # room returned), without evicting anyone
+            self.start_admitted(req, svc, rnd, fit)
             return
+        if not self.room.make_room(dev, room_needed, RoomFor(cls, svc, requester=req)):
+            if self.shrinking.fit_free(req, svc, fit, reserve, with_full=False):
+                self.start_admitted(req, svc, rnd, fit)
+                return
+            self.no_room(req, svc, rnd, room_needed, reserve, need)
+            return
+        self.shrinking.grow_full(req, svc, fit)
         self.start_admitted(req, svc, rnd, fit)
+
+    def no_room(
+        self,
+        req: RequestState,
+        svc: ServiceState,
+        rnd: Round,
+        room_needed: int,
+        reserve: int,
+        need: int,
+    ) -> None:
+        """The room ``req`` needs (``room_needed``: its ``need`` and the realtime
+        ``reserve``) cannot be made now: its class is blocked on its device when the
+        room is reachable, a realtime request is refused when it is not, and ``req``
+        waits for memory, told why."""
+        dev = svc.spec.device
+        cls = req.cls
+        if self.room.reachable(dev, room_needed, svc):
+            rnd.block(dev, cls)
+        elif cls is ServiceClass.REALTIME:
+            self.room.refuse(req, dev, room_needed)
+            return
+        if not facts.told(req, Reason.NO_MEMORY):
+            was = req.wait_reason
+            self.wait(
+                req,
+                Reason.NO_MEMORY,
+                f"needs {need} B, {self.view.ledger.available(dev)} B available",
+            )
+            self.reserve.explain_reserve(req, dev, reserve, was)
 
     def kv_fit(self, req: RequestState, svc: ServiceState) -> Admitting | None:
         """What ``req`` brings: its KV bytes and how much its service's KV pool must grow

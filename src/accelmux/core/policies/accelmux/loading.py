@@ -10,6 +10,7 @@ from accelmux.core.policies.accelmux.records import RoomFor, Round, Seam
 from accelmux.core.policies.accelmux.reserve import Reserve
 from accelmux.core.policies.accelmux.room import Room
 from accelmux.core.policies.accelmux.steady import Steady
+from accelmux.core.shrink import scaled_demand
 from accelmux.core.types import Reason, ResizeSupport, ServiceClass, ServiceStatus
 from accelmux.core.world import RequestState, ServiceState
 
@@ -245,9 +246,18 @@ class Loading:
             if hit is not Miss.MISS and hit[0] is req:
                 return hit[1]
         pool = self.load_pool(svc, req.estimate.kv_bytes)
+        shrink = svc.spec.shrink
+        active = (
+            self.view.projected_active(req)
+            if shrink is None
+            # a service that may shrink loads when its smallest batch fits beside it
+            else cal.project_active(
+                self.view.estimate(svc.name, scaled_demand(req.demand, shrink.min_fraction))
+            )
+        )
         sizes = (
             pool,
-            self.view.projected_active(req),
+            active,
             sum(self.view.projected_resident(svc, pool)),
             cal.active.project_observed(req.estimate.active_bytes),
         )

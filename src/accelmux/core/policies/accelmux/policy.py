@@ -27,6 +27,7 @@ from accelmux.core.policies.accelmux.residency import Residents
 from accelmux.core.policies.accelmux.room import Room
 from accelmux.core.policies.accelmux.routing import Routing
 from accelmux.core.policies.accelmux.schedule import FEW_WAITING, Schedule
+from accelmux.core.policies.accelmux.shrinking import Shrinking
 from accelmux.core.policies.accelmux.steady import Steady
 from accelmux.core.policies.accelmux.time_sharing import TimeSharing
 from accelmux.core.policies.accelmux.wakeup import Wakeup
@@ -44,6 +45,7 @@ class Parts:
     room: Room
     reserve: Reserve
     steady: Steady
+    shrinking: Shrinking
     routing: Routing
     loading: Loading
     degrading: Degrading
@@ -61,10 +63,11 @@ def build_parts(seam: Seam) -> Parts:
     room = Room(seam, preemption, time_sharing)
     reserve = Reserve(seam)
     steady = Steady(seam)
+    shrinking = Shrinking(seam)
     routing = Routing(seam, room, reserve)
     loading = Loading(seam, room, reserve, steady)
     degrading = Degrading(seam, routing, loading, reserve)
-    admission = Admission(seam, room, reserve, loading, time_sharing)
+    admission = Admission(seam, room, reserve, loading, time_sharing, shrinking)
     schedule = Schedule(seam, admission, time_sharing)
     residents = Residents(seam, room, reserve, loading, routing)
     learning = Learning(seam, room)
@@ -76,6 +79,7 @@ def build_parts(seam: Seam) -> Parts:
         room,
         reserve,
         steady,
+        shrinking,
         routing,
         loading,
         degrading,
