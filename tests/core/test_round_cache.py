@@ -507,3 +507,27 @@ def test_the_next_window_edge_found_by_bisection_is_the_one_a_scan_finds(
 ) -> None:
     ordered = sorted(set(edges + [tod % 86_400.0] * (len(edges) % 2)))
     assert seconds_until_next_sorted(ordered, tod) == seconds_until_next(ordered, tod)
+
+
+@SETTINGS
+@given(spec=st.one_of(manager_specs(), two_device_specs(), crowded_specs()), ops=crowded_ops)
+def test_a_new_round_starts_with_every_per_round_memo_empty(
+    spec: ManagerSpec, ops: list[Op]
+) -> None:
+    """A round clears only the per-round memos it filled (:meth:`RoundCache.new_round`):
+    at the start of every round each of them is as empty as a clear of them all leaves it."""
+    policy = AccelmuxPolicy()
+    ex = FakeExecutor(Manager(spec, policy))
+    cache = policy.parts(ex.manager.world, ex.manager.ops).seam.cache
+    starts: list[int] = []
+    new_round = cache.new_round
+
+    def checked() -> None:
+        new_round()
+        starts.append(sum(len(memo) for memo in cache._per_round))
+
+    cache.new_round = checked  # type: ignore[method-assign]
+    counter = [0]
+    for op in ops:
+        apply(ex, spec, op, counter)
+    assert starts and not any(starts)

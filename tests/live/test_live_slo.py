@@ -8,8 +8,11 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 from typing import Any
+from unittest.mock import patch
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 from tests.live.support import base_config, fake, live, run
 from tests.waiting import async_wait_until
@@ -17,7 +20,7 @@ from tests.waiting import async_wait_until
 from accelmux.backends.external import ExternalBackend
 from accelmux.backends.server_metrics import reported_batch_size
 from accelmux.config.backends import ExternalBackendConfig
-from accelmux.runtime import top
+from accelmux.runtime import live_slo, top
 from accelmux.runtime.live_slo import LiveSlo, Objective, RequestTiming, met
 
 LLM = Objective(latency_s=None, ttft_s=0.5, tbt_s=0.1, llm=True)
@@ -169,3 +172,28 @@ def test_an_external_servers_batch_size_is_what_it_reports_running(tmp_path: Pat
     backend.server_stats = {"requests_processing": 2.0}  # /metrics only (vLLM too)
     assert backend.describe()["measured"]["batch_size"] == 2
     assert reported_batch_size({}) is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.floats(0.0, 50.0), st.booleans(), st.booleans()), min_size=1, max_size=80
+    ),
+    st.integers(1, 8),
+)
+def test_the_counts_kept_as_requests_come_and_go_equal_a_count_from_scratch(
+    steps: list[tuple[float, bool, bool]], kept: int
+) -> None:
+    """Attainment's counts are kept as judged requests enter and leave the window (and
+    the oldest go past the limit): at every read they equal a count over what is kept."""
+    now = [0.0]
+    slo = LiveSlo({}, {"chat": "interactive"}, window_s=60.0, clock=lambda: now[0])
+    seen: list[tuple[float, bool]] = []
+    with patch.object(live_slo, "MAX_KEPT", kept):
+        for gap, ok, read in steps:
+            now[0] += gap
+            slo.record("chat", ok)
+            seen = [*seen, (now[0], ok)][-kept:]
+            if read:
+                inside = [ok for t, ok in seen if t >= now[0] - 60.0]
+                assert slo._counts("chat", now[0]) == (len(inside), sum(inside))

@@ -52,7 +52,7 @@ from accelmux.runtime.call import Call, Sink, relay_stream, rerun_guard
 from accelmux.runtime.clock import Clock, LoopClock, seconds_of_day_now
 from accelmux.runtime.decisions import DecisionRecorder
 from accelmux.runtime.devices import build_samplers, detect_devices
-from accelmux.runtime.driver import Driver
+from accelmux.runtime.driver import Driver, soon_on_loop
 from accelmux.runtime.executor import ActionExecutor
 from accelmux.runtime.explain import why_full
 from accelmux.runtime.explain_live import ProcessCpu, enrich
@@ -151,6 +151,7 @@ class Runtime:
             self.executor.execute,
             self.decisions.observe,
             self.decisions.invariant_broken,
+            later=soon_on_loop,  # the request history, recorded off the request's path
         )
         self.sampling = SamplerLoop(
             self.manager.spec,

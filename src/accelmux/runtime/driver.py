@@ -9,13 +9,19 @@ and the parity check use :class:`~.clock.ManualClock`. After each round, the inv
 reports a non-strict Manager made (:class:`~accelmux.core.manager.InvariantBroken`) go
 to ``report``: never an exception in whoever submitted the event.
 
-Observers (:class:`RoundObserver`, the request history) see every round after the
-Manager decided it and before its actions run: the event and the actions. An observer
-that raises is logged and dropped, never the round.
+Observers (:class:`RoundObserver`, the request history) see every round, in order: the
+event and the actions. The Manager's first round is told at once; the others are kept
+and told together through ``later`` (the live daemon: :func:`soon_on_loop`, the event
+loop's next turn), so that recording them is off the path of the request that caused
+them: its dispatch runs, its answer goes out, then the rounds are recorded, none lost
+(:meth:`Driver.tell_rounds` tells what is still kept, before an observer is removed).
+Without ``later`` each round is told as soon as its actions ran. An observer that
+raises is logged and dropped, never the round.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -38,6 +44,16 @@ class RoundObserver(Protocol):
     def round(self, now: float, event: Event | None, actions: Sequence[Action]) -> None: ...
 
 
+def soon_on_loop(callback: Callable[[], None]) -> None:
+    """Run ``callback`` at the running event loop's next turn (now when none runs)."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        callback()
+        return
+    loop.call_soon(callback)
+
+
 class Driver:
     def __init__(
         self,
@@ -46,6 +62,8 @@ class Driver:
         execute: Callable[[Action], None],
         observe: Callable[[float, Action], None] | None = None,
         report: Callable[[InvariantBroken], None] | None = None,
+        *,
+        later: Callable[[Callable[[], None]], None] | None = None,
     ) -> None:
         self.manager = manager
         self.clock = clock
@@ -59,6 +77,12 @@ class Driver:
         self._wake_at: float | None = None
         self.closed = False
         self.observers: list[RoundObserver] = []
+        #: How the kept rounds are told (None: at once, see the module's docstring).
+        self.later = later
+        #: Rounds not yet told to the observers, oldest first.
+        self._untold: list[tuple[float, Event | None, list[Action]]] = []
+        #: Whether ``later`` was asked to tell them and has not yet.
+        self._telling = False
 
     def start(self) -> None:
         now = self.clock.now()
@@ -80,11 +104,25 @@ class Driver:
                 now = self.clock.now()
                 actions = self.manager.handle(ev, now)
                 if self.observers:
-                    self._tell(now, ev, actions)
+                    self._untold.append((now, ev, actions))
                 self._run(actions, now)
             self._rearm(self.clock.now())
         finally:
             self._busy = False
+        if self._untold and not self._telling:
+            if self.later is None:
+                self.tell_rounds()
+            else:
+                self._telling = True
+                self.later(self.tell_rounds)
+
+    def tell_rounds(self) -> None:
+        """Tell the observers every round kept, oldest first."""
+        self._telling = False
+        while self._untold:
+            rounds, self._untold = self._untold, []
+            for now, event, actions in rounds:
+                self._tell(now, event, actions)
 
     def _tell(self, now: float, event: Event | None, actions: list[Action]) -> None:
         for observer in list(self.observers):

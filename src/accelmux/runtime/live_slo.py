@@ -88,16 +88,27 @@ def met(objective: Objective, timing: RequestTiming, finished: float) -> bool:
 
 @dataclass(slots=True)
 class _Judged:
+    """One service's judged requests in the window, oldest first, with how many of them
+    met their objectives kept as they come and go (a status read counts nothing)."""
+
     window_s: float
-    results: deque[tuple[float, bool]] = field(default_factory=lambda: deque(maxlen=MAX_KEPT))
+    results: deque[tuple[float, bool]] = field(default_factory=deque)
+    met: int = 0
 
     def add(self, now: float, ok: bool) -> None:
+        if len(self.results) >= MAX_KEPT:
+            self._drop_oldest()
         self.results.append((now, ok))
+        self.met += ok
 
     def counts(self, now: float) -> tuple[int, int]:
-        while self.results and self.results[0][0] < now - self.window_s:
-            self.results.popleft()
-        return len(self.results), sum(1 for _, ok in self.results if ok)
+        results = self.results
+        while results and results[0][0] < now - self.window_s:
+            self._drop_oldest()
+        return len(results), self.met
+
+    def _drop_oldest(self) -> None:
+        self.met -= self.results.popleft()[1]
 
 
 def summary(requests: int, met_count: int, window_s: float) -> dict[str, Any]:

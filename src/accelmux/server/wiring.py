@@ -180,6 +180,7 @@ class HistoryMount:
 
     def close(self) -> None:
         """Write what is still open and stop the writer (after the runtime stopped)."""
+        self.runtime.driver.tell_rounds()  # the rounds not yet recorded first
         if self.recorder in self.runtime.driver.observers:
             self.runtime.driver.observers.remove(self.recorder)
         self.probe.close()

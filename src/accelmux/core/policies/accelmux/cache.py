@@ -46,13 +46,16 @@ class Miss(Enum):
 class Memo(Generic[K, S, V]):
     """Values by key, each with the stamp it was computed at."""
 
-    __slots__ = ("_on", "entries")
+    __slots__ = ("_on", "dirty", "entries")
 
     def __init__(self, on: bool) -> None:
         self._on = on
         #: key -> (stamp, value); empty while the cache is off (the hottest callers read
         #: it directly: an entry counts only when its stamp is the one they hold).
         self.entries: dict[K, tuple[S, V]] = {}
+        #: Where a memo kept for one round notes that it holds something (its cache's
+        #: list of memos to clear at the next round); None for the others.
+        self.dirty: list[Memo[Any, Any, Any]] | None = None
 
     def get(self, key: K, stamp: S) -> V | Literal[Miss.MISS]:
         """The value kept for ``key`` if it was computed at ``stamp``."""
@@ -64,7 +67,10 @@ class Memo(Generic[K, S, V]):
     def put(self, key: K, stamp: S, value: V) -> V:
         """Keep ``value`` for ``key`` as computed at ``stamp`` (not when disabled)."""
         if self._on:
-            self.entries[key] = (stamp, value)
+            entries = self.entries
+            if not entries and self.dirty is not None:
+                self.dirty.append(self)
+            entries[key] = (stamp, value)
         return value
 
     def clear(self) -> None:
@@ -117,6 +123,7 @@ class RoundCache:
         self._per_round: tuple[Memo[Any, Any, Any], ...] = tuple(
             memo for memo in vars(self).values() if isinstance(memo, Memo)
         )
+        self._filled = _noting_filled(self._per_round)  # those :meth:`new_round` clears
         # ---- across rounds
         self.reserves: Memo[str, tuple[int, int], int] = Memo(on)
         self.load_sizes: Memo[
@@ -149,10 +156,23 @@ class RoundCache:
     def new_round(self) -> None:
         """A round starts: drop what holds for one round only, and the load sizes of
         requests that wait no more (once they outnumber the waiting ones)."""
-        for memo in self._per_round:
-            memo.clear()
+        filled = self._filled
+        if filled:
+            for memo in filled:
+                memo.entries.clear()
+            filled.clear()
         waiting = self.view.waiting
         if len(self.load_sizes) > 2 * len(waiting) + 64:
             self.load_sizes.keep_only(lambda rid: rid in waiting)
         if len(self.considered) > 2 * len(waiting) + 64:
             self.considered.keep_only(lambda rid: rid in waiting)
+
+
+def _noting_filled(memos: tuple[Memo[Any, Any, Any], ...]) -> list[Memo[Any, Any, Any]]:
+    """The list each of ``memos`` notes itself in when it keeps its first entry: the
+    per-round memos that kept something since the last round, the only ones a new round
+    clears (a round on a small home fills few of them)."""
+    filled: list[Memo[Any, Any, Any]] = []
+    for memo in memos:
+        memo.dirty = filled
+    return filled

@@ -117,12 +117,17 @@ class Learning:
         service, and measurements come for the services of a device sampled now: every
         other service would pass through ``learn`` unchanged, so it is not visited.
         """
-        found = {s.name: s for s in self.view.crashed}
-        for name in self.view.learned.charged:
-            found[name] = self.view.services[name]
-        for dev, at in self.view.sampled_at.items():
-            if at == self.view.now:
-                found.update((s.name, s) for s in self.view.services_by_device[dev])
+        view = self.view
+        now = view.now
+        sampled = [dev for dev, at in view.sampled_at.items() if at == now]
+        charged = view.learned.charged
+        if not sampled and not charged and not len(view.crashed):
+            return []  # most rounds: nothing crashed, charged or measured
+        found = {s.name: s for s in view.crashed}
+        for name in charged:
+            found[name] = view.services[name]
+        for dev in sampled:
+            found.update((s.name, s) for s in view.services_by_device[dev])
         return sorted(found.values(), key=lambda s: s.index)
 
     def relieve_pressure(self) -> None:
