@@ -29,7 +29,7 @@ PARTS = (
         ("setup: packing", "setup-models: packing"),
     ),
     (
-        "building llama-server (beside the parallel tests)",
+        "llama-server, built or found beside the parallel tests (read when they end)",
         ("llama-server for tests/external, building",),
         ("llama-server ready",),
     ),
