@@ -38,7 +38,7 @@ from accelmux.core.events import MemorySampled
 from accelmux.core.learned import LearnedSize
 from accelmux.core.ledger import Lease
 from accelmux.core.oom import OomReport, attribute, retest_after
-from accelmux.core.shrink import scaled_demand
+from accelmux.core.shrink import FULL, scaled_demand
 from accelmux.core.types import (
     Category,
     Reason,
@@ -355,6 +355,12 @@ class WorldOps:
             )
         )
         return True
+
+    def size_at_full_batch(self, req: RequestState, svc: ServiceState) -> None:
+        """Size ``req`` at its full batch again (a request put back in its queue may still
+        carry a smaller batch's estimate); its service's batch is left as it is."""
+        req.estimate = self.world.estimate(svc.name, req.demand)
+        req.batch_fraction = FULL
 
     def rebatch(
         self, req: RequestState, svc: ServiceState, fraction: float, *, reason: Reason, detail: str

@@ -32,8 +32,7 @@ class Shrinking:
         """Admission sizes ``req`` at its full batch first (a request put back in its
         queue may still carry a smaller batch's estimate)."""
         if req.batch_fraction != FULL and not req.paused:
-            req.estimate = self.view.estimate(svc.name, req.demand)
-            req.batch_fraction = FULL
+            self.ops.size_at_full_batch(req, svc)
 
     def active_at(self, req: RequestState, svc: ServiceState, fraction: float) -> int:
         """The activation lease of one batch of ``fraction`` of ``req``'s units."""
