@@ -43,9 +43,11 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from accelmux.core.types import ServiceClass
 from accelmux.sim.executor import Simulation
 from accelmux.sim.generate import generate_home, with_degrade
 from accelmux.sim.metrics import summarize
+from accelmux.sim.runner import DEFAULT_POLICIES
 from accelmux.sim.scenario import Scenario, load_scenario_data
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -56,9 +58,10 @@ RESULTS = ROOT / "bench" / "results"
 KINDS = ("evening-game", "small-gpu")
 OURS = "accelmux+degrade"
 TODAY = "accelmux"
-BASELINES = ("independent", "static", "ollama+containers", "llama-swap")
+#: every baseline policy but the oracle (which knows the future)
+BASELINES = tuple(p for p in DEFAULT_POLICIES if p not in (TODAY, "oracle"))
 LABELS = (OURS, TODAY, *BASELINES)
-CLASSES = ("realtime", "interactive", "batch", "background")
+CLASSES = tuple(c.label for c in ServiceClass)
 #: interactive and batch: at most this far below the best baseline in any run
 SLACK = 0.05
 DURATION_S = 1800.0

@@ -359,8 +359,12 @@ class WorldOps:
     def size_at_full_batch(self, req: RequestState, svc: ServiceState) -> None:
         """Size ``req`` at its full batch again (a request put back in its queue may still
         carry a smaller batch's estimate); its service's batch is left as it is."""
-        req.estimate = self.world.estimate(svc.name, req.demand)
-        req.batch_fraction = FULL
+        self._size_at(req, svc, FULL)
+
+    def _size_at(self, req: RequestState, svc: ServiceState, fraction: float) -> None:
+        """``req``'s estimate becomes one batch of ``fraction`` of its units."""
+        req.estimate = self.world.estimate(svc.name, scaled_demand(req.demand, fraction))
+        req.batch_fraction = fraction
 
     def rebatch(
         self, req: RequestState, svc: ServiceState, fraction: float, *, reason: Reason, detail: str
@@ -370,9 +374,7 @@ class WorldOps:
         shrink = svc.spec.shrink
         if shrink is None:
             raise InvariantError(f"rebatch of {svc.name}, which declares no shrink")
-        w = self.world
-        req.estimate = w.estimate(svc.name, scaled_demand(req.demand, fraction))
-        req.batch_fraction = fraction
+        self._size_at(req, svc, fraction)
         changed = fraction != svc.batch_fraction
         svc.batch_fraction = fraction
         if not changed:
