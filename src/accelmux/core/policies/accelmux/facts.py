@@ -232,9 +232,15 @@ def kept_floor(view: WorldView, s: ServiceState) -> int:
     """Memory a kept (pinned or admin-loaded) service holds at its KV floor, with
     the allocator cache measured in it (freed only when it unloads: never)."""
     if (s.pinned or s.admin_wants_loaded) and s.holds_memory:
-        reserved = view.ledger.amount(s.spec.device, s.name, Category.RESERVED)
-        return s.resident_bytes - s.kv_pool + s.spec.profile.kv_floor + reserved
+        return floor_held(view, s)
     return 0
+
+
+def floor_held(view: WorldView, s: ServiceState) -> int:
+    """What a service holding memory keeps when its KV pool is shrunk to its floor: its
+    weights, runtime and floor, with the allocator cache measured in it."""
+    reserved = view.ledger.amount(s.spec.device, s.name, Category.RESERVED)
+    return s.resident_bytes - s.kv_pool + s.spec.profile.kv_floor + reserved
 
 
 def compute_yields_to_realtime(view: WorldView, svc: ServiceState) -> bool:
