@@ -157,6 +157,7 @@ def test_keep_takes_the_worst_of_each_failure_class_first(
                 "failure": failure,
                 "attainment": {"accelmux": {}, "static": {}},
                 "zero_service_s": {},
+                "losses_points": {failure.split(":")[0]: points},
             }
         )
     kept = adversary.keep(rows, tmp_path, 3, search_seed=7)
@@ -164,4 +165,5 @@ def test_keep_takes_the_worst_of_each_failure_class_first(
     record = json.loads((regressions / "losses.json").read_text(encoding="utf-8"))
     assert sorted(record["scenarios"]) == ["f0.yaml", "f1.yaml", "f2.yaml"]
     assert record["scenarios"]["f2.yaml"]["loss_points"] == 30.0
+    assert record["scenarios"]["f2.yaml"]["status"] == "open"  # a finding lost > 10 points
     assert (regressions / "f2.yaml").read_text(encoding="utf-8") == "# finding 2\n"
