@@ -36,8 +36,24 @@ def _change(c: dict[str, Any]) -> str:
     if kind == "burst":
         return f"burst on {c['service']} {c['rate_per_h']:g}/h"
     if kind == "window":
-        return f"{c['service']} window {c['window'] or 'none'}"
+        w = c["window"]
+        if not w:
+            return f"{c['service']} window none"
+        if isinstance(w, str):
+            return f"{c['service']} window {w}"
+        return (
+            f"{c['service']} window opening {w['opens_after']:.0%} into the run for {w['hours']} h"
+        )
     return str(kind)
+
+
+def _raw(raw: list[Any] | None) -> str:
+    """A class's loss against every baseline: points and the baseline."""
+    return "-" if not raw else f"{raw[0]:.1f} (`{raw[1]}`)"
+
+
+def _per_class(losses: dict[str, float]) -> str:
+    return ", ".join(f"{c} {v:.1f}" for c, v in losses.items()) or "none"
 
 
 def adversary() -> str:
@@ -52,7 +68,21 @@ def adversary() -> str:
         f"{s['minutes']:g} min; load average {data['load_avg_1m_after']} at the end), each "
         f"{s['duration_s']:g} simulated seconds under accelmux and the four baselines. "
         f"Worst loss: {data['worst_loss_points']:.1f} points; {data['findings']} candidates "
-        f"lost more than {100 * s['threshold']:.0f} points in a class. {meta_line(data['meta'])}."
+        f"lost more than {100 * s['threshold']:.0f} points in a class; "
+        f"{len(data['distinct'])} distinct findings (one per home and failure class)"
+        + (
+            f", {data['distinct_beyond_noise']} of them behind beyond noise"
+            if "distinct_beyond_noise" in data
+            else ""
+        )
+        + ". Worst loss per class against the baselines that gave up no higher class for "
+        f"it: {_per_class(data['worst_loss_per_class'])}"
+        + (
+            f"; against any baseline: {_per_class(data['worst_raw_loss_per_class'])}"
+            if "worst_raw_loss_per_class" in data
+            else ""
+        )
+        + f". {meta_line(data['meta'])}."
     )
     classes = [
         "| failure class (losing class: what accelmux's misses mostly were) | findings "
@@ -62,8 +92,9 @@ def adversary() -> str:
     for name, c in data["failure_classes"].items():
         classes.append(f"| {name} | {c['findings']} | {c['homes']} | {c['worst_points']:.1f} |")
     rows = [
-        "| scenario file | class | accelmux | best baseline | loss (points) | failure | changes |",
-        "|---|---|---:|---|---:|---|---|",
+        "| scenario file | class | accelmux | best baseline (gave up no higher class) "
+        "| loss (points) | against any baseline | failure | changes |",
+        "|---|---|---:|---|---:|---|---|---|",
     ]
     for f in data["distinct"][:LISTED]:
         cls = f["class"]
@@ -71,7 +102,8 @@ def adversary() -> str:
         best = f["attainment"][f["baseline"]].get(cls)
         rows.append(
             f"| `{f['scenario']}` | {cls} | {_pct(ours)} | `{f['baseline']}` {_pct(best)} "
-            f"| {f['loss_points']:.1f} | {f['failure']} "
+            f"| {f['loss_points']:.1f}{'' if f.get('beyond_noise', True) else ' (within noise)'} "
+            f"| {_raw(f.get('raw_losses_points', {}).get(cls))} | {f['failure']} "
             f"| {'; '.join(_change(c) for c in f['changes']) or '(the home as drawn)'} |"
         )
     return "\n\n".join([head, "\n".join(classes), "\n".join(rows)])

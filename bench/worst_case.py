@@ -84,7 +84,31 @@ def best_baseline(row: Row, cls: str) -> tuple[float, str] | None:
     return max(scored) if scored else None
 
 
-def _beyond_noise(row: Row, cls: str, baseline: str) -> bool:
+def traded(row: Row, cls: str, baseline: str, margin: float = BEHIND_LIMIT) -> str | None:
+    """The class above ``cls`` (realtime first) in which ``baseline`` is more than
+    ``margin`` below accelmux in this run, if any: what it gave up to do better in
+    ``cls``. The configuration ranks the classes (voice first, always); a baseline that
+    wins batch by serving interactive 30 points worse is a trade the policy is told not
+    to make, not a better result for batch."""
+    ours, theirs = row["policies"][OURS]["classes"], row["policies"][baseline]["classes"]
+    for higher in CLASSES[: CLASSES.index(cls)]:
+        if higher in ours and higher in theirs and theirs[higher] < ours[higher] - margin:
+            return higher
+    return None
+
+
+def best_untraded(row: Row, cls: str) -> tuple[float, str] | None:
+    """(attainment, name) of the baseline best at ``cls`` in this run among those that
+    gave up no higher class for it (:func:`traded`)."""
+    scored = [
+        (row["policies"][b]["classes"][cls], b)
+        for b in _baselines(row)
+        if cls in row["policies"][b]["classes"] and traded(row, cls, b) is None
+    ]
+    return max(scored) if scored else None
+
+
+def beyond_noise(row: Row, cls: str, baseline: str) -> bool:
     """Behind by more than twice the standard error of the difference of two binomial
     proportions (the requests of each), with one success and one failure added to each
     (Agresti and Caffo's adjustment: 0 of 3 against 3 of 3 has an error, not none)."""
@@ -146,7 +170,7 @@ def _class_summary(rows: list[Row], cls: str) -> dict[str, Any] | None:
         else {**_where(gaps[0][1]), "points": gaps[0][0], "baseline": gaps[0][2]},
         "runs_behind_over_10_points": len(behind),
         "runs_behind_over_10_points_beyond_noise": sum(
-            1 for g in behind if _beyond_noise(g[1], cls, g[2])
+            1 for g in behind if beyond_noise(g[1], cls, g[2])
         ),
         "behind": [
             {
@@ -155,7 +179,7 @@ def _class_summary(rows: list[Row], cls: str) -> dict[str, Any] | None:
                 "baseline": name,
                 "accelmux": r["policies"][OURS]["classes"][cls],
                 "requests": r["policies"][OURS]["requests"].get(cls),
-                "beyond_noise": _beyond_noise(r, cls, name),
+                "beyond_noise": beyond_noise(r, cls, name),
             }
             for gap, r, name in behind[:LISTED]
         ],

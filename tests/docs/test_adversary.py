@@ -158,6 +158,7 @@ def test_keep_takes_the_worst_of_each_failure_class_first(
                 "attainment": {"accelmux": {}, "static": {}},
                 "zero_service_s": {},
                 "losses_points": {failure.split(":")[0]: points},
+                "raw_losses_points": {failure.split(":")[0]: [points, "static"]},
             }
         )
     kept = adversary.keep(rows, tmp_path, 3, search_seed=7)

@@ -81,3 +81,25 @@ def test_the_oracle_is_no_baseline() -> None:
     row = _rows()[0]
     assert worst_case.best_baseline(row, "interactive") == (0.90, "static")
     assert worst_case.summarize([row])["targets"]["no_run_10_points_below_best_baseline"]["met"]
+
+
+def test_a_baseline_that_gave_up_a_higher_class_is_no_measure_of_a_lower_one() -> None:
+    row = worst_case.run_row(
+        "home-c",
+        0,
+        {
+            "accelmux": _report({"realtime": 1.0, "interactive": 0.54, "batch": 0.0}),
+            # batch served by letting voice fail
+            "ollama+containers": _report({"realtime": 0.5, "interactive": 0.24, "batch": 1.0}),
+            # batch served by serving interactive 18 points worse
+            "llama-swap": _report({"realtime": 1.0, "interactive": 0.36, "batch": 1.0}),
+            "independent": _report({"realtime": 1.0, "interactive": 0.78, "batch": 0.0}),
+        },
+    )
+    assert worst_case.traded(row, "batch", "ollama+containers") == "realtime"
+    assert worst_case.traded(row, "batch", "llama-swap") == "interactive"
+    assert worst_case.traded(row, "interactive", "llama-swap") is None
+    assert worst_case.best_baseline(row, "batch") == (1.0, "ollama+containers")
+    assert worst_case.best_untraded(row, "batch") == (0.0, "independent")
+    # interactive: independent gave up nothing for its 78 %, a loss that stays
+    assert worst_case.best_untraded(row, "interactive") == (0.78, "independent")
