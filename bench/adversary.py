@@ -393,10 +393,20 @@ def class_losses(scn: Scenario, seed: int) -> tuple[dict[str, Any], Losses, RawL
     """Every policy's run of ``scn`` at ``seed`` (a :func:`worst_case.run_row`'s
     policies) and, per class with at least :data:`MIN_REQUESTS` requests in which
     accelmux is behind: (loss, the best baseline, what accelmux's misses mostly were)
-    against the baselines that gave up no higher class for it
-    (:func:`worst_case.traded`), and (loss, best baseline) against every baseline."""
-    reports = {p: summarize(Simulation(scn, p, seed).run()) for p in POLICIES}
+    against the baselines that gave up no higher class for it and kept within the
+    device's budget (:func:`worst_case.traded`), and (loss, best baseline) against every
+    baseline."""
+    reports = {}
+    over_budget = {}
+    budget = scn.manager_spec().devices[0].budget_bytes
+    for p in POLICIES:
+        out = Simulation(scn, p, seed).run()
+        reports[p] = summarize(out)
+        # the samples are the first device's (every generated home has one)
+        over_budget[p] = max((sum(s.true.values()) for s in out.samples), default=0) > budget
     row = worst_case.run_row("candidate", seed, reports)
+    for p, over in over_budget.items():
+        row["policies"][p]["over_budget"] = over
     ours = row["policies"][OURS]
     losses: Losses = {}
     raw: RawLosses = {}
@@ -561,6 +571,7 @@ def _finding(ev: Evaluated, path: Path | None) -> dict[str, Any]:
         "losses_points": {c: round(100 * v[0], 2) for c, v in ev.losses.items()},
         # against every baseline, also those that gave up a higher class for it
         "raw_losses_points": {c: [round(100 * v[0], 2), v[1]] for c, v in ev.raw.items()},
+        "over_budget": sorted(p for p, v in ev.per_policy.items() if v.get("over_budget")),
         # behind by more than twice the standard error of the difference (the suite's
         # "beyond noise"): a loss of a few requests out of ten or twenty may be noise
         "beyond_noise": worst_case.beyond_noise(

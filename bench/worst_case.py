@@ -84,13 +84,26 @@ def best_baseline(row: Row, cls: str) -> tuple[float, str] | None:
     return max(scored) if scored else None
 
 
+#: What :func:`traded` answers for a baseline whose services held more memory than the
+#: device's budget.
+OVER_BUDGET = "budget"
+
+
 def traded(row: Row, cls: str, baseline: str, margin: float = BEHIND_LIMIT) -> str | None:
-    """The class above ``cls`` (realtime first) in which ``baseline`` is more than
-    ``margin`` below accelmux in this run, if any: what it gave up to do better in
-    ``cls``. The configuration ranks the classes (voice first, always); a baseline that
-    wins batch by serving interactive 30 points worse is a trade the policy is told not
-    to make, not a better result for batch."""
-    ours, theirs = row["policies"][OURS]["classes"], row["policies"][baseline]["classes"]
+    """What ``baseline`` gave up in this run to do better in ``cls``, if anything: the
+    class above ``cls`` (realtime first) in which it is more than ``margin`` below
+    accelmux, or :data:`OVER_BUDGET` when its services held more memory than the
+    device's budget (a run row's ``over_budget``, where recorded).
+
+    The configuration ranks the classes (voice first, always): a baseline that wins batch
+    by serving interactive 30 points worse makes a trade the policy is told not to make.
+    And a budget below the capacity is memory the home keeps for its other programs (a
+    host's desktop, a browser): a baseline that serves chat by taking it, in a run where
+    no program came to ask for it back, is not a better result at equal memory."""
+    theirs_row = row["policies"][baseline]
+    if theirs_row.get("over_budget"):
+        return OVER_BUDGET
+    ours, theirs = row["policies"][OURS]["classes"], theirs_row["classes"]
     for higher in CLASSES[: CLASSES.index(cls)]:
         if higher in ours and higher in theirs and theirs[higher] < ours[higher] - margin:
             return higher

@@ -103,3 +103,20 @@ def test_a_baseline_that_gave_up_a_higher_class_is_no_measure_of_a_lower_one() -
     assert worst_case.best_untraded(row, "batch") == (0.0, "independent")
     # interactive: independent gave up nothing for its 78 %, a loss that stays
     assert worst_case.best_untraded(row, "interactive") == (0.78, "independent")
+
+
+def test_a_baseline_that_held_more_than_the_budget_is_no_measure() -> None:
+    row = worst_case.run_row(
+        "home-d",
+        0,
+        {
+            "accelmux": _report({"realtime": 1.0, "interactive": 0.54}),
+            "independent": _report({"realtime": 1.0, "interactive": 0.78}),
+            "static": _report({"realtime": 1.0, "interactive": 0.60}),
+        },
+    )
+    assert worst_case.best_untraded(row, "interactive") == (0.78, "independent")
+    row["policies"]["independent"]["over_budget"] = True  # took the host's share
+    assert worst_case.traded(row, "interactive", "independent") == worst_case.OVER_BUDGET
+    assert worst_case.best_untraded(row, "interactive") == (0.60, "static")
+    assert worst_case.best_baseline(row, "interactive") == (0.78, "independent")
