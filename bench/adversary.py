@@ -655,8 +655,14 @@ def recheck(threshold: float) -> dict[str, Any]:
                 }
             )
         else:
+            # no loss: the class stays, against the best baseline that traded nothing
             entry["loss_points"] = 0.0
-        entry["best_baseline"] = per_policy[entry["baseline"]]["classes"]
+            fair = worst_case.best_untraded({"policies": per_policy}, entry["class"])
+            # None: every baseline gave up a higher class or the budget
+            entry["baseline"] = None if fair is None else fair[1]
+        baseline = entry["baseline"]
+        entry["best_baseline"] = {} if baseline is None else per_policy[baseline]["classes"]
+        entry["over_budget"] = sorted(p for p, v in per_policy.items() if v.get("over_budget"))
         entry["status"] = (
             "open" if any(v[0] > threshold + 1e-12 for v in losses.values()) else "fixed"
         )
