@@ -236,6 +236,22 @@ def kept_floor(view: WorldView, s: ServiceState) -> int:
     return 0
 
 
+def held_above(view: WorldView, device: str, svc: ServiceState) -> int:
+    """What the loaded services on ``device`` that rank above ``svc`` (a higher class,
+    :func:`room_rank`) and are not kept hold at their KV floor (the kept ones count in
+    ``Room.max_possible``): room made for ``svc``'s work never evicts them
+    (``Room.evictable``), only shrinks their KV pools, so that memory is out of its
+    reach until they unload on their own."""
+    rank = room_rank(svc.spec.cls, steady=svc.spec.steady)
+    held = 0
+    for other in view.loaded_on(device):
+        if other is svc or other.pinned or other.admin_wants_loaded:
+            continue
+        if room_rank(other.spec.cls, steady=other.spec.steady) < rank:
+            held += floor_held(view, other)
+    return held
+
+
 def floor_held(view: WorldView, s: ServiceState) -> int:
     """What a service holding memory keeps when its KV pool is shrunk to its floor: its
     weights, runtime and floor, with the allocator cache measured in it."""

@@ -264,23 +264,8 @@ class Room:
         droppable = facts.droppable_parked(view, device, rank)
         outside -= sum(view.host_weights[s.name] for s in droppable if s is not svc)
         own = svc.resident_bytes if svc.holds_memory else -self.own_parked(svc)
-        above = self.held_above(device, svc, rank)
+        above = facts.held_above(view, device, svc)
         return need <= self.max_possible(device, svc) - own - outside - above
-
-    def held_above(self, device: str, svc: ServiceState, rank: int) -> int:
-        """What the loaded services on ``device`` that rank above ``rank`` (a higher
-        class, :func:`room_rank`) hold at their KV floor and are not kept (the kept are in
-        :meth:`max_possible`): no room made for ``svc``'s work may evict them
-        (:meth:`evictable`), only shrink their KV pools, so that memory is out of its
-        reach until they unload on their own."""
-        view = self.view
-        held = 0
-        for other in view.loaded_on(device):
-            if other is svc or other.pinned or other.admin_wants_loaded:
-                continue
-            if room_rank(other.spec.cls, steady=other.spec.steady) < rank:
-                held += facts.floor_held(view, other)
-        return held
 
     def own_parked(self, svc: ServiceState) -> int:
         """Weights of ``svc`` parked on its own device (the park device): its load takes
