@@ -58,7 +58,8 @@ DEPENDENT: dict[str, tuple[str, ...]] = {
     "switches.json": ACCELMUX,
     "many_llms.json": ALL,
     "placement.json": ALL,
-    # adversary.json (bench/adversary.py) joins as ALL with its first committed search
+    # the adversary's search: accelmux against every baseline on the homes it found
+    "adversary.json": ALL,
     "stack.json": ACCELMUX,
     "stack_llms.json": ACCELMUX,
     "wyoming.json": ACCELMUX,
