@@ -19,7 +19,16 @@ each seed runs, in the same run:
 
 The targets, judged per home and seed (the worst run counts, not the mean):
 
-- interactive and batch: ``accelmux+degrade`` within 5 points of the best baseline;
+- interactive and batch: ``accelmux+degrade`` within 5 points of the best baseline (the
+  issue's target: the best of the four for that class, which may be a different baseline
+  for each class);
+- the same, against the best baseline **at no higher class's cost**: only baselines
+  whose attainment in every class ranked above (realtime above interactive above batch)
+  is at most 5 points below accelmux+degrade's in that run count. accelmux ranks the
+  classes by design (voice first); a baseline that reaches more batch by leaving chat or
+  voice unserved made another trade, not a better one. Where no baseline qualifies, the
+  run has nothing to compare with (it passes). Both are reported; neither replaces the
+  other;
 - realtime: ``accelmux+degrade`` not below ``accelmux`` (degrading takes nothing from it);
 - 0 extra OOMs: ``accelmux+degrade`` causes no more out-of-memory events than
   ``accelmux`` (the OOMs the policy caused: a foreign program's growth since the last
@@ -100,6 +109,9 @@ def run_job(job: Job) -> dict[str, Any]:
         },
         "ooms": int(r["oom_events"]) - int(r["oom_events_unforeseen_foreign"]),
         "ooms_unforeseen_foreign": int(r["oom_events_unforeseen_foreign"]),
+        # the share of the memory the game and other programs asked for that they went
+        # without (byte-seconds): what a policy's service cost them
+        "foreign_starved_share": r["foreign"]["starved_share"] or 0.0,
         "cpu_s": time.process_time() - started,
     }
 
@@ -123,6 +135,8 @@ def compare(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             },
             "minus_best_baseline": {},
             "best_baseline": {},
+            "minus_best_baseline_no_higher_cost": {},
+            "best_baseline_no_higher_cost": {},
             "realtime_minus_accelmux": None,
             "extra_ooms": max(0, ours["ooms"] - today["ooms"]),
         }
@@ -137,6 +151,15 @@ def compare(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             best = max(base, key=lambda b: (base[b], b))
             row["best_baseline"][c] = best
             row["minus_best_baseline"][c] = ours["classes"][c]["slo_attainment"] - base[best]
+            fair = [b for b in base if _no_higher_cost(got[b], ours, c)]
+            if fair:
+                best = max(fair, key=lambda b: (base[b], b))
+                row["best_baseline_no_higher_cost"][c] = best
+                row["minus_best_baseline_no_higher_cost"][c] = (
+                    ours["classes"][c]["slo_attainment"] - base[best]
+                )
+            else:
+                row["best_baseline_no_higher_cost"][c] = None
         if "realtime" in ours["classes"] and "realtime" in today["classes"]:
             row["realtime_minus_accelmux"] = (
                 ours["classes"]["realtime"]["slo_attainment"]
@@ -146,27 +169,25 @@ def compare(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
+def _no_higher_cost(base: dict[str, Any], ours: dict[str, Any], cls: str) -> bool:
+    """Whether a baseline's run gives every class ranked above ``cls`` at most SLACK less
+    than accelmux+degrade's run does."""
+    above = CLASSES[: CLASSES.index(cls)]
+    return all(
+        base["classes"].get(h, {}).get("slo_attainment", 0.0)
+        >= ours["classes"][h]["slo_attainment"] - SLACK
+        for h in above
+        if h in ours["classes"]
+    )
+
+
 def targets(rows: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for c in ("interactive", "batch"):
-        got = [
-            (r["minus_best_baseline"][c], r["home"], r["seed"])
-            for r in rows
-            if c in r["minus_best_baseline"]
-        ]
-        failed = [g for g in got if g[0] < -SLACK]
-        worst = min(got) if got else None
-        out[f"{c}_within_5_points"] = {
-            "runs": len(got),
-            "passed": len(got) - len(failed),
-            "worst": {"minus_best_baseline": worst[0], "home": worst[1], "seed": worst[2]}
-            if worst
-            else None,
-            "failed": [
-                {"home": h, "seed": s, "minus_best_baseline": d} for d, h, s in sorted(failed)
-            ],
-            "met": not failed,
-        }
+        out[f"{c}_within_5_points"] = _within(rows, c, "minus_best_baseline")
+        out[f"{c}_within_5_points_no_higher_cost"] = _within(
+            rows, c, "minus_best_baseline_no_higher_cost"
+        )
     rt = [
         (r["realtime_minus_accelmux"], r["home"], r["seed"])
         for r in rows
@@ -190,6 +211,24 @@ def targets(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def _within(rows: list[dict[str, Any]], c: str, key: str) -> dict[str, Any]:
+    """Class ``c`` within SLACK of the baseline ``key`` compares with, in every run."""
+    got = [(r[key][c], r["home"], r["seed"]) for r in rows if c in r[key]]
+    without = sum(1 for r in rows if c in r["minus_best_baseline"] and c not in r[key])
+    failed = [g for g in got if g[0] < -SLACK]
+    worst = min(got) if got else None
+    return {
+        "runs": len(got),
+        "passed": len(got) - len(failed),
+        "worst": {"minus_best_baseline": worst[0], "home": worst[1], "seed": worst[2]}
+        if worst
+        else None,
+        "failed": [{"home": h, "seed": s, "minus_best_baseline": d} for d, h, s in sorted(failed)],
+        "met": not failed,
+        "nothing_to_compare": without,
+    }
+
+
 def means(runs: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
     """Per kind and label, each class's attainment averaged over the runs that have it,
     and the OOMs per run."""
@@ -203,6 +242,9 @@ def means(runs: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
                 if vals:
                     entry[c] = sum(vals) / len(vals)
             entry["ooms_per_run"] = sum(r["ooms"] for r in mine) / max(1, len(mine))
+            entry["foreign_starved_share"] = sum(
+                r.get("foreign_starved_share", 0.0) for r in mine
+            ) / max(1, len(mine))
             out.setdefault(kind, {})[label] = entry
     return out
 
