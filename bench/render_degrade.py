@@ -87,9 +87,10 @@ def degrade() -> str:
         lines += ["", "Runs more than 5 points behind the best baseline:", ""]
         lines += [
             "| class | home | seed | accelmux+degrade | accelmux | best baseline "
+            "| its met requests while the card was over-committed "
             "| best at no higher class's cost |"
         ]
-        lines += ["| --- | --- | ---: | ---: | ---: | --- | --- |"]
+        lines += ["| --- | --- | ---: | ---: | ---: | --- | ---: | --- |"]
         rows = {(r["home"], r["seed"]): r for r in report["rows"]}
         for c, f in failed:
             r = rows[f["home"], f["seed"]]
@@ -100,7 +101,8 @@ def degrade() -> str:
                 f"| {c} | {f['home']} | {f['seed']} | "
                 f"{_pct(r['attainment']['accelmux+degrade'].get(c))} | "
                 f"{_pct(r['attainment']['accelmux'].get(c))} | "
-                f"{best} {_pct(r['attainment'][best].get(c))} | {fair_cell} |"
+                f"{best} {_pct(r['attainment'][best].get(c))} | "
+                f"{r.get('best_met_while_over_committed', {}).get(c, '-')} | {fair_cell} |"
             )
     return "\n".join(lines) + "\n"
 
