@@ -219,59 +219,6 @@ def test_degrade_decisions_match_their_golden_digest() -> None:
     assert bench_degrade.golden_digests() == golden
 
 
-def test_a_request_takes_the_full_form_when_idle_same_class_memory_makes_its_room() -> None:
-    """Another interactive model (code, kept warm for an hour) is busy after the game, so
-    chat runs on a lesser form: free memory alone never returns the full form's room
-    while code stays loaded. Once code is idle, a chat request goes to the form expected
-    to finish it first, counting the full form's load and the idle model it evicts, not
-    only the lesser form that happens to be up."""
-    data = _home(DEGRADE, game_gib=3.0, game_at=100.0, game_s=300.0)
-    data["simulation"]["duration_s"] = 1500
-    data["services"]["code"] = {
-        "kind": "chat",
-        "class": "interactive",
-        "residency": "warm",
-        "ttl_s": 3600.0,
-        "device": "gpu",
-        "memory": {
-            "weights": "4096MiB",
-            "runtime": "200MiB",
-            "kv_per_token": "64KiB",
-            "kv_floor": "128MiB",
-            "kv_ceiling": "256MiB",
-            "workspace": "32MiB",
-        },
-        "queue": {"deadline_s": 60},
-        "slo": {"ttft_s": 5.0, "tbt_s": 0.5},
-    }
-    data["workloads"].append(
-        {
-            "type": "poisson",
-            "service": "code",
-            "rate_per_h": 720,
-            "from_s": 30.0,
-            "until_s": 500.0,
-            "prompt_tokens": {"mean": 200, "cv": 0.1},
-            "output_tokens": {"mean": 1500, "cv": 0.1},
-        }
-    )
-    data["simulation"]["services"]["code"] = {"share": 0.4, "prefill_tps": 2000, "tbt_s": 0.03}
-    _, decisions, ooms = _run(data)
-    loads = [(d["t"], d["service"], d["reason"]) for d in decisions if d["action"] == "load"]
-    # a lesser form serves once code holds the full form's room
-    assert any(s.startswith("chat@gpu:") and r == "degraded" and t >= 400 for t, s, r in loads)
-    # code's last request is over by 560 s: the full form comes back for a request,
-    # evicting idle code, well before code's TTL (free memory alone never returns it)
-    back = [t for t, s, r in loads if s == "chat@gpu" and r == "demand" and t >= 500]
-    assert back and back[0] < 900
-    evicted = [
-        d for d in decisions if d["action"] == "unload" and d["service"] == "code" and d["t"] >= 500
-    ]
-    assert evicted and evicted[0]["reason"] == "evicted_for_memory"
-    assert evicted[0]["t"] <= back[0]
-    assert ooms == 0
-
-
 def test_a_request_waiting_on_the_last_form_while_a_higher_class_waits_there_keeps_waiting() -> (
     None
 ):

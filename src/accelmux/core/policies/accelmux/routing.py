@@ -60,31 +60,21 @@ class Routing:
         )
 
     def route_forms(self, forms: Sequence[ServiceState], demand: Demand) -> ServiceState:
-        """The form of a service that may degrade a request waits on.
-
-        While a form is up: the form expected to finish it first (its queue, the rest of
-        its load or, for a form not loaded, its whole load and what its room costs
-        others, then its time per request), among the up forms and the better forms
-        that can be loaded now from free memory and idle services of their class or
-        lower (:meth:`room_now`): a lesser form that happens to be up does not keep a
-        request from a better one that would finish it sooner, load included. With none
-        up, :meth:`best_form`, else the full form (the request waits for it)."""
+        """The form of a service that may degrade a request waits on: while a form is up,
+        the up form expected to finish it first (its queue, the rest of its load, its
+        time per request); else :meth:`best_form`, else the full form (the request waits
+        for it)."""
         ordered = sorted(forms, key=facts.form_rank)
         up = [f for f in ordered if f.status in (ServiceStatus.LOADED, ServiceStatus.LOADING)]
-        if not up:
-            return self.best_form(ordered, demand) or ordered[0]
-        room: dict[str, float] = {}
-        for form in ordered[: ordered.index(up[0])]:
-            room_s = self.room_now(form, demand)
-            if room_s is not None:
-                room[form.name] = room_s
-        return min(
-            [*up, *(f for f in ordered if f.name in room)],
-            key=lambda f: (
-                round(self.expected_start_s(f, room.get(f.name)) + self.form_service_s(f), 1),
-                facts.form_rank(f),
-            ),
-        )
+        if up:
+            return min(
+                up,
+                key=lambda f: (
+                    round(self.expected_start_s(f, None) + self.form_service_s(f), 1),
+                    facts.form_rank(f),
+                ),
+            )
+        return self.best_form(ordered, demand) or ordered[0]
 
     def best_form(self, ordered: Sequence[ServiceState], demand: Demand) -> ServiceState | None:
         """The best form (``ordered``: best first) that can be loaded now without evicting
@@ -112,26 +102,16 @@ class Routing:
         off after a crash, no higher class waiting on its device, and its room made of
         free memory and idle services of its class or lower (``stop_work``: and of
         lower-class work stopped or shrunk, as :meth:`Room.plan` finds it)."""
-        if self.room_now(form, demand) is not None:
-            return True
-        if not stop_work or self.backing_off(form):
+        if form.status is ServiceStatus.CRASHED and form.backoff_until > self.view.now:
             return False
         if facts.wanted_by_higher_class(self.view, form):
             return False
+        if self.room_seconds(form, demand) is not None:
+            return True
+        if not stop_work:
+            return False
         for_ = RoomFor(form.spec.cls, form, Reason.DEGRADED)
         return self.room.plan(form.spec.device, self.load_need(form, demand), for_) is not None
-
-    def backing_off(self, form: ServiceState) -> bool:
-        return form.status is ServiceStatus.CRASHED and form.backoff_until > self.view.now
-
-    def room_now(self, form: ServiceState, demand: Demand) -> float | None:
-        """What loading ``form`` now costs others (:meth:`room_seconds`: 0 when it fits in
-        free memory) when its room is free memory and idle services of its class or
-        lower; None when it cannot be held so (backing off after a crash, a higher class
-        waiting on its device, or only busy work could free its room)."""
-        if self.backing_off(form) or facts.wanted_by_higher_class(self.view, form):
-            return None
-        return self.room_seconds(form, demand)
 
     def load_need(self, svc: ServiceState, demand: Demand) -> int:
         """What loading ``svc`` for a request of ``demand`` needs free on its device: its
