@@ -19,7 +19,16 @@ each seed runs, in the same run:
 
 The targets, judged per home and seed (the worst run counts, not the mean):
 
-- interactive and batch: ``accelmux+degrade`` within 5 points of the best baseline;
+- interactive and batch: ``accelmux+degrade`` within 5 points of the best baseline (the
+  issue's target: the best of the four for that class, which may be a different baseline
+  for each class);
+- the same, against the best baseline **at no higher class's cost**: only baselines
+  whose attainment in every class ranked above (realtime above interactive above batch)
+  is at most 5 points below accelmux+degrade's in that run count. accelmux ranks the
+  classes by design (voice first); a baseline that reaches more batch by leaving chat or
+  voice unserved made another trade, not a better one. Where no baseline qualifies, the
+  run has nothing to compare with (it passes). Both are reported; neither replaces the
+  other;
 - realtime: ``accelmux+degrade`` not below ``accelmux`` (degrading takes nothing from it);
 - 0 extra OOMs: ``accelmux+degrade`` causes no more out-of-memory events than
   ``accelmux`` (the OOMs the policy caused: a foreign program's growth since the last
@@ -34,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -44,9 +54,9 @@ from pathlib import Path
 from typing import Any
 
 from accelmux.core.types import ServiceClass
-from accelmux.sim.executor import Simulation
+from accelmux.sim.executor import RunOutput, Simulation
 from accelmux.sim.generate import generate_home, with_degrade
-from accelmux.sim.metrics import summarize
+from accelmux.sim.metrics import meets_slo, summarize
 from accelmux.sim.runner import DEFAULT_POLICIES
 from accelmux.sim.scenario import Scenario, load_scenario_data
 
@@ -87,21 +97,61 @@ def run_job(job: Job) -> dict[str, Any]:
     started = time.process_time()
     scn = _scenario(job.kind, job.home, job.duration_s, job.label == OURS)
     policy = "accelmux" if job.label in (OURS, TODAY) else job.label
-    r = summarize(Simulation(scn, policy, job.seed).run())
+    sim = Simulation(scn, policy, job.seed)
+    out = sim.run()
+    r = summarize(out)
+    placed = {name: spec.device for name, spec in sim.services.items()}
+    over = met_while_over_committed(
+        out, placed, next(iter(sim.devices)), sim.sim_cfg.sample_period_s
+    )
     return {
         "kind": job.kind,
         "home": job.home,
         "seed": job.seed,
         "label": job.label,
         "classes": {
-            c: {"requests": v["requests"], "slo_attainment": v["slo_attainment"]}
+            c: {
+                "requests": v["requests"],
+                "slo_attainment": v["slo_attainment"],
+                "met_while_over_committed": over.get(c, 0),
+            }
             for c, v in r["classes"].items()
             if v["requests"]
         },
         "ooms": int(r["oom_events"]) - int(r["oom_events_unforeseen_foreign"]),
         "ooms_unforeseen_foreign": int(r["oom_events_unforeseen_foreign"]),
+        # the share of the memory the game and other programs asked for that they went
+        # without (byte-seconds): what a policy's service cost them
+        "foreign_starved_share": r["foreign"]["starved_share"] or 0.0,
         "cpu_s": time.process_time() - started,
     }
+
+
+def met_while_over_committed(
+    out: RunOutput, placed: dict[str, str], card: str, period_s: float
+) -> dict[str, int]:
+    """Per class, the measured requests run on ``card`` (the first device, whose memory
+    the samples hold; ``placed``: each replica's device) that met their objective while
+    it was over-committed (a foreign program short of memory the services held) at some
+    memory sample from the one before they started to their end: service a policy gave
+    at the game's expense (sample ``i`` is taken at ``(i + 1) x period_s``)."""
+    cap = out.capacity_gib * 1024**3
+    over = {i for i, smp in enumerate(out.samples) if smp.used > cap}
+    found: dict[str, int] = {}
+    if not over:
+        return found
+    for req in out.requests.values():
+        device = placed.get(req.replica, placed.get(req.service))
+        if req.arrived_at < out.warmup_s or req.finished_at is None or device != card:
+            continue
+        if not meets_slo(req, out.slo[req.service], out.services[req.service].kind.is_llm):
+            continue
+        start = req.started_at if req.started_at is not None else req.arrived_at
+        first = max(0, math.floor(start / period_s) - 1)
+        last = math.floor(req.finished_at / period_s)
+        if any(i in over for i in range(first, last + 1)):
+            found[req.cls.label] = found.get(req.cls.label, 0) + 1
+    return found
 
 
 def compare(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -123,6 +173,9 @@ def compare(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             },
             "minus_best_baseline": {},
             "best_baseline": {},
+            "best_met_while_over_committed": {},
+            "minus_best_baseline_no_higher_cost": {},
+            "best_baseline_no_higher_cost": {},
             "realtime_minus_accelmux": None,
             "extra_ooms": max(0, ours["ooms"] - today["ooms"]),
         }
@@ -137,6 +190,18 @@ def compare(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             best = max(base, key=lambda b: (base[b], b))
             row["best_baseline"][c] = best
             row["minus_best_baseline"][c] = ours["classes"][c]["slo_attainment"] - base[best]
+            row["best_met_while_over_committed"][c] = got[best]["classes"][c].get(
+                "met_while_over_committed", 0
+            )
+            fair = [b for b in base if _no_higher_cost(got[b], ours, c)]
+            if fair:
+                best = max(fair, key=lambda b: (base[b], b))
+                row["best_baseline_no_higher_cost"][c] = best
+                row["minus_best_baseline_no_higher_cost"][c] = (
+                    ours["classes"][c]["slo_attainment"] - base[best]
+                )
+            else:
+                row["best_baseline_no_higher_cost"][c] = None
         if "realtime" in ours["classes"] and "realtime" in today["classes"]:
             row["realtime_minus_accelmux"] = (
                 ours["classes"]["realtime"]["slo_attainment"]
@@ -146,27 +211,25 @@ def compare(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
+def _no_higher_cost(base: dict[str, Any], ours: dict[str, Any], cls: str) -> bool:
+    """Whether a baseline's run gives every class ranked above ``cls`` at most SLACK less
+    than accelmux+degrade's run does."""
+    above = CLASSES[: CLASSES.index(cls)]
+    return all(
+        base["classes"].get(h, {}).get("slo_attainment", 0.0)
+        >= ours["classes"][h]["slo_attainment"] - SLACK
+        for h in above
+        if h in ours["classes"]
+    )
+
+
 def targets(rows: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for c in ("interactive", "batch"):
-        got = [
-            (r["minus_best_baseline"][c], r["home"], r["seed"])
-            for r in rows
-            if c in r["minus_best_baseline"]
-        ]
-        failed = [g for g in got if g[0] < -SLACK]
-        worst = min(got) if got else None
-        out[f"{c}_within_5_points"] = {
-            "runs": len(got),
-            "passed": len(got) - len(failed),
-            "worst": {"minus_best_baseline": worst[0], "home": worst[1], "seed": worst[2]}
-            if worst
-            else None,
-            "failed": [
-                {"home": h, "seed": s, "minus_best_baseline": d} for d, h, s in sorted(failed)
-            ],
-            "met": not failed,
-        }
+        out[f"{c}_within_5_points"] = _within(rows, c, "minus_best_baseline")
+        out[f"{c}_within_5_points_no_higher_cost"] = _within(
+            rows, c, "minus_best_baseline_no_higher_cost"
+        )
     rt = [
         (r["realtime_minus_accelmux"], r["home"], r["seed"])
         for r in rows
@@ -190,6 +253,24 @@ def targets(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def _within(rows: list[dict[str, Any]], c: str, key: str) -> dict[str, Any]:
+    """Class ``c`` within SLACK of the baseline ``key`` compares with, in every run."""
+    got = [(r[key][c], r["home"], r["seed"]) for r in rows if c in r[key]]
+    without = sum(1 for r in rows if c in r["minus_best_baseline"] and c not in r[key])
+    failed = [g for g in got if g[0] < -SLACK]
+    worst = min(got) if got else None
+    return {
+        "runs": len(got),
+        "passed": len(got) - len(failed),
+        "worst": {"minus_best_baseline": worst[0], "home": worst[1], "seed": worst[2]}
+        if worst
+        else None,
+        "failed": [{"home": h, "seed": s, "minus_best_baseline": d} for d, h, s in sorted(failed)],
+        "met": not failed,
+        "nothing_to_compare": without,
+    }
+
+
 def means(runs: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
     """Per kind and label, each class's attainment averaged over the runs that have it,
     and the OOMs per run."""
@@ -203,6 +284,9 @@ def means(runs: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
                 if vals:
                     entry[c] = sum(vals) / len(vals)
             entry["ooms_per_run"] = sum(r["ooms"] for r in mine) / max(1, len(mine))
+            entry["foreign_starved_share"] = sum(
+                r.get("foreign_starved_share", 0.0) for r in mine
+            ) / max(1, len(mine))
             out.setdefault(kind, {})[label] = entry
     return out
 

@@ -217,3 +217,51 @@ def test_degrade_decisions_match_their_golden_digest() -> None:
 
     golden = json.loads(bench_degrade.GOLDEN.read_text(encoding="utf-8"))
     assert bench_degrade.golden_digests() == golden
+
+
+def test_a_request_waiting_on_the_last_form_while_a_higher_class_waits_there_keeps_waiting() -> (
+    None
+):
+    """The game holds the GPU, so chat (interactive) and the indexer's embeddings (batch)
+    both fall back to the CPU. While chat waits there (its CPU form loading), an
+    embeddings request waiting on its CPU form, the last it has, stays there: there is no
+    lesser form to move it to (this once crashed the policy)."""
+    data = _home({"fallback_device": "cpu"}, game_gib=6.0, game_at=5.0, game_s=3600.0)
+    # a host with room for one of them at a time: chat's CPU form evicts the indexer's
+    data["devices"]["cpu"] = {
+        "kind": "host",
+        "capacity": "8GiB",
+        "budget": "5632MiB",
+        "headroom": "512MiB",
+    }
+    data["services"]["embed"] = {
+        "kind": "embeddings",
+        "class": "batch",
+        "residency": "on-demand",
+        "device": "gpu",
+        "degrade": {"fallback_device": "cpu"},
+        "memory": {"weights": "1GiB", "runtime": "200MiB", "workspace": "64MiB"},
+        "queue": {"deadline_s": 600},
+        "slo": {"latency_s": 60.0},
+    }
+    data["workloads"].append(
+        {"type": "poisson", "service": "embed", "rate_per_h": 600, "from_s": 20.0, "units": 8}
+    )
+    data["simulation"]["services"]["embed"] = {"share": 0.3, "base_s": 0.05, "per_unit_s": 0.01}
+    report, decisions, ooms = _run(data)
+    loads = {d["service"] for d in decisions if d["action"] == "load"}
+    assert {"chat@cpu", "embed@cpu"} <= loads
+    # the indexer's CPU form made way for chat's, and its requests waited, then met
+    # their deadline: refused with the reason, none lost to an exception
+    assert any(
+        d["action"] == "unload"
+        and d["service"] == "embed@cpu"
+        and d["reason"] == "evicted_for_memory"
+        for d in decisions
+    )
+    refused = {
+        d["reason"] for d in decisions if d["action"] == "reject" and "embed" in d["service"]
+    }
+    assert "deadline_exceeded" in refused
+    assert report["classes"]["interactive"]["slo_met"] > 0
+    assert ooms == 0

@@ -90,6 +90,11 @@ def test_page_shows_services_and_numbers_from_status(browser: Any) -> None:
         assert _text(browser, '#services tr[data-service="asr"] td.mem').startswith("364 MiB")
         assert "0 B / 256 MiB" in _text(browser, '#services tr[data-service="chat"] td.kv')
         assert _text(browser, '#services tr[data-service="chat"] td.running') == "0 / 2"
+        # the batch size, where the status puts it (usage.batch_size), and its column shown
+        for svc in status["services"]:
+            cell = f'#services tr[data-service="{svc["name"]}"] td.col-batch'
+            assert _text(browser, cell) == str(svc["usage"]["batch_size"]), svc["name"]
+        assert "no-batch" not in (_attrs(browser, "#services", "class")[0] or "")
         assert "PIN" in _text(browser, '#services tr[data-service="asr"] td.state')
         facts = _text(browser, '#devices .device[data-device="gpu"] .facts')
         assert "capacity 8 GiB" in facts and "headroom 512 MiB" in facts

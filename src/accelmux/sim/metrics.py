@@ -55,7 +55,7 @@ def _bound(slo: dict[str, float | None]) -> float:
     return max([v for v in slo.values() if v is not None] or [math.inf])
 
 
-def _met(req: SimRequest, slo: dict[str, float | None], is_llm: bool) -> bool:
+def meets_slo(req: SimRequest, slo: dict[str, float | None], is_llm: bool) -> bool:
     if req.outcome != "ok" or req.finished_at is None:
         return False
     latency = req.finished_at - req.arrived_at
@@ -129,7 +129,7 @@ def summarize(out: RunOutput) -> dict[str, Any]:
             continue  # the warm-up: services are still starting
         if req.outcome is None and end - req.arrived_at <= _bound(slo):
             continue  # still open and not yet late: left out
-        met = _met(req, slo, is_llm)
+        met = meets_slo(req, slo, is_llm)
         resp = _response(req, is_llm)
         if isinstance(req.source, IndexingSource) and not met:
             missed_docs.add(id(req.tag))

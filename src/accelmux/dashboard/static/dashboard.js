@@ -289,6 +289,12 @@ function meter(used, total, cls) {
   return '<span class="meter ' + (cls || "") + (pct >= 99.5 ? " full" : "") + '"><i style="width:' + pct.toFixed(1) + '%"></i></span>';
 }
 
+// The batch size the status reports for a service (``usage.batch_size``: the server's busy
+// slots, else what its worker runs, else its requests in flight); null when none.
+function batchSize(s) {
+  return (s.usage && s.usage.batch_size) ?? null;
+}
+
 function renderServices(st) {
   const body = $("#services tbody");
   const rows = st.services.map((s) => {
@@ -297,7 +303,7 @@ function renderServices(st) {
     const kv = s.kv_pool_bytes > 0 || s.kv_ceiling_bytes > 0
       ? meter(s.kv_in_use_bytes, s.kv_pool_bytes, "kv") + bytes(s.kv_in_use_bytes) + " / " + bytes(s.kv_pool_bytes)
       : '<span class="muted">–</span>';
-    const batch = s.batch_size ?? (s.backend && s.backend.batch_size) ?? null;
+    const batch = batchSize(s);
     const measured = s.measured_bytes !== null && s.measured_bytes !== undefined
       ? '<div class="sub" title="measured">meas. ' + bytes(s.measured_bytes) + "</div>" : "";
     const model = s.model && s.model !== s.name ? '<span class="sub">' + esc(s.model) + "</span>" : "";
@@ -333,7 +339,7 @@ function renderServices(st) {
   });
   setHTML(body, rows.join(""));
   // batch size shows only when the daemon reports one for some service
-  const anyBatch = st.services.some((s) => (s.batch_size ?? (s.backend && s.backend.batch_size)) != null);
+  const anyBatch = st.services.some((s) => batchSize(s) !== null);
   $("#services").classList.toggle("no-batch", !anyBatch);
 }
 

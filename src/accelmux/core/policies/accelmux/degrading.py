@@ -5,7 +5,8 @@ Each round, for every such service:
 
 1. **Move waiting requests down**: a request waiting on a form that is not up and cannot
    be held now (its room would evict a higher class, or only busy work could free it)
-   moves to the best lesser form that is up or can be held (``degraded``).
+   moves to the best lesser form that is up or can be held (``degraded``); on the last
+   form it waits there.
 2. **Back up when room returns**: while a lesser form serves and nothing loads, the best
    better form whose whole footprint fits in free memory now, with a margin, loads
    (``room_returned``); it does not evict anyone to get there, so the move back never
@@ -68,6 +69,8 @@ class Degrading:
             if not waiting or self.routing.holds(form, waiting[0].demand):
                 continue
             below = [f for f in forms if facts.form_rank(f) > facts.form_rank(form)]
+            if not below:
+                continue  # the last form: its requests wait there (or meet their deadline)
             lesser = next((f for f in below if f.status in _UP), None) or self.routing.best_form(
                 below, waiting[0].demand
             )
