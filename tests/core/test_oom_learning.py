@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from accelmux.core.events import BackendCrashed, LoadFailed, LoadFinished, Tick
@@ -71,6 +71,8 @@ sizes = st.integers(0, 64 * GIB)
 
 
 @given(asked=st.none() | sizes, granted=sizes, used=st.none() | sizes, cap=st.integers(1, 64 * GIB))
+# a device sampled past its capacity, and a grant of nothing: the device was full
+@example(asked=None, granted=0, used=GIB + 2, cap=1)
 def test_what_is_learned_never_passes_the_device(
     asked: int | None, granted: int, used: int | None, cap: int
 ) -> None:

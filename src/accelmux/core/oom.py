@@ -89,17 +89,16 @@ def attribute(
             None,
             f"asked {asked} B within its grant of {granted} B" + _room_words(room),
         )
-    if room is not None:
-        if room < granted:
-            return OomReport(
-                OomCause.DEVICE_FULL,
-                None,
-                f"granted {granted} B" + _room_words(room),
-            )
+    if used_besides is not None:
+        # the capacity left besides it, not clamped at zero: a device sampled past its
+        # capacity is full even for a grant of nothing
+        left = capacity - used_besides
+        if left < granted:
+            return OomReport(OomCause.DEVICE_FULL, None, f"granted {granted} B" + _room_words(room))
         return OomReport(
             OomCause.OWN_ESTIMATE,
-            min(ceiling, max(room + 1, 2 * granted)),
-            f"granted {granted} B, asked more than the {room} B left",
+            min(ceiling, max(left + 1, 2 * granted)),
+            f"granted {granted} B, asked more than the {left} B left",
         )
     return OomReport(
         OomCause.UNMEASURED,
