@@ -4,12 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from accelmux.core.types import Reason, Tier
-
-
-def _require(condition: bool, message: str) -> None:
-    if not condition:
-        raise ValueError(message)
+from accelmux.core.types import Reason, Tier, require
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -24,8 +19,8 @@ class Dispatch:
     detail: str = ""
 
     def __post_init__(self) -> None:
-        _require(self.lease_bytes >= 0, "lease_bytes must be >= 0")
-        _require(self.attempt >= 1, "attempt starts at 1")
+        require(self.lease_bytes >= 0, "lease_bytes must be >= 0")
+        require(self.attempt >= 1, "attempt starts at 1")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -49,7 +44,7 @@ class Reject:
     detail: str = ""
 
     def __post_init__(self) -> None:
-        _require(self.retry_after_s >= 0, "retry_after_s must be >= 0")
+        require(self.retry_after_s >= 0, "retry_after_s must be >= 0")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -99,7 +94,7 @@ class Resize:
     detail: str = ""
 
     def __post_init__(self) -> None:
-        _require(self.kv_pool_bytes >= 0, "kv_pool_bytes must be >= 0")
+        require(self.kv_pool_bytes >= 0, "kv_pool_bytes must be >= 0")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -116,8 +111,8 @@ class Rebatch:
     detail: str = ""
 
     def __post_init__(self) -> None:
-        _require(0 < self.fraction <= 1, "fraction must be in (0, 1]")
-        _require(self.parallel >= 1, "parallel must be >= 1")
+        require(0 < self.fraction <= 1, "fraction must be in (0, 1]")
+        require(self.parallel >= 1, "parallel must be >= 1")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -160,7 +155,7 @@ class Resume:
     detail: str = ""
 
     def __post_init__(self) -> None:
-        _require(self.lease_bytes >= 0, "lease_bytes must be >= 0")
+        require(self.lease_bytes >= 0, "lease_bytes must be >= 0")
 
 
 Action = (

@@ -4,18 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from accelmux.core.types import Reason
-
-
-def _require(condition: bool, message: str) -> None:
-    if not condition:
-        raise ValueError(message)
+from accelmux.core.types import Reason, require
 
 
 def _require_oom_figures(asked_bytes: int | None, device_used_bytes: int | None) -> None:
     """What an out-of-memory failure reports (either may be unmeasured) is not negative."""
-    _require(asked_bytes is None or asked_bytes >= 0, "asked_bytes must be >= 0")
-    _require(device_used_bytes is None or device_used_bytes >= 0, "device_used_bytes must be >= 0")
+    require(asked_bytes is None or asked_bytes >= 0, "asked_bytes must be >= 0")
+    require(device_used_bytes is None or device_used_bytes >= 0, "device_used_bytes must be >= 0")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -35,9 +30,9 @@ class Demand:
     output_tokens: int = 0
 
     def __post_init__(self) -> None:
-        _require(self.kv_tokens >= 0, "kv_tokens must be >= 0")
-        _require(self.units >= 0, "units must be >= 0")
-        _require(self.prompt_tokens >= 0 and self.output_tokens >= 0, "tokens must be >= 0")
+        require(self.kv_tokens >= 0, "kv_tokens must be >= 0")
+        require(self.units >= 0, "units must be >= 0")
+        require(self.prompt_tokens >= 0 and self.output_tokens >= 0, "tokens must be >= 0")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -61,9 +56,9 @@ class RequestArrived:
     pausable: bool = False
 
     def __post_init__(self) -> None:
-        _require(bool(self.request_id), "request_id must not be empty")
-        _require(bool(self.service), "service must not be empty")
-        _require(self.keep_alive_s is None or self.keep_alive_s >= 0, "keep_alive_s must be >= 0")
+        require(bool(self.request_id), "request_id must not be empty")
+        require(bool(self.service), "service must not be empty")
+        require(self.keep_alive_s is None or self.keep_alive_s >= 0, "keep_alive_s must be >= 0")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -77,8 +72,8 @@ class RequestFinished:
     error: str | None = None
 
     def __post_init__(self) -> None:
-        _require(self.attempt >= 1, "attempt starts at 1")
-        _require(self.peak_bytes is None or self.peak_bytes >= 0, "peak_bytes must be >= 0")
+        require(self.attempt >= 1, "attempt starts at 1")
+        require(self.peak_bytes is None or self.peak_bytes >= 0, "peak_bytes must be >= 0")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -132,7 +127,7 @@ class ResizeFinished:
     error: str | None = None
 
     def __post_init__(self) -> None:
-        _require(self.kv_pool_bytes >= 0, "kv_pool_bytes must be >= 0")
+        require(self.kv_pool_bytes >= 0, "kv_pool_bytes must be >= 0")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -145,7 +140,7 @@ class PauseFinished:
     attempt: int
 
     def __post_init__(self) -> None:
-        _require(self.attempt >= 1, "attempt starts at 1")
+        require(self.attempt >= 1, "attempt starts at 1")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -158,7 +153,7 @@ class PauseRefused:
     error: str = ""
 
     def __post_init__(self) -> None:
-        _require(self.attempt >= 1, "attempt starts at 1")
+        require(self.attempt >= 1, "attempt starts at 1")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -206,8 +201,8 @@ class MemorySampled:
     overhead_bytes: int = 0
 
     def __post_init__(self) -> None:
-        _require(self.used_bytes >= 0, "used_bytes must be >= 0")
-        _require(all(v >= 0 for v in self.per_service.values()), "per_service must be >= 0")
+        require(self.used_bytes >= 0, "used_bytes must be >= 0")
+        require(all(v >= 0 for v in self.per_service.values()), "per_service must be >= 0")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -218,7 +213,7 @@ class AdminCommand:
     op: str
 
     def __post_init__(self) -> None:
-        _require(self.op in ("load", "unload", "pin", "unpin"), f"unknown admin op {self.op!r}")
+        require(self.op in ("load", "unload", "pin", "unpin"), f"unknown admin op {self.op!r}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -16,14 +16,10 @@ import math
 from dataclasses import dataclass
 
 from accelmux.core.events import Demand
+from accelmux.core.types import require
 
 #: The full batch.
 FULL = 1.0
-
-
-def _require(condition: bool, message: str) -> None:
-    if not condition:
-        raise ValueError(message)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -35,8 +31,8 @@ class BatchShrink:
     min_parallel: int = 1
 
     def __post_init__(self) -> None:
-        _require(0 < self.min_fraction < 1, "shrink: min_fraction must be in (0, 1)")
-        _require(self.min_parallel >= 1, "shrink: min_parallel must be >= 1")
+        require(0 < self.min_fraction < 1, "shrink: min_fraction must be in (0, 1)")
+        require(self.min_parallel >= 1, "shrink: min_parallel must be >= 1")
 
     def fractions(self) -> tuple[float, ...]:
         """The batch fractions it may run with, largest first: the full batch, then

@@ -12,14 +12,9 @@ from dataclasses import dataclass, field
 from accelmux.core.degrade import Variant
 from accelmux.core.shrink import BatchShrink
 from accelmux.core.switches import Switches, unknown_switch_message, unknown_switches
-from accelmux.core.types import Residency, ResizeSupport, ServiceClass, ServiceKind
+from accelmux.core.types import Residency, ResizeSupport, ServiceClass, ServiceKind, require
 
 DAY_S = 86_400.0
-
-
-def _require(condition: bool, message: str) -> None:
-    if not condition:
-        raise ValueError(message)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -36,17 +31,17 @@ class DeviceSpec:
     host_bandwidth_bps: float = 12e9
 
     def __post_init__(self) -> None:
-        _require(self.capacity_bytes > 0, f"device {self.name}: capacity must be > 0")
-        _require(
+        require(self.capacity_bytes > 0, f"device {self.name}: capacity must be > 0")
+        require(
             0 < self.budget_bytes <= self.capacity_bytes,
             f"device {self.name}: budget must be in (0, capacity]",
         )
-        _require(
+        require(
             0 <= self.headroom_bytes < self.budget_bytes,
             f"device {self.name}: headroom must be in [0, budget)",
         )
-        _require(self.load_bandwidth_bps > 0, f"device {self.name}: bandwidth must be > 0")
-        _require(self.host_bandwidth_bps > 0, f"device {self.name}: host bandwidth must be > 0")
+        require(self.load_bandwidth_bps > 0, f"device {self.name}: bandwidth must be > 0")
+        require(self.host_bandwidth_bps > 0, f"device {self.name}: host bandwidth must be > 0")
 
     @property
     def usable_bytes(self) -> int:
@@ -72,10 +67,10 @@ class MemoryProfile:
     per_unit: float = 0.0
 
     def __post_init__(self) -> None:
-        _require(self.weights >= 0 and self.runtime >= 0, "weights/runtime must be >= 0")
-        _require(self.kv_bytes_per_token >= 0, "kv_bytes_per_token must be >= 0")
-        _require(0 <= self.kv_floor <= self.kv_ceiling, "need 0 <= kv_floor <= kv_ceiling")
-        _require(self.workspace >= 0 and self.per_unit >= 0, "workspace/per_unit must be >= 0")
+        require(self.weights >= 0 and self.runtime >= 0, "weights/runtime must be >= 0")
+        require(self.kv_bytes_per_token >= 0, "kv_bytes_per_token must be >= 0")
+        require(0 <= self.kv_floor <= self.kv_ceiling, "need 0 <= kv_floor <= kv_ceiling")
+        require(self.workspace >= 0 and self.per_unit >= 0, "workspace/per_unit must be >= 0")
 
     @property
     def resident_floor(self) -> int:
@@ -94,8 +89,8 @@ class Window:
     end_s: float
 
     def __post_init__(self) -> None:
-        _require(0 <= self.start_s < DAY_S and 0 <= self.end_s <= DAY_S, "window out of day")
-        _require(self.start_s != self.end_s, "window must not be empty")
+        require(0 <= self.start_s < DAY_S and 0 <= self.end_s <= DAY_S, "window out of day")
+        require(self.start_s != self.end_s, "window must not be empty")
 
     def contains(self, time_of_day_s: float) -> bool:
         t = time_of_day_s % DAY_S
@@ -216,11 +211,11 @@ class ServiceSpec:
     shrink: BatchShrink | None = None
 
     def __post_init__(self) -> None:
-        _require(self.concurrency >= 1, f"service {self.name}: concurrency must be >= 1")
-        _require(self.ttl_s >= 0, f"service {self.name}: ttl must be >= 0")
-        _require(self.queue_limit >= 0, f"service {self.name}: queue_limit must be >= 0")
-        _require(self.deadline_s > 0, f"service {self.name}: deadline must be > 0")
-        _require(self.init_s >= 0, f"service {self.name}: init_s must be >= 0")
+        require(self.concurrency >= 1, f"service {self.name}: concurrency must be >= 1")
+        require(self.ttl_s >= 0, f"service {self.name}: ttl must be >= 0")
+        require(self.queue_limit >= 0, f"service {self.name}: queue_limit must be >= 0")
+        require(self.deadline_s > 0, f"service {self.name}: deadline must be > 0")
+        require(self.init_s >= 0, f"service {self.name}: init_s must be >= 0")
 
     @property
     def addressed_as(self) -> str:
@@ -293,12 +288,12 @@ class PolicyKnobs:
     switches: Switches = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        _require(self.safety_factor >= 1.0, "safety_factor must be >= 1")
-        _require(self.calibration_window >= 1, "calibration_window must be >= 1")
-        _require(0 <= self.spare_fraction < 1, "spare_fraction must be in [0, 1)")
-        _require(self.realtime_grace_s >= 0, "realtime_grace_s must be >= 0")
+        require(self.safety_factor >= 1.0, "safety_factor must be >= 1")
+        require(self.calibration_window >= 1, "calibration_window must be >= 1")
+        require(0 <= self.spare_fraction < 1, "spare_fraction must be in [0, 1)")
+        require(self.realtime_grace_s >= 0, "realtime_grace_s must be >= 0")
         unknown = unknown_switches(sorted(self.disabled))
-        _require(not unknown, f"disabled: {unknown_switch_message(unknown)}")
+        require(not unknown, f"disabled: {unknown_switch_message(unknown)}")
         object.__setattr__(self, "switches", Switches.from_disabled(self.disabled))
 
 
@@ -314,24 +309,24 @@ class ManagerSpec:
 
     def __post_init__(self) -> None:
         names = [d.name for d in self.devices]
-        _require(len(set(names)) == len(names), "device names must be unique")
-        _require(self.host_budget_bytes >= 0, "host budget must be >= 0")
+        require(len(set(names)) == len(names), "device names must be unique")
+        require(self.host_budget_bytes >= 0, "host budget must be >= 0")
         snames = [s.name for s in self.services]
-        _require(len(set(snames)) == len(snames), "service names must be unique")
+        require(len(set(snames)) == len(snames), "service names must be unique")
         for s in self.services:
-            _require(s.device in names, f"service {s.name}: unknown device {s.device!r}")
-            _require(
+            require(s.device in names, f"service {s.name}: unknown device {s.device!r}")
+            require(
                 not s.group or s.group not in snames,
                 f"service {s.name}: its group {s.group!r} is also a service's name",
             )
         forms: dict[str, list[int]] = {}
         for s in self.services:
             if s.variant is not None:
-                _require(bool(s.group), f"service {s.name}: a form of a service needs a group")
+                require(bool(s.group), f"service {s.name}: a form of a service needs a group")
                 forms.setdefault(s.group, []).append(s.variant.rank)
         for group, ranks in forms.items():
             members = sum(1 for s in self.services if s.group == group)
-            _require(
+            require(
                 sorted(ranks) == list(range(len(ranks))) and len(ranks) == members,
                 f"service {group}: its forms must be ranked 0, 1, ... with nothing else beside",
             )

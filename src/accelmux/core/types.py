@@ -8,6 +8,12 @@ GIB = 1024**3
 MIB = 1024**2
 
 
+def require(condition: bool, message: str) -> None:
+    """Raise ValueError(``message``) unless ``condition``: the checks of the core's records."""
+    if not condition:
+        raise ValueError(message)
+
+
 class ServiceClass(IntEnum):
     """Priority class. A lower value is more important."""
 
