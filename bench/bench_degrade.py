@@ -61,6 +61,7 @@ from accelmux.sim.runner import DEFAULT_POLICIES
 from accelmux.sim.scenario import Scenario, load_scenario_data
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import worst_case
 from meta import run_meta
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -167,10 +168,7 @@ def compare(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "kind": kind,
             "home": f"{kind}-{home:04d}",
             "seed": seed,
-            "attainment": {
-                label: {c: v["slo_attainment"] for c, v in got[label]["classes"].items()}
-                for label in LABELS
-            },
+            "attainment": {label: _attainments(got[label]) for label in LABELS},
             "minus_best_baseline": {},
             "best_baseline": {},
             "best_met_while_over_committed": {},
@@ -214,13 +212,11 @@ def compare(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def _no_higher_cost(base: dict[str, Any], ours: dict[str, Any], cls: str) -> bool:
     """Whether a baseline's run gives every class ranked above ``cls`` at most SLACK less
     than accelmux+degrade's run does."""
-    above = CLASSES[: CLASSES.index(cls)]
-    return all(
-        base["classes"].get(h, {}).get("slo_attainment", 0.0)
-        >= ours["classes"][h]["slo_attainment"] - SLACK
-        for h in above
-        if h in ours["classes"]
-    )
+    return worst_case.gave_up_above(_attainments(base), _attainments(ours), cls, SLACK) is None
+
+
+def _attainments(run: dict[str, Any]) -> dict[str, float]:
+    return {c: v["slo_attainment"] for c, v in run["classes"].items()}
 
 
 def targets(rows: list[dict[str, Any]]) -> dict[str, Any]:

@@ -33,6 +33,7 @@ than 5 simulated minutes while its requests fit the device.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 from accelmux.sim.zero_service import ZERO_SERVICE_LIMIT_S
@@ -103,7 +104,14 @@ def traded(row: Row, cls: str, baseline: str, margin: float = BEHIND_LIMIT) -> s
     theirs_row = row["policies"][baseline]
     if theirs_row.get("over_budget"):
         return OVER_BUDGET
-    ours, theirs = row["policies"][OURS]["classes"], theirs_row["classes"]
+    return gave_up_above(theirs_row["classes"], row["policies"][OURS]["classes"], cls, margin)
+
+
+def gave_up_above(
+    theirs: Mapping[str, float], ours: Mapping[str, float], cls: str, margin: float
+) -> str | None:
+    """The first class ranked above ``cls`` (realtime first) in which ``theirs`` (class ->
+    attainment) is more than ``margin`` below ``ours``, or None."""
     for higher in CLASSES[: CLASSES.index(cls)]:
         if higher in ours and higher in theirs and theirs[higher] < ours[higher] - margin:
             return higher
