@@ -96,6 +96,7 @@ RUNS: dict[Switch, Run] = {
     Switch.SERIAL_LOADS: Run("home-0002", 1800),
     Switch.PLACEMENT: Run("four-gpus.yaml", 600),
     Switch.PARK_WEIGHTS: Run("many-llms.yaml", 600),
+    Switch.REALTIME_UNPIN: Run("regressions/adv-0591-evening-game-220276-s3-realtime.yaml", 1200),
 }
 
 

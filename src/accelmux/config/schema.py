@@ -97,11 +97,15 @@ class QueueConfig(StrictModel):
 
 
 class SloConfig(StrictModel):
-    """Latency objectives, judged per request by the daemon and the simulator; not enforced.
+    """Latency objectives, judged per request; a pinned service yields only within its own.
+
+    The daemon and the simulator judge each request by them. One decision reads them: a
+    pinned service yields its memory to a voice request only where its reload keeps its
+    own objective.
 
     The daemon's share of requests that met them over the last 5 minutes, per service
     and per class, is in /admin/status, /metrics, the dashboard and `accelmux top`; the
-    simulator's report uses the same rule. No decision reads them."""
+    simulator's report uses the same rule."""
 
     latency_s: float | None = Field(None, gt=0, description="Whole-request latency objective.")
     ttft_s: float | None = Field(None, gt=0, description="LLM time to first token objective.")

@@ -96,6 +96,7 @@ def to_manager_spec(
             weights_key=_weights_key(svc.backend, svc.kind, placement[name][0]),
             steady=svc.steady if svc.steady is not None else svc.kind is ServiceKind.CAMERA,
             shrink=_shrink(svc.shrink),
+            objective_s=(svc.slo.ttft_s if svc.kind.is_llm else None) or svc.slo.latency_s,
         )
         if svc.degrade is not None:
             services += degrade_forms(spec, svc)

@@ -209,6 +209,11 @@ class ServiceSpec:
     #: How small its batch and parallelism may get under memory pressure (see
     #: :mod:`accelmux.core.shrink`); None: it always runs its full batch.
     shrink: BatchShrink | None = None
+    #: The latency its requests are meant to meet (its SLO: the time to first token of an
+    #: LLM, else the whole request's), None when none is set. One decision reads it: a
+    #: pinned service yields to a realtime request only when its reload keeps its own
+    #: objective (``Room.unpins``).
+    objective_s: float | None = None
 
     def __post_init__(self) -> None:
         require(self.concurrency >= 1, f"service {self.name}: concurrency must be >= 1")
@@ -216,6 +221,10 @@ class ServiceSpec:
         require(self.queue_limit >= 0, f"service {self.name}: queue_limit must be >= 0")
         require(self.deadline_s > 0, f"service {self.name}: deadline must be > 0")
         require(self.init_s >= 0, f"service {self.name}: init_s must be >= 0")
+        require(
+            self.objective_s is None or self.objective_s > 0,
+            f"service {self.name}: objective_s must be > 0",
+        )
 
     @property
     def addressed_as(self) -> str:

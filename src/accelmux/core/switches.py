@@ -47,6 +47,7 @@ class Switch(StrEnum):
     SERIAL_LOADS = "serial_loads"
     PLACEMENT = "placement"
     PARK_WEIGHTS = "park_weights"
+    REALTIME_UNPIN = "realtime_unpin"
 
 
 #: What each heuristic does (one line each; what turning it off loses).
@@ -122,6 +123,10 @@ DESCRIPTIONS: dict[Switch, str] = {
     Switch.PARK_WEIGHTS: "an unloaded model keeps its weights in host RAM (parked or sleeping, "
     "as its backend declares) within the host budget; victims are scored by the reload "
     "cost of the tier they land in",
+    Switch.REALTIME_UNPIN: "a realtime request that no other room could serve (a foreign "
+    "program took the memory the pinned services were sized for) may evict idle pinned "
+    "services, lower classes first; they are reloaded when room returns (off: the request "
+    "is refused while the pinned services sit idle)",
 }
 
 #: Every switch name, as plain strings.
@@ -177,6 +182,7 @@ class Switches:
     serial_loads: bool = True
     placement: bool = True
     park_weights: bool = True
+    realtime_unpin: bool = True
 
     @classmethod
     def from_disabled(cls, disabled: Iterable[str]) -> Switches:

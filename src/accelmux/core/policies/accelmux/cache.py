@@ -85,8 +85,9 @@ class Memo(Generic[K, S, V]):
 
 
 #: A room survey's key: (device, class, for a steady service, strict, the requester's
-#: service when it holds memory, what time sharing reads of the requester).
-RoomKey = tuple[str, ServiceClass, bool, bool, str | None, object]
+#: service when it holds memory, what time sharing reads of the requester, whether
+#: pinned services may go: ``Room.unpins``).
+RoomKey = tuple[str, ServiceClass, bool, bool, str | None, object, bool]
 
 
 class RoundCache:

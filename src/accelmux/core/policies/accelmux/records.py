@@ -57,13 +57,16 @@ class Round:
 class RoomFor:
     """Whom room is made for: a class, the service it is for (never its own victim; a
     steady one ranks above batch), why, whether only strictly lower classes may be
-    evicted (restores), and the request it is for (it may pause other models' streams)."""
+    evicted (restores), the request it is for (it may pause other models' streams), and
+    whether idle pinned services may go too (``Room.unpins``: the last resort of a realtime
+    request)."""
 
     cls: ServiceClass
     exclude: ServiceState | None
     reason: Reason = Reason.NO_MEMORY
     strict: bool = False
     requester: RequestState | None = None
+    unpin: bool = False
 
 
 @dataclass(slots=True)

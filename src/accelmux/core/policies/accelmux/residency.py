@@ -305,6 +305,7 @@ class Residents:
                 self.view.now < svc.backoff_until
                 or self.view.shutting_down
                 or self.loading.loads_one_at_a_time(svc.spec.device)
+                or self.yielded_to_realtime(svc)
             ):
                 continue
             reason = (
@@ -318,6 +319,15 @@ class Residents:
             need = sum(self.view.projected_resident(svc, pool))
             if self.room.make_room(svc.spec.device, need, RoomFor(svc.spec.cls, svc, reason)):
                 self.ops.load(svc, reason=reason, kv_pool=pool)
+
+    def yielded_to_realtime(self, svc: ServiceState) -> bool:
+        """Whether ``svc``, a pinned service evicted for a realtime request's room
+        (``Room.unpins``: only such room evicts a pinned service), stays out while a
+        realtime request still waits on its device: its restore would take back the
+        memory the request is about to run in."""
+        if not (svc.pinned and svc.last_evicted_at is not None):
+            return False
+        return self.view.waiting_classes.get((svc.spec.device, ServiceClass.REALTIME), 0) > 0
 
     def expire_idle(self) -> None:
         """Unload the services idle past their TTL (spec order).

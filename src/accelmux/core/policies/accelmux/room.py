@@ -11,6 +11,7 @@ fit anyway).
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from accelmux.core.policies.accelmux import facts
 from accelmux.core.policies.accelmux.cache import Miss
@@ -73,16 +74,16 @@ class Room:
     ) -> bool:
         """Whether ``svc`` may be evicted for ``for_`` (its class; its service, ranked
         above batch when steady, :func:`room_rank`; strictly lower classes only when
-        ``strict``); ``once_preempted``: it is busy, but every request it runs is being
-        preempted for this room; ``yielded``: how many of its waiting requests are
-        streams it paused for this room."""
+        ``strict``; pinned ones only for ``unpin``); ``once_preempted``: it is busy,
+        but every request it runs is being preempted for this room; ``yielded``: how
+        many of its waiting requests are streams it paused for this room."""
         cls, exclude = for_.cls, for_.exclude
         spec = svc.spec
         if (
             svc is exclude
             or svc.status is not ServiceStatus.LOADED
             or not (svc.idle or once_preempted)
-            or svc.pinned
+            or (svc.pinned and not for_.unpin)
             or svc.admin_wants_loaded
             or (spec.steady and cls >= ServiceClass.BATCH)  # floored
         ):
@@ -143,7 +144,9 @@ class Room:
                     found.shrinks.append((svc, target))
                 # KV freed by a preemption comes back only as far as its pool can shrink.
                 found.gain += max(0, pool - max(floor, svc.kv_in_use - stopped_kv))
-            if self.evictable(svc, for_, once_preempted=cleared, yielded=yielded):
+            if self.evictable(svc, for_, once_preempted=cleared, yielded=yielded) and (
+                not svc.pinned or self.reload_keeps_objective(svc)
+            ):
                 found.victims.append(svc)
                 found.gain += facts.unload_frees(view, svc)
         if device == view.park_device:
@@ -184,13 +187,19 @@ class Room:
         steady = exclude is not None and exclude.spec.steady  # it ranks above batch
         # None: no stream on the device can be paused for time sharing (see room_key).
         sharing = self.time_sharing.room_key(device, for_.requester)
-        key = (device, for_.cls, steady, for_.strict, holding, sharing)
+        unpin = for_.requester is not None and self.unpins(for_.cls)
+        key = (device, for_.cls, steady, for_.strict, holding, sharing, unpin)
         epoch = view.epoch(device)
         failed = self.cache.room_failed.get(key, epoch)
         if failed is not Miss.MISS and need > failed:
             return None
         found = self.survey(device, for_, sharing)
         freeable = available + pending + found.gain
+        if freeable < need and unpin:
+            # The last resort of a realtime request: idle pinned services may go too.
+            for_ = replace(for_, unpin=True)
+            found = self.survey(device, for_, sharing)
+            freeable = available + pending + found.gain
         if freeable < need:
             self.cache.room_failed.put(key, epoch, freeable)
             return None
@@ -234,10 +243,41 @@ class Room:
         plan = self.plan(device, need, for_)
         return plan is not None and self.apply(plan)
 
+    def unpins(self, cls: ServiceClass) -> bool:
+        """Whether room for ``cls`` work that nothing else could make may evict idle pinned
+        services (``realtime_unpin``): realtime work only. Pinning sizes a device for the
+        services it keeps; when a foreign program takes part of that memory, keeping every
+        pinned service loaded refuses voice while the ones it does not need now sit idle.
+        A request's room only (a restore of a pinned service never evicts another), lower
+        classes first (``pick_victims``); what it evicts is reloaded when room returns
+        (``Residency.keep_pinned_loaded``). The operator's own loads stay."""
+        return cls is ServiceClass.REALTIME and self.view.knobs.switches.realtime_unpin
+
+    def reload_keeps_objective(self, svc: ServiceState) -> bool:
+        """Whether pinned ``svc`` may yield to a realtime request (``unpins``): its
+        reload (from the tier it would go to) is within its own latency objective, or it
+        has none. Evicting one whose reload is slower would trade its next request for
+        this one: on a game evening with tight objectives every step of every voice chain
+        became a cold start that missed its objective (stress
+        ``game-takes-pinned-room.yaml``: realtime 79 -> 63 %)."""
+        objective = svc.spec.objective_s
+        view = self.view
+        return objective is None or view.load_seconds(svc, facts.tier(view, svc)) <= objective
+
     def max_possible(self, device: str, exclude: ServiceState) -> int:
         """The most ``exclude`` could ever have on ``device``: its usable memory less what
-        the other kept services hold at their floors."""
+        the other kept services hold at their floors (for realtime work, the pinned ones
+        whose reload keeps their objective may go: :meth:`unpins`)."""
         view = self.view
+        if self.unpins(exclude.spec.cls):
+            held = sum(
+                facts.kept_floor(view, s)
+                for s in view.kept
+                if s.spec.device == device
+                and s is not exclude
+                and (s.admin_wants_loaded or not self.reload_keeps_objective(s))
+            )
+            return view.devices[device].usable_bytes - held
         epoch = view.epoch(device)
         hit = self.cache.kept_floor.entries.get(device)  # asked for every request considered
         if hit is not None and hit[0] == epoch:
@@ -288,7 +328,12 @@ class Room:
                 f"needs {need} B ({ledger.available(device)} B free), which no eviction can "
                 "free: foreign programs hold "
                 f"{ledger.foreign(device)} B, workers' overhead {ledger.overhead(device)} B, "
-                f"parked state {ledger.parked(device)} B, kept services their floors"
+                f"parked state {ledger.parked(device)} B, "
+                + (
+                    "services the operator keeps loaded their floors"
+                    if self.unpins(req.cls)
+                    else "kept services their floors"
+                )
             ),
         )
 
@@ -366,9 +411,19 @@ class Room:
         """The victims, in eviction order, to evict for ``short`` bytes: strictly lower
         classes alone when they cover it (``lower_class_first``); when one victim alone
         covers it, the cheapest such one (reload cost x reuse x class weight, not the best
-        per byte: a few MB must not cost the largest model; ``single_victim``)."""
+        per byte: a few MB must not cost the largest model; ``single_victim``); pinned
+        services (``unpins``) only after every other victim."""
         view = self.view
         switches = view.knobs.switches
+        pinned = [s for s in victims if s.pinned]
+        if pinned:
+            # a realtime request's last resort (``unpins``): the others first, then the
+            # pinned services, lower classes first and the cheapest to reload first
+            others = [s for s in victims if not s.pinned]
+            if sum(facts.unload_frees(view, s) for s in others) < short:
+                pinned.sort(key=lambda s: (-int(s.spec.cls), self.eviction_cost(s), s.name))
+                return [*others, *pinned]
+            victims = others
         if switches.lower_class_first:
             lower = [s for s in victims if s.spec.cls > cls]
             if (
@@ -395,10 +450,17 @@ class Room:
                 continue  # its work was not all preempted (or parked) after all
             frees = facts.unload_frees(self.view, svc)
             stays = facts.parked_stays(self.view, svc)
+            why = detail
+            if svc.pinned:
+                why = (
+                    f"{detail}: pinned, it yields to realtime work no other room could serve "
+                    f"(foreign programs hold {ledger.foreign(device)} B) and is reloaded when "
+                    "room returns"
+                )
             if stays and ledger.available(device) + pending + freed + frees - stays < need:
                 # Parked weights would stay on this device: the room needs them too.
-                self.ops.unload(svc, reason=Reason.EVICTED_FOR_MEMORY, detail=detail)
+                self.ops.unload(svc, reason=Reason.EVICTED_FOR_MEMORY, detail=why)
             else:
-                self.unload(svc, reason=Reason.EVICTED_FOR_MEMORY, detail=detail)
+                self.unload(svc, reason=Reason.EVICTED_FOR_MEMORY, detail=why)
                 frees -= stays
             freed += frees
