@@ -122,6 +122,8 @@ def run_job(job: Job) -> dict[str, Any]:
             for c, v in r["classes"].items()
         },
         "zero_service": r["zero_service"],
+        # what the services held at most against the budget (worst_case.over_budget)
+        "memory": {k: r["memory"].get(k) for k in ("peak_services_sampled", "budget_bytes")},
         "oom_events": r["oom_events"],
         "oom_events_unforeseen_foreign": r["oom_events_unforeseen_foreign"],
         # the OOMs the policy caused: without those a foreign surge no sample showed yet

@@ -68,7 +68,22 @@ def run_row(home: str, seed: int, per_policy: dict[str, dict[str, Any]]) -> Row:
                 c: float(v["longest_s"]) for c, v in (report.get("zero_service") or {}).items()
             },
         }
+        over = over_budget(report)
+        if over is not None:
+            policies[policy]["over_budget"] = over
     return {"home": home, "seed": seed, "policies": policies}
+
+
+def over_budget(report: Mapping[str, Any]) -> bool | None:
+    """Whether the policy's services held more than the device's budget at any memory
+    sample of the run (``accelmux.sim.metrics``: ``memory.peak_services_sampled`` against
+    ``memory.budget_bytes``, the first device's), or None where the report does not
+    record it (results from before it was recorded)."""
+    memory = report.get("memory") or {}
+    held, budget = memory.get("peak_services_sampled"), memory.get("budget_bytes")
+    if held is None or budget is None:
+        return None
+    return bool(held > budget)
 
 
 def _baselines(row: Row) -> list[str]:

@@ -7,9 +7,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tests.sim.support import scenario, tiny
+
+from accelmux.sim.executor import Simulation
+from accelmux.sim.metrics import summarize
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 import worst_case
+
+POLICIES = ("accelmux", "independent", "static")
 
 
 def _report(att: dict[str, float], n: int = 100, zero: float = 0.0) -> dict[str, Any]:
@@ -120,3 +127,28 @@ def test_a_baseline_that_held_more_than_the_budget_is_no_measure() -> None:
     assert worst_case.traded(row, "interactive", "independent") == worst_case.OVER_BUDGET
     assert worst_case.best_untraded(row, "interactive") == (0.60, "static")
     assert worst_case.best_baseline(row, "interactive") == (0.78, "independent")
+
+
+def test_a_run_records_what_its_services_held_against_the_budget(tmp_path: Path) -> None:
+    """Rule 2's figure is recorded per run (accelmux.sim.metrics), and run_row reads
+    over_budget from it: a baseline that knows no budget is seen above it, accelmux not."""
+    data = tiny()
+    data["devices"]["gpu"]["budget"] = "5GiB"  # of 8 GiB: 3 GiB the home keeps for itself
+    scn = scenario(tmp_path, data)
+    reports = {p: summarize(Simulation(scn, p, 1, duration_s=300).run()) for p in POLICIES}
+    for report in reports.values():
+        assert report["memory"]["budget_bytes"] == 5 * 2**30
+        assert report["memory"]["peak_services_sampled"] <= report["memory"]["peak_used_sampled"]
+    row = worst_case.run_row("tiny", 1, reports)
+    assert row["policies"]["accelmux"]["over_budget"] is False
+    assert row["policies"]["independent"]["over_budget"] is True
+    assert worst_case.traded(row, "interactive", "independent") == worst_case.OVER_BUDGET
+
+
+def test_a_run_without_the_record_leaves_over_budget_unknown() -> None:
+    """Results from before the figure was recorded: no over_budget key, so the summary
+    can say that rule 2 is pending for them."""
+    row = _rows()[0]
+    assert all("over_budget" not in p for p in row["policies"].values())
+    assert worst_case.over_budget({"memory": {"peak_services_sampled": 1}}) is None
+    assert worst_case.over_budget({"memory": {"peak_services_sampled": 2, "budget_bytes": 1}})
