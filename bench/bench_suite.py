@@ -17,7 +17,9 @@ preemptions of any one request (a livelock shows as a large count), starvation (
 class waited while idle memory could have held its work), every run's figures per class
 (``run_rows``, from which bench/worst_case.py reads the worst case: per class the worst
 (home, seed), the share of runs below 90 %, accelmux minus the best baseline of each
-run, the longest stretch of zero service), and the targets:
+run (judged as the adversary judges it, and against any baseline beside it: each run
+records what each policy's services held at most against the budget), the longest
+stretch of zero service), and the targets:
 
 - realtime: accelmux >= every baseline in every home;
 - interactive: within 1 point of the best baseline (or better) in >= 95% of homes;
