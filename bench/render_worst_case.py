@@ -135,7 +135,11 @@ def table(summary: dict[str, Any]) -> str:
                 + (f"; set aside: {_aside(b['set_aside'])}" if b["set_aside"] else "")
             )
         for z in c["zero_service"]:
-            listed.append(f"- {cls}: {_run(z)}: no service for {z['seconds']:.0f} s")
+            shortest = z["baselines_shortest_s"]
+            listed.append(
+                f"- {cls}: {_run(z)}: no service for {z['seconds']:.0f} s"
+                + ("" if shortest is None else f" (the baselines: {shortest:.0f} s at the least)")
+            )
         for b in c["behind_only_a_set_aside_baseline"]:
             aside.append(
                 f"- {cls}: {_run(b)}: {_pct(b['accelmux'])} of {b['requests']} requests, "

@@ -256,6 +256,17 @@ def _judged_and_raw(mine: list[Row], cls: str) -> dict[str, Any]:
     }
 
 
+def _baselines_zero(row: Row, cls: str) -> float | None:
+    """The shortest longest-zero-service stretch of ``cls`` among the baselines of this
+    run (did any of them serve the class where accelmux did not?)."""
+    have = [
+        row["policies"][b]["zero_service_s"][cls]
+        for b in _baselines(row)
+        if cls in row["policies"][b].get("zero_service_s", {})
+    ]
+    return min(have) if have else None
+
+
 def _class_summary(rows: list[Row], cls: str) -> dict[str, Any] | None:
     mine = [r for r in rows if cls in r["policies"].get(OURS, {}).get("classes", {})]
     if not mine:
@@ -289,7 +300,10 @@ def _class_summary(rows: list[Row], cls: str) -> dict[str, Any] | None:
         **_judged_and_raw(mine, cls),
         "longest_zero_service": {**_where(zero[0][1]), "seconds": zero[0][0]},
         "runs_zero_service_over_5_min": len(locked),
-        "zero_service": [{**_where(r), "seconds": s} for s, r in locked[:LISTED]],
+        "zero_service": [
+            {**_where(r), "seconds": s, "baselines_shortest_s": _baselines_zero(r, cls)}
+            for s, r in locked[:LISTED]
+        ],
     }
 
 

@@ -82,6 +82,10 @@ def test_the_targets_count_every_run_behind_and_say_which_are_beyond_noise() -> 
     assert [b["beyond_noise"] for b in judged["behind"]] == [True, False]
     assert c["runs_zero_service_over_5_min"] == 1
     assert c["longest_zero_service"] == {"home": "home-a", "seed": 1, "seconds": 1200.0}
+    # static served interactive in that run: the lockout is accelmux's alone
+    assert c["zero_service"] == [
+        {"home": "home-a", "seed": 1, "seconds": 1200.0, "baselines_shortest_s": 0.0}
+    ]
     t = summary["targets"]
     assert not t["no_run_10_points_below_best_baseline"]["met"]
     assert not t["no_zero_service_over_5_min"]["met"]
