@@ -13,8 +13,9 @@ mean SLO attainment per class, the OOM events per run, the most OOMs of one serv
 one run, the most preemptions of one request (a livelock shows as a large count),
 starvation, and the batch work done; and every (scenario, seed) run's figures per class
 (``run_rows``), from which bench/worst_case.py reads the worst case: per class the
-worst run, the share of runs below 90 %, accelmux minus the best baseline of each run and
-the longest stretch without service. ``bench/render_stress.py`` renders the table of
+worst run, the share of runs below 90 %, accelmux minus the best baseline of each run
+(judged as the adversary judges it, and against any baseline) and the longest stretch
+without service. ``bench/render_stress.py`` renders the table of
 docs/benchmarks.md (``scripts/gen-docs``).
 """
 

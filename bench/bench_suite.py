@@ -17,7 +17,9 @@ preemptions of any one request (a livelock shows as a large count), starvation (
 class waited while idle memory could have held its work), every run's figures per class
 (``run_rows``, from which bench/worst_case.py reads the worst case: per class the worst
 (home, seed), the share of runs below 90 %, accelmux minus the best baseline of each
-run, the longest stretch of zero service), and the targets:
+run (judged as the adversary judges it, and against any baseline beside it: each run
+records what each policy's services held at most against the budget), the longest
+stretch of zero service), and the targets:
 
 - realtime: accelmux >= every baseline in every home;
 - interactive: within 1 point of the best baseline (or better) in >= 95% of homes;
@@ -122,6 +124,8 @@ def run_job(job: Job) -> dict[str, Any]:
             for c, v in r["classes"].items()
         },
         "zero_service": r["zero_service"],
+        # what the services held at most against the budget (worst_case.over_budget)
+        "memory": {k: r["memory"].get(k) for k in ("peak_services_sampled", "budget_bytes")},
         "oom_events": r["oom_events"],
         "oom_events_unforeseen_foreign": r["oom_events_unforeseen_foreign"],
         # the OOMs the policy caused: without those a foreign surge no sample showed yet

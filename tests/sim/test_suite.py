@@ -48,6 +48,8 @@ def test_a_two_home_suite_runs_every_policy_and_compares_them() -> None:
     assert [(r["home"], r["seed"]) for r in rows] == [("home-0003", 0), ("home-0004", 0)]
     for row in rows:
         assert set(row["policies"]) == set(policies)
+        # what each policy's services held against the budget (the adversary's rule 2)
+        assert all(isinstance(p["over_budget"], bool) for p in row["policies"].values())
     summary_of_runs = worst_case.summarize(rows)
     for cls, summary in summary_of_runs["classes"].items():
         values = [
