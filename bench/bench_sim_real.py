@@ -54,7 +54,8 @@ RESULTS = ROOT / "bench" / "results" / "sim_real.json"
 #: runs are shorter, and its tables gate each p95 on 20 requests themselves.
 SHORT_RUN_S = 300.0
 #: What a user of this machine would ask of each service (used by the replay's metrics
-#: and the real side's alike; the daemon's policy does not read them).
+#: and the real side's alike; the policy reads them in one place only: a pinned service
+#: yields its memory to a voice request only where its reload keeps its own objective).
 SLOS: dict[str, dict[str, float]] = {
     "asr": {"latency_s": 1.5},
     "tts": {"latency_s": 1.5},
