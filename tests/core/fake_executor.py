@@ -38,7 +38,8 @@ from accelmux.core.events import (
 )
 from accelmux.core.manager import Manager
 from accelmux.core.policies.accelmux import MAX_PAUSES
-from accelmux.core.types import Category, Reason, ResizeSupport, ServiceStatus, Tier
+from accelmux.core.types import Category, Reason, ResizeSupport, ServiceClass, ServiceStatus, Tier
+from accelmux.core.world import ServiceState
 
 from .world_oracle import check_indexes
 
@@ -242,14 +243,33 @@ class FakeExecutor:
                     assert not running, (a, running)
                     self.services[a.service] = UNLOADING
                     svc = world.services[a.service]
-                    if a.reason in (Reason.EVICTED_FOR_MEMORY, Reason.TTL_EXPIRED) and (
-                        svc.pinned or svc.admin_wants_loaded
+                    if (
+                        a.reason in (Reason.EVICTED_FOR_MEMORY, Reason.TTL_EXPIRED)
+                        and (svc.pinned or svc.admin_wants_loaded)
+                        and not self.yields_to_realtime(svc, a)
                     ):
                         self.pinned_evictions.append(a)
                 case Resize():
                     assert self.services[a.service] == LOADED, a
                     assert a.service not in self.resizes, f"second resize before the answer: {a}"
                     self.resizes[a.service] = a.kv_pool_bytes
+
+    def yields_to_realtime(self, svc: ServiceState, a: Unload) -> bool:
+        """Whether the eviction of kept ``svc`` is the one a pinned service may suffer
+        (``realtime_unpin``): pinned by its configuration (not by the operator), evicted
+        for memory while a realtime request waits on its device."""
+        world = self.manager.world
+        return (
+            svc.pinned
+            and not svc.admin_wants_loaded
+            and a.reason is Reason.EVICTED_FOR_MEMORY
+            and world.knobs.switches.realtime_unpin
+            and any(
+                r.cls is ServiceClass.REALTIME
+                and world.services[r.service].spec.device == svc.spec.device
+                for r in world.waiting.values()
+            )
+        )
 
     # ---- convenience ------------------------------------------------------------
     def finish(self, request_id: str, *, ok: bool = True, peak: int | None = None) -> None:

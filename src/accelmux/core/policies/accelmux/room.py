@@ -187,7 +187,13 @@ class Room:
         steady = exclude is not None and exclude.spec.steady  # it ranks above batch
         # None: no stream on the device can be paused for time sharing (see room_key).
         sharing = self.time_sharing.room_key(device, for_.requester)
-        unpin = for_.requester is not None and self.unpins(for_.cls)
+        # (a request that cannot wait for the unloads, its queue holding none, is not
+        # worth a pinned service)
+        unpin = (
+            for_.requester is not None
+            and self.unpins(for_.cls)
+            and (exclude is None or exclude.spec.queue_limit > 0)
+        )
         key = (device, for_.cls, steady, for_.strict, holding, sharing, unpin)
         epoch = view.epoch(device)
         failed = self.cache.room_failed.get(key, epoch)
