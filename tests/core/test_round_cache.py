@@ -37,7 +37,7 @@ from accelmux.core.policies.accelmux import (
     build_parts,
 )
 from accelmux.core.policies.accelmux.cache import RoundCache
-from accelmux.core.policies.accelmux.facts import kept_floor, likely_reused, unload_frees
+from accelmux.core.policies.accelmux.facts import kept_floor, likely_reused, tier, unload_frees
 from accelmux.core.policies.accelmux.records import Seam
 from accelmux.core.profiles import RATIO_MARGIN, RatioCalibrator
 from accelmux.core.specs import (
@@ -123,9 +123,23 @@ def scan_pending_free(world: World, device: str) -> int:
 
 
 def scan_max_possible(world: World, device: str, exclude: ServiceState) -> int:
-    """The most ``exclude`` could have on ``device``, from a scan of every service."""
-    held = sum(kept_floor(world, s) for s in world.services.values() if s.spec.device == device)
-    return world.devices[device].usable_bytes - (held - kept_floor(world, exclude))
+    """The most ``exclude`` could have on ``device``, from a scan of every service: for
+    realtime work the pinned services whose reload keeps their objective may go
+    (``realtime_unpin``)."""
+    unpin = exclude.spec.cls is ServiceClass.REALTIME and world.knobs.switches.realtime_unpin
+
+    def stays(s: ServiceState) -> bool:
+        if not unpin or s.admin_wants_loaded:
+            return True
+        objective = s.spec.objective_s
+        return objective is not None and world.load_seconds(s, tier(world, s)) > objective
+
+    held = sum(
+        kept_floor(world, s)
+        for s in world.services.values()
+        if s.spec.device == device and s is not exclude and stays(s)
+    )
+    return world.devices[device].usable_bytes - held
 
 
 def plain_parts(world: World, ops: WorldOps) -> Parts:
