@@ -17,6 +17,7 @@ from dataclasses import replace
 
 from accelmux.core.events import MemorySampled, Unloaded
 from accelmux.core.manager import Manager
+from accelmux.core.policies.accelmux.room import UNSERVED_S
 from accelmux.core.specs import PolicyKnobs
 from accelmux.core.types import GIB, MIB, Reason, Residency, ServiceClass, ServiceKind
 
@@ -121,3 +122,19 @@ def test_a_pinned_service_whose_reload_misses_its_objective_stays() -> None:
     acts = m.handle(arrive("a1", "asr", units=1.5), 2.0)
     assert "tts" not in [u.service for u in unloads(acts)]
     assert rejected(acts)["a1"].reason is Reason.NO_MEMORY
+
+
+def test_voice_unserved_for_long_takes_even_a_slow_reloading_pinned_service() -> None:
+    # the same home, but realtime work there has gone unserved for two minutes: a late
+    # answer beats none, so the synthesiser yields although its reload misses its
+    # objective (game-takes-pinned-room: voice refused for 19-22 minutes per seed)
+    m = _home(tts_objective_s=0.5)
+    m.start(0.0)
+    m.handle(loaded("asr"), 0.2)
+    m.handle(loaded("cam"), 0.2)
+    m.handle(loaded("tts"), 1.4)
+    _game(m, 1.5, 5 * GIB, "asr", "tts", "cam")
+    assert rejected(m.handle(arrive("a1", "asr", units=1.5), 2.0))["a1"].reason is Reason.NO_MEMORY
+    acts = m.handle(arrive("a2", "asr", units=1.5), 2.0 + UNSERVED_S)
+    assert "a2" not in rejected(acts)
+    assert [u.service for u in unloads(acts)] == ["cam", "tts"]

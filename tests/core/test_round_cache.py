@@ -39,6 +39,7 @@ from accelmux.core.policies.accelmux import (
 from accelmux.core.policies.accelmux.cache import RoundCache
 from accelmux.core.policies.accelmux.facts import kept_floor, likely_reused, tier, unload_frees
 from accelmux.core.policies.accelmux.records import Seam
+from accelmux.core.policies.accelmux.room import UNSERVED_S
 from accelmux.core.profiles import RATIO_MARGIN, RatioCalibrator
 from accelmux.core.specs import (
     Capabilities,
@@ -132,7 +133,19 @@ def scan_max_possible(world: World, device: str, exclude: ServiceState) -> int:
         if not unpin or s.admin_wants_loaded:
             return True
         objective = s.spec.objective_s
-        return objective is not None and world.load_seconds(s, tier(world, s)) > objective
+        served = max(
+            (
+                r.last_used
+                for r in world.services.values()
+                if r.spec.device == s.spec.device and r.spec.cls is ServiceClass.REALTIME
+            ),
+            default=world.now,
+        )
+        return (
+            objective is not None
+            and world.load_seconds(s, tier(world, s)) > objective
+            and world.now - served < UNSERVED_S
+        )
 
     held = sum(
         kept_floor(world, s)

@@ -125,8 +125,9 @@ DESCRIPTIONS: dict[Switch, str] = {
     "cost of the tier they land in",
     Switch.REALTIME_UNPIN: "a realtime request that no other room could serve (a foreign "
     "program took the memory the pinned services were sized for) may evict idle pinned "
-    "services, lower classes first; they are reloaded when room returns (off: the request "
-    "is refused while the pinned services sit idle)",
+    "services, lower classes first, only those whose reload keeps their own objective "
+    "unless realtime work there went unserved for 120 s; they are reloaded when room "
+    "returns (off: the request is refused while the pinned services sit idle)",
 }
 
 #: Every switch name, as plain strings.

@@ -22,6 +22,10 @@ from accelmux.core.specs import room_rank
 from accelmux.core.types import Reason, Residency, ServiceClass, ServiceStatus
 from accelmux.core.world import RequestState, ServiceState, reuse_rate
 
+#: How long realtime work on a device may go unserved before a pinned service whose
+#: reload misses its own objective yields to it anyway (s).
+UNSERVED_S = 120.0
+
 
 class Room:
     """Room for a class on a device: what can be freed (:meth:`plan`) and freeing it
@@ -268,7 +272,13 @@ class Room:
         ``game-takes-pinned-room.yaml``: realtime 79 -> 63 %)."""
         objective = svc.spec.objective_s
         view = self.view
-        return objective is None or view.load_seconds(svc, facts.tier(view, svc)) <= objective
+        if objective is None or view.load_seconds(svc, facts.tier(view, svc)) <= objective:
+            return True
+        # Voice unserved for long on this device: a late answer beats none.
+        served = max(
+            (s.last_used for s in view.realtime_by_device[svc.spec.device]), default=view.now
+        )
+        return view.now - served >= UNSERVED_S
 
     def max_possible(self, device: str, exclude: ServiceState) -> int:
         """The most ``exclude`` could ever have on ``device``: its usable memory less what
