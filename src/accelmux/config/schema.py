@@ -194,9 +194,9 @@ class ServiceConfig(StrictModel):
     residency: Residency = Field(
         Residency.WARM,
         description="pinned: kept loaded, evicted only for a voice request nothing else "
-        "can make room for, and only when its reload is within its own slo (reloaded when "
-        "room returns); warm: kept for ttl_s after use; on-demand: loaded per burst, "
-        "evicted first.",
+        "can make room for, when its reload is within its own slo or voice has gone "
+        "unserved for 2 minutes (reloaded when room returns); warm: kept for ttl_s after "
+        "use; on-demand: loaded per burst, evicted first.",
     )
     ttl_s: float = Field(
         300.0,
