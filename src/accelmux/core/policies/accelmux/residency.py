@@ -280,7 +280,12 @@ class Residents:
     def admin_unloads(self) -> None:
         for name in sorted(self.view.admin_unload):
             svc = self.view.services[name]
-            if svc.status is ServiceStatus.LOADED and svc.idle:
+            if (
+                svc.status is ServiceStatus.LOADED
+                and svc.idle
+                # a stream paused there whose state is not parked yet still needs it
+                and not any(r.paused and not r.parked for r in svc.queue.values())
+            ):
                 self.ops.unload(svc, reason=Reason.ADMIN, detail="operator asked")
                 self.ops.clear_admin_unload(name)
             elif svc.status in (ServiceStatus.UNLOADED, ServiceStatus.CRASHED):
