@@ -12,7 +12,7 @@ from accelmux.core.policies.accelmux.room import Room
 from accelmux.core.policies.accelmux.shrinking import Shrinking
 from accelmux.core.policies.accelmux.time_sharing import TimeSharing
 from accelmux.core.specs import floored
-from accelmux.core.types import Reason, ResizeSupport, ServiceClass, ServiceStatus
+from accelmux.core.types import Category, Reason, ResizeSupport, ServiceClass, ServiceStatus
 from accelmux.core.world import RequestState, ServiceState
 
 
@@ -227,7 +227,10 @@ class Admission:
         own_cache = fit.own_cache = facts.reusable_cache(self.view, svc, before)
         reserve = 0
         if cls > ServiceClass.REALTIME and not self.reserve.yields_to_realtime(svc):
-            reserve = self.reserve.fitting_reserve(svc, need, fit.limit)
+            held = self.view.ledger.amount(dev, svc.name, Category.RESERVED)
+            reserve = self.reserve.fitting_reserve(
+                svc, need, fit.limit, reused=own_cache, stays=held
+            )
         fit.running = len(self.view.inflight)
         room_needed = max(0, need - own_cache) + reserve
         if facts.held_back(svc, cls, blocked) and before < room_needed:
