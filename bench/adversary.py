@@ -67,6 +67,7 @@ from typing import Any
 
 import yaml
 
+from accelmux.errors import ConfigError
 from accelmux.sim.executor import Simulation
 from accelmux.sim.generate import generate_home
 from accelmux.sim.metrics import summarize
@@ -441,7 +442,9 @@ def _evaluate_job(job: tuple[Candidate, float]) -> Evaluated:
         resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, hard))
     try:
         return evaluate(*job)
-    except (MemoryError, RecursionError, ValueError, ArithmeticError) as exc:
+    except (MemoryError, RecursionError, ValueError, ArithmeticError, ConfigError) as exc:
+        # ConfigError: the changes left a home no configuration check passes (a device
+        # shrunk below a model it hosts), which no user could run either
         ev = Evaluated(job[0], 0.0, None, None)
         ev.failure = f"not run: {type(exc).__name__}: {exc}"[:200]
         return ev

@@ -12,6 +12,10 @@ It re-runs what such a change must not break and compares it with the committed 
 - **the regression scenarios** the adversary found (``scenarios/regressions/``): accelmux
   on each at its losing seed, against the attainment recorded in
   ``scenarios/regressions/losses.json``;
+- **the degrade homes** (game evenings and small GPUs): accelmux with and without the
+  services' lesser forms on every run of ``bench/results/degrade.json``, against its
+  ``runs``; here a run also fails on one out-of-memory error more than committed (a game
+  growing into memory the policy lent is what these homes hold);
 - with ``--stack``, **the real-stack benchmarks**, each run again into a temporary file:
   voice protection (``bench_stack.py``, accelmux only, no memory part), two LLMs beside
   voice (``bench_stack_llms.py``) and Wyoming (``bench_wyoming.py``).
@@ -59,7 +63,7 @@ RUN_DROP = 0.05
 CAMERA_DROP = 0.05
 STACK_RATIO_RISE = 0.15
 WYOMING_RATIO_RISE = 0.20
-SIM_PARTS = ("suite", "holdout", "stress", "regressions")
+SIM_PARTS = ("suite", "holdout", "stress", "regressions", "degrade")
 
 
 # ---- the simulator parts --------------------------------------------------------------------
@@ -172,6 +176,44 @@ def _regressions_part(workers: int) -> dict[str, Any]:
     return compare_runs("regressions", committed, now)
 
 
+def _degrade_part(workers: int) -> dict[str, Any]:
+    import bench_degrade
+
+    data = _load(RESULTS / "degrade.json")
+    ours = (bench_degrade.OURS, bench_degrade.TODAY)
+    committed_runs = [r for r in data["runs"] if r["label"] in ours]
+    s = data["meta"]["settings"]
+    jobs = [
+        bench_degrade.Job(r["kind"], int(r["home"]), int(r["seed"]), r["label"], s["duration_s"])
+        for r in committed_runs
+    ]
+    if workers <= 1:
+        now_runs = [bench_degrade.run_job(j) for j in jobs]
+    else:
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            now_runs = list(pool.map(bench_degrade.run_job, jobs, chunksize=1))
+
+    def key(r: dict[str, Any]) -> str:
+        return f"{r['kind']}-{r['home']:04d} s{r['seed']} {r['label']}"
+
+    def classes(r: dict[str, Any]) -> dict[str, float]:
+        return {c: v["slo_attainment"] for c, v in r["classes"].items()}
+
+    result = compare_runs(
+        "degrade",
+        {key(r): classes(r) for r in committed_runs},
+        {key(r): classes(r) for r in now_runs},
+    )
+    before = {key(r): int(r["ooms"]) for r in committed_runs}
+    for r in now_runs:
+        if int(r["ooms"]) > before.get(key(r), 0):
+            result["problems"].append(
+                f"out-of-memory errors in {key(r)}: {before.get(key(r), 0)} -> {r['ooms']}"
+            )
+    result["passed"] = not result["problems"]
+    return result
+
+
 # ---- the real stack -------------------------------------------------------------------------
 def _bench(script: str, out: Path, *extra: str) -> dict[str, Any]:
     subprocess.run(
@@ -266,6 +308,8 @@ def main() -> int:
             results.append(_suite_part("holdout", RESULTS / "suite-holdout.json", args.workers))
         elif part == "stress":
             results.append(_stress_part(args.workers))
+        elif part == "degrade":
+            results.append(_degrade_part(args.workers))
         else:
             results.append(_regressions_part(args.workers))
     if args.stack:

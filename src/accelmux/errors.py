@@ -48,6 +48,10 @@ class ConfigError(AccelmuxError):
         joined = "\n".join(f"  - {p}" for p in self.problems)
         super().__init__(f"{source}: {len(self.problems)} problem(s)\n{joined}")
 
+    def __reduce__(self) -> tuple[type[ConfigError], tuple[str, list[str]]]:
+        # rebuilt from its own arguments (another process raised it: a pool worker)
+        return (type(self), (self.source, self.problems))
+
 
 class InvariantError(AccelmuxError):
     """A core invariant broke (for example committed memory above the budget)."""

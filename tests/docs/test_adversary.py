@@ -168,3 +168,13 @@ def test_keep_takes_the_worst_of_each_failure_class_first(
     assert record["scenarios"]["f2.yaml"]["loss_points"] == 30.0
     assert record["scenarios"]["f2.yaml"]["status"] == "open"  # a finding lost > 10 points
     assert (regressions / "f2.yaml").read_text(encoding="utf-8") == "# finding 2\n"
+
+
+def test_a_candidate_no_configuration_check_passes_is_recorded_as_not_run() -> None:
+    """Shrinking the device below a model it hosts (the search's seed 2 drew one) makes a
+    home no user could run: recorded as not run, in a pool worker as in this process."""
+    shrunk = (("device", (("scale", 0.6),)),) * 4  # 13 % of the card
+    job = (adversary.Candidate("mixed", 1, 0, shrunk), DURATION_S)
+    for ev in (adversary._evaluate_job(job), *adversary.evaluate_all([job[0]] * 2, DURATION_S, 2)):
+        assert ev.failure is not None and ev.failure.startswith("not run: ConfigError")
+        assert ev.loss == 0.0 and not ev.losses

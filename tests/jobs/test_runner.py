@@ -4,13 +4,17 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tests.waiting import async_wait_until
 
 from accelmux.jobs import JobInputError, JobInputRetry, JobRunner, JobStore, RunnerSettings
+from accelmux.jobs.runner import Pace, Ran
 
 from .support import digest
 
@@ -340,3 +344,75 @@ def test_claims_the_batch_the_manager_chose_and_no_more_at_once(store: JobStore)
     run(JobRunner(store, grown, settings=FAST, batch_of=lambda m: chosen["batch"]).run_until_idle())
     assert store.get_job(job.id).counts.done == 48
     assert {len(call) for call in grown.calls} == {8} and 2 <= grown.peak <= 3
+
+
+class TimedBackend:
+    """A fake submit that says its batch took ``per_text_s`` per text once dispatched (a
+    :class:`Ran`), without taking it: the pace is what the backend reports."""
+
+    def __init__(self, per_text_s: float) -> None:
+        self.per_text_s = per_text_s
+        self.sizes: list[int] = []
+
+    async def __call__(self, model: str, texts: list[str]) -> Ran:
+        self.sizes.append(len(texts))
+        await asyncio.sleep(0)
+        return Ran([digest(t) for t in texts], self.per_text_s * len(texts))
+
+
+SLICED = RunnerSettings(batch_size=32, max_outstanding=1, idle_poll_s=0.05, slice_s=0.1)
+
+
+def test_batches_beside_realtime_work_are_cut_to_the_slice_of_compute(store: JobStore) -> None:
+    store.create_job("embed", texts(200))
+    backend = TimedBackend(per_text_s=0.02)  # 32 texts: 0.64 s of compute
+    runner = JobRunner(store, backend, settings=SLICED, beside_realtime=lambda _m: True)
+    run(runner.run_until_idle())
+    # the first batch is whole (no pace yet); then about 0.1 s of compute each
+    assert backend.sizes[0] == 32
+    assert set(backend.sizes[1:-1]) == {5}
+    assert sum(backend.sizes) == 200
+    assert runner.sliced == {"embed": 5}
+
+
+def test_batches_stay_whole_without_realtime_work_or_a_slice(store: JobStore) -> None:
+    for beside, runner_settings in ((False, SLICED), (True, replace(SLICED, slice_s=0.0))):
+        job = store.create_job("embed", texts(100))
+        backend = TimedBackend(per_text_s=0.02)
+        runner = JobRunner(
+            store, backend, settings=runner_settings, beside_realtime=lambda _m, b=beside: b
+        )
+        run(runner.run_until_idle())
+        assert backend.sizes == [32, 32, 32, 4]
+        assert runner.sliced == {} and store.get_job(job.id).status == "completed"
+
+
+def test_a_slice_never_grows_a_batch_and_holds_one_input_at_least(store: JobStore) -> None:
+    store.create_job("embed", texts(40))
+    backend = TimedBackend(per_text_s=1.0)  # one text is already more than the slice
+    runner = JobRunner(store, backend, settings=SLICED, beside_realtime=lambda _m: True)
+    run(runner.run_until_idle())
+    assert backend.sizes[0] == 32 and set(backend.sizes[1:]) == {1}
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.floats(min_value=0.0, max_value=10.0), min_size=1, max_size=40),
+    st.integers(min_value=1, max_value=64),
+    st.floats(min_value=0.001, max_value=5.0),
+)
+def test_a_pace_cut_is_within_one_input_of_the_slice(
+    runs: list[float], inputs: int, slice_s: float
+) -> None:
+    pace = Pace()
+    for run_s in runs:
+        pace.add(run_s, inputs)
+    per = pace.seconds_per_input()
+    assert per is not None
+    cut = pace.inputs_within(slice_s)
+    if per == 0:
+        assert cut is None  # no measure of compute: nothing to cut by
+    else:
+        assert cut is not None and cut >= 1
+        assert cut == 1 or cut * per <= slice_s + 1e-9  # within the slice...
+        assert (cut + 1) * per > slice_s - 1e-9  # ...and not needlessly short

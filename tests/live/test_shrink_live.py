@@ -55,7 +55,7 @@ def test_jobs_run_smaller_batches_beside_a_game_and_grow_back(
             store = JobStore.open(tmp_path / "jobs")
             sizes: list[int] = []
 
-            async def submit(model: str, texts: list[str]) -> list[Any]:
+            async def submit(model: str, texts: list[str]) -> Any:
                 sizes.append(len(texts))
                 return await submit_embeddings(rt, model, texts)
 

@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
-from tests.live.support import base_config, fake, live, run
+import pytest
+from tests.live.support import base_config, fake, live, run, settle
+
+from accelmux.server import wiring
 
 
 def test_job_inputs_run_through_the_manager_and_results_persist(tmp_path: Path) -> None:
@@ -63,3 +67,63 @@ def test_dashboard_is_served(tmp_path: Path) -> None:
             assert status == 200 and isinstance(history, dict)
 
     run(body())
+
+
+def test_job_batches_are_cut_short_beside_a_loaded_voice_service(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Beside a loaded realtime service a job's batches are cut to about
+    ``policy.batch_slice_s`` of what the last ones took once dispatched (the fake takes
+    0.05 s a batch, so 0.01 s is a few texts); without one, or with the slice at 0, whole."""
+    sizes: list[int] = []
+    submit = wiring.submit_embeddings
+
+    async def counted(runtime: Any, model: str, texts: list[str]) -> Any:
+        sizes.append(len(texts))
+        return await submit(runtime, model, texts)
+
+    monkeypatch.setattr(wiring, "submit_embeddings", counted)
+    embed = {
+        "kind": "embeddings",
+        "class": "batch",
+        "memory": {"weights": "64MiB", "per_unit": "1MiB"},
+        "backend": fake(embedding_dim=4, latency_s=0.05),
+    }
+    voice = {
+        "kind": "asr",
+        "class": "realtime",
+        "residency": "pinned",
+        "memory": {"weights": "64MiB", "per_unit": "1MiB"},
+        "backend": fake(),
+    }
+
+    def batches(name: str, slice_s: float, **services: dict[str, Any]) -> list[int]:
+        cfg = base_config(embed=embed, **services)
+        cfg["policy"]["batch_slice_s"] = slice_s
+
+        async def body() -> None:
+            async with live(cfg, tmp=tmp_path / name, extras=True) as lv:
+                if services:
+                    await settle(lambda: lv.runtime.service_state("asr").holds_memory, 10.0)
+                inputs = [f"doc {i}" for i in range(160)]
+                status, job, _ = await lv.post(
+                    "/v1/jobs", json={"model": "embed", "inputs": inputs}
+                )
+                assert status == 200, job
+                for _ in range(1000):
+                    _, job = await lv.get(f"/v1/jobs/{job['id']}")
+                    if job["status"] == "completed":
+                        break
+                    await asyncio.sleep(0.02)
+                assert job["status"] == "completed", job
+
+        sizes.clear()
+        run(body())
+        return list(sizes)
+
+    beside = batches("voice", 0.01, asr=voice)
+    # the runner's two workers may each claim a whole batch before any batch has ended
+    assert beside[0] == 32 and beside.count(32) <= 2 and len(beside) > 5
+    assert sum(beside) == 160
+    assert batches("alone", 0.01) == [32] * 5
+    assert batches("no-slice", 0.0, asr=voice) == [32] * 5

@@ -69,6 +69,9 @@ class BackendResponse:
     peak_bytes: int | None = None
     #: Frees what the stream holds (an upstream connection) if it is never consumed.
     release: Callable[[], None] | None = None
+    #: Seconds the backend took once the request was dispatched to it (set by the
+    #: runtime for a whole-body answer; the queue wait before it is not in it).
+    run_s: float | None = None
 
 
 @runtime_checkable

@@ -318,6 +318,15 @@ class PolicyConfig(StrictModel):
         description="After a realtime request ends, batch and background work stay held "
         "this long (the next step of a voice chain follows within it).",
     )
+    batch_slice_s: float = Field(
+        0.1,
+        ge=0,
+        le=60,
+        description="While a realtime service is loaded on its device, a job's batch is cut "
+        "to about this much compute (paced by its last batches): a voice request that "
+        "arrives shares the device with at most this much batch work already running. "
+        "0 keeps every batch whole.",
+    )
     prewarm: bool = Field(True, description="Reload likely-reused services into spare memory.")
     disable: list[str] = Field(
         default_factory=list,

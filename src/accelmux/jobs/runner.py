@@ -18,6 +18,13 @@ What happens to a batch::
 
 ``window_open(model) -> bool`` (optional) tells whether a model may run now; while it
 says no, the model's jobs show status ``paused`` and none of their inputs start.
+
+``beside_realtime(model) -> bool`` (optional) tells whether realtime services share the
+model's device. While they do, a batch is cut to about ``slice_s`` seconds of compute,
+paced by what the model's last batches took once dispatched (``submit`` returns a
+:class:`Ran` to say): the Manager holds the next batch while voice work runs, but one
+already running keeps the device's compute until it ends, so its length bounds how long
+a voice request that arrives meanwhile shares the device with it.
 """
 
 from __future__ import annotations
@@ -25,7 +32,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import statistics
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -37,8 +46,20 @@ from accelmux.jobs.store import JobStore
 
 log = logging.getLogger("accelmux.jobs")
 
-Submit = Callable[[str, list[str]], Awaitable[Sequence[Any]]]
+
+@dataclass(frozen=True, slots=True)
+class Ran:
+    """What ``submit`` may return instead of the bare results: the results and the seconds
+    the backend took once the batch was dispatched (no queue wait in it), which pace the
+    batches beside realtime work."""
+
+    results: Sequence[Any]
+    run_s: float | None = None
+
+
+Submit = Callable[[str, list[str]], Awaitable[Sequence[Any] | Ran]]
 WindowOpen = Callable[[str], bool]
+BesideRealtime = Callable[[str], bool]
 #: A model's batch now: (the fraction of ``batch_size`` to claim, the most batches of it
 #: in flight at once), as the Manager last set them (a Rebatch of a service that may
 #: shrink); (1.0, ``max_outstanding``) when it never shrank.
@@ -57,16 +78,43 @@ class RunnerSettings:
     idle_poll_s: float = 5.0
     #: Limit on one ``submit`` call; None leaves waiting to the Manager.
     request_timeout_s: float | None = None
+    #: Compute per batch while realtime services share the model's device (0: batches
+    #: stay ``batch_size``): what a voice request may find running when it arrives.
+    slice_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.batch_size < 1 or self.max_outstanding < 1:
             raise ValueError("batch_size and max_outstanding must be at least 1")
+        if self.slice_s < 0:
+            raise ValueError("slice_s must not be negative")
         if self.backoff_base_s < 0 or self.backoff_max_s < 0 or self.idle_poll_s <= 0:
             raise ValueError("backoff times must not be negative; idle_poll_s must be positive")
 
     def backoff(self, attempt: int) -> float:
         """Delay before the next try after ``attempt`` failed tries (exponential, capped)."""
         return float(min(self.backoff_max_s, self.backoff_base_s * 2 ** max(0, attempt - 1)))
+
+
+class Pace:
+    """Seconds per input of one model's recent batches, once dispatched: the median of
+    the last ``window`` (a batch of long texts or a busy moment moves it little)."""
+
+    def __init__(self, window: int = 16) -> None:
+        self.per_input: deque[float] = deque(maxlen=window)
+
+    def add(self, run_s: float, inputs: int) -> None:
+        if inputs > 0 and run_s >= 0:
+            self.per_input.append(run_s / inputs)
+
+    def seconds_per_input(self) -> float | None:
+        return statistics.median(self.per_input) if self.per_input else None
+
+    def inputs_within(self, seconds: float) -> int | None:
+        """How many inputs take about ``seconds``, at least one; None before any batch."""
+        per = self.seconds_per_input()
+        if per is None:
+            return None
+        return max(1, int(seconds / per)) if per > 0 else None
 
 
 class JobRunner:
@@ -80,6 +128,7 @@ class JobRunner:
         settings: RunnerSettings | None = None,
         window_open: WindowOpen | None = None,
         batch_of: BatchOf | None = None,
+        beside_realtime: BesideRealtime | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.store = store
@@ -87,6 +136,11 @@ class JobRunner:
         self._submit = submit
         self._window_open = window_open
         self._batch_of = batch_of
+        self._beside_realtime = beside_realtime
+        #: Per model: its batches' pace, and the size a batch was last cut to beside
+        #: realtime work (absent while batches are not cut).
+        self.pace: dict[str, Pace] = {}
+        self.sliced: dict[str, int] = {}
         #: Batches claimed and not yet recorded, per model (held against its parallelism).
         self.holding: dict[str, int] = {}
         self._clock = clock
@@ -171,6 +225,7 @@ class JobRunner:
                 if self.holding.get(model, 0) >= parallel:
                     continue  # its service runs fewer batches at once while shrunk
                 size = max(1, int(size * fraction))
+            size = self._slice(model, size)
             # the slot is taken before the claim: other workers claim meanwhile
             self.holding[model] = self.holding.get(model, 0) + 1
             lease = await asyncio.to_thread(self.store.claim, job_id, size)
@@ -178,6 +233,30 @@ class JobRunner:
                 return lease
             self.holding[model] -= 1
         return None
+
+    def _slice(self, model: str, size: int) -> int:
+        """``size`` cut to about ``slice_s`` of the model's compute while realtime
+        services share its device (said in the log when the cut changes)."""
+        limit = self.settings.slice_s
+        beside = self._beside_realtime
+        fits = None
+        if limit > 0 and beside is not None and model in self.pace and beside(model):
+            fits = self.pace[model].inputs_within(limit)
+        cut = min(size, fits) if fits is not None and fits < size else None
+        if cut != self.sliced.get(model):
+            if cut is None:
+                self.sliced.pop(model, None)
+                log.info("jobs on %s: batches of %d again", model, size)
+            else:
+                self.sliced[model] = cut
+                log.info(
+                    "jobs on %s: batches cut to %d inputs (about %.2f s of compute) while "
+                    "realtime services share its device",
+                    model,
+                    cut,
+                    limit,
+                )
+        return size if cut is None else cut
 
     async def _sleep_until_work(self) -> None:
         timeout = self.settings.idle_poll_s
@@ -238,7 +317,7 @@ class JobRunner:
         try:
             timeout = self.settings.request_timeout_s
             async with asyncio.timeout(timeout):
-                results = await self._submit(model, texts)
+                got = await self._submit(model, texts)
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if task is not None and task.cancelling():
@@ -247,6 +326,9 @@ class JobRunner:
             raise JobInputRetry("the request was cancelled (preempted)") from None
         finally:
             self.outstanding -= 1
+        results = got.results if isinstance(got, Ran) else got
+        if isinstance(got, Ran) and got.run_s is not None:
+            self.pace.setdefault(model, Pace()).add(got.run_s, len(texts))
         if len(results) != len(texts):
             raise JobInputRetry(f"the backend returned {len(results)} results for {len(texts)}")
         return results

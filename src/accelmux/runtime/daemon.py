@@ -376,8 +376,10 @@ class Runtime:
 
         async def attempt(d: Dispatch) -> tuple[BackendResponse, int | None]:
             rerun_guard(sink)
+            ran_from = time.perf_counter()
             answer = await self.backends[d.service].handle(call.dispatched(rid, d))
             if answer.stream is None:
+                answer.run_s = time.perf_counter() - ran_from
                 if call.kind.is_llm and answer.status < 400:
                     self.live.usage_json(service, answer.body, rid)
             elif sink is not None:

@@ -41,6 +41,7 @@ from accelmux.history.recorder import HistoryRecorder, StreamFigures
 from accelmux.history.store import HistoryWriter
 from accelmux.jobs import JobInputError, JobInputRetry, JobRunner, JobStore
 from accelmux.jobs.http import JobAccess, job_routes
+from accelmux.jobs.runner import Ran, RunnerSettings
 from accelmux.runtime.call import Call
 from accelmux.runtime.daemon import Runtime
 from accelmux.runtime.requests import Refused
@@ -82,8 +83,22 @@ def batch_of(runtime: Runtime, model: str) -> tuple[float, int]:
     return rebatch.fraction, rebatch.parallel
 
 
-async def submit_embeddings(runtime: Runtime, model: str, texts: list[str]) -> list[Any]:
-    """Embed ``texts`` through the Manager; the vectors in input order.
+def beside_realtime(runtime: Runtime, model: str) -> bool:
+    """Whether a loaded realtime service shares the device of a model's service (any of
+    its replicas): there a batch already running takes compute from a voice request that
+    arrives (the job runner cuts its batches short)."""
+    service = runtime.models.get(model)
+    if service is None:
+        return False
+    by_device = runtime.manager.view.realtime_by_device
+    return any(
+        s.holds_memory for r in runtime.replicas(service) for s in by_device.get(r.spec.device, ())
+    )
+
+
+async def submit_embeddings(runtime: Runtime, model: str, texts: list[str]) -> Ran:
+    """Embed ``texts`` through the Manager; the vectors in input order, and how long the
+    backend took once the batch was dispatched.
 
     Refusals become :class:`~accelmux.jobs.JobInputRetry` (with the Retry-After) or, for
     ``too_large`` and client errors, :class:`~accelmux.jobs.JobInputError`.
@@ -112,7 +127,8 @@ async def submit_embeddings(runtime: Runtime, model: str, texts: list[str]) -> l
     if answer.status >= 400:
         raise JobInputError(f"backend answered {answer.status}: {answer.body[:200]!r}")
     data = json.loads(answer.body)["data"]
-    return [item["embedding"] for item in sorted(data, key=lambda item: item["index"])]
+    vectors = [item["embedding"] for item in sorted(data, key=lambda item: item["index"])]
+    return Ran(vectors, answer.run_s)
 
 
 @dataclass
@@ -134,14 +150,16 @@ def mount_jobs(app: web.Application, runtime: Runtime, data_dir: Path) -> StoreA
     """Open the job store, add ``/v1/jobs`` to ``app``; start it with ``start()``."""
     store = JobStore.open(data_dir / "jobs")
 
-    async def submit(model: str, texts: list[str]) -> list[Any]:
+    async def submit(model: str, texts: list[str]) -> Ran:
         return await submit_embeddings(runtime, model, texts)
 
     runner = JobRunner(
         store,
         submit,
+        settings=RunnerSettings(slice_s=runtime.cfg.policy.batch_slice_s),
         window_open=lambda model: window_open(runtime, model),
         batch_of=lambda model: batch_of(runtime, model),
+        beside_realtime=lambda model: beside_realtime(runtime, model),
     )
     server = runtime.cfg.server
     access = JobAccess(api_keys=tuple(server.api_keys), admin_key=server.admin_key)

@@ -282,8 +282,7 @@ class Admission:
             self.wait(
                 req,
                 Reason.NO_MEMORY,
-                f"needs {need} B{facts.kept_words(reserve)}, "
-                f"{self.view.ledger.available(dev)} B available",
+                f"needs {need} B, {self.view.ledger.available(dev)} B available",
             )
             self.reserve.explain_reserve(req, dev, reserve, was)
 

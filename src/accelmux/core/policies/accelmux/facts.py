@@ -252,13 +252,6 @@ def held_above(view: WorldView, device: str, svc: ServiceState) -> int:
     return held
 
 
-def kept_words(reserve: int) -> str:
-    """How a wait for memory names what it must leave free (the realtime reserve and the
-    next frames of steady services above it): without it, "needs 3.05 GB, 3.06 GB
-    available" read as a wait for nothing."""
-    return f" and {reserve} B kept free for higher-class work" if reserve else ""
-
-
 def floor_held(view: WorldView, s: ServiceState) -> int:
     """What a service holding memory keeps when its KV pool is shrunk to its floor: its
     weights, runtime and floor, with the allocator cache measured in it."""

@@ -164,8 +164,7 @@ class Loading:
             Reason.NO_MEMORY,
             ""  # told once: a request waiting for this reason is not told again
             if was is Reason.NO_MEMORY
-            else f"load needs {need} B{facts.kept_words(reserve)}, "
-            f"{self.view.ledger.available(dev)} B available",
+            else f"load needs {need} B, {self.view.ledger.available(dev)} B available",
         )
         self.reserve.explain_reserve(req, dev, reserve, was)
 

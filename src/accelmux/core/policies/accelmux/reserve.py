@@ -95,9 +95,7 @@ class Reserve:
         if need <= available < need + reserve and self.view.knobs.switches.reserve_lending:
             # Lent only when ``need`` fits in free memory: the services that hold the
             # rest must stay to be given back, so none of them is evicted for ``need``.
-            lent = max(
-                0, reserve - self.quickly_freeable(device, svc) - self.own_load_lent(svc, need)
-            )
+            lent = max(0, reserve - self.quickly_freeable(device, svc))
             if available >= need + lent:
                 return lent
         return reserve
@@ -119,27 +117,6 @@ class Reserve:
         if self.freeable_for_realtime(exclude):
             total -= facts.unload_frees(self.view, exclude)
         return max(0, total)
-
-    def own_load_lent(self, svc: ServiceState, need: int) -> int:
-        """What a load of ``svc`` (``need`` bytes: its resident memory and its first
-        request's) may hold of the realtime reserve itself: all of it when, once loaded
-        and running that request, it is what :meth:`freeable_for_realtime` takes back by
-        one unload (below realtime, not kept, its work stopped for realtime work and the
-        service then evicted); else nothing. A batch model that fits in free memory only
-        within the reserve waited before for as long as voice models were loaded, while
-        the memory sat free (adversary case ``adv-0115``: batch 0 % where ``llama-swap``
-        gave 79 %, voice 100 % in both)."""
-        if svc.holds_memory or not self.view.knobs.switches.reserve_lending:
-            return 0
-        knobs = self.view.knobs
-        if (
-            svc.spec.cls <= ServiceClass.REALTIME
-            or facts.keep(svc)
-            or not (knobs.switches.preemption and knobs.switches.evict_after_preemption)
-            or not facts.preemptible(svc, ServiceClass.REALTIME)
-        ):
-            return 0
-        return need
 
     def sum_quickly_freeable(self, device: str) -> int:
         return sum(
