@@ -13,6 +13,19 @@ from tests.live.support import base_config, fake, live, run, settle
 from accelmux.server import wiring
 
 
+async def run_job(lv: Any, model: str, inputs: list[str], tries: int = 1000) -> dict[str, Any]:
+    """Submit a job of ``inputs`` to ``model`` and wait until it completes."""
+    status, job, _ = await lv.post("/v1/jobs", json={"model": model, "inputs": inputs})
+    assert status == 200, job
+    for _ in range(tries):
+        _, job = await lv.get(f"/v1/jobs/{job['id']}")
+        if job["status"] == "completed":
+            break
+        await asyncio.sleep(0.02)
+    assert job["status"] == "completed", job
+    return dict(job)
+
+
 def test_job_inputs_run_through_the_manager_and_results_persist(tmp_path: Path) -> None:
     cfg = base_config(
         embed={
@@ -27,15 +40,7 @@ def test_job_inputs_run_through_the_manager_and_results_persist(tmp_path: Path) 
 
     async def body() -> None:
         async with live(cfg, tmp=tmp_path, extras=True) as lv:
-            texts = [f"doc {i}" for i in range(70)]
-            status, job, _ = await lv.post("/v1/jobs", json={"model": "nomic", "inputs": texts})
-            assert status == 200, job
-            for _ in range(200):
-                _, job = await lv.get(f"/v1/jobs/{job['id']}")
-                if job["status"] == "completed":
-                    break
-                await asyncio.sleep(0.02)
-            assert job["status"] == "completed", job
+            job = await run_job(lv, "nomic", [f"doc {i}" for i in range(70)], tries=200)
             _, page = await lv.get(f"/v1/jobs/{job['id']}/results?limit=100")
             vectors = [item["result"] for item in page["data"]]
             assert len(vectors) == 70 and all(len(v) == 8 for v in vectors)
@@ -105,17 +110,7 @@ def test_job_batches_are_cut_short_beside_a_loaded_voice_service(
             async with live(cfg, tmp=tmp_path / name, extras=True) as lv:
                 if services:
                     await settle(lambda: lv.runtime.service_state("asr").holds_memory, 10.0)
-                inputs = [f"doc {i}" for i in range(160)]
-                status, job, _ = await lv.post(
-                    "/v1/jobs", json={"model": "embed", "inputs": inputs}
-                )
-                assert status == 200, job
-                for _ in range(1000):
-                    _, job = await lv.get(f"/v1/jobs/{job['id']}")
-                    if job["status"] == "completed":
-                        break
-                    await asyncio.sleep(0.02)
-                assert job["status"] == "completed", job
+                await run_job(lv, "embed", [f"doc {i}" for i in range(160)])
 
         sizes.clear()
         run(body())
