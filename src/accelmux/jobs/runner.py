@@ -112,9 +112,10 @@ class Pace:
     def inputs_within(self, seconds: float) -> int | None:
         """How many inputs take about ``seconds``, at least one; None before any batch."""
         per = self.seconds_per_input()
-        if per is None:
+        if per is None or per <= 0:
             return None
-        return max(1, int(seconds / per)) if per > 0 else None
+        # a pace too small to measure (a subnormal) would overflow: no batch is that large
+        return max(1, int(min(seconds / per, float(1 << 30))))
 
 
 class JobRunner:
