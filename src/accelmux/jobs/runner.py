@@ -243,7 +243,7 @@ class JobRunner:
         fits = None
         if limit > 0 and beside is not None and model in self.pace and beside(model):
             fits = self.pace[model].inputs_within(limit)
-        cut = min(size, fits) if fits is not None and fits < size else None
+        cut = fits if fits is not None and fits < size else None
         if cut != self.sliced.get(model):
             if cut is None:
                 self.sliced.pop(model, None)
@@ -327,9 +327,12 @@ class JobRunner:
             raise JobInputRetry("the request was cancelled (preempted)") from None
         finally:
             self.outstanding -= 1
-        results = got.results if isinstance(got, Ran) else got
-        if isinstance(got, Ran) and got.run_s is not None:
-            self.pace.setdefault(model, Pace()).add(got.run_s, len(texts))
+        if isinstance(got, Ran):
+            results = got.results
+            if got.run_s is not None:
+                self.pace.setdefault(model, Pace()).add(got.run_s, len(texts))
+        else:
+            results = got
         if len(results) != len(texts):
             raise JobInputRetry(f"the backend returned {len(results)} results for {len(texts)}")
         return results
