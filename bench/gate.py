@@ -44,9 +44,10 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from accelmux.sim.runner import RunSpec, run_one
 
@@ -64,6 +65,7 @@ CAMERA_DROP = 0.05
 STACK_RATIO_RISE = 0.15
 WYOMING_RATIO_RISE = 0.20
 SIM_PARTS = ("suite", "holdout", "stress", "regressions", "degrade")
+T = TypeVar("T")
 
 
 # ---- the simulator parts --------------------------------------------------------------------
@@ -131,11 +133,18 @@ def _suite_part(name: str, path: Path, workers: int) -> dict[str, Any]:
     return compare_runs(name, committed, now)
 
 
-def _run_specs(specs: list[RunSpec], workers: int) -> list[dict[str, Any]]:
+def _pool_map(
+    func: Callable[[T], dict[str, Any]], items: list[T], workers: int
+) -> list[dict[str, Any]]:
+    """``func`` over ``items`` in order, on ``workers`` processes (here, for one)."""
     if workers <= 1:
-        return [run_one(s) for s in specs]
+        return [func(item) for item in items]
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        return list(pool.map(run_one, specs, chunksize=1))
+        return list(pool.map(func, items, chunksize=1))
+
+
+def _run_specs(specs: list[RunSpec], workers: int) -> list[dict[str, Any]]:
+    return _pool_map(run_one, specs, workers)
 
 
 def _classes(report: dict[str, Any]) -> dict[str, float]:
@@ -187,11 +196,7 @@ def _degrade_part(workers: int) -> dict[str, Any]:
         bench_degrade.Job(r["kind"], int(r["home"]), int(r["seed"]), r["label"], s["duration_s"])
         for r in committed_runs
     ]
-    if workers <= 1:
-        now_runs = [bench_degrade.run_job(j) for j in jobs]
-    else:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            now_runs = list(pool.map(bench_degrade.run_job, jobs, chunksize=1))
+    now_runs = _pool_map(bench_degrade.run_job, jobs, workers)
 
     def key(r: dict[str, Any]) -> str:
         return f"{r['kind']}-{r['home']:04d} s{r['seed']} {r['label']}"

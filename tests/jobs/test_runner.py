@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from tests.waiting import async_wait_until
 
@@ -396,6 +396,7 @@ def test_a_slice_never_grows_a_batch_and_holds_one_input_at_least(store: JobStor
 
 
 @settings(max_examples=200, deadline=None)
+@example([5e-324], 1, 1.0)  # a pace too small to divide by: found by the search
 @given(
     st.lists(st.floats(min_value=0.0, max_value=10.0), min_size=1, max_size=40),
     st.integers(min_value=1, max_value=64),
@@ -415,4 +416,5 @@ def test_a_pace_cut_is_within_one_input_of_the_slice(
     else:
         assert cut is not None and cut >= 1
         assert cut == 1 or cut * per <= slice_s + 1e-9  # within the slice...
-        assert (cut + 1) * per > slice_s - 1e-9  # ...and not needlessly short
+        # ...and not needlessly short (below the cap no batch reaches)
+        assert cut == 1 << 30 or (cut + 1) * per > slice_s - 1e-9

@@ -112,9 +112,10 @@ class Pace:
     def inputs_within(self, seconds: float) -> int | None:
         """How many inputs take about ``seconds``, at least one; None before any batch."""
         per = self.seconds_per_input()
-        if per is None:
+        if per is None or per <= 0:
             return None
-        return max(1, int(seconds / per)) if per > 0 else None
+        # a pace too small to measure (a subnormal) would overflow: no batch is that large
+        return max(1, int(min(seconds / per, float(1 << 30))))
 
 
 class JobRunner:
@@ -242,7 +243,7 @@ class JobRunner:
         fits = None
         if limit > 0 and beside is not None and model in self.pace and beside(model):
             fits = self.pace[model].inputs_within(limit)
-        cut = min(size, fits) if fits is not None and fits < size else None
+        cut = fits if fits is not None and fits < size else None
         if cut != self.sliced.get(model):
             if cut is None:
                 self.sliced.pop(model, None)
@@ -326,9 +327,12 @@ class JobRunner:
             raise JobInputRetry("the request was cancelled (preempted)") from None
         finally:
             self.outstanding -= 1
-        results = got.results if isinstance(got, Ran) else got
-        if isinstance(got, Ran) and got.run_s is not None:
-            self.pace.setdefault(model, Pace()).add(got.run_s, len(texts))
+        if isinstance(got, Ran):
+            results = got.results
+            if got.run_s is not None:
+                self.pace.setdefault(model, Pace()).add(got.run_s, len(texts))
+        else:
+            results = got
         if len(results) != len(texts):
             raise JobInputRetry(f"the backend returned {len(results)} results for {len(texts)}")
         return results

@@ -149,7 +149,7 @@ class Room:
                 # KV freed by a preemption comes back only as far as its pool can shrink.
                 found.gain += max(0, pool - max(floor, svc.kv_in_use - stopped_kv))
             if self.evictable(svc, for_, once_preempted=cleared, yielded=yielded) and (
-                not svc.pinned or self.reload_keeps_objective(svc)
+                not svc.pinned or self.pinned_yields(svc, for_.cls)
             ):
                 found.victims.append(svc)
                 found.gain += facts.unload_frees(view, svc)
@@ -263,6 +263,14 @@ class Room:
         (``Residency.keep_pinned_loaded``). The operator's own loads stay."""
         return cls is ServiceClass.REALTIME and self.view.knobs.switches.realtime_unpin
 
+    def pinned_yields(self, svc: ServiceState, cls: ServiceClass) -> bool:
+        """Whether pinned ``svc`` may yield to room for ``cls`` work that unpins
+        (:meth:`unpins`): one of a lower class always (voice comes first: a camera model
+        kept loaded while the voice chain cannot run is the wrong way round, adv-0444),
+        one of its own class when its reload keeps its objective
+        (:meth:`reload_keeps_objective`)."""
+        return svc.spec.cls > cls or self.reload_keeps_objective(svc)
+
     def reload_keeps_objective(self, svc: ServiceState) -> bool:
         """Whether pinned ``svc`` may yield to a realtime request (``unpins``): its
         reload (from the tier it would go to) is within its own latency objective, or it
@@ -291,7 +299,7 @@ class Room:
                 for s in view.kept
                 if s.spec.device == device
                 and s is not exclude
-                and (s.admin_wants_loaded or not self.reload_keeps_objective(s))
+                and (s.admin_wants_loaded or not self.pinned_yields(s, exclude.spec.cls))
             )
             return view.devices[device].usable_bytes - held
         epoch = view.epoch(device)
