@@ -11,9 +11,9 @@ The digest, exactly:
 
 - ``accelmux``: SHA-256 over the decision streams (``bench/decision_stream.py``: every
   event, action and wake-up, field by field) of the accelmux policy on each of the
-  :data:`SCENARIOS` (the shipped scenarios of this checkout), seed 0, the first
-  :data:`DURATION_S` simulated seconds: one line ``<scenario> <stream digest>`` per
-  scenario, hashed. About 10 s of CPU.
+  :data:`SCENARIOS` (the shipped scenarios of this checkout and the adversary's
+  regression cases), seed 0, the first :data:`DURATION_S` simulated seconds: one line
+  ``<scenario> <stream digest>`` per scenario, hashed. About 20 s of CPU.
 - ``baselines``: SHA-256 over the golden streams of the baselines (``independent``,
   ``static``, ``ollama+containers``, ``llama-swap``, ``oracle``) on the golden scenario,
   as ``tests/sim/decision_digests.json`` pins them. The simulator's tables compare
@@ -69,6 +69,28 @@ SCENARIOS = (
     "scenarios/stress/foreign-mid-burst.yaml",
     "scenarios/stress/load-and-request-2x.yaml",
     "scenarios/stress/noisy-image.yaml",
+    # The adversary's regression cases: where the policy's edges are. A change that
+    # decided alike on the shipped scenarios alone changed decisions here twice
+    # (a pinned camera yielding to voice; the reserve weighing a request's fresh need),
+    # so figures measured before it would have passed for today's. Listed by name: a new
+    # case joins the digest deliberately, with the benchmarks its change re-runs.
+    *(
+        f"scenarios/regressions/{name}.yaml"
+        for name in (
+            "adv-0033-night-cameras-648632-s1-interactive",
+            "adv-0115-evening-game-518182-s3-batch",
+            "adv-0149-night-cameras-648632-s1-interactive",
+            "adv-0163-mixed-755180-s1-interactive",
+            "adv-0180-mixed-618590-s0-realtime",
+            "adv-0265-night-cameras-254248-s2-batch",
+            "adv-0444-mixed-421115-s3-realtime",
+            "adv-0497-night-cameras-254248-s1-background",
+            "adv-0591-evening-game-220276-s3-realtime",
+            "first-adv-0005-mixed-867819-s0-batch",
+            "first-adv-0008-mixed-504958-s0-interactive",
+            "first-adv-0023-mixed-268277-s3-background",
+        )
+    ),
 )
 DURATION_S = 600.0
 SEED = 0
@@ -76,7 +98,8 @@ BASELINES = ("independent", "static", "ollama+containers", "llama-swap", "oracle
 COMMITTED = ROOT / "tests" / "sim" / "policy_digest.json"
 #: What the digest covers, recorded beside it.
 SCOPE = (
-    f"accelmux: its decision streams on the {len(SCENARIOS)} shipped scenarios, seed "
+    f"accelmux: its decision streams on the {len(SCENARIOS)} shipped scenarios and "
+    "regression cases, seed "
     f"{SEED}, first {DURATION_S:g} s; baselines: their golden streams (home-evening)"
 )
 
