@@ -12,10 +12,12 @@ Reported: the voice chain's p95 under that load divided by its p95 alone (at lea
 chains per phase; the loaded phase goes on until each LLM streamed 20 times, at most
 five times as many chains), the TTFT (time to the first streamed token) p50/p95 of
 each LLM, and
-how many streams ended in an error (none may). The budget is measured in a first run:
-every service loaded at its KV floor, plus the most memory the voice chain's requests
-held at once (two chains, sampled every 20 ms), plus half of what the two LLMs' pools
-may grow: both pools cannot be at their ceiling at once.
+how many streams ended in an error (none may). The budget is measured in a first run,
+after each LLM streamed once and two voice chains ran: every service at its KV floor with
+what its allocator kept (the floor the policy counts for a kept service), plus the most
+activation memory the voice chain's requests held at once and the most one LLM request
+held (sampled every 20 ms), plus half of what the two LLMs' pools may grow: both pools
+cannot be at their ceiling at once.
 
     .venv/bin/python bench/bench_stack_llms.py            # 30 chains per phase
     .venv/bin/python bench/bench_stack_llms.py --quick    # 8 chains (no p95)
@@ -29,6 +31,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +48,8 @@ RESULTS = ROOT / "bench" / "results" / "stack_llms.json"
 PROMPT_CHAT = "Tell me a short story about a robot who learns to garden."
 PROMPT_COMPLETION = "Once upon a time, in a small village by the sea, there lived"
 VOICE_SERVICES = ("chat", "tts", "asr")
+#: The two LLMs the load streams from, in turn.
+LLM_SERVICES = ("assistant", "completion")
 
 
 def bench_config(data_dir: Path) -> dict[str, Any]:
@@ -66,8 +71,9 @@ def bench_config(data_dir: Path) -> dict[str, Any]:
     return config
 
 
-def voice_peak(daemon: Daemon, wav: bytes) -> int:
-    """The most bytes the voice chain's requests held at once over two chains."""
+def peak_active(daemon: Daemon, names: tuple[str, ...], work: Callable[[], object]) -> int:
+    """The most activation memory (``active``) the services ``names`` held at once while
+    ``work`` ran (sampled every 20 ms)."""
     peak = 0
     done = threading.Event()
 
@@ -75,40 +81,54 @@ def voice_peak(daemon: Daemon, wav: bytes) -> int:
         nonlocal peak
         while not done.is_set():
             services = daemon.services()
-            held = sum(
-                int(services[n]["ledger"]["active"]) + int(services[n]["ledger"]["reserved"])
-                for n in VOICE_SERVICES
-            )
-            peak = max(peak, held)
+            peak = max(peak, sum(int(services[n]["ledger"]["active"]) for n in names))
             time.sleep(0.02)
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
-    run_chains(lambda: managed_chain(daemon, wav), 2, 0.2)
-    done.set()
-    sampler.join(5)
+    try:
+        work()
+    finally:
+        done.set()
+        sampler.join(5)
     return peak
 
 
-def tight_budget(daemon: Daemon, wav: bytes) -> tuple[int, dict[str, Any]]:
-    """A budget that holds everything at its floor and the voice chain's working set, but
-    not both LLM pools at their ceiling."""
-    voice = voice_peak(daemon, wav)
+def tight_budget(daemon: Daemon, wav: bytes, tokens: int) -> tuple[int, dict[str, Any]]:
+    """A budget that holds everything at its floor as the policy measures it, the voice
+    chain's working set and one LLM request's, but not both LLM pools at their ceiling.
+
+    The floors are read after both LLMs streamed and two voice chains ran: a service's
+    allocator keeps what its first requests took (``reserved``), and the policy counts
+    it in the floor a kept service holds. Read before, the floors missed it, and the
+    budget sat on an edge where the completion model fit beside the kept services in one
+    run and not in the next."""
+    load = AlternatingLoad(daemon, tokens)
+
+    def each_llm_once() -> None:
+        for model in LLM_SERVICES:
+            load.one(model)
+
+    llm = peak_active(daemon, LLM_SERVICES, each_llm_once)
+    voice = peak_active(
+        daemon, VOICE_SERVICES, lambda: run_chains(lambda: managed_chain(daemon, wav), 2, 0.2)
+    )
     services = daemon.services()
     floors = 0
     ceilings = 0
     for s in services.values():
         ledger = s["ledger"]
-        resident = ledger["weights"] + ledger["runtime"]
-        floors += resident + int(s["kv_floor_bytes"])
-        if s["name"] in ("assistant", "completion"):
+        floors += ledger["weights"] + ledger["runtime"] + ledger["reserved"]
+        floors += int(s["kv_floor_bytes"])
+        if s["name"] in LLM_SERVICES:
             ceilings += int(s["kv_ceiling_bytes"]) - int(s["kv_floor_bytes"])
     device = daemon.status()["devices"][0]
     headroom = int(device.get("headroom_bytes") or 256 * 2**20)
-    budget = floors + voice + ceilings // 2 + headroom
+    budget = floors + voice + llm + ceilings // 2 + headroom
     return budget, {
         "floors_bytes": floors,
         "voice_working_set_bytes": voice,
+        "llm_working_set_bytes": llm,
         "ceilings_above_floor_bytes": ceilings,
     }
 
@@ -126,7 +146,8 @@ class AlternatingLoad:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="llm-load", daemon=True)
 
-    def _one(self, model: str) -> None:
+    def one(self, model: str) -> None:
+        """Stream one request from ``model``, recording its TTFT or its error."""
         client = self.daemon.openai()
         start = time.perf_counter()
         first: float | None = None
@@ -163,7 +184,7 @@ class AlternatingLoad:
     def _run(self) -> None:
         turn = 0
         while not self._stop.is_set():
-            self._one(("assistant", "completion")[turn % 2])
+            self.one(LLM_SERVICES[turn % 2])
             turn += 1
 
     def start(self) -> None:
@@ -194,7 +215,7 @@ def main() -> int:
             daemon.post("/admin/services/completion/load")
             daemon.post("/admin/services/assistant/load")
             daemon.wait_loaded("completion", "assistant", timeout=120)
-            budget, sizes = tight_budget(daemon, wav)
+            budget, sizes = tight_budget(daemon, wav, args.tokens)
         config = bench_config(tmp / "run" / "data")
         for dev in config["devices"].values():
             dev["budget"] = budget
