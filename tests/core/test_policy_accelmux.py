@@ -371,7 +371,11 @@ def test_admin_loaded_services_are_not_victims() -> None:
     m.handle(loaded("kept"), 0.0)
     out = m.handle(arrive("n1", "new"), 1.0)
     assert unloads(out) == []
-    assert rejected(out)["n1"].reason is Reason.TOO_LARGE  # can never fit beside it
+    # It can never fit beside it, but it fits the empty device: refused for now (the
+    # operator may unload the kept one), not as too large.
+    refused = rejected(out)["n1"]
+    assert refused.reason is Reason.NO_MEMORY
+    assert "beside the services kept loaded" in refused.detail
 
 
 # ---- ballooning ---------------------------------------------------------------------------

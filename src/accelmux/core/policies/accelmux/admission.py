@@ -340,9 +340,12 @@ class Admission:
             observed = svc.calibration.active.project_observed(req.estimate.active_bytes)
             raw = req.estimate.active_bytes
             if observed + grow > limit or not self.view.knobs.switches.degrade_to_raw:
-                # Only the estimate says it can never run: what was measured refuses it
-                # for now, not as too large (what kept services hold may change).
-                too_large = raw + grow > limit or not self.view.knobs.switches.degrade_to_raw
+                # Only the estimate against the empty device says it can never run: what
+                # was measured, and what kept services hold, refuse it for now, not as
+                # too large (what kept services hold may change).
+                p = svc.spec.profile
+                alone = p.weights + p.runtime + svc.kv_pool + grow + raw
+                too_large = alone > self.view.devices[svc.spec.device].usable_bytes
                 self.ops.reject(
                     req,
                     reason=Reason.TOO_LARGE if too_large else Reason.NO_MEMORY,

@@ -174,20 +174,25 @@ class Loading:
         """Refuse ``req``: its load, as projected (``need`` bytes), needs more than the
         ``limit`` its device could ever give it, saying why.
 
-        Only the configured estimate decides that a service can never run
-        (``too_large``): what was learned from measurements and failures never refuses a
-        service whose estimate fits as too large. A size learned from an out-of-memory
-        load of its own refuses it until its re-test (``load_failed``, with the size, its
-        evidence and the re-test's time); a size measured from its loads, for now
-        (``no_memory``: the memory kept services hold, or the device's, may change)."""
+        Only the configured estimate against the empty device decides that a service
+        can never run (``too_large``): what was learned from measurements and failures,
+        and what the kept services hold as measured, never refuses as too large a
+        service whose estimate fits the device. A size learned from an out-of-memory load
+        of its own refuses it until its re-test (``load_failed``, with the size, its
+        evidence and the re-test's time); otherwise it is refused for now (``no_memory``:
+        the memory kept services hold, or the device's, may change)."""
         p = svc.spec.profile
         raw = p.weights + p.runtime + pool + req.estimate.active_bytes
-        if raw > limit:
+        usable = self.view.devices[svc.spec.device].usable_bytes
+        if raw > usable:
             self.ops.reject(
                 req,
                 reason=Reason.TOO_LARGE,
                 retry_after_s=0.0,
-                detail=f"its estimate needs {raw} B to run, usable budget cannot hold it",
+                detail=(
+                    f"its estimate needs {raw} B to run, more than the {usable} B usable "
+                    "budget of its device holds even empty"
+                ),
             )
             return
         size = self.view.learned.sizes.get(svc.name)
@@ -207,8 +212,8 @@ class Loading:
             reason=Reason.NO_MEMORY,
             retry_after_s=60.0,
             detail=(
-                f"needs {need} B as measured (its estimate {raw} B), more than the {limit} B "
-                "its device can hold for it beside the services kept loaded"
+                f"needs {need} B (its estimate {raw} B), more than the {limit} B its "
+                "device can hold for it beside the services kept loaded (as measured)"
             ),
         )
 
