@@ -89,7 +89,10 @@ def test_eviction_makes_room_and_is_explained(tmp_path: Path) -> None:
     run(body())
 
 
-def test_pinned_service_is_not_evicted_request_refused_too_large(tmp_path: Path) -> None:
+def test_pinned_service_is_not_evicted_request_refused_for_now(tmp_path: Path) -> None:
+    """``b`` fits the empty device but never beside pinned ``a``: refused 503 ``no_memory``
+    with a Retry-After (the operator may unpin ``a``), not 413 ``too_large``; once ``a``
+    is unpinned, ``b`` runs."""
     cfg = base_config(
         a={
             "kind": "image",
@@ -106,8 +109,9 @@ def test_pinned_service_is_not_evicted_request_refused_too_large(tmp_path: Path)
             status, out, headers = await lv.post(
                 "/v1/images/generations", json={"model": "b", "prompt": "x", "size": "64x64"}
             )
-            assert status == 413 and out["error"]["code"] == "too_large"
-            assert "Retry-After" not in headers
+            assert status == 503 and out["error"]["code"] == "no_memory", out
+            assert "Retry-After" in headers
+            assert "beside the services kept loaded" in out["error"]["message"]
             admin = await lv.post("/admin/services/a/unpin")
             assert admin[0] == 200 and admin[1]["pinned"] is False
             status, out, _ = await lv.post(
