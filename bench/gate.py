@@ -49,7 +49,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-from accelmux.sim.runner import RunSpec, run_one
+from accelmux.sim.runner import RunSpec, run_many
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_suite
@@ -143,10 +143,6 @@ def _pool_map(
         return list(pool.map(func, items, chunksize=1))
 
 
-def _run_specs(specs: list[RunSpec], workers: int) -> list[dict[str, Any]]:
-    return _pool_map(run_one, specs, workers)
-
-
 def _classes(report: dict[str, Any]) -> dict[str, float]:
     return {c: v["slo_attainment"] for c, v in report["classes"].items() if v.get("requests")}
 
@@ -163,7 +159,7 @@ def _stress_part(workers: int) -> dict[str, Any]:
     ]
     now = {
         f"{Path(s.scenario_path).stem} s{s.seed}": _classes(r)
-        for s, r in zip(specs, _run_specs(specs, workers), strict=True)
+        for s, r in zip(specs, run_many(specs, workers), strict=True)
     }
     return compare_runs("stress", committed, now)
 
@@ -180,7 +176,7 @@ def _regressions_part(workers: int) -> dict[str, Any]:
     committed = {f"{name} s{e['seed']}": e["accelmux"] for name, e in losses.items()}
     now = {
         f"{Path(s.scenario_path).name} s{s.seed}": _classes(r)
-        for s, r in zip(specs, _run_specs(specs, workers), strict=True)
+        for s, r in zip(specs, run_many(specs, workers), strict=True)
     }
     return compare_runs("regressions", committed, now)
 

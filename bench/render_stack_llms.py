@@ -27,13 +27,8 @@ def stack_llms() -> str:
     lines = [
         f"Budget {data['budget_bytes'] / MIB:,.0f} MiB: every service at its KV floor "
         f"({data['floors_bytes'] / MIB:,.0f} MiB), the voice chain's working set "
-        f"({data['voice_working_set_bytes'] / MIB:,.0f} MiB)"
-        + (
-            f", one LLM request's ({data['llm_working_set_bytes'] / MIB:,.0f} MiB)"
-            if "llm_working_set_bytes" in data
-            else ""
-        )
-        + " and half of what the two LLM "
+        f"({data['voice_working_set_bytes'] / MIB:,.0f} MiB), one LLM request's "
+        f"({data['llm_working_set_bytes'] / MIB:,.0f} MiB) and half of what the two LLM "
         f"pools may grow ({data['ceilings_above_floor_bytes'] / MIB:,.0f} MiB), plus the "
         f"headroom. {meta_line(data['meta'])}.",
         "",

@@ -343,8 +343,7 @@ class Admission:
                 # Only the estimate against the empty device says it can never run: what
                 # was measured, and what kept services hold, refuse it for now, not as
                 # too large (what kept services hold may change).
-                p = svc.spec.profile
-                alone = p.weights + p.runtime + svc.kv_pool + grow + raw
+                alone = facts.configured_size(svc, svc.kv_pool + grow, raw)
                 too_large = alone > self.view.devices[svc.spec.device].usable_bytes
                 self.ops.reject(
                     req,

@@ -252,6 +252,14 @@ def held_above(view: WorldView, device: str, svc: ServiceState) -> int:
     return held
 
 
+def configured_size(svc: ServiceState, kv_pool: int, active: int) -> int:
+    """What ``svc`` needs by its configured estimate alone (weights, runtime, a KV pool of
+    ``kv_pool`` bytes and ``active`` bytes of activations): against the empty device, it
+    alone decides ``too_large``."""
+    p = svc.spec.profile
+    return p.weights + p.runtime + kv_pool + active
+
+
 def floor_held(view: WorldView, s: ServiceState) -> int:
     """What a service holding memory keeps when its KV pool is shrunk to its floor: its
     weights, runtime and floor, with the allocator cache measured in it."""

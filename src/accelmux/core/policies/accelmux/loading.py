@@ -181,8 +181,7 @@ class Loading:
         of its own refuses it until its re-test (``load_failed``, with the size, its
         evidence and the re-test's time); otherwise it is refused for now (``no_memory``:
         the memory kept services hold, or the device's, may change)."""
-        p = svc.spec.profile
-        raw = p.weights + p.runtime + pool + req.estimate.active_bytes
+        raw = facts.configured_size(svc, pool, req.estimate.active_bytes)
         usable = self.view.devices[svc.spec.device].usable_bytes
         if raw > usable:
             self.ops.reject(
