@@ -83,6 +83,7 @@ SCENARIOS = (
             "adv-0163-mixed-755180-s1-interactive",
             "adv-0180-mixed-618590-s0-realtime",
             "adv-0265-night-cameras-254248-s2-batch",
+            "adv-0433-mixed-631052-s2-realtime",
             "adv-0444-mixed-421115-s3-realtime",
             "adv-0497-night-cameras-254248-s1-background",
             "adv-0591-evening-game-220276-s3-realtime",

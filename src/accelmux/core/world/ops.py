@@ -1187,6 +1187,8 @@ class WorldOps:
             self._calibrated(svc)
             granted = sum(le.nbytes for le in svc.resident_leases)
             svc.load_excess = max(0, measured - granted)
+            if measured < granted:
+                self._settle_resident(svc, measured, granted)
         size = w.learned.sizes.get(svc.name)
         if size is not None and (size.testing or measured is not None):
             # Measured now, or loaded at the size it was re-tested at: what was learned
@@ -1195,6 +1197,23 @@ class WorldOps:
             svc.calibration.set_resident_floor(0)
             self._note("relearned", svc)
             self._calibrated(svc)
+
+    def _settle_resident(self, svc: ServiceState, measured: int, granted: int) -> None:
+        """``svc`` loaded into less than its resident leases (``granted``, the calibrated
+        projection with its margin): they shrink to what its backend ``measured``, each
+        by the same ratio, as memory measured above them is charged to it. The margin
+        was for the load; once loaded, what it holds is known, and growth after the load
+        is measured (``reserved``) like any other."""
+        w = self.world
+        device = svc.spec.device
+        settled = []
+        for le in svc.resident_leases:
+            w.ledger.release(le)
+            nbytes = le.nbytes * measured // granted
+            lease = w.ledger.reserve(device, svc.name, le.category, nbytes, enforce=False)
+            if lease is not None:
+                settled.append(lease)
+        svc.resident_leases = settled
 
     def unloaded(self, svc: ServiceState) -> None:
         """``svc``'s backend confirmed its unload: every byte it held comes back."""
