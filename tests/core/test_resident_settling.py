@@ -83,6 +83,25 @@ def test_a_loaded_service_is_charged_no_more_than_it_measured_nor_than_granted(
     measured = int(granted * measured_share)
     m.handle(LoadFinished(service="img", weights_bytes=measured, runtime_bytes=0), 1.0)
     charged = _resident(m, "img")
-    # Each lease shrinks by the same ratio (rounded down): at most one byte per lease.
-    assert min(granted, measured) - len(RESIDENT) <= charged <= min(granted, measured)
+    # The leases shrink by the surplus, rounded down per category: never below the
+    # measurement, at most one byte per category above it.
+    assert min(granted, measured) <= charged <= min(granted, measured) + len(RESIDENT)
     m.world.ledger.check_totals()
+
+
+def test_the_cut_falls_on_the_category_the_projection_overstated() -> None:
+    # A runtime's own weights (a GGUF's tensors) are exact: only the runtime lease shrinks.
+    m = _calibrated_img(1.0, weights=2 * GIB, runtime=GIB)
+    m.handle(arrive("i1", "img"), 0.0)
+    weights = m.world.ledger.amount("gpu", "img", Category.WEIGHTS)
+    m.handle(LoadFinished(service="img", weights_bytes=weights, runtime_bytes=256 * MIB), 1.0)
+    assert m.world.ledger.amount("gpu", "img", Category.WEIGHTS) == weights
+    assert m.world.ledger.amount("gpu", "img", Category.RUNTIME) == 256 * MIB
+
+
+def test_each_category_settles_to_its_measurement_when_both_were_overstated() -> None:
+    m = _calibrated_img(1.5, weights=2 * GIB, runtime=GIB)
+    m.handle(arrive("i1", "img"), 0.0)
+    m.handle(LoadFinished(service="img", weights_bytes=2 * GIB, runtime_bytes=512 * MIB), 1.0)
+    assert m.world.ledger.amount("gpu", "img", Category.WEIGHTS) == 2 * GIB
+    assert m.world.ledger.amount("gpu", "img", Category.RUNTIME) == 512 * MIB

@@ -45,7 +45,7 @@ from accelmux.core.placement import first_up
 from accelmux.core.policy import Policy
 from accelmux.core.snapshot import Snapshot, build_snapshot
 from accelmux.core.specs import ManagerSpec
-from accelmux.core.types import Reason, ServiceStatus
+from accelmux.core.types import Category, Reason, ServiceStatus
 from accelmux.core.world import (
     Change,
     CrashOom,
@@ -379,12 +379,17 @@ class Manager:
         if svc.status is not ServiceStatus.LOADING:
             return
         measured: int | None = None
+        by_category: dict[Category, int] = {}
         if event.weights_bytes is not None or event.runtime_bytes is not None:
             p = svc.spec.profile
             measured = (event.weights_bytes if event.weights_bytes is not None else p.weights) + (
                 event.runtime_bytes if event.runtime_bytes is not None else p.runtime
             )
-        self.ops.load_done(svc, measured)
+            if event.weights_bytes is not None:
+                by_category[Category.WEIGHTS] = event.weights_bytes
+            if event.runtime_bytes is not None:
+                by_category[Category.RUNTIME] = event.runtime_bytes
+        self.ops.load_done(svc, measured, by_category)
 
     def _reconcile(self, event: MemorySampled) -> None:
         self.ops.reconcile(event)

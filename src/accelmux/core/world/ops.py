@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Mapping
 from typing import NamedTuple
 
 from accelmux.core.actions import (
@@ -1167,9 +1168,15 @@ class WorldOps:
         svc.calibration.set_resident_floor(0)
         self._calibrated(svc)
 
-    def load_done(self, svc: ServiceState, measured: int | None) -> None:
+    def load_done(
+        self,
+        svc: ServiceState,
+        measured: int | None,
+        by_category: Mapping[Category, int] | None = None,
+    ) -> None:
         """``svc``'s load finished; ``measured``: its weights and runtime bytes as its
-        backend reported them (None: not reported)."""
+        backend reported them (None: not reported), ``by_category`` the same split into
+        weights and runtime."""
         w = self.world
         self.set_status(svc, ServiceStatus.LOADED)
         svc.loaded_at = w.now
@@ -1188,7 +1195,7 @@ class WorldOps:
             granted = sum(le.nbytes for le in svc.resident_leases)
             svc.load_excess = max(0, measured - granted)
             if measured < granted:
-                self._settle_resident(svc, measured, granted)
+                self._settle_resident(svc, granted - measured, by_category or {})
         size = w.learned.sizes.get(svc.name)
         if size is not None and (size.testing or measured is not None):
             # Measured now, or loaded at the size it was re-tested at: what was learned
@@ -1198,19 +1205,35 @@ class WorldOps:
             self._note("relearned", svc)
             self._calibrated(svc)
 
-    def _settle_resident(self, svc: ServiceState, measured: int, granted: int) -> None:
-        """``svc`` loaded into less than its resident leases (``granted``, the calibrated
-        projection with its margin): they shrink to what its backend ``measured``, each
-        by the same ratio, as memory measured above them is charged to it. The margin
-        was for the load; once loaded, what it holds is known, and growth after the load
-        is measured (``reserved``) like any other."""
+    def _settle_resident(
+        self, svc: ServiceState, surplus: int, measured: Mapping[Category, int]
+    ) -> None:
+        """``svc`` loaded into ``surplus`` bytes less than its resident leases (the
+        calibrated projection with its margin): they shrink by that much, as memory
+        measured above them is charged to it. The cut falls on each category by how far
+        its leases exceed what the backend ``measured`` of it (runtime's own weights, a
+        GGUF's tensors, stay as reported); without a split, on each by its size. The
+        margin was for the load; what the service grows afterwards is measured like any
+        other memory (``reserved``)."""
+        held: dict[Category, int] = {}
+        for le in svc.resident_leases:
+            held[le.category] = held.get(le.category, 0) + le.nbytes
+        over = {c: max(0, n - measured[c]) if c in measured else n for c, n in held.items()}
+        total = sum(over.values())
+        if total <= 0:
+            return
+        cut = {c: surplus * o // total for c, o in over.items()}
         w = self.world
         device = svc.spec.device
         settled = []
         for le in svc.resident_leases:
+            take = min(le.nbytes, cut.get(le.category, 0))
+            if take <= 0:
+                settled.append(le)
+                continue
+            cut[le.category] -= take
             w.ledger.release(le)
-            nbytes = le.nbytes * measured // granted
-            lease = w.ledger.reserve(device, svc.name, le.category, nbytes, enforce=False)
+            lease = w.ledger.reserve(device, svc.name, le.category, le.nbytes - take, enforce=False)
             if lease is not None:
                 settled.append(lease)
         svc.resident_leases = settled
