@@ -236,8 +236,27 @@ steps = st.lists(
 )
 
 
+def _taught(m: Manager) -> tuple[object, ...]:
+    """What OOMs taught ``chat``: its resident ratios and its learned size's figures."""
+    svc = m.world.services["chat"]
+    size = m.world.learned.sizes.get("chat")
+    learned = None if size is None else (size.nbytes, size.failures, size.at, size.evidence)
+    return (svc.calibration.resident.observations, svc.calibration.resident.factor, learned)
+
+
 @settings(max_examples=150, deadline=None)
 @given(weights=st.integers(1, 10).map(lambda n: n * GIB), events=steps)
+@example(
+    weights=GIB,
+    # a device-full failure of the reload at the learned size, at the moment its re-test
+    # falls due: the re-test starts (the floor lifts) but the failure teaches nothing
+    events=[
+        ("arrive", None, None, 1.0),
+        ("load_oom", None, None, 1.0),
+        ("arrive", None, None, 286.0),
+        ("load_oom", 0, None, 14.0),
+    ],
+)
 def test_no_event_sequence_locks_a_fitting_service_out(
     weights: int, events: list[tuple[str, int | None, int | None, float]]
 ) -> None:
@@ -265,7 +284,7 @@ def test_no_event_sequence_locks_a_fitting_service_out(
                 out = m.handle(LoadFinished(service="chat"), now)
             else:
                 granted = svc.resident_bytes
-                version = svc.calibration.resident.version
+                taught = _taught(m)
                 out = m.handle(
                     LoadFailed(
                         service="chat",
@@ -277,7 +296,8 @@ def test_no_event_sequence_locks_a_fitting_service_out(
                     now,
                 )
                 if asked is not None and asked <= granted:
-                    assert svc.calibration.resident.version == version
+                    # the failure teaches nothing (a re-test may start in the same round)
+                    assert _taught(m) == taught
         assert all(r.reason is not Reason.TOO_LARGE for r in rejected(out).values())
         for size in m.world.learned.sizes.values():
             assert size.nbytes <= usable
