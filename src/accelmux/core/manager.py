@@ -378,18 +378,11 @@ class Manager:
         svc = self.world.services[event.service]
         if svc.status is not ServiceStatus.LOADING:
             return
-        measured: int | None = None
-        by_category: dict[Category, int] = {}
-        if event.weights_bytes is not None or event.runtime_bytes is not None:
-            p = svc.spec.profile
-            measured = (event.weights_bytes if event.weights_bytes is not None else p.weights) + (
-                event.runtime_bytes if event.runtime_bytes is not None else p.runtime
-            )
-            if event.weights_bytes is not None:
-                by_category[Category.WEIGHTS] = event.weights_bytes
-            if event.runtime_bytes is not None:
-                by_category[Category.RUNTIME] = event.runtime_bytes
-        self.ops.load_done(svc, measured, by_category)
+        reported = (
+            (Category.WEIGHTS, event.weights_bytes),
+            (Category.RUNTIME, event.runtime_bytes),
+        )
+        self.ops.load_done(svc, {c: n for c, n in reported if n is not None})
 
     def _reconcile(self, event: MemorySampled) -> None:
         self.ops.reconcile(event)

@@ -1168,15 +1168,10 @@ class WorldOps:
         svc.calibration.set_resident_floor(0)
         self._calibrated(svc)
 
-    def load_done(
-        self,
-        svc: ServiceState,
-        measured: int | None,
-        by_category: Mapping[Category, int] | None = None,
-    ) -> None:
-        """``svc``'s load finished; ``measured``: its weights and runtime bytes as its
-        backend reported them (None: not reported), ``by_category`` the same split into
-        weights and runtime."""
+    def load_done(self, svc: ServiceState, reported: Mapping[Category, int]) -> None:
+        """``svc``'s load finished; ``reported``: its weights and runtime bytes as its
+        backend reported them (empty: none; a category it did not report counts at its
+        estimate)."""
         w = self.world
         self.set_status(svc, ServiceStatus.LOADED)
         svc.loaded_at = w.now
@@ -1188,14 +1183,18 @@ class WorldOps:
         if svc.load_reason in (Reason.DEMAND, Reason.RELOAD_AFTER_CRASH, Reason.DEGRADED):
             svc.cold_starts += 1
         svc.last_used = max(svc.last_used, w.now)
-        if measured is not None:
+        measured: int | None = None
+        if reported:
             p = svc.spec.profile
+            measured = reported.get(Category.WEIGHTS, p.weights) + reported.get(
+                Category.RUNTIME, p.runtime
+            )
             svc.calibration.observe_load(p.weights + p.runtime, measured)
             self._calibrated(svc)
             granted = sum(le.nbytes for le in svc.resident_leases)
             svc.load_excess = max(0, measured - granted)
             if measured < granted:
-                self._settle_resident(svc, granted - measured, by_category or {})
+                self._settle_resident(svc, granted - measured, reported)
         size = w.learned.sizes.get(svc.name)
         if size is not None and (size.testing or measured is not None):
             # Measured now, or loaded at the size it was re-tested at: what was learned
