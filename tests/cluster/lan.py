@@ -219,8 +219,7 @@ class Machine:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)  # the kernel ends the whole PID namespace
         if self.init is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.init.wait(timeout=timeout)
+            _reap(self.init, timeout)
             self.init = None
         deadline = time.monotonic() + timeout
         while True:
@@ -234,8 +233,7 @@ class Machine:
                 raise AssertionError(f"machine {self.name}: processes survive SIGKILL: {pids}")
             time.sleep(0.05)
         for proc in self.procs:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=5)
+            _reap(proc, 5)
         self.procs.clear()
 
     def unplug(self) -> None:
@@ -244,6 +242,19 @@ class Machine:
 
     def plug(self) -> None:
         _ip("link", "set", self.host_link, "up")
+
+
+def _reap(proc: subprocess.Popen[bytes], timeout: float) -> None:
+    """Wait for ``proc`` (a host-side ``ip netns exec`` or ``nsenter`` whose machine was
+    just killed); one still running after ``timeout`` (a slow machine: its child took
+    longer to die) is killed itself and waited for, never dropped while it runs (a
+    running ``Popen`` that is garbage-collected is a ``ResourceWarning``, which the test
+    that happens to be running then fails on)."""
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 @dataclass
