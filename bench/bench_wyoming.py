@@ -51,6 +51,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -337,8 +338,8 @@ def measure(
         "reference": unmanaged_load,
         "accelmux": lambda case: managed_load(case, daemon),
     }
-    totals: dict[tuple[str, str, str], list[float]] = {}
-    fails: dict[tuple[str, str, str], int] = {}
+    totals: defaultdict[tuple[str, str, str], list[float]] = defaultdict(list)
+    fails: Counter[tuple[str, str, str]] = Counter()
     for block in range(blocks):
         for case in CASES:
             for setup in SETUPS:
@@ -346,8 +347,8 @@ def measure(
                 with loads[setup](case):
                     got = {"tts": bench.tts(tts_port), "stt": bench.stt(stt_port)}
                 for kind, run in got.items():
-                    totals.setdefault((setup, case, kind), []).extend(run["totals"])
-                    fails[setup, case, kind] = fails.get((setup, case, kind), 0) + run["fail"]
+                    totals[setup, case, kind] += run["totals"]
+                    fails[setup, case, kind] += run["fail"]
                 print(f"  block {block + 1}/{blocks} {setup} {case}", flush=True)
     out: dict[str, Any] = {setup: {c: {} for c in CASES} for setup in SETUPS}
     for (setup, case, kind), values in totals.items():

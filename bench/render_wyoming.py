@@ -19,13 +19,16 @@ def _load() -> dict[str, Any]:
     return dict(json.loads((RESULTS / "wyoming.json").read_text(encoding="utf-8")))
 
 
+def _interval(ci: list[float] | None) -> str:
+    return f" [{ci[0]:.2f}-{ci[1]:.2f}]" if ci else ""
+
+
 def _cell(row: dict[str, Any]) -> str:
     ratio = row.get("ratio_p95")
     fails = f", {row['fail']} failed" if row.get("fail") else ""
     if ratio is None:
         return f"{row['p95_s'] * 1000:.0f} ms{fails}"
-    ci = row.get("ratio_p95_ci")
-    interval = f" [{ci[0]:.2f}-{ci[1]:.2f}]" if ci else ""
+    interval = _interval(row.get("ratio_p95_ci"))
     return f"{row['p95_s'] * 1000:.0f} ms (**{ratio:.2f}x**{interval}){fails}"
 
 
@@ -36,11 +39,10 @@ def _p50_line(setups: dict[str, Any]) -> str:
     for kind in ("stt", "tts"):
         for case in ("chat", "embed"):
             row = setups["accelmux"][case][kind]
-            ratio, ci = row.get("ratio_p50"), row.get("ratio_p50_ci")
-            if ratio is None:
-                continue
-            interval = f" [{ci[0]:.2f}-{ci[1]:.2f}]" if ci else ""
-            cells.append(f"{kind.upper()} + {case} **{ratio:.2f}x**{interval}")
+            ratio = row.get("ratio_p50")
+            if ratio is not None:
+                interval = _interval(row.get("ratio_p50_ci"))
+                cells.append(f"{kind.upper()} + {case} **{ratio:.2f}x**{interval}")
     return "accelmux p50 under the load / p50 alone: " + ", ".join(cells) + "." if cells else ""
 
 
