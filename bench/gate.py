@@ -29,7 +29,8 @@ points of nominal, when a stream of the two-LLMs benchmark ends in an error or i
 p95 ratio rises by more than :data:`STACK_RATIO_RISE`, or when a Wyoming p95 ratio under
 load rises by more than :data:`WYOMING_RATIO_RISE` (single ratios on a 2-core machine
 move by 10-20 % between runs). What it compares, and each verdict, is printed and
-written to ``--out``.
+written to ``--out``, with every run whose class moved by :data:`MOVED` or more either
+way (what a change gains, beside what it costs).
 
     scripts/gate                    # the simulator parts
     scripts/gate --stack            # and the real stack (about an hour)
@@ -61,6 +62,9 @@ REGRESSIONS = ROOT / "scenarios" / "regressions"
 SUBSET_HOMES = 20
 MEAN_DROP = 0.01
 RUN_DROP = 0.05
+#: A run's class that moved at least this much either way is listed in ``--out`` (the
+#: gain a change buys and what it costs, read run by run).
+MOVED = 0.01
 CAMERA_DROP = 0.05
 STACK_RATIO_RISE = 0.15
 WYOMING_RATIO_RISE = 0.20
@@ -76,6 +80,7 @@ def compare_runs(
     means' and each run's change, and the verdict."""
     problems: list[str] = []
     means: dict[str, dict[str, float]] = {}
+    moved: list[dict[str, Any]] = []
     for cls in worst_case.CLASSES:
         keys = [k for k in committed if cls in committed[k] and cls in now.get(k, {})]
         if not keys:
@@ -86,6 +91,10 @@ def compare_runs(
         if after < before - MEAN_DROP - 1e-12:
             problems.append(f"{cls} mean {100 * before:.1f}% -> {100 * after:.1f}%")
         for k in keys:
+            if abs(now[k][cls] - committed[k][cls]) >= MOVED:
+                moved.append(
+                    {"run": k, "class": cls, "committed": committed[k][cls], "now": now[k][cls]}
+                )
             if now[k][cls] < committed[k][cls] - RUN_DROP - 1e-12:
                 problems.append(
                     f"{cls} in {k}: {100 * committed[k][cls]:.1f}% -> {100 * now[k][cls]:.1f}%"
@@ -93,7 +102,13 @@ def compare_runs(
     missing = sorted(set(committed) - set(now))
     if missing:
         problems.append(f"runs that did not run: {missing[:5]}")
-    return {"part": name, "means": means, "problems": problems, "passed": not problems}
+    return {
+        "part": name,
+        "means": means,
+        "moved": moved,
+        "problems": problems,
+        "passed": not problems,
+    }
 
 
 def _rows_by_run(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:

@@ -80,6 +80,7 @@ SCENARIOS = (
             "adv-0033-night-cameras-648632-s1-interactive",
             "adv-0115-evening-game-518182-s3-batch",
             "adv-0149-night-cameras-648632-s1-interactive",
+            "adv-0154-mixed-266770-s1-realtime",
             "adv-0163-mixed-755180-s1-interactive",
             "adv-0180-mixed-618590-s0-realtime",
             "adv-0265-night-cameras-254248-s2-batch",

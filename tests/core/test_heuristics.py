@@ -11,12 +11,14 @@ from accelmux.config.specs import to_manager_spec
 from accelmux.core.actions import Dispatch, Preempt, Resize
 from accelmux.core.events import Tick
 from accelmux.core.policies.accelmux import HEURISTICS
+from accelmux.core.policies.accelmux.heuristics import TUNING
 from accelmux.core.types import GIB, Reason, ServiceClass, ServiceKind
 from accelmux.errors import ConfigError
 
 from .support import (
     EXACT,
     arrive,
+    device,
     done,
     llm_profile,
     manager,
@@ -61,26 +63,43 @@ def test_an_unknown_heuristic_is_an_error_that_lists_the_known_ones() -> None:
 
 
 def test_realtime_grace_is_its_knob_not_a_switch() -> None:
-    # The grace after a realtime request is turned off by realtime_grace_s: 0 (its
-    # default); a switch of the same meaning was removed.
+    # The grace after a realtime request is turned off by realtime_grace_s: 0; a switch
+    # of the same meaning was removed.
     with pytest.raises(ConfigError, match="realtime_grace"):
         load_config_text(CONFIG.format(disable="[realtime_grace]"))
 
 
-@pytest.mark.parametrize(("grace_s", "held"), [(0.25, True), (0.0, False)])
-def test_realtime_grace_s_holds_batch_work_after_a_realtime_request(
-    grace_s: float, held: bool
-) -> None:
+def _held_after_realtime(kind: str, grace_s: float | None, gap_s: float) -> bool:
+    """Whether a batch request arriving ``gap_s`` after a realtime request ended on a
+    device of ``kind`` waits (held) instead of being dispatched."""
     m = manager(
         service("asr", cls=ServiceClass.REALTIME, profile=plain_profile(weights=GIB)),
         service("emb", cls=ServiceClass.BATCH, profile=plain_profile(weights=GIB)),
+        devices=(replace(device(), kind=kind),),
         knobs=replace(EXACT, realtime_grace_s=grace_s),
     )
-    up(m, "asr", "emb")
+    up(m, "emb", "asr")  # the batch model first: asr's warm-up holds it for the grace
     m.handle(arrive("a1", "asr"), 1.0)
     m.handle(done("a1"), 1.5)
-    out = m.handle(arrive("e1", "emb"), 1.6)
-    assert (not of(Dispatch, out)) is held
+    out = m.handle(arrive("e1", "emb"), 1.5 + gap_s)
+    return not of(Dispatch, out)
+
+
+@pytest.mark.parametrize("kind", ["virtual", "host"])
+@pytest.mark.parametrize(("grace_s", "held"), [(0.25, True), (0.0, False)])
+def test_realtime_grace_s_holds_batch_work_after_a_realtime_request(
+    kind: str, grace_s: float, held: bool
+) -> None:
+    # a value set applies on every device, discrete or shared
+    assert _held_after_realtime(kind, grace_s, 0.1) is held
+
+
+@pytest.mark.parametrize(("kind", "held"), [("host", True), ("virtual", False)])
+def test_unset_realtime_grace_holds_only_where_compute_is_shared(kind: str, held: bool) -> None:
+    # unset: the policy's own grace on a host (its cores are every model's), none on a
+    # discrete accelerator; after it, the held work starts
+    assert _held_after_realtime(kind, None, 0.1) is held
+    assert _held_after_realtime(kind, None, TUNING.host_realtime_grace_s + 0.01) is False
 
 
 def _preemption_case(*disabled: str) -> list[Dispatch | Preempt]:

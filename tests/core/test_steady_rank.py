@@ -16,6 +16,7 @@ from accelmux.core.actions import Preempt
 from accelmux.core.events import Tick, Unloaded
 from accelmux.core.manager import Manager
 from accelmux.core.policies.accelmux import AccelmuxPolicy
+from accelmux.core.policies.accelmux.heuristics import TUNING
 from accelmux.core.specs import ManagerSpec, MemoryProfile, ServiceSpec, ranks_below, room_rank
 from accelmux.core.types import GIB, MIB, Reason, ServiceClass, ServiceKind
 
@@ -136,7 +137,7 @@ def _frame_beside_voice(steady: bool, kind: str) -> tuple[list[str], Reason | No
         devices=(replace(device(), kind=kind),),
         knobs=EXACT,
     )
-    up(m, "asr", "cam")
+    up(m, "cam", "asr")  # the camera first: asr's warm-up holds it for the grace
     assert dispatched(m.handle(arrive("v1", "asr"), 1.0)) == ["v1"]
     out = m.handle(arrive("c1", "cam"), 1.1)
     waiting = enqueued(out).get("c1")
@@ -149,13 +150,15 @@ def test_realtime_work_holds_frames_back_only_where_it_shares_compute() -> None:
     assert _frame_beside_voice(True, "virtual")[:2] == (["c1"], None)
     assert _frame_beside_voice(False, "virtual")[:2] == ([], Reason.HIGHER_CLASS_WAITING)
     # shared compute (a host device): the frame yields to the voice request, is counted,
-    # and runs once it ends
+    # and runs once it ends and the grace for the chain's next step has passed
     out, reason, m = _frame_beside_voice(True, "host")
     assert (out, reason) == ([], Reason.HIGHER_CLASS_WAITING)
     assert (m.explain("c1") or [""])[-1].endswith("realtime work running")
     row = next(r for r in m.snapshot().as_dict()["services"] if r["name"] == "cam")
     assert (row["held_for_realtime"], row["skipped_for_realtime"]) == (1, 0)
-    assert dispatched(m.handle(done("v1"), 1.5)) == ["c1"]
+    assert dispatched(m.handle(done("v1"), 1.5)) == []
+    assert m.next_wakeup(1.5) == 1.5 + TUNING.host_realtime_grace_s
+    assert dispatched(m.handle(Tick(), 1.5 + TUNING.host_realtime_grace_s)) == ["c1"]
 
 
 def test_a_frame_held_past_its_deadline_counts_as_skipped() -> None:

@@ -47,7 +47,7 @@ def stack_config(data_dir: Path, **changes: Any) -> dict[str, Any]:
 
     data = default_config_data(data_dir=data_dir, camera_fps=float(changes.pop("camera_fps", 2.0)))
     data["services"]["indexer"]["windows"] = []
-    data["policy"].update(crash_backoff_s=0.5, crash_backoff_max_s=2.0)
+    data.setdefault("policy", {}).update(crash_backoff_s=0.5, crash_backoff_max_s=2.0)
     data["server"]["drain_s"] = 2.0
     return data
 

@@ -311,12 +311,14 @@ class PolicyConfig(StrictModel):
     balloon_idle_s: float = Field(
         30.0, ge=0, description="Idle time before a KV pool shrinks back to its floor."
     )
-    realtime_grace_s: float = Field(
-        0.0,
+    realtime_grace_s: float | None = Field(
+        None,
         ge=0,
         le=60,
         description="After a realtime request ends, batch and background work stay held "
-        "this long (the next step of a voice chain follows within it).",
+        "this long on its device (the next step of a voice chain follows within it). "
+        "Unset: 0.25 s on a host device (CPU cores or shared memory, where anything "
+        "started beside voice slows it), none on a discrete GPU.",
     )
     batch_slice_s: float = Field(
         0.1,

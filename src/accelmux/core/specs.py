@@ -286,7 +286,9 @@ class PolicyKnobs:
     balloon_idle_s: float = 30.0
     #: After a realtime request ends, batch and background work stay held this long on its
     #: device: the next step of a voice chain (ASR -> chat -> TTS) follows within it.
-    realtime_grace_s: float = 0.0
+    #: None: the policy's own (``host_realtime_grace_s`` on a host device, none on a
+    #: discrete accelerator).
+    realtime_grace_s: float | None = None
     class_weights: tuple[float, float, float, float] = (16.0, 4.0, 1.0, 1.0)
     prewarm: bool = True
     max_decision_log: int = 2000
@@ -300,7 +302,10 @@ class PolicyKnobs:
         require(self.safety_factor >= 1.0, "safety_factor must be >= 1")
         require(self.calibration_window >= 1, "calibration_window must be >= 1")
         require(0 <= self.spare_fraction < 1, "spare_fraction must be in [0, 1)")
-        require(self.realtime_grace_s >= 0, "realtime_grace_s must be >= 0")
+        require(
+            self.realtime_grace_s is None or self.realtime_grace_s >= 0,
+            "realtime_grace_s must be >= 0",
+        )
         unknown = unknown_switches(sorted(self.disabled))
         require(not unknown, f"disabled: {unknown_switch_message(unknown)}")
         object.__setattr__(self, "switches", Switches.from_disabled(self.disabled))

@@ -205,9 +205,6 @@ def default_config_data(
     return {
         "devices": {"host": {"kind": "host", "budget": budget, "headroom": headroom}},
         "services": services,
-        # hold batch and background work for a moment after each voice step: the next
-        # step of the chain (ASR -> chat -> TTS) follows within it
-        "policy": {"realtime_grace_s": 0.25},
         "server": {"data_dir": str(data_dir or default_data_dir())},
     }
 

@@ -83,11 +83,21 @@ def time_shared(
     return running
 
 
+def realtime_grace(view: WorldView, device: str) -> float:
+    """Seconds batch and background work stay held on ``device`` after a realtime request
+    ends: ``policy.realtime_grace_s`` where it is set, else the policy's own on a device
+    whose compute is shared (``host_realtime_grace_s``) and none on a discrete one."""
+    grace = view.knobs.realtime_grace_s
+    if grace is not None:
+        return grace
+    return TUNING.host_realtime_grace_s if compute_is_shared(view, device) else 0.0
+
+
 def realtime_devices(view: WorldView) -> set[str]:
     """Devices where realtime work runs or waits (or ended within the grace)."""
     out: set[str] = set()
-    grace = view.knobs.realtime_grace_s
     for dev, svcs in view.realtime_by_device.items():
+        grace = realtime_grace(view, dev)
         for svc in svcs:
             if svc.inflight or svc.waiting_count or view.now < svc.last_used + grace:
                 out.add(dev)

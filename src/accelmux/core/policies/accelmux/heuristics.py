@@ -44,6 +44,14 @@ class Tuning:
     when the evictions were done, evicts for it again only after this long: a
     speculative reload never livelocks with the work it displaces."""
 
+    host_realtime_grace_s: float = 0.25
+    """Seconds batch and background work stay held after a realtime request ends, on a
+    device whose compute every model shares (a host: CPU cores or shared memory), where
+    ``policy.realtime_grace_s`` is not set: the next step of a voice chain follows within
+    a client's round trip, and anything started in the gap slows it in proportion. On a
+    discrete accelerator the hold spans the requests themselves (a grace there moved no
+    voice request and shifted when batch work found room)."""
+
     restore_grace_s: float = 1.0
     """Idle seconds after which an on-demand service goes when it holds the memory of an
     evicted warm service that is likely to be used again (restore it sooner)."""

@@ -120,9 +120,9 @@ class Wakeup:
             t = size.retest_at
             if not size.testing and now < t < math.inf and (best is None or t < best):
                 best = t
-        grace = self.view.knobs.realtime_grace_s
-        if grace > 0:
-            for svcs in self.view.realtime_by_device.values():
+        for dev, svcs in self.view.realtime_by_device.items():
+            grace = facts.realtime_grace(self.view, dev)
+            if grace > 0:
                 for svc in svcs:  # held work resumes
                     t = svc.last_used + grace
                     if t > now and (best is None or t < best):
