@@ -12,8 +12,9 @@ estimates. When a request does not fit, memory is taken back in order of cost:
 If that cannot make room the request waits (bounded queue, deadline) or is rejected with
 a reason and Retry-After. Realtime work is protected three times: requests are scheduled
 in class order; while a realtime request runs or waits on a device, no new batch or
-background work starts there (it would steal compute), nor for ``realtime_grace_s``
-after one ends (the next step of a voice chain follows at once); and a *realtime reserve* (the
+background work starts there (it would steal compute), nor, on a host device (shared
+compute), for the realtime grace after one ends (the next step of a voice chain
+follows at once: ``facts.realtime_grace``); and a *realtime reserve* (the
 largest activation seen per loaded realtime service) is kept free of resident memory
 and of non-preemptible leases of lower classes, while on-demand non-LLM jobs (an image)
 may overlap it because realtime work preempts them. Batch work also yields compute to
