@@ -240,25 +240,19 @@ class Schedule:
         view = self.view
         switches = view.knobs.switches
         hold = switches.realtime_hold
-        graced: set[str] = set()  # devices with a grace (none: no device has one)
         now = view.now
         for dev, svcs in view.realtime_by_device.items():
             grace = facts.realtime_grace(view, dev)
-            if grace <= 0:
-                continue
-            graced.add(dev)
-            for svc in svcs:
-                if (hold and svc.inflight) or now < svc.last_used + grace:
-                    rnd.realtime_active.add(dev)
+            if grace > 0 and any(now < svc.last_used + grace for svc in svcs):
+                rnd.realtime_active.add(dev)
         batch_yield = switches.batch_yield
         if hold or batch_yield:
-            # Without a grace a realtime service holds its device while it runs (it was
-            # last used no later than now): the services running are the busy ones.
+            # A realtime service holds its device while it runs: the services running
+            # are the busy ones.
             for svc in view.busy:
                 cls = svc.spec.cls
-                dev = svc.spec.device
-                if cls is ServiceClass.REALTIME and hold and dev not in graced:
-                    rnd.realtime_active.add(dev)
+                if cls is ServiceClass.REALTIME and hold:
+                    rnd.realtime_active.add(svc.spec.device)
                 elif cls is ServiceClass.INTERACTIVE and batch_yield:
                     rnd.interactive_active.add(svc.spec.device)
 
