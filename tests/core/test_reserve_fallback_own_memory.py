@@ -30,6 +30,7 @@ from .support import (
     dispatched,
     done,
     enqueued,
+    llm_profile,
     manager,
     plain_profile,
     service,
@@ -134,3 +135,48 @@ def test_voice_never_waits_for_a_request_let_in_beside_its_own_memory(
             f"v{i}"
         ]
         m.handle(done(f"v{i}"), t + 0.5)
+
+
+def test_a_request_beside_its_own_kv_pool_leaves_one_activation_free() -> None:
+    """The limit a request is weighed against counted its service's KV pool as memory
+    that could be freed for it, though the pool stays while the service is loaded (it
+    holds the request's own KV). The load had been let in under the fallback (one voice
+    activation free beside it); each of its requests then waited out its deadline for
+    the full reserve, which no eviction could ever free beside the loaded model
+    (generated ``home-0156``, both seeds: interactive 44.7 % and 41.9 % where ``static``
+    gave 97 %)."""
+    voice = [
+        service(
+            name,
+            cls=ServiceClass.REALTIME,
+            kind=kind,
+            residency=Residency.PINNED,
+            profile=plain_profile(weights=weights, workspace=512 * MIB),
+            deadline_s=10.0,
+        )
+        for name, kind, weights in (
+            ("asr", ServiceKind.ASR, GIB),
+            ("tts", ServiceKind.TTS, 512 * MIB),
+        )
+    ]
+    # 5 GiB of weights and a fixed 768 MiB KV pool: loaded, 768 MiB stay free, room for
+    # one request's 256 MiB beside one voice activation (512 MiB), not beside two
+    pool = 768 * MIB
+    chat = service(
+        "chat",
+        kind=ServiceKind.CHAT,
+        profile=llm_profile(
+            weights=5 * GIB,
+            kv_per_token=1024,
+            kv_floor=pool,
+            kv_ceiling=pool,
+            workspace=256 * MIB,
+        ),
+    )
+    m = manager(*voice, chat, devices=(device(budget=8 * GIB, headroom=0),), knobs=EXACT)
+    up(m, "asr", "tts", "chat")
+    assert m.world.services["chat"].kv_pool == pool
+    assert m.world.ledger.available("gpu") == 768 * MIB
+    assert dispatched(m.handle(arrive("c1", "chat", kv_tokens=64), 2.0)) == ["c1"]
+    # a voice step that comes meanwhile finds its activation free
+    assert dispatched(m.handle(RequestArrived(request_id="v1", service="asr"), 2.5)) == ["v1"]

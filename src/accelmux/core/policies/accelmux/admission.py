@@ -228,8 +228,10 @@ class Admission:
         reserve = 0
         if cls > ServiceClass.REALTIME and not self.reserve.yields_to_realtime(svc):
             held = self.view.ledger.amount(dev, svc.name, Category.RESERVED)
+            # beside all its service holds: its KV pool stays while it is loaded, never
+            # memory that could be freed for the reserve (generated home-0156)
             reserve = self.reserve.fitting_reserve(
-                svc, need, fit.limit, reused=own_cache, stays=held
+                svc, need, fit.limit - svc.kv_pool, reused=own_cache, stays=held
             )
         fit.running = len(self.view.inflight)
         room_needed = max(0, need - own_cache) + reserve
