@@ -364,6 +364,8 @@ def test_a_malformed_frame_is_answered_and_closes_only_its_connection(
             assert answer is not None and Error.from_event(answer).code == "malformed_event"
             assert await asyncio.wait_for(reader.read(), TIMEOUT) == b""  # then closed
             writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
             async with client(server) as c:  # the server goes on
                 await c.write_event(Describe().event())
                 assert Info.is_type((await read(c)).type)

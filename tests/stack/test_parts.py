@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 from pathlib import Path
 
@@ -36,6 +37,8 @@ def test_frames_round_trip_over_a_socket_pair() -> None:
         finally:
             writer.close()
             w.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
 
     assert asyncio.run(read_async()) == ({"type": "chunk", "id": 1}, b"data: x\n\n")
 
