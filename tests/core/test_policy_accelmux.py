@@ -151,13 +151,12 @@ def test_higher_class_goes_first_when_memory_frees() -> None:
     m.handle(loaded("bg"), 0.0)
     assert dispatched(m.handle(arrive("i1", "ia"), 1.0)) == ["i1"]  # 4.5 GiB left
     out = m.handle(arrive("b1", "bg"), 2.0)
-    # background work yields compute to the running interactive request (batch_yield)
-    assert enqueued(out)["b1"].reason is Reason.HIGHER_CLASS_WAITING
+    assert enqueued(out)["b1"].reason is Reason.NO_MEMORY
     out = m.handle(arrive("i2", "ia"), 3.0)
     assert enqueued(out)["i2"].reason is Reason.NO_MEMORY  # interactive is never preempted
     assert of(Preempt, out) == []
     # while the interactive request waits for memory, lower classes are held back for it
-    assert m.world.waiting["b1"].wait_reason is Reason.HIGHER_CLASS_WAITING
+    assert enqueued(out)["b1"].reason is Reason.HIGHER_CLASS_WAITING
     assert dispatched(m.handle(done("i1"), 4.0)) == ["i2"]  # b1 arrived first, i2 goes first
     assert dispatched(m.handle(done("i2"), 5.0)) == ["b1"]
 

@@ -176,12 +176,11 @@ def _waits_in_idle_memory(world: World) -> list[str]:
             or svc.over_limit
         ):
             continue
-        if (
-            req.cls >= ServiceClass.BATCH
-            and not spec.steady
-            and any(r.cls is ServiceClass.INTERACTIVE for r in world.inflight.values())
-        ):
-            continue  # batch and background work yield compute to running interactive work
+        interactive_runs = any(r.cls is ServiceClass.INTERACTIVE for r in world.inflight.values())
+        if req.cls is ServiceClass.BATCH and interactive_runs:
+            continue  # batch yields compute to running interactive work
+        if req.cls is ServiceClass.BACKGROUND and svc.inflight and interactive_runs:
+            continue  # background runs one request at a time beside interactive work
         kv = req.estimate.kv_bytes
         if svc.kv_in_use + kv > max(spec.profile.kv_ceiling, svc.kv_pool):
             continue
@@ -222,17 +221,15 @@ def test_work_a_waiting_class_could_preempt_runs_in_idle_memory(
     hog_gib: float, big_gib: float, low_mib: int
 ) -> None:
     # "hog" runs a large interactive request; "big" (interactive) waits for memory it
-    # holds; "low" (a steady background service: other batch and background work yields
-    # compute to the running interactive request) is loaded and idle, and its small
-    # request arrives meanwhile.
+    # holds; "low" (background: batch would yield compute to the running interactive
+    # request) is loaded and idle, and its small request arrives meanwhile.
     low_cls = ServiceClass.BACKGROUND
-    low = service(
-        "low", cls=low_cls, profile=plain_profile(weights=GIB // 4, workspace=low_mib * MIB)
-    )
     m = manager(
         service("hog", profile=plain_profile(weights=GIB // 2, workspace=int(hog_gib * GIB))),
         service("big", profile=plain_profile(weights=GIB // 2, workspace=int(big_gib * GIB))),
-        replace(low, steady=True),
+        service(
+            "low", cls=low_cls, profile=plain_profile(weights=GIB // 4, workspace=low_mib * MIB)
+        ),
         knobs=EXACT,
     )
     up(m, "hog", "big", "low")

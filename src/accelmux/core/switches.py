@@ -56,8 +56,8 @@ DESCRIPTIONS: dict[Switch, str] = {
     "of resident memory and of lower-class leases",
     Switch.REALTIME_HOLD: "start no batch or background work on a device while realtime work "
     "runs or waits there (a steady service's frames only where they share its compute)",
-    Switch.BATCH_YIELD: "batch and background work (not steady) yields compute to running "
-    "interactive requests",
+    Switch.BATCH_YIELD: "batch work yields compute to running interactive requests; "
+    "background work (not steady) runs one request per service beside them",
     Switch.PREEMPTION: "stop (and re-queue) running lower-class work to make room",
     Switch.PREEMPTION_BOUND: "a request preempted MAX_PREEMPTIONS times is no longer preemptible",
     Switch.EVICT_AFTER_PREEMPTION: "a service whose running work is all preempted to make room "

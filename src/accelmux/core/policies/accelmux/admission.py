@@ -71,6 +71,17 @@ class Admission:
         wait = facts.class_must_wait(dev, cls, rnd, fair_progress, svc.spec.steady)
         if wait is not None:
             return wait
+        if (
+            cls is ServiceClass.BACKGROUND
+            and svc.inflight
+            and not svc.spec.steady
+            and dev in rnd.interactive_active  # (found where batch_yield is on)
+        ):
+            # Beside interactive work a background service keeps one request running, no
+            # more: each one beside a stream slows its tokens (home-0176: indexing beside
+            # chat on a host); none at all starved indexing where interactive work never
+            # stopped (home-0044).
+            return Reason.HIGHER_CLASS_WAITING, "interactive work running: one at a time"
         blocked = rnd.blocked.get(dev)
         if (
             fair_progress

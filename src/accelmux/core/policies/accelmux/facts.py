@@ -397,18 +397,15 @@ def class_must_wait(
     and cannot wait for a voice chain to end (its deadline is a second or so). Where
     compute is shared, new interactive work of any kind waits too (an image or an
     embedding request as much as a stream that cannot pause: each slows the voice
-    request beside it); on a discrete accelerator it starts beside realtime work. Batch
-    and background work that is not steady waits while interactive work runs, on every
-    device (generated home-0176: indexing beside chat on a host).
+    request beside it); on a discrete accelerator it starts beside realtime work.
     """
     if dev in rnd.realtime_active and (
         (cls >= ServiceClass.BATCH and (not steady or dev in rnd.shared))
         or (cls is ServiceClass.INTERACTIVE and dev in rnd.shared)
     ):
         return Reason.HIGHER_CLASS_WAITING, "realtime work running"
-    if cls >= ServiceClass.BATCH and not steady and dev in rnd.interactive_active:
-        # Batch and background work yield compute to interactive requests (they would
-        # slow them); a steady service's frames run on (they cannot wait for a stream).
+    if cls is ServiceClass.BATCH and dev in rnd.interactive_active:
+        # Batch work yields compute to interactive requests (it would slow them).
         return Reason.HIGHER_CLASS_WAITING, "interactive work running"
     blocked = rnd.blocked.get(dev)
     if not fair_progress and blocked is not None and blocked < cls:
