@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from accelmux.core.events import MemorySampled, RequestArrived
 from accelmux.core.manager import Manager
+from accelmux.core.specs import ServiceSpec
 from accelmux.core.types import GIB, MIB, Reason, Residency, ServiceClass, ServiceKind
 
 from .support import (
@@ -38,8 +39,9 @@ from .support import (
 )
 
 
-def _home() -> Manager:
-    voice = [
+def _voice() -> list[ServiceSpec]:
+    """Two pinned voice models holding 1.5 GiB, each with a 512 MiB activation."""
+    return [
         service(
             name,
             cls=ServiceClass.REALTIME,
@@ -53,6 +55,10 @@ def _home() -> Manager:
             ("tts", ServiceKind.TTS, 512 * MIB),
         )
     ]
+
+
+def _home() -> Manager:
+    voice = _voice()
     chat = service("chat", profile=plain_profile(weights=2 * GIB, workspace=256 * MIB))
     # 8 GiB: the voice models hold 1.5 GiB, the chat model 2 GiB by its estimate; the full
     # reserve is 1 GiB (512 MiB for each voice model's next request), the fallback 512 MiB
@@ -145,20 +151,7 @@ def test_a_request_beside_its_own_kv_pool_leaves_one_activation_free() -> None:
     the full reserve, which no eviction could ever free beside the loaded model
     (generated ``home-0156``, both seeds: interactive 44.7 % and 41.9 % where ``static``
     gave 97 %)."""
-    voice = [
-        service(
-            name,
-            cls=ServiceClass.REALTIME,
-            kind=kind,
-            residency=Residency.PINNED,
-            profile=plain_profile(weights=weights, workspace=512 * MIB),
-            deadline_s=10.0,
-        )
-        for name, kind, weights in (
-            ("asr", ServiceKind.ASR, GIB),
-            ("tts", ServiceKind.TTS, 512 * MIB),
-        )
-    ]
+    voice = _voice()
     # 5 GiB of weights and a fixed 768 MiB KV pool: loaded, 768 MiB stay free, room for
     # one request's 256 MiB beside one voice activation (512 MiB), not beside two
     pool = 768 * MIB
