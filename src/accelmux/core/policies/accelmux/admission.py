@@ -75,7 +75,7 @@ class Admission:
             cls is ServiceClass.BACKGROUND
             and svc.inflight
             and not svc.spec.steady
-            and dev in rnd.interactive_active  # (found where batch_yield is on)
+            and dev in rnd.interactive_active  # filled only with batch_yield on
         ):
             # Beside interactive work a background service keeps one request running, no
             # more: each one beside a stream slows its tokens (home-0176: indexing beside
