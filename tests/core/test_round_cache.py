@@ -248,11 +248,19 @@ crowded_ops = st.lists(
     ops=st.one_of(ops_strategy, crowded_ops),
     disabled=st.frozensets(st.sampled_from(sorted(HEURISTICS))),
     grace=st.sampled_from([0.0, 2.0]),
+    ageing=st.sampled_from([None, 0.05, 0.25]),
 )
 def test_the_round_decides_alike_with_its_cache_off(
-    spec: ManagerSpec, ops: list[Op], disabled: frozenset[str], grace: float
+    spec: ManagerSpec,
+    ops: list[Op],
+    disabled: frozenset[str],
+    grace: float,
+    ageing: float | None,
 ) -> None:
-    spec = replace(spec, knobs=replace(spec.knobs, disabled=disabled, realtime_grace_s=grace))
+    knobs = replace(
+        spec.knobs, disabled=disabled, realtime_grace_s=grace, batch_age_fraction=ageing
+    )
+    spec = replace(spec, knobs=knobs)
     fast, fast_wakes = drive(spec, AccelmuxPolicy(), ops)
     plain, plain_wakes = drive(spec, AccelmuxPolicy(cache=False), ops)
     assert fast.actions == plain.actions

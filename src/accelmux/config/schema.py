@@ -320,6 +320,17 @@ class PolicyConfig(StrictModel):
         "Unset: 0.25 s on a host device (CPU cores or shared memory, where anything "
         "started beside voice slows it), none on a discrete GPU.",
     )
+    batch_age_fraction: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="Opt-in: a batch request that has waited this share of its queue "
+        "deadline may evict idle interactive models (none of their requests waiting) to "
+        "load or run, so batch work does not wait out its deadline behind chat models left "
+        "warm. Unset: no request ages. Off by default: an evicted chat model may not get "
+        "its memory back while a foreign program holds part of the device "
+        '(docs/architecture.md, "Batch ageing, opt-in").',
+    )
     batch_slice_s: float = Field(
         0.1,
         ge=0,

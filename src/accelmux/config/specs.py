@@ -127,6 +127,7 @@ def to_manager_spec(
         crash_backoff_max_s=p.crash_backoff_max_s,
         balloon_idle_s=p.balloon_idle_s,
         realtime_grace_s=p.realtime_grace_s,
+        batch_age_fraction=p.batch_age_fraction,
         prewarm=p.prewarm,
         disabled=frozenset(p.disable),
     )

@@ -289,6 +289,10 @@ class PolicyKnobs:
     #: None: the policy's own (``host_realtime_grace_s`` on a host device, none on a
     #: discrete accelerator).
     realtime_grace_s: float | None = None
+    #: A batch request that has waited this share of its queue deadline ages: room for
+    #: it may then evict idle interactive models. None (the default): no request ages
+    #: (docs/architecture.md, "Batch ageing, opt-in").
+    batch_age_fraction: float | None = None
     class_weights: tuple[float, float, float, float] = (16.0, 4.0, 1.0, 1.0)
     prewarm: bool = True
     max_decision_log: int = 2000
@@ -305,6 +309,10 @@ class PolicyKnobs:
         require(
             self.realtime_grace_s is None or self.realtime_grace_s >= 0,
             "realtime_grace_s must be >= 0",
+        )
+        require(
+            self.batch_age_fraction is None or 0 < self.batch_age_fraction <= 1,
+            "batch_age_fraction must be in (0, 1]",
         )
         unknown = unknown_switches(sorted(self.disabled))
         require(not unknown, f"disabled: {unknown_switch_message(unknown)}")

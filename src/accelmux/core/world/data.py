@@ -268,6 +268,9 @@ class RequestState:
     announced: bool = False
     #: It was held back for realtime work on its shared compute (counted once).
     held_for_realtime: bool = False
+    #: It waited past its ageing point (``facts.ages_at``): room for it may evict idle
+    #: interactive models, and a restore does not stop it (``WorldOps.age``).
+    aged: bool = False
     #: When the request last entered the queue (a World counter): ``World.waiting``
     #: is in this order.
     queued_mark: int = 0

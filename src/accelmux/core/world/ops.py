@@ -888,6 +888,19 @@ class WorldOps:
             req.held_for_realtime = True
             self.world.services[req.service].held_for_realtime += 1
 
+    def age(self, req: RequestState, *, detail: str) -> None:
+        """``req`` waited past its ageing point: room may now be made for it at a higher
+        rank (``RoomFor.aged``). Everything on its device is decided afresh."""
+        if req.aged:
+            return
+        req.aged = True
+        w = self.world
+        w.version += 1
+        self._explain(req, f"aged: {detail}")
+        device = w.services[req.service].spec.device
+        self.touch(device)
+        w.queue_epochs[(device, req.cls)] += 1
+
     def mark_announced(self, req: RequestState) -> None:
         """The policy has considered ``req``: its queue's bound no longer refuses it."""
         if not req.announced:

@@ -261,7 +261,7 @@ class Admission:
             # room returned), without evicting anyone
             self.start_admitted(req, svc, rnd, fit)
             return
-        if not self.room.make_room(dev, room_needed, RoomFor(cls, svc, requester=req)):
+        if not self.room.make_room(dev, room_needed, RoomFor.request(req, svc)):
             if self.shrinking.fit_free(req, svc, fit, reserve, with_full=False):
                 self.start_admitted(req, svc, rnd, fit)
                 return

@@ -86,8 +86,8 @@ class Memo(Generic[K, S, V]):
 
 #: A room survey's key: (device, class, for a steady service, strict, the requester's
 #: service when it holds memory, what time sharing reads of the requester, whether
-#: pinned services may go: ``Room.unpins``).
-RoomKey = tuple[str, ServiceClass, bool, bool, str | None, object, bool]
+#: pinned services may go: ``Room.unpins``, whether the requester aged: ``RoomFor.aged``).
+RoomKey = tuple[str, ServiceClass, bool, bool, str | None, object, bool, bool]
 
 
 class RoundCache:

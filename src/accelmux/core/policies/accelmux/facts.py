@@ -459,3 +459,24 @@ def pausing(view: WorldView, request_id: str) -> bool:
     """Whether ``request_id`` runs with a pause the backend has not answered yet."""
     req = view.inflight.get(request_id)
     return req is not None and req.pausing is not None
+
+
+def ages_at(view: WorldView, req: RequestState) -> float:
+    """When ``req`` ages: a batch request of a service that is not steady, once it has
+    waited ``batch_age_fraction`` of its queue deadline; never (inf) for other work, with
+    no deadline, or with no fraction set (the default: batch ageing is opt-in)."""
+    fraction = view.knobs.batch_age_fraction
+    if (
+        fraction is None
+        or req.cls is not ServiceClass.BATCH
+        or view.services[req.service].spec.steady
+        or not math.isfinite(req.deadline_at)
+    ):
+        return math.inf
+    return req.arrived_at + fraction * (req.deadline_at - req.arrived_at)
+
+
+def ageing_services(view: WorldView) -> list[ServiceState]:
+    """The services whose waiting requests may age (:func:`ages_at`): batch services
+    that are not steady, with requests waiting."""
+    return [s for s in view.queued if s.spec.cls is ServiceClass.BATCH and not s.spec.steady]

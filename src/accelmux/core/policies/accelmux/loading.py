@@ -138,9 +138,9 @@ class Loading:
         if svc.spec.variant is not None and svc.spec.variant.degraded:
             reason, detail = Reason.DEGRADED, f"{detail}: {facts.why_degraded(self.view, svc)}"
         room = need + reserve - self.room.own_parked(svc)
-        if self.room.make_room(
-            dev, room, RoomFor(req.cls, svc, reason, requester=req)
-        ) and self.ops.load(svc, reason=reason, kv_pool=pool, detail=detail):
+        if self.room.make_room(dev, room, RoomFor.request(req, svc, reason)) and self.ops.load(
+            svc, reason=reason, kv_pool=pool, detail=detail
+        ):
             self.wait(req, Reason.LOADING, "cold start")
             self.explain_learned(req, svc)
             return

@@ -57,9 +57,10 @@ class Round:
 class RoomFor:
     """Whom room is made for: a class, the service it is for (never its own victim; a
     steady one ranks above batch), why, whether only strictly lower classes may be
-    evicted (restores), the request it is for (it may pause other models' streams), and
+    evicted (restores), the request it is for (it may pause other models' streams),
     whether idle pinned services may go too (``Room.unpins``: the last resort of a realtime
-    request)."""
+    request), and whether that request aged (``RequestState.aged``: idle interactive
+    services with no request waiting may go too)."""
 
     cls: ServiceClass
     exclude: ServiceState | None
@@ -67,6 +68,14 @@ class RoomFor:
     strict: bool = False
     requester: RequestState | None = None
     unpin: bool = False
+    aged: bool = False
+
+    @classmethod
+    def request(
+        cls, req: RequestState, svc: ServiceState, reason: Reason = Reason.NO_MEMORY
+    ) -> RoomFor:
+        """Room for ``req`` on ``svc`` (its load or its run): its class, whether it aged."""
+        return cls(req.cls, svc, reason, requester=req, aged=req.aged)
 
 
 @dataclass(slots=True)

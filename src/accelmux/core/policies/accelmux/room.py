@@ -78,7 +78,8 @@ class Room:
     ) -> bool:
         """Whether ``svc`` may be evicted for ``for_`` (its class; its service, ranked
         above batch when steady, :func:`room_rank`; strictly lower classes only when
-        ``strict``; pinned ones only for ``unpin``); ``once_preempted``: it is busy,
+        ``strict``; pinned ones only for ``unpin``; an aged request's ranks as interactive
+        work's, :func:`room_rank_of`); ``once_preempted``: it is busy,
         but every request it runs is being preempted for this room; ``yielded``: how
         many of its waiting requests are streams it paused for this room."""
         cls, exclude = for_.cls, for_.exclude
@@ -93,7 +94,7 @@ class Room:
         ):
             return False
         rank = room_rank(spec.cls, steady=spec.steady)
-        for_rank = room_rank(cls, steady=exclude is not None and exclude.spec.steady)
+        for_rank = room_rank_of(for_)
         return (svc.waiting_count == yielded or rank > for_rank) and (
             rank > for_rank if for_.strict else rank >= for_rank
         )
@@ -119,7 +120,7 @@ class Room:
             if inflight:
                 stopped: list[RequestState] = []
                 if preempting and facts.preemptible(svc, cls, facts.regaining(exclude)):
-                    stopped = facts.stoppable(view, svc)
+                    stopped = self.stoppable_for(svc, for_)
                     cleared = clearing and len(stopped) == len(inflight)
                 elif sharing is not None:
                     stopped = facts.time_shared(view, svc, cls, requester)
@@ -157,12 +158,21 @@ class Room:
             self.survey_parked(device, for_, found)
         return found
 
+    def stoppable_for(self, svc: ServiceState, for_: RoomFor) -> list[RequestState]:
+        """``svc``'s requests that may be stopped for ``for_`` (``facts.stoppable``), but
+        those that aged when room is made for a restore: stopped, they would wait again
+        for the room they were given (``RequestState.aged``)."""
+        stopped = facts.stoppable(self.view, svc)
+        if for_.reason is Reason.PRELOAD:
+            return [r for r in stopped if not r.aged]
+        return stopped
+
     def survey_parked(self, device: str, for_: RoomFor, found: Survey) -> None:
         """Add to ``found`` the parked weights on ``device`` (the park device, whose RAM
         they are) that may be dropped for ``for_``: a copy is dropped for room (its next
         load reads from disk) where an eviction would be allowed to take its service."""
         exclude = for_.exclude
-        for_rank = room_rank(for_.cls, steady=exclude is not None and exclude.spec.steady)
+        for_rank = room_rank_of(for_)
         for svc in facts.droppable_parked(self.view, device, for_rank, for_.strict):
             if svc is not exclude:
                 found.drops.append(svc)
@@ -198,7 +208,7 @@ class Room:
             and self.unpins(for_.cls)
             and (exclude is None or exclude.spec.queue_limit > 0)
         )
-        key = (device, for_.cls, steady, for_.strict, holding, sharing, unpin)
+        key = (device, for_.cls, steady, for_.strict, holding, sharing, unpin, for_.aged)
         epoch = view.epoch(device)
         failed = self.cache.room_failed.get(key, epoch)
         if failed is not Miss.MISS and need > failed:
@@ -475,6 +485,11 @@ class Room:
             frees = facts.unload_frees(self.view, svc)
             stays = facts.parked_stays(self.view, svc)
             why = detail
+            if plan.for_.aged and svc.spec.cls <= plan.for_.cls:
+                why = (
+                    f"{detail}: it waited {self.view.knobs.batch_age_fraction} of its "
+                    "deadline behind this idle model"
+                )
             if svc.pinned:
                 why = (
                     f"{detail}: pinned, it yields to realtime work no other room could serve "
@@ -488,3 +503,17 @@ class Room:
                 self.unload(svc, reason=Reason.EVICTED_FOR_MEMORY, detail=why)
                 frees -= stays
             freed += frees
+
+
+def room_rank_of(for_: RoomFor) -> int:
+    """The rank room is made at for ``for_`` (:func:`room_rank`): its class's, a steady
+    service's above batch, and an aged request's (``RequestState.aged``) that of interactive
+    work, so idle interactive services with no request waiting may go for it."""
+    exclude = for_.exclude
+    rank = room_rank(for_.cls, steady=exclude is not None and exclude.spec.steady)
+    if for_.aged:
+        return min(rank, _INTERACTIVE_RANK)
+    return rank
+
+
+_INTERACTIVE_RANK = room_rank(ServiceClass.INTERACTIVE, steady=False)

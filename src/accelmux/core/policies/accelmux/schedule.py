@@ -38,6 +38,7 @@ class Schedule:
     def schedule(self) -> None:
         if not self.view.waiting:
             return  # a device's quiet record stays true: it names the state it saw
+        self.age_waiting()
         rnd, classes = self._open_round()
         if len(self.view.waiting) <= self.few_waiting:
             # A short queue: considering every request costs less than finding the ones
@@ -53,6 +54,25 @@ class Schedule:
         for cls, steady in turns(self.view, classes):
             self._turn(cls, steady, rnd, mark)
         self.record_quiet(rnd, start)
+
+    def age_waiting(self) -> None:
+        """Age each waiting batch request past its ageing point (``facts.ages_at``), before
+        the round reads anything: an ageing changes its device's state (``WorldOps.age``),
+        so no record of an earlier round there is replayed."""
+        view = self.view
+        fraction = view.knobs.batch_age_fraction
+        if fraction is None:
+            return
+        now = view.now
+        for svc in facts.ageing_services(view):
+            for req in svc.queue.values():
+                if not req.aged and facts.ages_at(view, req) <= now:
+                    self.ops.age(
+                        req,
+                        detail=f"waited {now - req.arrived_at:.1f} s, "
+                        f"{fraction:g} of its deadline: idle "
+                        "interactive models with nothing waiting may be evicted for it",
+                    )
 
     def _turn(self, cls: ServiceClass, steady: bool | None, rnd: Round, mark: int) -> None:
         """The turn of class ``cls`` (of its steady services' requests, the others', or all:
