@@ -11,6 +11,7 @@ refused when its queue is full, in one place for every part that makes one wait.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 from accelmux.core.policies.accelmux.heuristics import TUNING
 from accelmux.core.policies.accelmux.records import Round
@@ -476,7 +477,14 @@ def ages_at(view: WorldView, req: RequestState) -> float:
     return req.arrived_at + fraction * (req.deadline_at - req.arrived_at)
 
 
-def ageing_services(view: WorldView) -> list[ServiceState]:
-    """The services whose waiting requests may age (:func:`ages_at`): batch services
-    that are not steady, with requests waiting."""
-    return [s for s in view.queued if s.spec.cls is ServiceClass.BATCH and not s.spec.steady]
+def not_yet_aged(view: WorldView) -> Iterator[tuple[RequestState, float]]:
+    """Each waiting request that will age and has not (:func:`ages_at`), with when: those
+    of the batch services that are not steady. None while no fraction is set."""
+    if view.knobs.batch_age_fraction is None:
+        return
+    for svc in view.queued:
+        if svc.spec.cls is not ServiceClass.BATCH or svc.spec.steady:
+            continue
+        for req in svc.queue.values():
+            if not req.aged:
+                yield req, ages_at(view, req)

@@ -60,19 +60,15 @@ class Schedule:
         the round reads anything: an ageing changes its device's state (``WorldOps.age``),
         so no record of an earlier round there is replayed."""
         view = self.view
-        fraction = view.knobs.batch_age_fraction
-        if fraction is None:
-            return
         now = view.now
-        for svc in facts.ageing_services(view):
-            for req in svc.queue.values():
-                if not req.aged and facts.ages_at(view, req) <= now:
-                    self.ops.age(
-                        req,
-                        detail=f"waited {now - req.arrived_at:.1f} s, "
-                        f"{fraction:g} of its deadline: idle "
-                        "interactive models with nothing waiting may be evicted for it",
-                    )
+        due = [req for req, at in facts.not_yet_aged(view) if at <= now]
+        for req in due:  # listed first: an ageing touches the device, not the queues
+            self.ops.age(
+                req,
+                detail=f"waited {now - req.arrived_at:.1f} s, "
+                f"{view.knobs.batch_age_fraction:g} of its deadline: idle "
+                "interactive models with nothing waiting may be evicted for it",
+            )
 
     def _turn(self, cls: ServiceClass, steady: bool | None, rnd: Round, mark: int) -> None:
         """The turn of class ``cls`` (of its steady services' requests, the others', or all:

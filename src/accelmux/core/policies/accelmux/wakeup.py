@@ -116,12 +116,9 @@ class Wakeup:
     def _earliest_learned(self, now: float, best: float | None) -> float | None:
         """The earliest of ``best``, the ageing of waiting batch requests, the re-tests
         of learned sizes and the realtime grace ends after ``now``."""
-        if self.view.knobs.batch_age_fraction is not None:
-            for svc in facts.ageing_services(self.view):  # a waiting batch request ages
-                for req in svc.queue.values():
-                    t = facts.ages_at(self.view, req)
-                    if not req.aged and now < t < math.inf and (best is None or t < best):
-                        best = t
+        for _, t in facts.not_yet_aged(self.view):  # a waiting batch request ages
+            if now < t < math.inf and (best is None or t < best):
+                best = t
         for size in self.view.learned.sizes.values():  # a learned size's re-test
             t = size.retest_at
             if not size.testing and now < t < math.inf and (best is None or t < best):
